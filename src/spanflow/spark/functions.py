@@ -1,0 +1,122 @@
+"""Run users' Python functions inside Spark as Arrow batch functions (``mapInArrow``).
+
+A function that raises on one record does not fail the query: the record goes to the
+dead-letter stream with the exception text, and the rest of the batch goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import importlib
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import orjson
+import pyarrow as pa
+from pyspark import TaskContext
+
+from spanflow.errors import CompileError
+from spanflow.nats.streams import connect
+from spanflow.spark.deadletter import DeadLetter, publish_dead_letters
+
+UserFunction = Callable[..., Any]
+
+
+def resolve(ref: str, step_id: str, local: Mapping[str, UserFunction]) -> UserFunction:
+    """The callable behind ``module:qualname`` (or an in-process ``__local__`` function)."""
+    if ref in local:
+        return local[ref]
+    module_name, _, qualname = ref.partition(":")
+    if module_name == "__local__":
+        raise CompileError(
+            step_id,
+            "uses an in-process function (a lambda, a nested function or one defined in "
+            "__main__); define it at module level so the pipeline can be loaded elsewhere",
+        )
+    try:
+        obj: Any = importlib.import_module(module_name)
+        for part in qualname.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError) as exc:
+        raise CompileError(step_id, f"cannot import function {ref!r}: {exc}") from None
+    if not callable(obj):
+        raise CompileError(step_id, f"{ref!r} is not callable")
+    return obj  # type: ignore[no-any-return]
+
+
+def _json_default(value: Any) -> Any:
+    return str(value)
+
+
+def arrow_udf(
+    kind: str,
+    fn: UserFunction,
+    out_schema: pa.Schema,
+    *,
+    url: str,
+    pipeline: str,
+    step: str,
+) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """A ``mapInArrow`` function applying ``fn`` per record (``map``, ``filter``, ``flat_map``)."""
+
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        failed: list[DeadLetter] = []
+        ctx = TaskContext.get()
+        batch_id = ctx.getLocalProperty("streaming.sql.batchId") if ctx else "0"
+        for batch in batches:
+            out: list[dict[str, Any]] = []
+            for record in batch.to_pylist():
+                try:
+                    if kind == "filter":
+                        if fn(record):
+                            out.append(record)
+                    elif kind == "map":
+                        out.append(fn(record))
+                    else:
+                        out.extend(fn(record) or ())
+                except Exception as exc:  # noqa: BLE001 - user code: dead-letter, go on
+                    data = orjson.dumps(record, default=_json_default)
+                    digest = hashlib.blake2b(data, digest_size=12).hexdigest()
+                    failed.append(
+                        DeadLetter(
+                            msg_id=f"{pipeline}:{step}:{batch_id}:{digest}",
+                            data=data,
+                            reason=f"{type(exc).__name__}: {exc}",
+                            seq=int(record.get("_seq") or 0),
+                        )
+                    )
+            yield pa.RecordBatch.from_pylist(out, schema=out_schema)
+        if failed:
+            asyncio.run(_dead_letter(url, pipeline, step, failed))
+
+    return run
+
+
+def reduce_udf(
+    fn: UserFunction, out_schema: pa.Schema, group_columns: list[str]
+) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """Fold each window's collected records (column ``_rows``) with ``fn(acc, record)``."""
+
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            out = []
+            for group in batch.to_pylist():
+                records = group.pop("_rows") or []
+                if not records:
+                    continue
+                acc = dict(records[0])
+                for record in records[1:]:
+                    acc = fn(acc, record)
+                out.append({**acc, **{k: group[k] for k in group_columns}})
+            yield pa.RecordBatch.from_pylist(out, schema=out_schema)
+
+    return run
+
+
+async def _dead_letter(url: str, pipeline: str, step: str, letters: list[DeadLetter]) -> None:
+    nc = await connect(url)
+    try:
+        await publish_dead_letters(nc, pipeline, step, letters)
+    finally:
+        await nc.close()

@@ -1,0 +1,282 @@
+"""JetStream as a Spark Structured Streaming source and sink (Python data source API).
+
+Source (``spark.readStream.format("spanflow_jetstream")``)
+    Offsets are ``{"seq": N}``: the next stream sequence to read (exclusive end of the
+    previous batch). ``latestOffset`` honours admission control (``max_rows``) and
+    ``Trigger.AvailableNow``. ``read`` replays an exact sequence range, so an
+    uncommitted batch re-runs on identical data after a crash. ``commit(end)`` moves a
+    durable consumer's ack floor to ``end`` (consumer reset, nats-server ≥ 2.14): its
+    ``num_pending`` is the pipeline's lag, and interest/work-queue retention can
+    release what every pipeline has committed. Malformed messages are dead-lettered
+    from ``read`` and never reach the query.
+
+Sink (``df.writeStream.format("spanflow_jetstream")``)
+    Publishes every row as JSON with ``Nats-Msg-Id = pipeline:sink:batch:partition:
+    content-hash:occurrence``. A replayed batch produces the same rows in the same
+    partitions, so its ids repeat and JetStream drops the duplicates: the output is
+    exactly once within the stream's duplicate window.
+
+Where each hook runs: ``initialOffset``, ``latestOffset``, ``commit`` and the
+writer's ``commit`` on the driver; ``read`` and ``write`` on executors. Options are
+plain strings; nothing here is pickled except the option dict itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+import pyarrow as pa
+from pyspark import TaskContext
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceStreamArrowWriter,
+    DataSourceStreamReader,
+    InputPartition,
+    WriterCommitMessage,
+)
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+from pyspark.sql.types import StructType
+
+from spanflow.nats.ranges import read_range
+from spanflow.nats.streams import SyncNats, connect
+from spanflow.spark.deadletter import DeadLetter, publish_dead_letters
+from spanflow.spark.formats import Decoder
+from spanflow.spec.schema import StreamFormat
+
+log = logging.getLogger(__name__)
+
+FORMAT_NAME = "spanflow_jetstream"
+BATCH_ROWS = 65_536
+
+
+class JetStreamDataSource(DataSource):
+    """Options: see ``source_options`` / ``sink_options`` in :mod:`spanflow.spark.compiler`."""
+
+    @classmethod
+    def name(cls) -> str:
+        return FORMAT_NAME
+
+    def schema(self) -> str:
+        return self.options["ddl"]
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        return JetStreamReader(dict(self.options))
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> JetStreamWriter:
+        return JetStreamWriter(dict(self.options))
+
+
+@dataclass
+class SeqRange(InputPartition):
+    start: int
+    end: int
+
+
+class JetStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    def __init__(self, options: dict[str, str]) -> None:
+        self.url = options["url"]
+        self.stream = options["stream"]
+        self.pipeline = options["pipeline"]
+        self.step = options["step"]
+        self.consumer = options.get("consumer") or f"spanflow-{self.pipeline}-{self.step}"
+        self.start_at = options.get("start", "earliest")
+        self.max_rows = int(options.get("max_rows", "200000"))
+        self.partitions_per_batch = int(options.get("partitions", "1"))
+        self.format = StreamFormat(options.get("format", "json"))
+        self.schema_fields: dict[str, str] = json.loads(options.get("schema", "{}"))
+        self.csv_delimiter = options.get("csv_delimiter", ",")
+        self.target: int | None = None  # Trigger.AvailableNow's end
+        self._client: SyncNats | None = None
+        self._consumer_ready = False
+
+    # -- driver side -----------------------------------------------------------------
+    @property
+    def client(self) -> SyncNats:
+        if self._client is None:
+            self._client = SyncNats(self.url)
+        return self._client
+
+    def _state(self) -> tuple[int, int]:
+        c = self.client
+        state = c.run(lambda: c.js.stream_info(self.stream)).state
+        return max(state.first_seq, 1), state.last_seq
+
+    def initialOffset(self) -> dict[str, int]:
+        first, last = self._state()
+        return {"seq": last + 1 if self.start_at == "latest" else first}
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        return ReadMaxRows(self.max_rows)
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self.target = self._state()[1] + 1
+
+    def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
+        first, last = self._state()
+        begin = max(start["seq"], first)
+        end = last + 1
+        if self.target is not None:
+            end = min(end, self.target)
+        if isinstance(limit, ReadMaxRows):
+            end = min(end, begin + limit.max_rows)
+        elif not isinstance(limit, ReadAllAvailable):
+            end = min(end, begin + self.max_rows)
+        return {"seq": max(end, start["seq"])}
+
+    def reportLatestOffset(self) -> dict[str, int] | None:
+        return {"seq": self._state()[1] + 1}
+
+    def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[InputPartition]:
+        s, e = start["seq"], end["seq"]
+        n = max(1, min(self.partitions_per_batch, e - s))
+        step = -(-(e - s) // n)
+        return [SeqRange(lo, min(lo + step, e)) for lo in range(s, e, step)] or [SeqRange(s, e)]
+
+    def commit(self, end: dict[str, int]) -> None:
+        c = self.client
+
+        async def advance() -> None:
+            from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+            from nats.js.errors import NotFoundError
+
+            if not self._consumer_ready:
+                # A reset of a missing consumer times out instead of failing: create it first.
+                try:
+                    await c.js.consumer_info(self.stream, self.consumer)
+                except NotFoundError:
+                    await c.js.add_consumer(
+                        self.stream,
+                        ConsumerConfig(
+                            durable_name=self.consumer,
+                            deliver_policy=DeliverPolicy.ALL,
+                            ack_policy=AckPolicy.ALL,
+                            description=f"spanflow progress of {self.pipeline}/{self.step}",
+                        ),
+                    )
+                self._consumer_ready = True
+            await c.js.reset_consumer(self.stream, self.consumer, seq=end["seq"], timeout=2)
+
+        try:
+            c.run(advance, timeout=10)
+        except Exception as exc:  # noqa: BLE001 - progress marker only; never fail the query
+            self._consumer_ready = False
+            log.warning("could not advance consumer %s on %s: %s", self.consumer, self.stream, exc)
+
+    def stop(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+    # -- executor side ---------------------------------------------------------------
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, SeqRange)
+        decoder = Decoder(self.format, self.schema_fields, self.csv_delimiter)
+
+        async def fetch() -> list[Any]:
+            nc = await connect(self.url)
+            try:
+                messages = await read_range(nc, self.stream, partition.start, partition.end)
+                batches = []
+                for lo in range(0, len(messages), BATCH_ROWS):
+                    batch, rejects = decoder.decode(messages[lo : lo + BATCH_ROWS])
+                    batches.append(batch)
+                    letters = [
+                        DeadLetter(
+                            msg_id=f"{self.pipeline}:{self.step}:{m.seq}",
+                            data=m.data, reason=reason, stream=self.stream,
+                            subject=m.subject, seq=m.seq,
+                        )
+                        for m, reason in rejects
+                    ]
+                    await publish_dead_letters(nc, self.pipeline, self.step, letters)
+                return batches
+            finally:
+                await nc.close()
+
+        yield from asyncio.run(fetch())
+
+
+class JetStreamWriter(DataSourceStreamArrowWriter):
+    def __init__(self, options: dict[str, str]) -> None:
+        self.url = options["url"]
+        self.pipeline = options["pipeline"]
+        self.step = options["step"]
+        self.subject = options["subject"]
+        self.order_by = options.get("order_by") or None
+        self.include_metadata = options.get("include_metadata", "false") == "true"
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
+        ctx = TaskContext.get()
+        batch_id = ctx.getLocalProperty("streaming.sql.batchId") if ctx else None
+        partition = ctx.partitionId() if ctx else 0
+        rows: list[dict[str, Any]] = []
+        for batch in iterator:
+            rows.extend(batch.to_pylist())
+        if not rows:
+            return SinkCommit(0)
+        if not self.include_metadata:
+            rows = [{k: v for k, v in r.items() if not k.startswith("_")} for r in rows]
+        if self.order_by:
+            rows.sort(key=lambda r: (r.get(self.order_by) is None, r.get(self.order_by)))
+        prefix = f"{self.pipeline}:{self.step}:{batch_id}:{partition}"
+        seen: dict[bytes, int] = {}
+        out: list[tuple[str, bytes, str]] = []
+        for row in rows:
+            payload = orjson.dumps(row, option=orjson.OPT_NAIVE_UTC | orjson.OPT_UTC_Z)
+            digest = hashlib.blake2b(payload, digest_size=12).digest()
+            n = seen.get(digest, 0)
+            seen[digest] = n + 1
+            subject = self.subject.format_map(_Fields(row)) if "{" in self.subject else self.subject
+            out.append((subject, payload, f"{prefix}:{digest.hex()}:{n}"))
+
+        async def publish() -> int:
+            nc = await connect(self.url)
+            try:
+                js = nc.jetstream()
+                duplicates = 0
+                for lo in range(0, len(out), 2000):
+                    futures = [
+                        await js.publish_async(s, p, headers={"Nats-Msg-Id": mid})
+                        for s, p, mid in out[lo : lo + 2000]
+                    ]
+                    for ack in await asyncio.wait_for(asyncio.gather(*futures), 60):
+                        duplicates += bool(ack.duplicate)
+                return duplicates
+            finally:
+                await nc.close()
+
+        duplicates = asyncio.run(publish())
+        return SinkCommit(len(out), duplicates)
+
+
+@dataclass
+class SinkCommit(WriterCommitMessage):
+    rows: int
+    duplicates: int = 0
+
+
+class _Fields(dict[str, Any]):
+    """Subject templates like ``alerts.{device}``: a missing field becomes ``_``."""
+
+    def __init__(self, row: dict[str, Any]) -> None:
+        super().__init__({k: _subject_token(v) for k, v in row.items()})
+
+    def __missing__(self, key: str) -> str:
+        return "_"
+
+
+def _subject_token(value: Any) -> str:
+    text = str(value)
+    return "".join(ch if ch.isalnum() or ch in "-_" else "_" for ch in text) or "_"

@@ -1,0 +1,62 @@
+"""The SparkSession a node runs its pipelines in, configured for small edge machines."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+from pyspark.sql import SparkSession
+
+from spanflow.spark.java import ensure_java_home
+
+ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+
+DEFAULTS: dict[str, str] = {
+    # Stateful queries freeze this into their checkpoint; 200 made first batches take >30 s.
+    "spark.sql.shuffle.partitions": "2",
+    "spark.sql.streaming.stateStore.providerClass": ROCKSDB,
+    "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
+    "spark.sql.session.timeZone": "UTC",
+    "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
+    "spark.sql.execution.arrow.pyspark.enabled": "true",
+    "spark.scheduler.mode": "FAIR",
+    "spark.driver.memory": "1g",
+    "spark.sql.streaming.minBatchesToRetain": "20",
+}
+
+
+def build_session(
+    *,
+    master: str | None = None,
+    app_name: str = "spanflow",
+    conf: Mapping[str, str] | None = None,
+) -> SparkSession:
+    """A SparkSession with spanflow's defaults and its data sources registered.
+
+    ``master`` defaults to ``local[2,3]`` (two cores, each task retried up to three
+    times, so a transient broker error retries the task instead of failing the query).
+    """
+    ensure_java_home()
+    os.environ.setdefault("PYSPARK_PYTHON", _python())
+    builder = SparkSession.builder.appName(app_name).master(
+        master or os.environ.get("SPANFLOW_SPARK_MASTER", "local[2,3]")
+    )
+    for key, value in {**DEFAULTS, **(conf or {})}.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel(os.environ.get("SPANFLOW_SPARK_LOG_LEVEL", "ERROR"))
+    register_data_sources(spark)
+    return spark
+
+
+def register_data_sources(spark: SparkSession) -> None:
+    from spanflow.spark.jetstream import JetStreamDataSource
+
+    spark.dataSource.register(JetStreamDataSource)
+
+
+def _python() -> str:
+    import sys
+
+    return sys.executable

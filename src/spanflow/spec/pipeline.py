@@ -1,0 +1,142 @@
+"""A pipeline: a named DAG of steps, validated as a whole.
+
+The spec is plain data: it round-trips through JSON (``to_json``/``from_json``) with
+no loss, so the same object can come from Python, YAML or an HTTP body.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from spanflow.errors import SpecError
+from spanflow.spec.durations import Duration
+from spanflow.spec.operators import SinkStep, SourceStep, Step
+
+PIPELINE_NAME = r"^[A-Za-z0-9][A-Za-z0-9_-]*$"
+
+
+class PipelineSpec(BaseModel):
+    """A validated pipeline.
+
+    >>> from spanflow.spec import PipelineSpec
+    >>> spec = PipelineSpec.model_validate({"name": "p", "steps": [
+    ...   {"id": "in", "type": "source", "stream": "S", "schema": {"x": "long"}},
+    ...   {"id": "out", "type": "sink", "kind": "console", "inputs": ["in"]}]})
+    >>> [s.id for s in spec.topological()]
+    ['in', 'out']
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(pattern=PIPELINE_NAME, max_length=64)
+    steps: tuple[Step, ...] = Field(min_length=2)
+    trigger: Duration = Field(
+        default=0.5, le=3600, description="Micro-batch interval; 0 = start the next at once."
+    )
+    dead_letter_stream: str = Field(default="SPANFLOW_DLQ", pattern=r"^[A-Za-z0-9_-]+$")
+
+    @model_validator(mode="after")
+    def _graph(self) -> PipelineSpec:
+        ids: dict[str, Any] = {}
+        for step in self.steps:
+            if step.id in ids:
+                raise ValueError(f"step id {step.id!r} is used twice")
+            ids[step.id] = step
+        consumers: dict[str, list[str]] = {s.id: [] for s in self.steps}
+        for step in self.steps:
+            if isinstance(step, SourceStep):
+                if step.inputs:
+                    raise ValueError(f"source {step.id!r} cannot have inputs")
+                continue
+            if len(step.inputs) != 1:
+                raise ValueError(
+                    f"step {step.id!r} needs exactly one input, has {len(step.inputs)}"
+                )
+            for upstream in step.inputs:
+                if upstream not in ids:
+                    raise ValueError(f"step {step.id!r} reads from unknown step {upstream!r}")
+                if isinstance(ids[upstream], SinkStep):
+                    raise ValueError(f"step {step.id!r} reads from sink {upstream!r}")
+                consumers[upstream].append(step.id)
+        if not any(isinstance(s, SinkStep) for s in self.steps):
+            raise ValueError("a pipeline needs at least one sink")
+        for step in self.steps:
+            if not isinstance(step, SinkStep) and not consumers[step.id]:
+                raise ValueError(f"the output of step {step.id!r} goes nowhere (add a sink)")
+        self._check_acyclic()
+        return self
+
+    def _check_acyclic(self) -> None:
+        state: dict[str, int] = {}
+        by_id = {s.id: s for s in self.steps}
+
+        def visit(sid: str, path: list[str]) -> None:
+            if state.get(sid) == 2:
+                return
+            if state.get(sid) == 1:
+                raise ValueError("steps form a cycle: " + " → ".join([*path, sid]))
+            state[sid] = 1
+            for up in by_id[sid].inputs:
+                visit(up, [*path, sid])
+            state[sid] = 2
+
+        for s in self.steps:
+            visit(s.id, [])
+
+    def step(self, step_id: str) -> Step:
+        for s in self.steps:
+            if s.id == step_id:
+                return s
+        raise KeyError(step_id)
+
+    def sources(self) -> list[SourceStep]:
+        return [s for s in self.steps if isinstance(s, SourceStep)]
+
+    def sinks(self) -> list[SinkStep]:
+        return [s for s in self.steps if isinstance(s, SinkStep)]
+
+    def topological(self) -> Iterator[Step]:
+        """Steps with every step after its inputs (stable in declaration order)."""
+        done: set[str] = set()
+        pending = list(self.steps)
+        while pending:
+            for s in pending:
+                if all(i in done for i in s.inputs):
+                    done.add(s.id)
+                    pending.remove(s)
+                    yield s
+                    break
+
+    def lineage(self, step_id: str) -> list[Step]:
+        """The chain of steps from a source down to ``step_id`` (inclusive)."""
+        chain: list[Step] = []
+        current: Step | None = self.step(step_id)
+        while current is not None:
+            chain.append(current)
+            current = self.step(current.inputs[0]) if current.inputs else None
+        return list(reversed(chain))
+
+    def to_json(self) -> str:
+        return self.model_dump_json(by_alias=True, exclude_defaults=False, indent=2)
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> PipelineSpec:
+        try:
+            return cls.model_validate_json(text)
+        except ValidationError as exc:
+            raise SpecError(format_validation_error(exc)) from None
+
+
+def format_validation_error(exc: ValidationError) -> str:
+    """One readable line per problem: 'steps[2].where: Field required'."""
+    lines = []
+    for err in exc.errors():
+        path = ""
+        for part in err["loc"]:
+            path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
+        msg = err["msg"].removeprefix("Value error, ")
+        lines.append(f"{path}: {msg}" if path else msg)
+    return "\n".join(lines)

@@ -1,0 +1,51 @@
+"""Shared fixtures: one real NATS server and one SparkSession per test session."""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+
+_ids = itertools.count(1)
+
+
+@pytest.fixture(scope="session")
+def nats_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    from spanflow.nats import EmbeddedNats
+
+    server = EmbeddedNats(tmp_path_factory.mktemp("nats"))
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def nats_url(nats_server: object) -> str:
+    return nats_server.url  # type: ignore[attr-defined, no-any-return]
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[object]:
+    from spanflow.spark.session import build_session
+
+    session = build_session(app_name="spanflow-tests")
+    yield session
+    for q in session.streams.active:
+        q.stop()
+    session.stop()
+
+
+@pytest.fixture
+def uid() -> str:
+    """A short unique token for stream and pipeline names within this session."""
+    return f"t{next(_ids)}"
+
+
+@pytest.fixture
+def checkpoints(tmp_path: Path) -> Path:
+    return tmp_path / "checkpoints"

@@ -1,0 +1,69 @@
+"""Test helpers: publish records to and read records from real JetStream streams."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import orjson
+
+from spanflow.nats.streams import connect, ensure_stream
+
+
+def publish(url: str, stream: str, subject: str, payloads: Iterable[bytes | dict[str, Any]]) -> None:
+    async def go() -> None:
+        nc = await connect(url)
+        js = nc.jetstream()
+        await ensure_stream(js, stream, [subject.split(".")[0] + ".>"])
+        futures = []
+        for p in payloads:
+            data = p if isinstance(p, bytes) else orjson.dumps(p)
+            futures.append(await js.publish_async(subject, data))
+            if len(futures) >= 2000:
+                await asyncio.gather(*futures)
+                futures = []
+        await asyncio.gather(*futures)
+        await nc.close()
+
+    asyncio.run(go())
+
+
+def read_all(url: str, stream: str) -> list[tuple[dict[str, str] | None, bytes, str]]:
+    """Every stored message of a stream: (headers, data, subject)."""
+
+    async def go() -> list[tuple[dict[str, str] | None, bytes, str]]:
+        nc = await connect(url)
+        js = nc.jetstream()
+        try:
+            info = await js.stream_info(stream)
+        except Exception:
+            await nc.close()
+            return []
+        out = []
+        for seq in range(info.state.first_seq, info.state.last_seq + 1):
+            try:
+                m = await js.get_msg(stream, seq)
+            except Exception:
+                continue
+            out.append((m.headers, m.data or b"", m.subject or ""))
+        await nc.close()
+        return out
+
+    return asyncio.run(go())
+
+
+def read_records(url: str, stream: str) -> list[dict[str, Any]]:
+    return [json.loads(data) for _, data, _ in read_all(url, stream)]
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float = 120.0, interval: float = 0.25) -> None:
+    """Poll a condition (never a bare sleep standing in for synchronisation)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(interval)
+    raise AssertionError(f"condition not met within {timeout:.0f} s")

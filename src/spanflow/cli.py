@@ -32,7 +32,7 @@ app = typer.Typer(
     help="spanflow: stream processing for the edge-cloud continuum (Spark + NATS JetStream).",
 )
 console = Console(soft_wrap=True)
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)
 
 NatsOption = Annotated[
     str | None, typer.Option("--nats", help="NATS URL; default: start an embedded server.")
@@ -41,6 +41,12 @@ DataDirOption = Annotated[
     Path | None,
     typer.Option("--data-dir", help="Where NATS data and checkpoints live (default ./spanflow-data)."),
 ]
+
+
+def _error(exc: Exception) -> None:
+    """Print an error without wrapping it or reading markup from the user's text."""
+    err.print("[red]error:[/red] ", end="")
+    err.print(str(exc), markup=False, highlight=False)
 
 
 def load_target(target: str) -> tuple[PipelineSpec, dict[str, Any]]:
@@ -134,7 +140,7 @@ def run(
     try:
         spec, functions = load_target(target)
     except SpanflowError as exc:
-        err.print(f"[red]error:[/red] {exc}")
+        _error(exc)
         raise typer.Exit(2) from None
     _quiet_spark()
     from spanflow.spark.runner import PipelineRunner
@@ -163,7 +169,7 @@ def run(
                         last_print = time.monotonic()
                     stop.event.wait(1.0)
         except SpanflowError as exc:
-            err.print(f"[red]error:[/red] {exc}")
+            _error(exc)
             raise typer.Exit(2) from None
         finally:
             err.print("stopping …")
@@ -177,7 +183,7 @@ def validate(target: Annotated[str, typer.Argument(help="PIPELINE.yaml or module
     try:
         spec, _ = load_target(target)
     except SpanflowError as exc:
-        err.print(f"[red]error:[/red] {exc}")
+        _error(exc)
         raise typer.Exit(2) from None
     console.print_json(spec.to_json())
 
@@ -342,7 +348,7 @@ def demo(
                         last_windows = counts["windows"]
                     stop.event.wait(0.5)
         except SpanflowError as exc:
-            err.print(f"[red]error:[/red] {exc}")
+            _error(exc)
             raise typer.Exit(2) from None
         finally:
             sim_stop.set()
@@ -361,7 +367,7 @@ def main() -> None:
     try:
         app()
     except SpanflowError as exc:
-        err.print(f"[red]error:[/red] {exc}")
+        _error(exc)
         sys.exit(2)
 
 

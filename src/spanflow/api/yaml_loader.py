@@ -31,6 +31,10 @@ from spanflow.errors import PipelineFileError
 from spanflow.spec import PipelineSpec
 
 Path_ = tuple[str | int, ...]
+_SAFE_TAGS = {
+    f"tag:yaml.org,2002:{t}"
+    for t in ("map", "seq", "str", "int", "float", "bool", "null", "timestamp")
+}
 _TOP_LEVEL = {"name", "sources", "processors", "sinks", "trigger", "dead_letter_stream"}
 
 
@@ -50,6 +54,11 @@ def _compose(text: str, path: str) -> tuple[Any, dict[Path_, int]]:
         if node is None:
             return None
         lines[at] = node.start_mark.line + 1
+        if node.tag not in _SAFE_TAGS:
+            where = _field_text(at) or "document"
+            raise PipelineFileError(
+                path, [(lines[at], where, f"YAML tag {node.tag!r} is not allowed (plain data only)")]
+            )
         if isinstance(node, yaml.MappingNode):
             out: dict[Any, Any] = {}
             for key_node, value_node in node.value:

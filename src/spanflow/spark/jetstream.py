@@ -36,6 +36,7 @@ import pyarrow as pa
 from pyspark import TaskContext
 from pyspark.sql.datasource import (
     DataSource,
+    DataSourceArrowWriter,
     DataSourceStreamArrowWriter,
     DataSourceStreamReader,
     InputPartition,
@@ -76,6 +77,11 @@ class JetStreamDataSource(DataSource):
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> JetStreamWriter:
         return JetStreamWriter(dict(self.options))
+
+    def writer(self, schema: StructType, overwrite: bool) -> JetStreamBatchWriter:
+        """Batch writes, used from ``foreachBatch`` for update-mode queries (Spark's v2
+        streaming sinks accept append only); the option ``batch_id`` names the batch."""
+        return JetStreamBatchWriter(dict(self.options))
 
 
 @dataclass
@@ -216,10 +222,13 @@ class JetStreamWriter(DataSourceStreamArrowWriter):
         self.subject = options["subject"]
         self.order_by = options.get("order_by") or None
         self.include_metadata = options.get("include_metadata", "false") == "true"
+        self.batch_id = options.get("batch_id")
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
         ctx = TaskContext.get()
-        batch_id = ctx.getLocalProperty("streaming.sql.batchId") if ctx else None
+        batch_id = self.batch_id or (ctx.getLocalProperty("streaming.sql.batchId") if ctx else None)
+        if batch_id is None:
+            raise RuntimeError("spanflow_jetstream sink: no micro-batch id (use it in a stream)")
         partition = ctx.partitionId() if ctx else 0
         rows: list[dict[str, Any]] = []
         for batch in iterator:
@@ -259,6 +268,16 @@ class JetStreamWriter(DataSourceStreamArrowWriter):
 
         duplicates = asyncio.run(publish())
         return SinkCommit(len(out), duplicates)
+
+
+class JetStreamBatchWriter(DataSourceArrowWriter):
+    """The same idempotent publishing for one batch written from ``foreachBatch``."""
+
+    def __init__(self, options: dict[str, str]) -> None:
+        self._writer = JetStreamWriter(options)
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
+        return self._writer.write(iterator)
 
 
 @dataclass

@@ -126,13 +126,17 @@ class PipelineRunner:
             .trigger(processingTime=spark_interval(self.spec.trigger))
         )
         if sink.kind == "jetstream":
-            writer = writer.format(FORMAT_NAME).options(
-                url=self.nats_url,
-                pipeline=self.spec.name,
-                step=sink.id,
-                subject=sink.subject or "",
-                order_by=sink.order_by or "",
-            )
+            options = {
+                "url": self.nats_url,
+                "pipeline": self.spec.name,
+                "step": sink.id,
+                "subject": sink.subject or "",
+                "order_by": sink.order_by or "",
+            }
+            if mode == "append":
+                writer = writer.format(FORMAT_NAME).options(**options)
+            else:
+                writer = writer.foreachBatch(_batch_publisher(options))
         elif sink.kind == "parquet":
             writer = writer.format("parquet").option("path", sink.path or "")
         else:
@@ -222,6 +226,16 @@ class PipelineRunner:
         except Exception:  # noqa: BLE001 - status only
             return 0
         return sum((info.state.subjects or {}).values())
+
+
+def _batch_publisher(options: dict[str, str]) -> Callable[[DataFrame, int], None]:
+    """Update-mode output: Spark's v2 streaming sinks take append only, so each batch is
+    written with the batch writer, which derives the same idempotent message ids."""
+
+    def write(batch: DataFrame, batch_id: int) -> None:
+        batch.write.format(FORMAT_NAME).options(**options, batch_id=str(batch_id)).mode("append").save()
+
+    return write
 
 
 def _lag(progress: Mapping[str, Any]) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Mapping
 
 from pyspark.sql import SparkSession
@@ -39,6 +40,10 @@ def build_session(
     """
     ensure_java_home()
     os.environ.setdefault("PYSPARK_PYTHON", _python())
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    # Python workers import users' functions by module name: give them the driver's path.
+    paths = [p for p in sys.path if p and os.path.isdir(p)]
+    os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys([*paths, os.getcwd()]))
     builder = SparkSession.builder.appName(app_name).master(
         master or os.environ.get("SPANFLOW_SPARK_MASTER", "local[2,3]")
     )
@@ -57,6 +62,4 @@ def register_data_sources(spark: SparkSession) -> None:
 
 
 def _python() -> str:
-    import sys
-
     return sys.executable

@@ -13,7 +13,9 @@ import orjson
 from spanflow.nats.streams import connect, ensure_stream
 
 
-def publish(url: str, stream: str, subject: str, payloads: Iterable[bytes | dict[str, Any]]) -> None:
+def publish(
+    url: str, stream: str, subject: str, payloads: Iterable[bytes | dict[str, Any]]
+) -> None:
     async def go() -> None:
         nc = await connect(url)
         js = nc.jetstream()
@@ -69,13 +71,22 @@ def wait_for(predicate: Callable[[], bool], timeout: float = 120.0, interval: fl
     raise AssertionError(f"condition not met within {timeout:.0f} s")
 
 
-def run_until(spark: Any, nats_url: str, checkpoints: Any, flow: Any, out_stream: str,
-              expected: int, *, timeout: float = 120.0) -> list[dict[str, Any]]:
+def run_until(
+    spark: Any,
+    nats_url: str,
+    checkpoints: Any,
+    flow: Any,
+    out_stream: str,
+    expected: int,
+    *,
+    timeout: float = 120.0,
+) -> list[dict[str, Any]]:
     """Run a flow until its sink stream holds ``expected`` records; return them."""
     from spanflow.spark.runner import PipelineRunner
 
-    runner = PipelineRunner(spark, flow.spec(), nats_url=nats_url, checkpoint_dir=checkpoints,
-                            functions=flow.functions).start()
+    runner = PipelineRunner(
+        spark, flow.spec(), nats_url=nats_url, checkpoint_dir=checkpoints, functions=flow.functions
+    ).start()
     try:
         wait_for(lambda: len(read_all(nats_url, out_stream)) >= expected, timeout=timeout)
         runner.await_idle()

@@ -11,6 +11,11 @@ from spanflow.spec import PipelineSpec
 
 __version__ = "0.1.0"
 __all__ = [
-    "Flow", "Pipeline", "PipelineSpec", "SpanflowError", "Stream", "load_pipeline",
+    "Flow",
+    "Pipeline",
+    "PipelineSpec",
+    "SpanflowError",
+    "Stream",
+    "load_pipeline",
     "load_pipeline_text",
 ]

@@ -39,7 +39,9 @@ NatsOption = Annotated[
 ]
 DataDirOption = Annotated[
     Path | None,
-    typer.Option("--data-dir", help="Where NATS data and checkpoints live (default ./spanflow-data)."),
+    typer.Option(
+        "--data-dir", help="Where NATS data and checkpoints live (default ./spanflow-data)."
+    ),
 ]
 
 
@@ -68,7 +70,9 @@ def load_target(target: str) -> tuple[PipelineSpec, dict[str, Any]]:
         return obj.spec(), obj.functions
     if isinstance(obj, PipelineSpec):
         return obj, {}
-    raise SpanflowError(f"{target!r} is a {type(obj).__name__}, not a spanflow Flow or PipelineSpec")
+    raise SpanflowError(
+        f"{target!r} is a {type(obj).__name__}, not a spanflow Flow or PipelineSpec"
+    )
 
 
 @contextlib.contextmanager
@@ -101,14 +105,32 @@ def _quiet_spark() -> None:
 
 def status_table(runner: Any, title: str) -> Table:
     table = Table(title=title, expand=False)
-    for col in ("query", "state", "batches", "in rows/s", "done rows/s", "batch ms", "lag", "watermark", "restarts"):
-        table.add_column(col, justify="right" if col not in ("query", "state", "watermark") else "left")
+    for col in (
+        "query",
+        "state",
+        "batches",
+        "in rows/s",
+        "done rows/s",
+        "batch ms",
+        "lag",
+        "watermark",
+        "restarts",
+    ):
+        table.add_column(
+            col, justify="right" if col not in ("query", "state", "watermark") else "left"
+        )
     for st in runner.status():
         state = "[green]running[/]" if st.active else ("[red]failed[/]" if st.error else "stopped")
         table.add_row(
-            st.sink, state, str(st.batches), f"{st.input_rows_per_s:,.0f}",
-            f"{st.processed_rows_per_s:,.0f}", str(st.last_batch_ms), f"{st.lag:,}",
-            (st.watermark or "-")[:19], str(st.restarts),
+            st.sink,
+            state,
+            str(st.batches),
+            f"{st.input_rows_per_s:,.0f}",
+            f"{st.processed_rows_per_s:,.0f}",
+            str(st.last_batch_ms),
+            f"{st.lag:,}",
+            (st.watermark or "-")[:19],
+            str(st.restarts),
         )
     table.caption = f"dead letters: {runner.dead_letters():,}"
     return table
@@ -151,14 +173,23 @@ def run(
     with nats_url(nats, directory) as url:
         err.print(f"starting Spark for pipeline [bold]{spec.name}[/bold] …")
         spark = build_session(master=master, app_name=f"spanflow-{spec.name}")
-        runner = PipelineRunner(spark, spec, nats_url=url, checkpoint_dir=directory / "checkpoints",
-                                functions=functions)
+        runner = PipelineRunner(
+            spark, spec, nats_url=url, checkpoint_dir=directory / "checkpoints", functions=functions
+        )
         try:
             runner.start()
             deadline = time.monotonic() + duration if duration else None
             live_ok = console.is_terminal
-            with Live(status_table(runner, spec.name), console=console, refresh_per_second=1,
-                      transient=False) if live_ok else contextlib.nullcontext() as live:
+            with (
+                Live(
+                    status_table(runner, spec.name),
+                    console=console,
+                    refresh_per_second=1,
+                    transient=False,
+                )
+                if live_ok
+                else contextlib.nullcontext() as live
+            ):
                 last_print = 0.0
                 while not stop.event.is_set() and (deadline is None or time.monotonic() < deadline):
                     runner.supervise()
@@ -194,7 +225,9 @@ def simulate(
     data_dir: DataDirOption = None,
     rate: Annotated[float, typer.Option(help="Messages per second.")] = 200.0,
     devices: Annotated[int, typer.Option(help="Number of devices.")] = 10,
-    duration: Annotated[float | None, typer.Option(help="Seconds to run (default: until Ctrl-C).")] = None,
+    duration: Annotated[
+        float | None, typer.Option(help="Seconds to run (default: until Ctrl-C).")
+    ] = None,
     count: Annotated[int | None, typer.Option(help="Stop after this many readings.")] = None,
     site: Annotated[str, typer.Option(help="Site name in subjects and records.")] = "site-a",
     stream: Annotated[str, typer.Option(help="Stream to create if missing.")] = "SENSORS",
@@ -206,8 +239,16 @@ def simulate(
     from spanflow.nats.streams import connect, ensure_stream
     from spanflow.simulator import SensorSimulator, SimulatorConfig
 
-    sim = SensorSimulator(SimulatorConfig(devices=devices, rate=rate, site=site, seed=seed,
-                                          anomaly_rate=anomaly_rate, malformed_rate=malformed_rate))
+    sim = SensorSimulator(
+        SimulatorConfig(
+            devices=devices,
+            rate=rate,
+            site=site,
+            seed=seed,
+            anomaly_rate=anomaly_rate,
+            malformed_rate=malformed_rate,
+        )
+    )
     stop_flag = _Interrupted()
 
     async def go(url: str) -> None:
@@ -225,8 +266,11 @@ def simulate(
         while not task.done():
             await asyncio.sleep(1)
             s = sim.stats
-            err.print(f"sent {s.sent:,}  ({s.rate:,.0f}/s)  anomalies {s.anomalies}  "
-                      f"malformed {s.malformed}  late {s.late}", end="\r")
+            err.print(
+                f"sent {s.sent:,}  ({s.rate:,.0f}/s)  anomalies {s.anomalies}  "
+                f"malformed {s.malformed}  late {s.late}",
+                end="\r",
+            )
         await task
         watcher.cancel()
         await nc.close()
@@ -239,7 +283,9 @@ def simulate(
 
 @app.command()
 def demo(
-    duration: Annotated[float | None, typer.Option(help="Seconds to run (default: until Ctrl-C).")] = None,
+    duration: Annotated[
+        float | None, typer.Option(help="Seconds to run (default: until Ctrl-C).")
+    ] = None,
     rate: Annotated[float, typer.Option(help="Simulated messages per second.")] = 200.0,
     devices: Annotated[int, typer.Option(help="Simulated devices.")] = 8,
     nats: NatsOption = None,
@@ -275,10 +321,12 @@ def demo(
             record = json.loads(msg.data)
             alerts.appendleft(record)
             if not console.is_terminal:
-                console.print(f"ALERT {record['device']} {record['reason']} "
-                              f"max_temperature={record['max_temperature']:.1f} "
-                              f"max_vibration={record['max_vibration']:.2f} "
-                              f"window {record['window_start'][11:19]}–{record['window_end'][11:19]}")
+                console.print(
+                    f"ALERT {record['device']} {record['reason']} "
+                    f"max_temperature={record['max_temperature']:.1f} "
+                    f"max_vibration={record['max_vibration']:.2f} "
+                    f"window {record['window_start'][11:19]}–{record['window_end'][11:19]}"
+                )
 
         async def setup() -> None:
             await ensure_stream(client.js, "SENSORS", ["sensors.>"])
@@ -306,17 +354,29 @@ def demo(
             for col in ("device", "window", "readings", "avg °C", "max °C", "max vib"):
                 w.add_column(col)
             for r in list(windows):
-                w.add_row(r["device"], f"{r['window_start'][11:19]}–{r['window_end'][11:19]}",
-                          str(r["readings"]), f"{r['avg_temperature']:.1f}",
-                          f"{r['max_temperature']:.1f}", f"{r['max_vibration']:.2f}")
+                w.add_row(
+                    r["device"],
+                    f"{r['window_start'][11:19]}–{r['window_end'][11:19]}",
+                    str(r["readings"]),
+                    f"{r['avg_temperature']:.1f}",
+                    f"{r['max_temperature']:.1f}",
+                    f"{r['max_vibration']:.2f}",
+                )
             a = Table(title=f"alerts ({counts['alerts']} so far)", style="red")
             for col in ("device", "window", "reason", "max °C", "max vib"):
                 a.add_column(col)
             for r in list(alerts):
-                a.add_row(r["device"], f"{r['window_start'][11:19]}–{r['window_end'][11:19]}",
-                          r["reason"], f"{r['max_temperature']:.1f}", f"{r['max_vibration']:.2f}")
-            sim_line = (f"simulator: {sim.stats.sent:,} readings sent, {sim.stats.anomalies} anomalies, "
-                        f"{sim.stats.malformed} malformed")
+                a.add_row(
+                    r["device"],
+                    f"{r['window_start'][11:19]}–{r['window_end'][11:19]}",
+                    r["reason"],
+                    f"{r['max_temperature']:.1f}",
+                    f"{r['max_vibration']:.2f}",
+                )
+            sim_line = (
+                f"simulator: {sim.stats.sent:,} readings sent, {sim.stats.anomalies} anomalies, "
+                f"{sim.stats.malformed} malformed"
+            )
             return Group(status_table(runner, spec.name), sim_line, w, a)
 
         try:
@@ -324,8 +384,11 @@ def demo(
             deadline = time.monotonic() + duration if duration else None
             last_print = 0.0
             last_windows = 0
-            live_cm = (Live(view(), console=console, refresh_per_second=2)
-                       if console.is_terminal else contextlib.nullcontext())
+            live_cm = (
+                Live(view(), console=console, refresh_per_second=2)
+                if console.is_terminal
+                else contextlib.nullcontext()
+            )
             with live_cm as live:
                 while not stop.event.is_set() and (deadline is None or time.monotonic() < deadline):
                     runner.supervise()

@@ -36,9 +36,12 @@ def sensor_alerts() -> Flow:
             id="per_device_10s",
         )
     )
-    to_windows = windows.sink_jetstream("SENSOR_WINDOWS", subject="windows.{device}", id="windows_out")
+    to_windows = windows.sink_jetstream(
+        "SENSOR_WINDOWS", subject="windows.{device}", id="windows_out"
+    )
     alerts = windows.filter(
-        f"max_temperature > {TEMPERATURE_LIMIT} OR max_vibration > {VIBRATION_LIMIT}", id="threshold"
+        f"max_temperature > {TEMPERATURE_LIMIT} OR max_vibration > {VIBRATION_LIMIT}",
+        id="threshold",
     ).select(
         "device",
         "window_start",

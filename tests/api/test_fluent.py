@@ -30,7 +30,12 @@ def test_module_functions_are_referenced_by_import_path():
 
 
 def test_lambdas_stay_local_and_the_spec_still_serialises():
-    flow = sf.Pipeline("p").source("S", schema=SCHEMA).filter(lambda r: r["t"] > 0, id="f").sink_console()
+    flow = (
+        sf.Pipeline("p")
+        .source("S", schema=SCHEMA)
+        .filter(lambda r: r["t"] > 0, id="f")
+        .sink_console()
+    )
     ref = flow.spec().step("f").function  # type: ignore[union-attr]
     assert ref == "__local__:f" and ref in flow.functions
     assert sf.PipelineSpec.from_json(flow.spec().to_json()) == flow.spec()
@@ -40,7 +45,9 @@ def test_bad_calls_name_the_step():
     s = sf.Pipeline("p").source("S", schema=SCHEMA)
     with pytest.raises(SpecError, match="exactly one of tumbling"):
         s.window(tumbling="1s", session="2s")
-    with pytest.raises(SpecError, match="step 'w'.*slide"):
+    with pytest.raises(SpecError, match=r"step 'w'.*slide"):
         s.window(sliding="5s", slide="10s").aggregate(n="count", id="w")
     with pytest.raises(SpecError, match="two different steps share the id"):
-        s.filter("t > 1", id="x").sink_console(id="o1").merge(s.filter("t > 2", id="x").sink_console(id="o2"))
+        s.filter("t > 1", id="x").sink_console(id="o1").merge(
+            s.filter("t > 2", id="x").sink_console(id="o2")
+        )

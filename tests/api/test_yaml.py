@@ -32,7 +32,15 @@ sinks:
 
 def test_classic_processor_types_load():
     spec = sf.load_pipeline_text(GOOD)
-    assert [s.type for s in spec.topological()] == ["source", "forward", "sum", "count", "average", "sink", "sink"]
+    assert [s.type for s in spec.topological()] == [
+        "source",
+        "forward",
+        "sum",
+        "count",
+        "average",
+        "sink",
+        "sink",
+    ]
     assert spec.step("plus").inputs == ("fwd",)
     assert spec.step("avg").window == 10.0  # type: ignore[union-attr]
 
@@ -70,7 +78,9 @@ def test_yaml_syntax_error_has_a_line():
 
 
 def test_missing_required_field_of_a_sink():
-    err = _error(GOOD.replace("{id: counts, type: console}", "{id: counts, type: jetstream, stream: C}"))
+    err = _error(
+        GOOD.replace("{id: counts, type: console}", "{id: counts, type: jetstream, stream: C}")
+    )
     assert "p.yaml:15: sinks[0]: a jetstream sink needs 'stream' and 'subject'" in str(err)
 
 
@@ -87,7 +97,9 @@ def test_example_yaml_equals_the_python_demo_pipeline():
         data["steps"].sort(key=lambda s: s["id"])
         return data
 
-    assert normal(sf.load_pipeline(EXAMPLES / "sensor_alerts.yaml")) == normal(sensor_alerts().spec())
+    assert normal(sf.load_pipeline(EXAMPLES / "sensor_alerts.yaml")) == normal(
+        sensor_alerts().spec()
+    )
 
 
 def test_missing_file_is_a_clear_error(tmp_path):

@@ -29,10 +29,15 @@ def test_validate_a_python_object():
 
 def test_bad_pipeline_file_exits_2_naming_file_line_and_field(tmp_path):
     bad = tmp_path / "bad.yaml"
-    bad.write_text("name: x\nsources:\n  - id: s\n    stream: S\n    schema: {a: long}\n    formt: json\n    to: [o]\nsinks:\n  - {id: o, type: console}\n")
+    bad.write_text(
+        "name: x\nsources:\n  - id: s\n    stream: S\n    schema: {a: long}\n"
+        "    formt: json\n    to: [o]\nsinks:\n  - {id: o, type: console}\n"
+    )
     result = runner.invoke(app, ["run", str(bad)])
     assert result.exit_code == 2
-    assert f"{bad}:6: sources[0].formt: Extra inputs are not permitted" in result.output.replace("\n", "")
+    assert f"{bad}:6: sources[0].formt: Extra inputs are not permitted" in result.output.replace(
+        "\n", ""
+    )
 
 
 def test_unknown_target_is_a_clear_error():
@@ -46,11 +51,20 @@ def test_demo_prints_windows_and_alerts_and_exits_cleanly():
     env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"}
     proc = subprocess.run(
         [sys.executable, "-m", "spanflow.cli", "demo", "--duration", "45", "--rate", "300"],
-        capture_output=True, text=True, timeout=240, env=env, stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=env,
+        stdin=subprocess.DEVNULL,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout
-    assert re.search(r"window dev-\d{3} \d\d:\d\d:\d\d–\d\d:\d\d:\d\d readings=\d+", out), out[-2000:]
-    summary = re.search(r"demo finished: ([\d,]+) readings, (\d+) window results, (\d+) alerts, (\d+) dead letters", out)
+    assert re.search(r"window dev-\d{3} \d\d:\d\d:\d\d–\d\d:\d\d:\d\d readings=\d+", out), out[
+        -2000:
+    ]
+    summary = re.search(
+        r"demo finished: ([\d,]+) readings, (\d+) window results, (\d+) alerts, (\d+) dead letters",
+        out,
+    )
     assert summary, out[-2000:]
     assert int(summary.group(2)) > 0 and int(summary.group(4)) > 0

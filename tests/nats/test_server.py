@@ -47,6 +47,7 @@ def test_embedded_server_is_durable_and_stops_without_orphans(tmp_path):
 
     # Data survives a restart on the same directory.
     with EmbeddedNats(tmp_path / "n") as again:
+
         async def count() -> int:
             nc = await connect(again.url)
             info = await nc.jetstream().stream_info("T")
@@ -58,5 +59,5 @@ def test_embedded_server_is_durable_and_stops_without_orphans(tmp_path):
 
 def test_start_failure_reports_the_server_log(tmp_path):
     bad = EmbeddedNats(tmp_path / "n", name="bad name with { brace")
-    with pytest.raises(NatsError, match="exited at start-up|did not start"):
+    with pytest.raises(NatsError, match=r"exited at start-up|did not start"):
         bad.start(timeout=10)

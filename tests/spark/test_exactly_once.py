@@ -51,10 +51,22 @@ sinks:
 def _start(pipeline: Path, nats_url: str, data_dir: Path, log: Path) -> subprocess.Popen[bytes]:
     env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"}
     return subprocess.Popen(
-        [sys.executable, "-m", "spanflow.cli", "run", str(pipeline), "--nats", nats_url,
-         "--data-dir", str(data_dir)],
-        stdout=log.open("ab"), stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-        start_new_session=True, env=env,
+        [
+            sys.executable,
+            "-m",
+            "spanflow.cli",
+            "run",
+            str(pipeline),
+            "--nats",
+            nats_url,
+            "--data-dir",
+            str(data_dir),
+        ],
+        stdout=log.open("ab"),
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+        env=env,
     )
 
 
@@ -65,9 +77,7 @@ def _crash(proc: subprocess.Popen[bytes]) -> None:
 
 
 def test_outputs_exactly_once_across_sigkill_restarts(nats_url, tmp_path, uid):
-    records = [
-        {"id": i, "device": DEVICES[i % 3], "v": i, "ts": BASE + i * 0.1} for i in range(N)
-    ]
+    records = [{"id": i, "device": DEVICES[i % 3], "v": i, "ts": BASE + i * 0.1} for i in range(N)]
     flush = {"id": N, "device": "a", "v": 1, "ts": BASE + 100_000}  # closes every window
     publish(nats_url, f"IN_{uid}", f"in{uid}.r", [*records, flush])
     expected_rows = {r["id"] for r in [*records, flush] if r["v"] % 3 != 0}
@@ -98,8 +108,13 @@ def test_outputs_exactly_once_across_sigkill_restarts(nats_url, tmp_path, uid):
 
     proc = _start(pipeline, nats_url, data_dir, log)
     try:
-        wait_for(lambda: rows() >= len(expected_rows)
-                 and len(read_all(nats_url, f"WIN_{uid}")) >= len(windows), timeout=300)
+        wait_for(
+            lambda: (
+                rows() >= len(expected_rows)
+                and len(read_all(nats_url, f"WIN_{uid}")) >= len(windows)
+            ),
+            timeout=300,
+        )
     finally:
         proc.send_signal(signal.SIGINT)
         proc.wait(60)

@@ -10,7 +10,14 @@ from spanflow.nats.ranges import Message
 from spanflow.spark.formats import Decoder
 from spanflow.spec.schema import StreamFormat
 
-SCHEMA = {"device": "string", "temp": "double", "n": "long", "ok": "boolean", "ts": "timestamp", "note": "string?"}
+SCHEMA = {
+    "device": "string",
+    "temp": "double",
+    "n": "long",
+    "ok": "boolean",
+    "ts": "timestamp",
+    "note": "string?",
+}
 TS = datetime(2026, 5, 1, 12, 0, 0, tzinfo=UTC)
 
 
@@ -18,36 +25,74 @@ def _msgs(*payloads: bytes) -> list[Message]:
     return [Message(i + 1, "s.x", p, 1_000_000) for i, p in enumerate(payloads)]
 
 
-@pytest.mark.parametrize(("fmt", "payload"), [
-    (StreamFormat.JSON, b'{"device": "d1", "temp": 21.5, "n": 3, "ok": true, "ts": "2026-05-01T12:00:00Z"}'),
-    (StreamFormat.YAML, b"device: d1\ntemp: 21.5\nn: 3\nok: true\nts: '2026-05-01T12:00:00+00:00'\n"),
-    (StreamFormat.TOML, b'device = "d1"\ntemp = 21.5\nn = 3\nok = true\nts = 2026-05-01T12:00:00Z\n'),
-    (StreamFormat.CSV, b"d1,21.5,3,true,2026-05-01T12:00:00Z,"),
-])
+@pytest.mark.parametrize(
+    ("fmt", "payload"),
+    [
+        (
+            StreamFormat.JSON,
+            b'{"device": "d1", "temp": 21.5, "n": 3, "ok": true, "ts": "2026-05-01T12:00:00Z"}',
+        ),
+        (
+            StreamFormat.YAML,
+            b"device: d1\ntemp: 21.5\nn: 3\nok: true\nts: '2026-05-01T12:00:00+00:00'\n",
+        ),
+        (
+            StreamFormat.TOML,
+            b'device = "d1"\ntemp = 21.5\nn = 3\nok = true\nts = 2026-05-01T12:00:00Z\n',
+        ),
+        (StreamFormat.CSV, b"d1,21.5,3,true,2026-05-01T12:00:00Z,"),
+    ],
+)
 def test_each_format_decodes_to_the_same_row(fmt, payload):
     batch, rejects = Decoder(fmt, SCHEMA).decode(_msgs(payload))
     assert rejects == []
     row = batch.to_pylist()[0]
-    assert (row["device"], row["temp"], row["n"], row["ok"], row["note"]) == ("d1", 21.5, 3, True, None)
+    assert (row["device"], row["temp"], row["n"], row["ok"], row["note"]) == (
+        "d1",
+        21.5,
+        3,
+        True,
+        None,
+    )
     assert row["ts"] == TS
     assert row["_seq"] == 1 and row["_subject"] == "s.x"
 
 
 def test_epoch_seconds_and_milliseconds_both_mean_the_same_time():
     d = Decoder(StreamFormat.JSON, {"ts": "timestamp"})
-    batch, _ = d.decode(_msgs(b'{"ts": %d}' % TS.timestamp(), b'{"ts": %d}' % (TS.timestamp() * 1000)))
+    batch, _ = d.decode(
+        _msgs(b'{"ts": %d}' % TS.timestamp(), b'{"ts": %d}' % (TS.timestamp() * 1000))
+    )
     assert [r["ts"] for r in batch.to_pylist()] == [TS, TS]
 
 
-@pytest.mark.parametrize(("payload", "reason"), [
-    (b'{"device": "d1", "temp": ', "not valid json"),
-    (b'["a list"]', "expected a json object"),
-    (b'{"device": "d1", "n": 1, "ok": true, "ts": 1}', "field 'temp': required field is missing"),
-    (b'{"device": "d1", "temp": "hot", "n": 1, "ok": true, "ts": 1}', "field 'temp': expected number"),
-    (b'{"device": 7, "temp": 1, "n": 1, "ok": true, "ts": 1}', "field 'device': expected string"),
-    (b'{"device": "d", "temp": 1, "n": 1.5, "ok": true, "ts": 1}', "field 'n': expected integer"),
-    (b'{"device": "d", "temp": 1, "n": 1, "ok": true, "ts": "yesterday"}', "field 'ts': expected ISO-8601"),
-])
+@pytest.mark.parametrize(
+    ("payload", "reason"),
+    [
+        (b'{"device": "d1", "temp": ', "not valid json"),
+        (b'["a list"]', "expected a json object"),
+        (
+            b'{"device": "d1", "n": 1, "ok": true, "ts": 1}',
+            "field 'temp': required field is missing",
+        ),
+        (
+            b'{"device": "d1", "temp": "hot", "n": 1, "ok": true, "ts": 1}',
+            "field 'temp': expected number",
+        ),
+        (
+            b'{"device": 7, "temp": 1, "n": 1, "ok": true, "ts": 1}',
+            "field 'device': expected string",
+        ),
+        (
+            b'{"device": "d", "temp": 1, "n": 1.5, "ok": true, "ts": 1}',
+            "field 'n': expected integer",
+        ),
+        (
+            b'{"device": "d", "temp": 1, "n": 1, "ok": true, "ts": "yesterday"}',
+            "field 'ts': expected ISO-8601",
+        ),
+    ],
+)
 def test_bad_messages_are_rejected_with_a_reason_and_good_ones_kept(payload, reason):
     good = b'{"device": "d1", "temp": 1, "n": 1, "ok": false, "ts": 1}'
     batch, rejects = Decoder(StreamFormat.JSON, SCHEMA).decode(_msgs(good, payload, good))

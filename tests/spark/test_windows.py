@@ -20,15 +20,22 @@ def _readings(n: int, seed: int) -> list[dict]:
     out = []
     for i in range(n):
         ts = BASE + i * 0.5 + rng.uniform(-2.0, 2.0)  # out of order by up to 4 s
-        out.append({"device": f"d{rng.randrange(4)}", "temperature": round(rng.uniform(10, 40), 2), "ts": ts})
+        out.append(
+            {
+                "device": f"d{rng.randrange(4)}",
+                "temperature": round(rng.uniform(10, 40), 2),
+                "ts": ts,
+            }
+        )
     return out
 
 
 def _run_until(spark, nats_url, checkpoints, flow, out_stream: str, expected: int) -> list[dict]:
     """Run until the sink holds ``expected`` records (closed windows come one batch after
     the watermark passes them), then stop and return what the sink holds."""
-    runner = PipelineRunner(spark, flow.spec(), nats_url=nats_url, checkpoint_dir=checkpoints,
-                            functions=flow.functions).start()
+    runner = PipelineRunner(
+        spark, flow.spec(), nats_url=nats_url, checkpoint_dir=checkpoints, functions=flow.functions
+    ).start()
     try:
         wait_for(lambda: len(read_records(nats_url, out_stream)) >= expected)
         runner.await_idle()
@@ -45,13 +52,22 @@ def test_tumbling_window_aggregates_match_oracle(spark, nats_url, checkpoints, u
     publish(nats_url, f"IN_{uid}", f"in{uid}.r", [*readings, flush])
     p = sf.Pipeline(f"win-{uid}")
     flow = (
-        p.source(f"IN_{uid}", schema={"device": "string", "temperature": "double", "ts": "timestamp"},
-                 event_time="ts", max_out_of_orderness="5s")
+        p.source(
+            f"IN_{uid}",
+            schema={"device": "string", "temperature": "double", "ts": "timestamp"},
+            event_time="ts",
+            max_out_of_orderness="5s",
+        )
         .filter("temperature >= 15")
         .key_by("device")
         .window(tumbling="10s")
-        .aggregate(n="count", total="sum(temperature)", lo="min(temperature)", hi="max(temperature)",
-                   mean="avg(temperature)")
+        .aggregate(
+            n="count",
+            total="sum(temperature)",
+            lo="min(temperature)",
+            hi="max(temperature)",
+            mean="avg(temperature)",
+        )
         .sink_jetstream(f"OUT_{uid}", subject=f"out{uid}")
     )
     oracle: dict[tuple[str, int], list[float]] = defaultdict(list)
@@ -59,7 +75,10 @@ def test_tumbling_window_aggregates_match_oracle(spark, nats_url, checkpoints, u
         if r["temperature"] >= 15:
             oracle[(r["device"], int(r["ts"] // 10 * 10))].append(r["temperature"])
     records = _run_until(spark, nats_url, checkpoints, flow, f"OUT_{uid}", len(oracle))
-    got = {(o["device"], int(datetime.fromisoformat(o["window_start"]).timestamp())): o for o in records}
+    got = {
+        (o["device"], int(datetime.fromisoformat(o["window_start"]).timestamp())): o
+        for o in records
+    }
     assert len(got) == len(records)  # each window exactly once
     assert set(got) == set(oracle)
     for k, temps in oracle.items():
@@ -81,12 +100,20 @@ def test_late_events_beyond_watermark_are_dropped_from_windows(spark, nats_url, 
     publish(nats_url, stream, f"in{uid}.r", on_time)
     p = sf.Pipeline(f"late-{uid}", trigger=0)
     flow = (
-        p.source(stream, schema={"device": "string", "temperature": "double", "ts": "timestamp"},
-                 event_time="ts", max_out_of_orderness="5s")
-        .key_by("device").window(tumbling="10s").aggregate(n="count", hi="max(temperature)")
+        p.source(
+            stream,
+            schema={"device": "string", "temperature": "double", "ts": "timestamp"},
+            event_time="ts",
+            max_out_of_orderness="5s",
+        )
+        .key_by("device")
+        .window(tumbling="10s")
+        .aggregate(n="count", hi="max(temperature)")
         .sink_jetstream(f"OUT_{uid}", subject=f"out{uid}")
     )
-    runner = PipelineRunner(spark, flow.spec(), nats_url=nats_url, checkpoint_dir=checkpoints).start()
+    runner = PipelineRunner(
+        spark, flow.spec(), nats_url=nats_url, checkpoint_dir=checkpoints
+    ).start()
     try:
         runner.await_idle()
         # The watermark (26) has passed window [0,10): it is emitted without the late event.

@@ -126,9 +126,7 @@ class Stream:
         self._functions = dict(functions)
         self.head = head
 
-    def _then(
-        self, cls: type[Step], prefix: str, id: str | None, /, **params: Any
-    ) -> Stream:
+    def _then(self, cls: type[Step], prefix: str, id: str | None, /, **params: Any) -> Stream:
         step = _build(cls, id=id or self._pipeline._next_id(prefix), inputs=(self.head,), **params)
         return Stream(self._pipeline, (*self._steps, step), self._functions, step.id)
 
@@ -187,7 +185,9 @@ class Stream:
     def forward(self, *, id: str | None = None) -> Stream:
         return self._then(ForwardStep, "forward", id)
 
-    def add(self, field: str, value: float, *, output: str | None = None, id: str | None = None) -> Stream:
+    def add(
+        self, field: str, value: float, *, output: str | None = None, id: str | None = None
+    ) -> Stream:
         """Add a constant to a numeric field (the classic 'sum' processor)."""
         return self._then(SumStep, "sum", id, field=field, value=value, output=output)
 
@@ -210,8 +210,10 @@ class Stream:
         slide: str | float | None = None,
         session: str | float | None = None,
     ) -> WindowedStream:
-        """Start a window: exactly one of ``tumbling=``, ``sliding=`` (+ ``slide=``), ``session=``."""
-        given = [k for k, v in (("tumbling", tumbling), ("sliding", sliding), ("session", session)) if v]
+        """Start a window: one of ``tumbling=``, ``sliding=`` (with ``slide=``) or ``session=``."""
+        given = [
+            k for k, v in (("tumbling", tumbling), ("sliding", sliding), ("session", session)) if v
+        ]
         if len(given) != 1:
             raise SpecError("window(): give exactly one of tumbling=, sliding= or session=")
         if given[0] == "tumbling":
@@ -312,7 +314,7 @@ class Flow:
 
 def _build(cls: type[Step], **params: Any) -> Step:
     try:
-        return cls.model_validate(params)  # type: ignore[no-any-return, attr-defined]
+        return cls.model_validate(params)
     except ValidationError as exc:
         where = params.get("id", cls.__name__)
         raise SpecError(f"step '{where}': {format_validation_error(exc)}") from None

@@ -29,6 +29,7 @@ from pydantic import ValidationError
 
 from spanflow.errors import PipelineFileError
 from spanflow.spec import PipelineSpec
+from spanflow.spec.operators import STEP_TYPES
 
 Path_ = tuple[str | int, ...]
 _SAFE_TAGS = {
@@ -57,7 +58,8 @@ def _compose(text: str, path: str) -> tuple[Any, dict[Path_, int]]:
         if node.tag not in _SAFE_TAGS:
             where = _field_text(at) or "document"
             raise PipelineFileError(
-                path, [(lines[at], where, f"YAML tag {node.tag!r} is not allowed (plain data only)")]
+                path,
+                [(lines[at], where, f"YAML tag {node.tag!r} is not allowed (plain data only)")],
             )
         if isinstance(node, yaml.MappingNode):
             out: dict[Any, Any] = {}
@@ -92,11 +94,17 @@ def load_pipeline_text(text: str, path: str = "<string>") -> PipelineSpec:
     data, lines = _compose(text, path)
     problems: list[tuple[int | None, str, str]] = []
     if not isinstance(data, dict):
-        raise PipelineFileError(path, [(1, "", "a pipeline file must be a mapping (name:, sources:, ...)")])
+        raise PipelineFileError(
+            path, [(1, "", "a pipeline file must be a mapping (name:, sources:, ...)")]
+        )
     for key in data:
         if key not in _TOP_LEVEL:
             problems.append(
-                (lines.get((key,)), str(key), f"unknown section (allowed: {', '.join(sorted(_TOP_LEVEL))})")
+                (
+                    lines.get((key,)),
+                    str(key),
+                    f"unknown section (allowed: {', '.join(sorted(_TOP_LEVEL))})",
+                )
             )
     steps: list[dict[str, Any]] = []
     origin: list[Path_] = []  # steps[i] came from this path in the file
@@ -108,7 +116,9 @@ def load_pipeline_text(text: str, path: str = "<string>") -> PipelineSpec:
         for i, item in enumerate(items):
             at: Path_ = (section, i)
             if not isinstance(item, dict):
-                problems.append((lines.get(at), _field_text(at), "must be a mapping with id and type"))
+                problems.append(
+                    (lines.get(at), _field_text(at), "must be a mapping with id and type")
+                )
                 continue
             step = dict(item)
             step.pop("to", None)
@@ -131,20 +141,27 @@ def load_pipeline_text(text: str, path: str = "<string>") -> PipelineSpec:
         if isinstance(targets, str):
             targets = [targets]
         if not isinstance(targets, list):
-            problems.append((lines.get((*at, "to")), _field_text((*at, "to")), "must be a list of step ids"))
+            problems.append(
+                (lines.get((*at, "to")), _field_text((*at, "to")), "must be a list of step ids")
+            )
             continue
         for target in targets:
             if target not in ids:
                 known = ", ".join(str(k) for k in ids)
                 problems.append(
-                    (lines.get((*at, "to")), _field_text((*at, "to")),
-                     f"unknown step {target!r} (steps: {known})")
+                    (
+                        lines.get((*at, "to")),
+                        _field_text((*at, "to")),
+                        f"unknown step {target!r} (steps: {known})",
+                    )
                 )
                 continue
             downstream = steps[ids[target]]
             downstream["inputs"] = [*downstream.get("inputs", []), step.get("id")]
         if at[0] == "sinks" and targets:
-            problems.append((lines.get((*at, "to")), _field_text((*at, "to")), "a sink has no downstream"))
+            problems.append(
+                (lines.get((*at, "to")), _field_text((*at, "to")), "a sink has no downstream")
+            )
     if problems:
         raise PipelineFileError(path, problems)
 
@@ -160,7 +177,7 @@ def load_pipeline_text(text: str, path: str = "<string>") -> PipelineSpec:
             loc = tuple(err["loc"])
             file_loc: Path_ = loc
             if loc and loc[0] == "steps" and len(loc) > 1 and isinstance(loc[1], int):
-                rest = loc[3:] if len(loc) > 2 and loc[2] in _STEP_TAGS else loc[2:]
+                rest = loc[3:] if len(loc) > 2 and loc[2] in STEP_TYPES else loc[2:]
                 if origin[loc[1]][0] == "sinks":
                     rest = tuple("type" if p == "kind" else p for p in rest)
                 if rest[:1] == ("inputs",):
@@ -168,16 +185,12 @@ def load_pipeline_text(text: str, path: str = "<string>") -> PipelineSpec:
                 file_loc = (*origin[loc[1]], *rest)
             message = err["msg"].removeprefix("Value error, ")
             if err["type"] == "union_tag_invalid":
-                message = f"unknown type {err['input'].get('type')!r} (allowed: {', '.join(_STEP_TAGS)})"
+                message = (
+                    f"unknown type {err['input'].get('type')!r} (allowed: {', '.join(STEP_TYPES)})"
+                )
                 file_loc = (*file_loc, "type")
             problems.append((_line_for(file_loc, lines), _field_text(file_loc), message))
         raise PipelineFileError(path, problems) from None
-
-
-_STEP_TAGS = (
-    "source", "filter", "select", "map", "flat_map", "key_by", "event_time", "window",
-    "deduplicate", "forward", "sum", "count", "average", "sink",
-)
 
 
 def load_pipeline(path: str | Path) -> PipelineSpec:

@@ -18,7 +18,6 @@ from nats.aio.msg import Msg
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
 
-
 @dataclass(frozen=True, slots=True)
 class Message:
     """One stored message: where it came from and its bytes."""

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
-import nats
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.api import StreamConfig
 from nats.js.errors import NotFoundError
+
+import nats
 
 T = TypeVar("T")
 
@@ -61,7 +63,9 @@ class SyncNats:
     def __init__(self, url: str) -> None:
         self.url = url
         self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True, name="nats-sync")
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, daemon=True, name="nats-sync"
+        )
         self._thread.start()
         self.nc: Client = self.run(lambda: connect(url))
         self.js: JetStreamContext = self.nc.jetstream()
@@ -76,10 +80,8 @@ class SyncNats:
     def close(self) -> None:
         if self._loop.is_closed():
             return
-        try:
+        with contextlib.suppress(Exception):  # closing is best-effort
             self.run(self.nc.drain, timeout=10)
-        except Exception:  # noqa: BLE001 - closing best-effort
-            pass
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=5)
         self._loop.close()

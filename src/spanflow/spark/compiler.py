@@ -150,17 +150,29 @@ def _watermarked(frame: Frame, step_id: str) -> Frame:
 
 def _user_schema(schema: Mapping[str, str]) -> StructType:
     ddl = ", ".join(f"`{n}` {SPARK_TYPES_BY_NAME[field_type(t)[0]]}" for n, t in schema.items())
-    return StructType.fromDDL(ddl)
+    struct = StructType.fromDDL(ddl)
+    assert isinstance(struct, StructType)
+    return struct
 
 
 def _python_step(
-    ctx: CompileContext, spec: PipelineSpec, step_id: str, kind: str, ref: str,
-    frame: Frame, schema: Mapping[str, str] | None,
+    ctx: CompileContext,
+    spec: PipelineSpec,
+    step_id: str,
+    kind: str,
+    ref: str,
+    frame: Frame,
+    schema: Mapping[str, str] | None,
 ) -> Frame:
     fn = resolve(ref, step_id, ctx.functions)
     out_struct = _user_schema(schema) if schema else frame.df.schema
     udf = arrow_udf(
-        kind, fn, to_arrow_schema(out_struct, timezone="UTC"), url=ctx.nats_url, pipeline=spec.name, step=step_id
+        kind,
+        fn,
+        to_arrow_schema(out_struct, timezone="UTC"),
+        url=ctx.nats_url,
+        pipeline=spec.name,
+        step=step_id,
     )
     return replace(frame, df=frame.df.mapInArrow(udf, out_struct))
 
@@ -169,6 +181,7 @@ def _aggregate_column(name: str, text: str) -> Column:
     fn, field = parse_aggregate(text)
     if fn == "count":
         return F.count(F.lit(1) if field is None else F.col(field)).alias(name)
+    assert field is not None  # parse_aggregate guarantees a field for these
     return {"sum": F.sum, "avg": F.avg, "min": F.min, "max": F.max}[fn](F.col(field)).alias(name)
 
 
@@ -203,7 +216,8 @@ def _compile_step(ctx: CompileContext, spec: PipelineSpec, step: Step, up: Frame
         return up
     if isinstance(step, SumStep):
         return replace(
-            up, df=up.df.withColumn(step.output or step.field, F.col(step.field) + F.lit(step.value))
+            up,
+            df=up.df.withColumn(step.output or step.field, F.col(step.field) + F.lit(step.value)),
         )
     if isinstance(step, KeyByStep):
         missing = [k for k in step.key if k not in up.df.columns]
@@ -236,8 +250,12 @@ def _compile_step(ctx: CompileContext, spec: PipelineSpec, step: Step, up: Frame
         assert frame.event_time is not None
         window = F.window(F.col(frame.event_time), spark_interval(step.window))
         df = frame.df.groupBy(*key, window).agg(F.avg(F.col(step.field)).alias("average"))
-        df = df.select(*key, F.col("window.start").alias("window_start"),
-                       F.col("window.end").alias("window_end"), "average")
+        df = df.select(
+            *key,
+            F.col("window.start").alias("window_start"),
+            F.col("window.end").alias("window_end"),
+            "average",
+        )
         return Frame(df, key=key, mode="append")
     raise CompileError(step.id, f"step type {step.type!r} is not supported by the Spark runner")
 
@@ -270,5 +288,7 @@ def _window(ctx: CompileContext, step: WindowStep, up: Frame) -> Frame:
     out_struct = StructType(
         [f for f in collected.schema.fields if f.name != "_rows"] + value_fields
     )
-    udf = reduce_udf(fn, to_arrow_schema(out_struct, timezone="UTC"), [*frame.key, "window_start", "window_end"])
+    udf = reduce_udf(
+        fn, to_arrow_schema(out_struct, timezone="UTC"), [*frame.key, "window_start", "window_end"]
+    )
     return Frame(collected.mapInArrow(udf, out_struct), key=frame.key, mode=mode)

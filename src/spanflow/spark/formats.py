@@ -119,8 +119,12 @@ def _binary(v: Any) -> bytes:
 
 
 CONVERTERS: dict[str, Callable[[Any], Any]] = {
-    "string": _string, "long": _long, "double": _double, "boolean": _boolean,
-    "timestamp": _timestamp, "binary": _binary,
+    "string": _string,
+    "long": _long,
+    "double": _double,
+    "boolean": _boolean,
+    "timestamp": _timestamp,
+    "binary": _binary,
 }
 
 
@@ -152,7 +156,7 @@ class Decoder:
         self.csv_delimiter = csv_delimiter
         self._parse: Callable[[bytes], Any] = {
             StreamFormat.JSON: orjson.loads,
-            StreamFormat.YAML: lambda b: yaml.load(b, Loader=_YamlLoader),  # noqa: S506 - safe loader
+            StreamFormat.YAML: lambda b: yaml.load(b, Loader=_YamlLoader),
             StreamFormat.TOML: lambda b: tomllib.loads(b.decode()),
             StreamFormat.CSV: self._parse_csv,
             StreamFormat.RAW: lambda b: b,
@@ -163,10 +167,19 @@ class Decoder:
         values = rows[0] if rows else []
         if len(values) != len(self.fields):
             raise Invalid(f"expected {len(self.fields)} CSV columns, got {len(values)}")
-        return {name: (None if v == "" else v) for (name, _, _), v in zip(self.fields, values, strict=True)}
+        return {
+            name: (None if v == "" else v)
+            for (name, _, _), v in zip(self.fields, values, strict=True)
+        }
 
-    def decode(self, messages: Sequence[Message]) -> tuple[pa.RecordBatch, list[tuple[Message, str]]]:
-        columns: list[list[Any]] = [[] for _ in range(len(self.fields) + 3)] if self.fmt != StreamFormat.RAW else [[], [], [], []]
+    def decode(
+        self, messages: Sequence[Message]
+    ) -> tuple[pa.RecordBatch, list[tuple[Message, str]]]:
+        columns: list[list[Any]] = (
+            [[] for _ in range(len(self.fields) + 3)]
+            if self.fmt != StreamFormat.RAW
+            else [[], [], [], []]
+        )
         rejects: list[tuple[Message, str]] = []
         if self.fmt == StreamFormat.RAW:
             for m in messages:
@@ -184,11 +197,13 @@ class Decoder:
         for m in messages:
             try:
                 record = parse(m.data)
-            except Exception as exc:  # noqa: BLE001 - any parser error means a bad message
+            except Exception as exc:
                 rejects.append((m, f"not valid {self.fmt.value}: {str(exc)[:200]}"))
                 continue
             if not isinstance(record, dict):
-                rejects.append((m, f"expected a {self.fmt.value} object, got {type(record).__name__}"))
+                rejects.append(
+                    (m, f"expected a {self.fmt.value} object, got {type(record).__name__}")
+                )
                 continue
             row: list[Any] = []
             try:

@@ -176,7 +176,7 @@ class JetStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
         try:
             c.run(advance, timeout=10)
-        except Exception as exc:  # noqa: BLE001 - progress marker only; never fail the query
+        except Exception as exc:
             self._consumer_ready = False
             log.warning("could not advance consumer %s on %s: %s", self.consumer, self.stream, exc)
 
@@ -201,8 +201,11 @@ class JetStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     letters = [
                         DeadLetter(
                             msg_id=f"{self.pipeline}:{self.step}:{m.seq}",
-                            data=m.data, reason=reason, stream=self.stream,
-                            subject=m.subject, seq=m.seq,
+                            data=m.data,
+                            reason=reason,
+                            stream=self.stream,
+                            subject=m.subject,
+                            seq=m.seq,
                         )
                         for m, reason in rejects
                     ]
@@ -238,7 +241,8 @@ class JetStreamWriter(DataSourceStreamArrowWriter):
         if not self.include_metadata:
             rows = [{k: v for k, v in r.items() if not k.startswith("_")} for r in rows]
         if self.order_by:
-            rows.sort(key=lambda r: (r.get(self.order_by) is None, r.get(self.order_by)))
+            field = self.order_by
+            rows.sort(key=lambda r: (r.get(field) is None, r.get(field)))
         prefix = f"{self.pipeline}:{self.step}:{batch_id}:{partition}"
         seen: dict[bytes, int] = {}
         out: list[tuple[str, bytes, str]] = []

@@ -104,7 +104,9 @@ class PipelineRunner:
     def _ensure_streams(self) -> None:
         c = self._client
         assert c is not None
-        c.run(lambda: ensure_stream(c.js, self.spec.dead_letter_stream, [f"{DLQ_SUBJECT_PREFIX}.>"]))
+        c.run(
+            lambda: ensure_stream(c.js, self.spec.dead_letter_stream, [f"{DLQ_SUBJECT_PREFIX}.>"])
+        )
         for src in self.spec.sources():
             if src.subjects:
                 subjects = list(src.subjects)
@@ -179,7 +181,7 @@ class PipelineRunner:
             if sup.query is not None and sup.query.isActive:
                 try:
                     sup.query.stop()
-                except Exception as exc:  # noqa: BLE001 - stopping best-effort
+                except Exception as exc:
                     log.warning("stopping %s: %s", sup.compiled.sink.id, exc)
         if self._client is not None:
             self._client.close()
@@ -200,8 +202,9 @@ class PipelineRunner:
         out = []
         for sink_id, sup in self._queries.items():
             q = sup.query
-            st = QueryStatus(sink=sink_id, active=bool(q and q.isActive), restarts=sup.restarts,
-                             error=sup.error)
+            st = QueryStatus(
+                sink=sink_id, active=bool(q and q.isActive), restarts=sup.restarts, error=sup.error
+            )
             if q is not None:
                 progress = q.recentProgress
                 st.batches = len(progress) and int(progress[-1]["batchId"]) + 1
@@ -222,8 +225,10 @@ class PipelineRunner:
             return 0
         subject = dlq_subject(self.spec.name, "*")
         try:
-            info = c.run(lambda: c.js.stream_info(self.spec.dead_letter_stream, subjects_filter=subject))
-        except Exception:  # noqa: BLE001 - status only
+            info = c.run(
+                lambda: c.js.stream_info(self.spec.dead_letter_stream, subjects_filter=subject)
+            )
+        except Exception:
             return 0
         return sum((info.state.subjects or {}).values())
 
@@ -233,7 +238,9 @@ def _batch_publisher(options: dict[str, str]) -> Callable[[DataFrame, int], None
     written with the batch writer, which derives the same idempotent message ids."""
 
     def write(batch: DataFrame, batch_id: int) -> None:
-        batch.write.format(FORMAT_NAME).options(**options, batch_id=str(batch_id)).mode("append").save()
+        batch.write.format(FORMAT_NAME).options(**options, batch_id=str(batch_id)).mode(
+            "append"
+        ).save()
 
     return write
 

@@ -27,9 +27,7 @@ def parse_aggregate(text: str) -> tuple[str, str | None]:
     """``"avg(temperature)"`` → ``("avg", "temperature")``; ``"count"`` → ``("count", None)``."""
     match = AGGREGATE.match(text)
     if not match:
-        raise ValueError(
-            f"aggregate {text!r} is not one of count, sum(f), avg(f), min(f), max(f)"
-        )
+        raise ValueError(f"aggregate {text!r} is not one of count, sum(f), avg(f), min(f), max(f)")
     fn, field = match.group(1), match.group(2)
     fn = "avg" if fn == "mean" else fn
     if field == "*":
@@ -79,7 +77,9 @@ class SourceStep(_Step):
         default=200_000, ge=1, le=10_000_000, description="Admission control per micro-batch."
     )
     partitions: int = Field(
-        default=1, ge=1, le=64,
+        default=1,
+        ge=1,
+        le=64,
         description="Read tasks per micro-batch. 1 keeps per-key order for stateless pipelines.",
     )
     csv_delimiter: str = Field(default=",", min_length=1, max_length=1)
@@ -131,11 +131,10 @@ class MapStep(_Step):
     columns: dict[str, str] | None = Field(
         default=None, description="Column name → Spark SQL expression."
     )
-    function: FunctionRef | None = Field(
-        default=None, description="Python function: dict → dict."
-    )
+    function: FunctionRef | None = Field(default=None, description="Python function: dict → dict.")
     schema_: Schema | None = Field(
-        default=None, alias="schema",
+        default=None,
+        alias="schema",
         description="Output schema of the function (default: same as the input).",
     )
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
@@ -319,6 +318,18 @@ Step = Annotated[
 ]
 
 STEP_TYPES = (
-    "source", "filter", "select", "map", "flat_map", "key_by", "event_time", "window",
-    "deduplicate", "forward", "sum", "count", "average", "sink",
+    "source",
+    "filter",
+    "select",
+    "map",
+    "flat_map",
+    "key_by",
+    "event_time",
+    "window",
+    "deduplicate",
+    "forward",
+    "sum",
+    "count",
+    "average",
+    "sink",
 )

@@ -7,7 +7,7 @@ dead-lettered, not silently filled with null.
 
 from __future__ import annotations
 
-from enum import Enum
+from enum import StrEnum
 from typing import Annotated
 
 from pydantic import AfterValidator
@@ -28,7 +28,7 @@ FIELD_TYPES = {
 """Accepted spellings, mapped to the canonical name used in specs and Spark DDL."""
 
 
-class StreamFormat(str, Enum):
+class StreamFormat(StrEnum):
     """How a message's bytes encode one record."""
 
     JSON = "json"

@@ -36,12 +36,12 @@ import orjson
 
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
-import spanflow as sf  # noqa: E402
-from spanflow.nats import EmbeddedNats  # noqa: E402
-from spanflow.nats.ranges import read_range  # noqa: E402
-from spanflow.nats.streams import connect, ensure_stream  # noqa: E402
-from spanflow.spark.runner import PipelineRunner  # noqa: E402
-from spanflow.spark.session import build_session  # noqa: E402
+import spanflow as sf
+from spanflow.nats import EmbeddedNats
+from spanflow.nats.ranges import read_range
+from spanflow.nats.streams import connect, ensure_stream
+from spanflow.spark.runner import PipelineRunner
+from spanflow.spark.session import build_session
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SCHEMA = {"device": "string", "ts": "timestamp", "temperature": "double"}
@@ -97,7 +97,7 @@ async def preload(url: str, stream: str, subject: str, n: int) -> float:
     for i in range(n):
         record = {
             "device": f"dev-{i % DEVICES:03d}",
-            "ts": base + i / 1000.0,
+            "ts": datetime.fromtimestamp(base + i / 1000.0, UTC).isoformat(timespec="milliseconds"),
             "temperature": 20.0 + (i % 170) / 10.0,
         }
         futures.append(await js.publish_async(subject, orjson.dumps(record)))
@@ -110,7 +110,9 @@ async def preload(url: str, stream: str, subject: str, n: int) -> float:
     return n / elapsed
 
 
-def window_pipeline(name: str, stream: str, out: str, *, emit: str, partitions: int) -> sf.Flow:
+def window_pipeline(
+    name: str, stream: str, out: str, *, emit: str, partitions: int, batch_rows: int = 200_000
+) -> sf.Flow:
     p = sf.Pipeline(name, trigger=0)
     aggregates = {"n": "count"} if emit == "final" else {"n": "count", "newest": "max(_published)"}
     return (
@@ -119,7 +121,7 @@ def window_pipeline(name: str, stream: str, out: str, *, emit: str, partitions: 
             schema=SCHEMA,
             event_time="ts",
             max_out_of_orderness="2s",
-            max_rows_per_batch=100_000,
+            max_rows_per_batch=batch_rows,
             partitions=partitions,
             start="earliest" if emit == "final" else "latest",
         )
@@ -131,9 +133,16 @@ def window_pipeline(name: str, stream: str, out: str, *, emit: str, partitions: 
     )
 
 
-def measure_throughput(spark: Any, url: str, n: int, work: Path) -> dict[str, Any]:
+def measure_throughput(spark: Any, url: str, n: int, work: Path, batch_rows: int) -> dict[str, Any]:
     publish_rate = asyncio.run(preload(url, "BENCH_IN", "bench.in", n))
-    flow = window_pipeline("bench-throughput", "BENCH_IN", "BENCH_WIN", emit="final", partitions=2)
+    flow = window_pipeline(
+        "bench-throughput",
+        "BENCH_IN",
+        "BENCH_WIN",
+        emit="final",
+        partitions=2,
+        batch_rows=batch_rows,
+    )
     runner = PipelineRunner(spark, flow.spec(), nats_url=url, checkpoint_dir=work).start()
     try:
         deadline = time.monotonic() + 900
@@ -152,6 +161,7 @@ def measure_throughput(spark: Any, url: str, n: int, work: Path) -> dict[str, An
     t1 = _end_time(timed[-1]) if timed else t0
     return {
         "events": n,
+        "max_rows_per_batch": batch_rows,
         "preload_publish_per_s": round(publish_rate),
         "batches": len(batches),
         "first_batch_ms": int(batches[0]["durationMs"]["triggerExecution"]),
@@ -172,7 +182,9 @@ def _end_time(progress: dict[str, Any]) -> float:
 
 
 # -- 3. latency ----------------------------------------------------------------------
-def publish_at_rate(url: str, subject: str, rate: int, seconds: float, stop: threading.Event) -> None:
+def publish_at_rate(
+    url: str, subject: str, rate: int, seconds: float, stop: threading.Event
+) -> None:
     async def go() -> None:
         nc = await connect(url)
         js = nc.jetstream()
@@ -182,7 +194,8 @@ def publish_at_rate(url: str, subject: str, rate: int, seconds: float, stop: thr
             due = int((time.monotonic() - start) * rate) - sent
             futures = []
             for _ in range(max(0, due)):
-                record = {"device": f"dev-{sent % DEVICES:03d}", "ts": time.time(), "temperature": 21.0}
+                now = datetime.now(UTC).isoformat(timespec="milliseconds")
+                record = {"device": f"dev-{sent % DEVICES:03d}", "ts": now, "temperature": 21.0}
                 futures.append(await js.publish_async(subject, orjson.dumps(record)))
                 sent += 1
             if futures:
@@ -254,7 +267,8 @@ async def _ensure(url: str, stream: str, subject: str) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--events", type=int, default=500_000)
+    ap.add_argument("--events", type=int, default=1_000_000)
+    ap.add_argument("--batch-rows", type=int, default=200_000, help="source max rows per batch")
     ap.add_argument("--rate", type=int, default=2_000, help="events/s for the latency runs")
     ap.add_argument("--seconds", type=float, default=30.0, help="measured seconds per latency run")
     ap.add_argument("--warmup", type=float, default=15.0)
@@ -268,23 +282,32 @@ def main() -> None:
         spark = build_session(app_name="spanflow-bench")
         print("measuring Spark's bare micro-batch floor (rate → noop) …", flush=True)
         floor = measure_floor(spark, seconds=20, rate=args.rate)
-        print(f"  batch p50 {floor['batch_ms']['p50']:.0f} ms, p99 {floor['batch_ms']['p99']:.0f} ms")
+        print(
+            f"  batch p50 {floor['batch_ms']['p50']:.0f} ms, p99 {floor['batch_ms']['p99']:.0f} ms"
+        )
         print(f"throughput: {args.events:,} events pre-loaded, window count per key …", flush=True)
-        thr = measure_throughput(spark, server.url, args.events, work / "ck-thr")
-        print(f"  {thr['events_per_s']:,} events/s over {thr['batches'] - 1} batches "
-              f"(batch p50 {thr['batch_ms']['p50']:.0f} ms)")
+        thr = measure_throughput(spark, server.url, args.events, work / "ck-thr", args.batch_rows)
+        print(
+            f"  {thr['events_per_s']:,} events/s over {thr['batches'] - 1} batches "
+            f"(batch p50 {thr['batch_ms']['p50']:.0f} ms)"
+        )
         lat = {}
         for kind in ("event", "window"):
-            print(f"latency ({kind}) at {args.rate:,} events/s for {args.seconds:.0f} s …", flush=True)
-            lat[kind] = measure_latency(spark, server.url, args.rate, args.seconds, args.warmup,
-                                        work / f"ck-{kind}", kind)
+            print(
+                f"latency ({kind}) at {args.rate:,} events/s for {args.seconds:.0f} s …", flush=True
+            )
+            lat[kind] = measure_latency(
+                spark, server.url, args.rate, args.seconds, args.warmup, work / f"ck-{kind}", kind
+            )
             m = lat[kind]["latency_ms"]
             print(f"  p50 {m['p50']:.0f} ms  p95 {m['p95']:.0f} ms  p99 {m['p99']:.0f} ms")
         spark.stop()
 
     floor_p99 = floor["batch_ms"]["p99"]
     ratios = {
-        f"{kind}_p99_latency_over_floor_p99_batch": round(lat[kind]["latency_ms"]["p99"] / floor_p99, 2)
+        f"{kind}_p99_latency_over_floor_p99_batch": round(
+            lat[kind]["latency_ms"]["p99"] / floor_p99, 2
+        )
         for kind in lat
     }
     ratios["throughput_batch_p50_over_floor_p50"] = round(

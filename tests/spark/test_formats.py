@@ -109,3 +109,31 @@ def test_csv_with_wrong_column_count_is_rejected():
 def test_raw_keeps_bytes_untouched():
     batch, rejects = Decoder(StreamFormat.RAW, {}).decode(_msgs(b"\x00\xffbinary"))
     assert rejects == [] and batch.to_pylist()[0]["value"] == b"\x00\xffbinary"
+
+
+@pytest.mark.parametrize("bad_rate", [0.0, 0.001, 0.05, 0.6])
+def test_vectorised_json_path_gives_exactly_what_the_exact_path_gives(bad_rate):
+    import random
+
+    rng = random.Random(7)
+    bad_kinds = [
+        b"{broken",
+        b"",
+        b'{"device": 5, "temp": 1, "n": 1, "ok": true, "ts": 1}',
+        b'{"device": "d", "temp": "1.5", "n": 1, "ok": true, "ts": "2026-05-01T12:00:00Z"}',
+        b'{"device": "d",\n "temp": 1, "n": 1, "ok": true, "ts": "2026-05-01T12:00:00Z"}',
+        b'{"device": "d", "n": 1, "ok": true, "ts": "2026-05-01T12:00:00Z"}',
+        b"[1]",
+    ]
+    payloads = [
+        rng.choice(bad_kinds)
+        if rng.random() < bad_rate
+        else b'{"device": "d%d", "temp": %d.5, "n": %d, "ok": false, "ts": "%s"}'
+        % (i % 9, i % 40, i, b"2026-05-01T12:00:%02dZ" % (i % 60))
+        for i in range(10_000)
+    ]
+    msgs = _msgs(*payloads)
+    fast_batch, fast_rejects = Decoder(StreamFormat.JSON, SCHEMA).decode(msgs)
+    exact_batch, exact_rejects = Decoder(StreamFormat.JSON, SCHEMA)._decode_exact(msgs)
+    assert fast_batch.to_pylist() == exact_batch.to_pylist()
+    assert [(m.seq, r) for m, r in fast_rejects] == [(m.seq, r) for m, r in exact_rejects]

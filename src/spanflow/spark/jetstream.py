@@ -50,7 +50,7 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from spanflow.nats.ranges import read_range
+from spanflow.nats.fastread import read_range_fast
 from spanflow.nats.streams import SyncNats, connect
 from spanflow.spark.deadletter import DeadLetter, publish_dead_letters
 from spanflow.spark.formats import Decoder
@@ -193,7 +193,9 @@ class JetStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         async def fetch() -> list[Any]:
             nc = await connect(self.url)
             try:
-                messages = await read_range(nc, self.stream, partition.start, partition.end)
+                messages = await read_range_fast(
+                    nc, self.url, self.stream, partition.start, partition.end
+                )
                 batches = []
                 for lo in range(0, len(messages), BATCH_ROWS):
                     batch, rejects = decoder.decode(messages[lo : lo + BATCH_ROWS])

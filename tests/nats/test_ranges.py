@@ -1,0 +1,81 @@
+"""Range replay must return exactly the stored messages of [start, end), every time."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from spanflow.nats.fastread import read_range_fast
+from spanflow.nats.ranges import read_range
+from spanflow.nats.streams import connect, ensure_stream
+
+
+@pytest.fixture(scope="module")
+def loaded(nats_url):
+    """Stream R: 500 messages, some with headers, seqs 100-109 and 500 deleted."""
+
+    async def go() -> None:
+        nc = await connect(nats_url)
+        js = nc.jetstream()
+        await ensure_stream(js, "RANGES", ["ranges.>"])
+        for i in range(1, 501):
+            headers = {"Nats-Msg-Id": f"m{i}", "X-Extra": "v"} if i % 7 == 0 else None
+            await js.publish(f"ranges.k{i % 3}", f"payload {i}".encode(), headers=headers)
+        for seq in (*range(100, 110), 500):
+            await js.delete_msg("RANGES", seq)
+        await nc.close()
+
+    asyncio.run(go())
+    return nats_url
+
+
+def _read(url: str, start: int, end: int, fast: bool) -> list[tuple[int, str, bytes]]:
+    async def go() -> list[tuple[int, str, bytes]]:
+        nc = await connect(url)
+        try:
+            if fast:
+                msgs = await read_range_fast(nc, url, "RANGES", start, end, idle_check=0.5)
+            else:
+                msgs = await read_range(nc, "RANGES", start, end, idle_check=0.5)
+        finally:
+            await nc.close()
+        return [(m.seq, m.subject, m.data) for m in msgs]
+
+    return asyncio.run(go())
+
+
+def _expected(start: int, end: int) -> list[tuple[int, str, bytes]]:
+    deleted = {*range(100, 110), 500}
+    return [
+        (s, f"ranges.k{s % 3}", f"payload {s}".encode())
+        for s in range(start, min(end, 501))
+        if s not in deleted
+    ]
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["fast", "nats-py"])
+@pytest.mark.parametrize(
+    ("start", "end"), [(1, 501), (1, 2), (50, 150), (100, 110), (95, 105), (480, 501), (300, 300)]
+)
+def test_range_is_exact_and_repeatable(loaded, start, end, fast):
+    first = _read(loaded, start, end, fast)
+    assert first == _expected(start, end)
+    assert _read(loaded, start, end, fast) == first
+
+
+def test_headers_do_not_leak_into_payloads(loaded):
+    msgs = _read(loaded, 7, 8, True)
+    assert msgs == [(7, "ranges.k1", b"payload 7")]
+
+
+def test_fast_reader_leaves_no_consumers_behind(loaded):
+    async def consumers() -> int:
+        nc = await connect(loaded)
+        info = await nc.jetstream().stream_info("RANGES")
+        await nc.close()
+        return info.state.consumer_count
+
+    before = asyncio.run(consumers())
+    _read(loaded, 1, 200, True)
+    assert asyncio.run(consumers()) == before

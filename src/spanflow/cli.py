@@ -8,6 +8,7 @@ import importlib
 import json
 import logging
 import os
+import shutil
 import signal
 import sys
 import threading
@@ -157,6 +158,9 @@ def run(
     data_dir: DataDirOption = None,
     duration: Annotated[float | None, typer.Option(help="Stop after this many seconds.")] = None,
     master: Annotated[str | None, typer.Option(help="Spark master (default local[2]).")] = None,
+    mqtt: Annotated[
+        bool, typer.Option(help="Embedded NATS also listens for MQTT (topic a/b = subject a.b).")
+    ] = False,
 ) -> None:
     """Run a pipeline on this machine until Ctrl-C, with live status."""
     try:
@@ -170,7 +174,7 @@ def run(
 
     stop = _Interrupted()
     directory = _data_dir(data_dir)
-    with nats_url(nats, directory) as url:
+    with nats_url(nats, directory, mqtt=mqtt) as url:
         err.print(f"starting Spark for pipeline [bold]{spec.name}[/bold] …")
         spark = build_session(master=master, app_name=f"spanflow-{spec.name}")
         runner = PipelineRunner(
@@ -420,6 +424,7 @@ def demo(
             runner.stop()
             spark.stop()
             client.close()
+        shutil.rmtree(work, ignore_errors=True)
         console.print(
             f"demo finished: {sim.stats.sent:,} readings, {counts['windows']} window results, "
             f"{counts['alerts']} alerts, {dead} dead letters"

@@ -61,3 +61,52 @@ def test_start_failure_reports_the_server_log(tmp_path):
     bad = EmbeddedNats(tmp_path / "n", name="bad name with { brace")
     with pytest.raises(NatsError, match=r"exited at start-up|did not start"):
         bad.start(timeout=10)
+
+
+def _mqtt_publish(port: int, topic: str, payload: bytes) -> None:
+    """A minimal MQTT 3.1.1 client: CONNECT, wait for CONNACK, PUBLISH (QoS 0), DISCONNECT."""
+
+    def packet(kind: int, body: bytes) -> bytes:
+        length, encoded = len(body), b""
+        while True:
+            byte, length = length % 128, length // 128
+            encoded += bytes([byte | (0x80 if length else 0)])
+            if not length:
+                return bytes([kind]) + encoded + body
+
+    def text(s: str) -> bytes:
+        return len(s.encode()).to_bytes(2, "big") + s.encode()
+
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        sock.sendall(packet(0x10, text("MQTT") + b"\x04\x02\x00\x3c" + text("spanflow-test")))
+        assert sock.recv(4) == b"\x20\x02\x00\x00"  # CONNACK, accepted
+        sock.sendall(packet(0x30, text(topic) + payload))
+        sock.sendall(b"\xe0\x00")
+
+
+def test_mqtt_publishes_land_in_a_jetstream_stream(tmp_path):
+    with EmbeddedNats(tmp_path / "n", mqtt=True) as server:
+
+        async def make_stream() -> None:
+            nc = await connect(server.url)
+            await ensure_stream(nc.jetstream(), "SENSORS", ["sensors.>"])
+            await nc.close()
+
+        async def stored() -> list[tuple[str, bytes]]:
+            nc = await connect(server.url)
+            js = nc.jetstream()
+            info = await js.stream_info("SENSORS")
+            out = []
+            for seq in range(1, info.state.last_seq + 1):
+                m = await js.get_msg("SENSORS", seq)
+                out.append((m.subject, m.data))
+            await nc.close()
+            return out
+
+        asyncio.run(make_stream())
+        assert server.mqtt_port is not None
+        _mqtt_publish(server.mqtt_port, "sensors/dev1/temp", b'{"t": 21.5}')
+        from tests.helpers import wait_for
+
+        wait_for(lambda: asyncio.run(stored()) != [], timeout=10)
+        assert asyncio.run(stored()) == [("sensors.dev1.temp", b'{"t": 21.5}')]

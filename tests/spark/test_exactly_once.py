@@ -118,6 +118,7 @@ def test_outputs_exactly_once_across_sigkill_restarts(nats_url, tmp_path, uid):
     finally:
         proc.send_signal(signal.SIGINT)
         proc.wait(60)
+    assert proc.returncode == 0, "Ctrl-C should stop the pipeline cleanly"
 
     out_ids = Counter(r["id"] for r in read_records(nats_url, f"ROWS_{uid}"))
     assert set(out_ids) == expected_rows

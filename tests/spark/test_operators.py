@@ -335,3 +335,18 @@ sinks:
     assert sorted(r["n"] for _, batch in rows for r in batch) == list(range(10, 30))
     files = spark.read.parquet(str(tmp_path / "out"))
     assert sorted(r.n for r in files.collect()) == list(range(10, 30))
+
+
+def test_sink_keeps_per_key_order_of_the_input(spark, nats_url, checkpoints, uid):
+    data = [{"id": i, "device": f"d{i % 4}", "v": float(i), "ts": BASE + i} for i in range(400)]
+    publish(nats_url, f"IN_{uid}", f"in{uid}.r", data)
+    flow = (
+        sf.Pipeline(f"order-{uid}", trigger=0)
+        .source(f"IN_{uid}", schema=SCHEMA, max_rows_per_batch=150)
+        .filter("v >= 0")
+        .sink_jetstream(f"OUT_{uid}", subject=f"out{uid}")
+    )
+    out = run_until(spark, nats_url, checkpoints, flow, f"OUT_{uid}", 400)
+    for device in ("d0", "d1", "d2", "d3"):
+        ids = [o["id"] for o in out if o["device"] == device]  # in stream (publish) order
+        assert ids == sorted(ids) and len(ids) == 100

@@ -10,11 +10,12 @@ pipeline.
 
 from __future__ import annotations
 
+import json
 import logging
-import threading
+import re
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -55,7 +56,6 @@ class _Supervised:
     restarts: int = 0
     error: str | None = None
     next_restart: float = 0.0
-    batches: int = field(default=0)
 
 
 def _print_rows(sink: str, batch_id: int, rows: list[dict[str, Any]]) -> None:
@@ -86,7 +86,6 @@ class PipelineRunner:
         self.console_limit = console_limit
         self._queries: dict[str, _Supervised] = {}
         self._client: SyncNats | None = None
-        self._lock = threading.Lock()
         self._stopped = False
 
     # -- lifecycle -------------------------------------------------------------------
@@ -187,7 +186,7 @@ class PipelineRunner:
             self._client.close()
             self._client = None
 
-    def await_idle(self, timeout: float = 120.0) -> None:
+    def await_idle(self) -> None:
         """Block until every query has processed all data available now (tests, CLI)."""
         for sup in self._queries.values():
             if sup.query is not None:
@@ -250,8 +249,6 @@ def _lag(progress: Mapping[str, Any]) -> int:
     for source in progress.get("sources", []):
         latest, end = source.get("latestOffset"), source.get("endOffset")
         try:
-            import json
-
             latest_seq = json.loads(latest)["seq"] if isinstance(latest, str) else latest["seq"]
             end_seq = json.loads(end)["seq"] if isinstance(end, str) else end["seq"]
             lag += max(0, int(latest_seq) - int(end_seq))
@@ -262,6 +259,4 @@ def _lag(progress: Mapping[str, Any]) -> int:
 
 def _subject_pattern(subject: str) -> str:
     """``alerts.{device}`` → ``alerts.*``: the subjects a sink stream must capture."""
-    import re
-
     return re.sub(r"\{[^}]*\}", "*", subject)

@@ -138,10 +138,17 @@ def status_table(runner: Any, title: str) -> Table:
 
 
 class _Interrupted:
-    """Turns SIGINT/SIGTERM into a flag so the main loop can stop cleanly."""
+    """Turns SIGINT/SIGTERM into a flag so the main loop can stop cleanly.
+
+    PySpark's SparkContext installs its own SIGINT handler (cancel jobs, raise
+    KeyboardInterrupt), so call ``install()`` again once the session exists.
+    """
 
     def __init__(self) -> None:
         self.event = threading.Event()
+        self.install()
+
+    def install(self) -> None:
         signal.signal(signal.SIGINT, self._set)
         signal.signal(signal.SIGTERM, self._set)
 
@@ -177,6 +184,7 @@ def run(
     with nats_url(nats, directory, mqtt=mqtt) as url:
         err.print(f"starting Spark for pipeline [bold]{spec.name}[/bold] …")
         spark = build_session(master=master, app_name=f"spanflow-{spec.name}")
+        stop.install()
         runner = PipelineRunner(
             spark, spec, nats_url=url, checkpoint_dir=directory / "checkpoints", functions=functions
         )
@@ -351,6 +359,7 @@ def demo(
         sim_thread.start()
         err.print("starting Spark (first micro-batch takes ~10-20 s) …")
         spark = build_session(app_name="spanflow-demo")
+        stop.install()
         runner = PipelineRunner(spark, spec, nats_url=url, checkpoint_dir=work / "checkpoints")
 
         def view() -> Group:

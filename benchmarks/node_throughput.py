@@ -287,10 +287,13 @@ def main() -> None:
         )
         print(f"throughput: {args.events:,} events pre-loaded, window count per key …", flush=True)
         thr = measure_throughput(spark, server.url, args.events, work / "ck-thr", args.batch_rows)
-        print(
-            f"  {thr['events_per_s']:,} events/s over {thr['batches'] - 1} batches "
-            f"(batch p50 {thr['batch_ms']['p50']:.0f} ms)"
-        )
+        if thr["events_per_s"] is None:
+            print("  too few batches to time: raise --events or lower --batch-rows")
+        else:
+            print(
+                f"  {thr['events_per_s']:,} events/s over {thr['batches'] - 1} batches "
+                f"(batch p50 {thr['batch_ms']['p50']:.0f} ms)"
+            )
         lat = {}
         for kind in ("event", "window"):
             print(

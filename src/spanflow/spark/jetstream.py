@@ -33,10 +33,10 @@ from typing import Any
 
 import orjson
 import pyarrow as pa
+from nats.aio.client import Client
 from pyspark import TaskContext
 from pyspark.sql.datasource import (
     DataSource,
-    DataSourceArrowWriter,
     DataSourceStreamArrowWriter,
     DataSourceStreamReader,
     InputPartition,
@@ -77,11 +77,6 @@ class JetStreamDataSource(DataSource):
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> JetStreamWriter:
         return JetStreamWriter(dict(self.options))
-
-    def writer(self, schema: StructType, overwrite: bool) -> JetStreamBatchWriter:
-        """Batch writes, used from ``foreachBatch`` for update-mode queries (Spark's v2
-        streaming sinks accept append only); the option ``batch_id`` names the batch."""
-        return JetStreamBatchWriter(dict(self.options))
 
 
 @dataclass
@@ -219,71 +214,96 @@ class JetStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         yield from asyncio.run(fetch())
 
 
+@dataclass(frozen=True)
+class SinkTarget:
+    """Where and how a sink publishes: shared by the executor writer and the driver path."""
+
+    url: str
+    pipeline: str
+    step: str
+    subject: str
+    order_by: str | None = None
+    include_metadata: bool = False
+
+    @classmethod
+    def from_options(cls, options: dict[str, str]) -> SinkTarget:
+        return cls(
+            url=options["url"],
+            pipeline=options["pipeline"],
+            step=options["step"],
+            subject=options["subject"],
+            order_by=options.get("order_by") or None,
+            include_metadata=options.get("include_metadata", "false") == "true",
+        )
+
+
+def encode_rows(
+    target: SinkTarget, rows: list[dict[str, Any]], batch_id: str, partition: str
+) -> list[tuple[str, bytes, str]]:
+    """(subject, JSON payload, Nats-Msg-Id) per row.
+
+    The id is ``pipeline:sink:batch:partition:content-hash:occurrence``: a replayed batch
+    yields the same multiset of rows per partition, so the same ids, whatever the order.
+    """
+    if not target.include_metadata:
+        rows = [{k: v for k, v in r.items() if not k.startswith("_")} for r in rows]
+    if target.order_by:
+        field = target.order_by
+        rows.sort(key=lambda r: (r.get(field) is None, r.get(field)))
+    prefix = f"{target.pipeline}:{target.step}:{batch_id}:{partition}"
+    template = target.subject
+    seen: dict[bytes, int] = {}
+    out: list[tuple[str, bytes, str]] = []
+    for row in rows:
+        payload = orjson.dumps(row, option=orjson.OPT_NAIVE_UTC | orjson.OPT_UTC_Z)
+        digest = hashlib.blake2b(payload, digest_size=12).digest()
+        n = seen.get(digest, 0)
+        seen[digest] = n + 1
+        subject = template.format_map(_Fields(row)) if "{" in template else template
+        out.append((subject, payload, f"{prefix}:{digest.hex()}:{n}"))
+    return out
+
+
+async def publish_encoded(nc: Client, out: list[tuple[str, bytes, str]]) -> int:
+    """Publish with acks, 2,000 in flight; returns how many JetStream flagged duplicate."""
+    js = nc.jetstream()
+    duplicates = 0
+    for lo in range(0, len(out), 2000):
+        futures = [
+            await js.publish_async(s, p, headers={"Nats-Msg-Id": mid})
+            for s, p, mid in out[lo : lo + 2000]
+        ]
+        for ack in await asyncio.wait_for(asyncio.gather(*futures), 60):
+            duplicates += bool(ack.duplicate)
+    return duplicates
+
+
 class JetStreamWriter(DataSourceStreamArrowWriter):
+    """Append-mode output, written by executor tasks (one NATS connection per task)."""
+
     def __init__(self, options: dict[str, str]) -> None:
-        self.url = options["url"]
-        self.pipeline = options["pipeline"]
-        self.step = options["step"]
-        self.subject = options["subject"]
-        self.order_by = options.get("order_by") or None
-        self.include_metadata = options.get("include_metadata", "false") == "true"
-        self.batch_id = options.get("batch_id")
+        self.target = SinkTarget.from_options(options)
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
         ctx = TaskContext.get()
-        batch_id = self.batch_id or (ctx.getLocalProperty("streaming.sql.batchId") if ctx else None)
-        if batch_id is None:
+        batch_id = ctx.getLocalProperty("streaming.sql.batchId") if ctx else None
+        if ctx is None or batch_id is None:
             raise RuntimeError("spanflow_jetstream sink: no micro-batch id (use it in a stream)")
-        partition = ctx.partitionId() if ctx else 0
         rows: list[dict[str, Any]] = []
         for batch in iterator:
             rows.extend(batch.to_pylist())
         if not rows:
             return SinkCommit(0)
-        if not self.include_metadata:
-            rows = [{k: v for k, v in r.items() if not k.startswith("_")} for r in rows]
-        if self.order_by:
-            field = self.order_by
-            rows.sort(key=lambda r: (r.get(field) is None, r.get(field)))
-        prefix = f"{self.pipeline}:{self.step}:{batch_id}:{partition}"
-        seen: dict[bytes, int] = {}
-        out: list[tuple[str, bytes, str]] = []
-        for row in rows:
-            payload = orjson.dumps(row, option=orjson.OPT_NAIVE_UTC | orjson.OPT_UTC_Z)
-            digest = hashlib.blake2b(payload, digest_size=12).digest()
-            n = seen.get(digest, 0)
-            seen[digest] = n + 1
-            subject = self.subject.format_map(_Fields(row)) if "{" in self.subject else self.subject
-            out.append((subject, payload, f"{prefix}:{digest.hex()}:{n}"))
+        out = encode_rows(self.target, rows, batch_id, str(ctx.partitionId()))
 
         async def publish() -> int:
-            nc = await connect(self.url)
+            nc = await connect(self.target.url)
             try:
-                js = nc.jetstream()
-                duplicates = 0
-                for lo in range(0, len(out), 2000):
-                    futures = [
-                        await js.publish_async(s, p, headers={"Nats-Msg-Id": mid})
-                        for s, p, mid in out[lo : lo + 2000]
-                    ]
-                    for ack in await asyncio.wait_for(asyncio.gather(*futures), 60):
-                        duplicates += bool(ack.duplicate)
-                return duplicates
+                return await publish_encoded(nc, out)
             finally:
                 await nc.close()
 
-        duplicates = asyncio.run(publish())
-        return SinkCommit(len(out), duplicates)
-
-
-class JetStreamBatchWriter(DataSourceArrowWriter):
-    """The same idempotent publishing for one batch written from ``foreachBatch``."""
-
-    def __init__(self, options: dict[str, str]) -> None:
-        self._writer = JetStreamWriter(options)
-
-    def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
-        return self._writer.write(iterator)
+        return SinkCommit(len(out), asyncio.run(publish()))
 
 
 @dataclass

@@ -26,7 +26,7 @@ from spanflow.nats.streams import SyncNats, ensure_stream
 from spanflow.spark.compiler import CompiledSink, compile_pipeline
 from spanflow.spark.deadletter import DLQ_SUBJECT_PREFIX, dlq_subject
 from spanflow.spark.functions import UserFunction
-from spanflow.spark.jetstream import FORMAT_NAME
+from spanflow.spark.jetstream import FORMAT_NAME, SinkTarget, encode_rows, publish_encoded
 from spanflow.spec import PipelineSpec, SinkStep
 from spanflow.spec.durations import spark_interval
 
@@ -137,13 +137,32 @@ class PipelineRunner:
             if mode == "append":
                 writer = writer.format(FORMAT_NAME).options(**options)
             else:
-                writer = writer.foreachBatch(_batch_publisher(options))
+                writer = writer.foreachBatch(
+                    self._driver_publisher(SinkTarget.from_options(options))
+                )
         elif sink.kind == "parquet":
             writer = writer.format("parquet").option("path", sink.path or "")
         else:
             writer = writer.foreachBatch(self._console_writer(sink))
         sup.query = writer.start()
         log.info("started %s.%s (%s mode) checkpoint %s", self.spec.name, sink.id, mode, checkpoint)
+
+    def _driver_publisher(self, target: SinkTarget) -> Callable[[DataFrame, int], None]:
+        """Update-mode output (running counts, window updates). Spark's v2 streaming sinks
+        take append output only, so ``foreachBatch`` hands each batch to the driver, which
+        publishes it with the same idempotent ids. Update batches are small (one row per
+        changed key or window); this skips a second Spark job per batch."""
+
+        def write(batch: DataFrame, batch_id: int) -> None:
+            rows = batch.toArrow().to_pylist()
+            if not rows:
+                return
+            out = encode_rows(target, rows, str(batch_id), "driver")
+            client = self._client
+            assert client is not None
+            client.run(lambda: publish_encoded(client.nc, out))
+
+        return write
 
     def _console_writer(self, sink: SinkStep) -> Callable[[DataFrame, int], None]:
         def write(batch: DataFrame, batch_id: int) -> None:
@@ -230,18 +249,6 @@ class PipelineRunner:
         except Exception:
             return 0
         return sum((info.state.subjects or {}).values())
-
-
-def _batch_publisher(options: dict[str, str]) -> Callable[[DataFrame, int], None]:
-    """Update-mode output: Spark's v2 streaming sinks take append only, so each batch is
-    written with the batch writer, which derives the same idempotent message ids."""
-
-    def write(batch: DataFrame, batch_id: int) -> None:
-        batch.write.format(FORMAT_NAME).options(**options, batch_id=str(batch_id)).mode(
-            "append"
-        ).save()
-
-    return write
 
 
 def _lag(progress: Mapping[str, Any]) -> int:

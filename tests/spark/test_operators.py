@@ -146,6 +146,21 @@ def test_malformed_messages_go_to_dead_letters_and_the_query_keeps_running(
         *range(20),
         *range(100, 105),
     ]
+    assert _stream_max_age(nats_url, "SPANFLOW_DLQ") == 7 * 86400  # dead letters are bounded
+
+
+def _stream_max_age(url: str, stream: str) -> float:
+    import asyncio
+
+    from spanflow.nats.streams import connect
+
+    async def go() -> float:
+        nc = await connect(url)
+        info = await nc.jetstream().stream_info(stream)
+        await nc.close()
+        return float(info.config.max_age or 0)
+
+    return asyncio.run(go())
 
 
 def test_running_count_per_key_emits_updates(spark, nats_url, checkpoints, uid):

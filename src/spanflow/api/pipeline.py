@@ -68,11 +68,17 @@ class Pipeline:
     """A named pipeline under construction: the starting point of the fluent API."""
 
     def __init__(
-        self, name: str, *, trigger: str | float = "500ms", dead_letter_stream: str = "SPANFLOW_DLQ"
+        self,
+        name: str,
+        *,
+        trigger: str | float = "500ms",
+        dead_letter_stream: str = "SPANFLOW_DLQ",
+        dead_letter_retention: str | float = "7d",
     ) -> None:
         self.name = name
         self.trigger = trigger
         self.dead_letter_stream = dead_letter_stream
+        self.dead_letter_retention = dead_letter_retention
         self._ids = itertools.count(1)
 
     def _next_id(self, kind: str) -> str:
@@ -307,6 +313,7 @@ class Flow:
                 steps=self._steps,
                 trigger=p.trigger,  # type: ignore[arg-type]
                 dead_letter_stream=p.dead_letter_stream,
+                dead_letter_retention=p.dead_letter_retention,  # type: ignore[arg-type]
             )
         except ValidationError as exc:
             raise SpecError(format_validation_error(exc)) from None

@@ -36,7 +36,15 @@ _SAFE_TAGS = {
     f"tag:yaml.org,2002:{t}"
     for t in ("map", "seq", "str", "int", "float", "bool", "null", "timestamp")
 }
-_TOP_LEVEL = {"name", "sources", "processors", "sinks", "trigger", "dead_letter_stream"}
+_TOP_LEVEL = {
+    "name",
+    "sources",
+    "processors",
+    "sinks",
+    "trigger",
+    "dead_letter_stream",
+    "dead_letter_retention",
+}
 
 
 def _compose(text: str, path: str) -> tuple[Any, dict[Path_, int]]:
@@ -165,7 +173,9 @@ def load_pipeline_text(text: str, path: str = "<string>") -> PipelineSpec:
     if problems:
         raise PipelineFileError(path, problems)
 
-    document = {k: v for k, v in data.items() if k in ("name", "trigger", "dead_letter_stream")}
+    document = {
+        k: v for k, v in data.items() if k in _TOP_LEVEL - {"sources", "processors", "sinks"}
+    }
     document["steps"] = steps
     try:
         return PipelineSpec.model_validate(document)

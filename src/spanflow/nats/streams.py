@@ -41,15 +41,22 @@ async def ensure_stream(
     subjects: list[str] | None,
     *,
     duplicate_window: float = DEFAULT_DUPLICATE_WINDOW,
+    max_age: float | None = None,
 ) -> None:
-    """Create a stream if it is missing; an existing stream is left as it is."""
+    """Create a stream if it is missing; an existing stream is left as it is.
+
+    ``max_age`` (seconds) bounds how long messages are kept; None keeps them until other
+    limits or an operator removes them.
+    """
     try:
         await js.stream_info(name)
         return
     except NotFoundError:
         pass
     await js.add_stream(
-        StreamConfig(name=name, subjects=subjects, duplicate_window=duplicate_window)
+        StreamConfig(
+            name=name, subjects=subjects, duplicate_window=duplicate_window, max_age=max_age
+        )
     )
 
 

@@ -104,7 +104,12 @@ class PipelineRunner:
         c = self._client
         assert c is not None
         c.run(
-            lambda: ensure_stream(c.js, self.spec.dead_letter_stream, [f"{DLQ_SUBJECT_PREFIX}.>"])
+            lambda: ensure_stream(
+                c.js,
+                self.spec.dead_letter_stream,
+                [f"{DLQ_SUBJECT_PREFIX}.>"],
+                max_age=self.spec.dead_letter_retention,
+            )
         )
         for src in self.spec.sources():
             if src.subjects:

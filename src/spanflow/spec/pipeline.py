@@ -37,6 +37,11 @@ class PipelineSpec(BaseModel):
         default=0.5, le=3600, description="Micro-batch interval; 0 = start the next at once."
     )
     dead_letter_stream: str = Field(default="SPANFLOW_DLQ", pattern=r"^[A-Za-z0-9_-]+$")
+    dead_letter_retention: Duration = Field(
+        default=7 * 86400.0,
+        gt=0,
+        description="How long dead letters are kept when spanflow creates the stream.",
+    )
 
     @model_validator(mode="after")
     def _graph(self) -> PipelineSpec:

@@ -73,6 +73,7 @@ class CompileContext:
     spark: SparkSession
     nats_url: str
     functions: Mapping[str, UserFunction]
+    source_format: str = FORMAT_NAME
 
 
 def compile_pipeline(
@@ -81,9 +82,14 @@ def compile_pipeline(
     *,
     nats_url: str,
     functions: Mapping[str, UserFunction] | None = None,
+    source_format: str = FORMAT_NAME,
 ) -> list[CompiledSink]:
-    """One streaming DataFrame per sink (each becomes its own query)."""
-    ctx = CompileContext(spark, nats_url, functions or {})
+    """One streaming DataFrame per sink (each becomes its own query).
+
+    ``source_format`` is the registered name sources read through (see
+    :func:`spanflow.spark.jetstream.register_isolated`).
+    """
+    ctx = CompileContext(spark, nats_url, functions or {}, source_format)
     frames: dict[str, Frame] = {}
     out: list[CompiledSink] = []
     for step in spec.topological():
@@ -188,7 +194,7 @@ def _aggregate_column(name: str, text: str) -> Column:
 def _compile_step(ctx: CompileContext, spec: PipelineSpec, step: Step, up: Frame | None) -> Frame:
     if isinstance(step, SourceStep):
         df = (
-            ctx.spark.readStream.format(FORMAT_NAME)
+            ctx.spark.readStream.format(ctx.source_format)
             .options(**source_options(spec, step, ctx.nats_url))
             .load()
         )

@@ -79,6 +79,21 @@ class JetStreamDataSource(DataSource):
         return JetStreamWriter(dict(self.options))
 
 
+def register_isolated(spark: Any, name: str) -> str:
+    """Register the JetStream data source under its own name for one query.
+
+    Every registration gets its own JVM-side Python function and environment map.
+    Sharing one registration between concurrently starting queries corrupted that map
+    (tasks then failed with ``java.io.OptionalDataException`` on every retry) after a
+    crash-restart; a query of its own — and a fresh one on each restart — avoids it.
+    """
+    cls = type(
+        f"JetStreamDataSource_{name}", (JetStreamDataSource,), {"name": classmethod(lambda c: name)}
+    )
+    spark.dataSource.register(cls)
+    return name
+
+
 @dataclass
 class SeqRange(InputPartition):
     start: int

@@ -23,10 +23,10 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from spanflow.nats.streams import SyncNats, ensure_stream
-from spanflow.spark.compiler import CompiledSink, compile_pipeline
+from spanflow.spark.compiler import compile_pipeline
 from spanflow.spark.deadletter import DLQ_SUBJECT_PREFIX, dlq_subject
 from spanflow.spark.functions import UserFunction
-from spanflow.spark.jetstream import FORMAT_NAME, SinkTarget, encode_rows, publish_encoded
+from spanflow.spark.jetstream import SinkTarget, encode_rows, publish_encoded, register_isolated
 from spanflow.spec import PipelineSpec, SinkStep
 from spanflow.spec.durations import spark_interval
 
@@ -51,7 +51,7 @@ class QueryStatus:
 
 @dataclass
 class _Supervised:
-    compiled: CompiledSink
+    sink_id: str
     query: StreamingQuery | None = None
     restarts: int = 0
     error: str | None = None
@@ -90,13 +90,13 @@ class PipelineRunner:
 
     # -- lifecycle -------------------------------------------------------------------
     def start(self) -> PipelineRunner:
+        # Compile everything once first, so a bad step fails before any query starts.
+        compile_pipeline(self.spark, self.spec, nats_url=self.nats_url, functions=self.functions)
         self._client = SyncNats(self.nats_url)
         self._ensure_streams()
-        for compiled in compile_pipeline(
-            self.spark, self.spec, nats_url=self.nats_url, functions=self.functions
-        ):
-            sup = _Supervised(compiled)
-            self._queries[compiled.sink.id] = sup
+        for sink in self.spec.sinks():
+            sup = _Supervised(sink.id)
+            self._queries[sink.id] = sup
             self._start_query(sup)
         return self
 
@@ -122,7 +122,22 @@ class PipelineRunner:
                 c.run(lambda s=sink, w=wildcard: ensure_stream(c.js, s.stream, [w]))  # type: ignore[misc]
 
     def _start_query(self, sup: _Supervised) -> None:
-        sink, df, mode = sup.compiled.sink, sup.compiled.df, sup.compiled.mode
+        """Compile and start one sink's query through a data source registered for it alone
+        (and anew on every restart): see :func:`register_isolated`."""
+        token = re.sub(r"[^A-Za-z0-9]", "_", f"{self.spec.name}_{sup.sink_id}")
+        fmt = register_isolated(self.spark, f"spanflow_js_{token}_{sup.restarts}")
+        compiled = next(
+            c
+            for c in compile_pipeline(
+                self.spark,
+                self.spec,
+                nats_url=self.nats_url,
+                functions=self.functions,
+                source_format=fmt,
+            )
+            if c.sink.id == sup.sink_id
+        )
+        sink, df, mode = compiled.sink, compiled.df, compiled.mode
         checkpoint = str(self.checkpoint_dir / sink.id)
         self.spark.sparkContext.setLocalProperty("spark.scheduler.pool", self.spec.name)
         writer = (
@@ -140,7 +155,7 @@ class PipelineRunner:
                 "order_by": sink.order_by or "",
             }
             if mode == "append":
-                writer = writer.format(FORMAT_NAME).options(**options)
+                writer = writer.format(fmt).options(**options)
             else:
                 writer = writer.foreachBatch(
                     self._driver_publisher(SinkTarget.from_options(options))
@@ -205,7 +220,7 @@ class PipelineRunner:
                 try:
                     sup.query.stop()
                 except Exception as exc:
-                    log.warning("stopping %s: %s", sup.compiled.sink.id, exc)
+                    log.warning("stopping %s: %s", sup.sink_id, exc)
         if self._client is not None:
             self._client.close()
             self._client = None

@@ -56,7 +56,6 @@ class Frame:
     df: DataFrame
     key: tuple[str, ...] = ()
     event_time: str | None = None
-    delay: float = 0.0
     watermarked: bool = False
     mode: OutputMode = "append"
 
@@ -143,7 +142,7 @@ def _with_watermark(frame: Frame, spec: PipelineSpec, field: str, delay: float) 
     within = [s.within for s in spec.steps if isinstance(s, DeduplicateStep)]
     delay = max([delay, *within])
     df = frame.df.withWatermark(field, spark_interval(delay))
-    return replace(frame, df=df, event_time=field, delay=delay, watermarked=True)
+    return replace(frame, df=df, event_time=field, watermarked=True)
 
 
 def _watermarked(frame: Frame, step_id: str) -> Frame:

@@ -23,7 +23,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from spanflow.nats.streams import SyncNats, ensure_stream
-from spanflow.spark.compiler import compile_pipeline
+from spanflow.spark.compiler import CompiledSink, compile_pipeline
 from spanflow.spark.deadletter import DLQ_SUBJECT_PREFIX, dlq_subject
 from spanflow.spark.functions import UserFunction
 from spanflow.spark.jetstream import SinkTarget, encode_rows, publish_encoded, register_isolated
@@ -90,14 +90,16 @@ class PipelineRunner:
 
     # -- lifecycle -------------------------------------------------------------------
     def start(self) -> PipelineRunner:
-        # Compile everything once first, so a bad step fails before any query starts.
-        compile_pipeline(self.spark, self.spec, nats_url=self.nats_url, functions=self.functions)
-        self._client = SyncNats(self.nats_url)
-        self._ensure_streams()
+        # Compile every sink before starting any, so a bad step fails with nothing running.
+        compiled = {}
         for sink in self.spec.sinks():
             sup = _Supervised(sink.id)
             self._queries[sink.id] = sup
-            self._start_query(sup)
+            compiled[sink.id] = self._compile(sup)
+        self._client = SyncNats(self.nats_url)
+        self._ensure_streams()
+        for sink_id, (fmt, plan) in compiled.items():
+            self._launch(self._queries[sink_id], fmt, plan)
         return self
 
     def _ensure_streams(self) -> None:
@@ -121,22 +123,24 @@ class PipelineRunner:
                 wildcard = _subject_pattern(sink.subject)
                 c.run(lambda s=sink, w=wildcard: ensure_stream(c.js, s.stream, [w]))  # type: ignore[misc]
 
-    def _start_query(self, sup: _Supervised) -> None:
-        """Compile and start one sink's query through a data source registered for it alone
+    def _compile(self, sup: _Supervised) -> tuple[str, CompiledSink]:
+        """One sink's plan, reading through a data source registered for this query alone
         (and anew on every restart): see :func:`register_isolated`."""
         token = re.sub(r"[^A-Za-z0-9]", "_", f"{self.spec.name}_{sup.sink_id}")
         fmt = register_isolated(self.spark, f"spanflow_js_{token}_{sup.restarts}")
-        compiled = next(
-            c
-            for c in compile_pipeline(
-                self.spark,
-                self.spec,
-                nats_url=self.nats_url,
-                functions=self.functions,
-                source_format=fmt,
-            )
-            if c.sink.id == sup.sink_id
+        plans = compile_pipeline(
+            self.spark,
+            self.spec,
+            nats_url=self.nats_url,
+            functions=self.functions,
+            source_format=fmt,
         )
+        return fmt, next(c for c in plans if c.sink.id == sup.sink_id)
+
+    def _start_query(self, sup: _Supervised) -> None:
+        self._launch(sup, *self._compile(sup))
+
+    def _launch(self, sup: _Supervised, fmt: str, compiled: CompiledSink) -> None:
         sink, df, mode = compiled.sink, compiled.df, compiled.mode
         checkpoint = str(self.checkpoint_dir / sink.id)
         self.spark.sparkContext.setLocalProperty("spark.scheduler.pool", self.spec.name)

@@ -35,6 +35,12 @@ class PipelineFileError(SpecError):
         super().__init__("\n".join(lines))
 
 
+class TopologyFileError(PipelineFileError):
+    """A topology file is invalid; the message names the file, line and field."""
+
+    code = "invalid_topology_file"
+
+
 class CompileError(SpanflowError):
     """A valid spec could not be turned into a Spark plan (e.g. an unknown column)."""
 

@@ -24,18 +24,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import ValidationError
 
+from spanflow.api.yaml_source import Path_, compose_located, field_text, line_for
 from spanflow.errors import PipelineFileError
 from spanflow.spec import PipelineSpec
 from spanflow.spec.operators import STEP_TYPES
 
-Path_ = tuple[str | int, ...]
-_SAFE_TAGS = {
-    f"tag:yaml.org,2002:{t}"
-    for t in ("map", "seq", "str", "int", "float", "bool", "null", "timestamp")
-}
 _TOP_LEVEL = {
     "name",
     "sources",
@@ -47,59 +42,9 @@ _TOP_LEVEL = {
 }
 
 
-def _compose(text: str, path: str) -> tuple[Any, dict[Path_, int]]:
-    """Parse YAML safely, remembering the line of every mapping key and list item."""
-    try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = mark.line + 1 if mark is not None else None
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise PipelineFileError(path, [(line, "", f"not valid YAML: {problem}")]) from None
-    lines: dict[Path_, int] = {}
-    scalars = yaml.SafeLoader("")
-
-    def walk(node: yaml.Node | None, at: Path_) -> Any:
-        if node is None:
-            return None
-        lines[at] = node.start_mark.line + 1
-        if node.tag not in _SAFE_TAGS:
-            where = _field_text(at) or "document"
-            raise PipelineFileError(
-                path,
-                [(lines[at], where, f"YAML tag {node.tag!r} is not allowed (plain data only)")],
-            )
-        if isinstance(node, yaml.MappingNode):
-            out: dict[Any, Any] = {}
-            for key_node, value_node in node.value:
-                key = key_node.value
-                lines[(*at, key)] = key_node.start_mark.line + 1
-                out[key] = walk(value_node, (*at, key))
-            return out
-        if isinstance(node, yaml.SequenceNode):
-            return [walk(item, (*at, i)) for i, item in enumerate(node.value)]
-        return scalars.construct_object(node, deep=True)
-
-    return walk(root, ()), lines
-
-
-def _line_for(loc: Path_, lines: dict[Path_, int]) -> int | None:
-    for cut in range(len(loc), -1, -1):
-        if loc[:cut] in lines:
-            return lines[loc[:cut]]
-    return None
-
-
-def _field_text(loc: Path_) -> str:
-    text = ""
-    for part in loc:
-        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
-    return text
-
-
 def load_pipeline_text(text: str, path: str = "<string>") -> PipelineSpec:
     """Parse and validate a pipeline file's text into a spec."""
-    data, lines = _compose(text, path)
+    data, lines = compose_located(text, path)
     problems: list[tuple[int | None, str, str]] = []
     if not isinstance(data, dict):
         raise PipelineFileError(
@@ -125,7 +70,7 @@ def load_pipeline_text(text: str, path: str = "<string>") -> PipelineSpec:
             at: Path_ = (section, i)
             if not isinstance(item, dict):
                 problems.append(
-                    (lines.get(at), _field_text(at), "must be a mapping with id and type")
+                    (lines.get(at), field_text(at), "must be a mapping with id and type")
                 )
                 continue
             step = dict(item)
@@ -150,7 +95,7 @@ def load_pipeline_text(text: str, path: str = "<string>") -> PipelineSpec:
             targets = [targets]
         if not isinstance(targets, list):
             problems.append(
-                (lines.get((*at, "to")), _field_text((*at, "to")), "must be a list of step ids")
+                (lines.get((*at, "to")), field_text((*at, "to")), "must be a list of step ids")
             )
             continue
         for target in targets:
@@ -159,7 +104,7 @@ def load_pipeline_text(text: str, path: str = "<string>") -> PipelineSpec:
                 problems.append(
                     (
                         lines.get((*at, "to")),
-                        _field_text((*at, "to")),
+                        field_text((*at, "to")),
                         f"unknown step {target!r} (steps: {known})",
                     )
                 )
@@ -168,7 +113,7 @@ def load_pipeline_text(text: str, path: str = "<string>") -> PipelineSpec:
             downstream["inputs"] = [*downstream.get("inputs", []), step.get("id")]
         if at[0] == "sinks" and targets:
             problems.append(
-                (lines.get((*at, "to")), _field_text((*at, "to")), "a sink has no downstream")
+                (lines.get((*at, "to")), field_text((*at, "to")), "a sink has no downstream")
             )
     if problems:
         raise PipelineFileError(path, problems)
@@ -199,7 +144,7 @@ def load_pipeline_text(text: str, path: str = "<string>") -> PipelineSpec:
                     f"unknown type {err['input'].get('type')!r} (allowed: {', '.join(STEP_TYPES)})"
                 )
                 file_loc = (*file_loc, "type")
-            problems.append((_line_for(file_loc, lines), _field_text(file_loc), message))
+            problems.append((line_for(file_loc, lines), field_text(file_loc), message))
         raise PipelineFileError(path, problems) from None
 
 

@@ -6,14 +6,16 @@ import asyncio
 import contextlib
 import threading
 from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import replace
 from typing import Any, TypeVar
 
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.api import StreamConfig
-from nats.js.errors import NotFoundError
+from nats.js.errors import APIError, NotFoundError
 
 import nats
+from spanflow.errors import NatsError
 
 T = TypeVar("T")
 
@@ -35,6 +37,21 @@ async def connect(url: str, **options: Any) -> Client:
     )
 
 
+def subject_covers(pattern: str, subject: str) -> bool:
+    """Whether every subject matched by ``subject`` is matched by ``pattern``.
+
+    >>> subject_covers("windows.>", "windows.a.*"), subject_covers("windows.a.*", "windows.b.*")
+    (True, False)
+    """
+    p, s = pattern.split("."), subject.split(".")
+    for i, token in enumerate(p):
+        if token == ">":
+            return len(s) > i
+        if i >= len(s) or s[i] == ">" or (token != "*" and (s[i] == "*" or token != s[i])):
+            return False
+    return len(p) == len(s)
+
+
 async def ensure_stream(
     js: JetStreamContext,
     name: str,
@@ -43,21 +60,45 @@ async def ensure_stream(
     duplicate_window: float = DEFAULT_DUPLICATE_WINDOW,
     max_age: float | None = None,
 ) -> None:
-    """Create a stream if it is missing; an existing stream is left as it is.
+    """Create a stream if it is missing, or add subjects it does not capture yet.
 
-    ``max_age`` (seconds) bounds how long messages are kept; None keeps them until other
-    limits or an operator removes them.
+    Several pipelines may write one stream under different subjects (every site's
+    windows into one stream); each adds its own. Its other settings are left as they
+    are. ``max_age`` (seconds) bounds how long messages are kept when the stream is
+    created; None keeps them until other limits or an operator removes them.
     """
-    try:
-        await js.stream_info(name)
-        return
-    except NotFoundError:
-        pass
-    await js.add_stream(
-        StreamConfig(
-            name=name, subjects=subjects, duplicate_window=duplicate_window, max_age=max_age
-        )
-    )
+    for attempt in range(3):
+        try:
+            info = await js.stream_info(name)
+        except NotFoundError:
+            try:
+                await js.add_stream(
+                    StreamConfig(
+                        name=name,
+                        subjects=subjects,
+                        duplicate_window=duplicate_window,
+                        max_age=max_age,
+                    )
+                )
+                return
+            except APIError as exc:
+                if attempt == 2:
+                    raise NatsError(
+                        f"cannot create stream {name} for {subjects}: {exc.description}"
+                    ) from None
+                continue  # created meanwhile by someone else: look again
+        have = list(info.config.subjects or [])
+        missing = [x for x in subjects or [] if not any(subject_covers(h, x) for h in have)]
+        if not missing:
+            return
+        try:
+            await js.update_stream(replace(info.config, subjects=[*have, *missing]))
+            return
+        except APIError as exc:
+            if attempt == 2:
+                raise NatsError(
+                    f"cannot add subjects {missing} to stream {name}: {exc.description}"
+                ) from None
 
 
 class SyncNats:

@@ -156,6 +156,8 @@ class JetStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[InputPartition]:
         s, e = start["seq"], end["seq"]
+        if e <= s:  # nothing new (Spark may plan an empty range, e.g. for a no-data batch)
+            return [SeqRange(s, s)]
         n = max(1, min(self.partitions_per_batch, e - s))
         step = -(-(e - s) // n)
         return [SeqRange(lo, min(lo + step, e)) for lo in range(s, e, step)] or [SeqRange(s, e)]

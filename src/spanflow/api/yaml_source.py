@@ -1,0 +1,85 @@
+"""Safe YAML parsing that remembers where every value came from.
+
+Shared by the pipeline and topology loaders so that both report problems as
+``file:line: field: message``. Only plain data tags are accepted: no Python object is
+ever constructed from a file.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from spanflow.errors import PipelineFileError
+
+Path_ = tuple[str | int, ...]
+_SAFE_TAGS = {
+    f"tag:yaml.org,2002:{t}"
+    for t in ("map", "seq", "str", "int", "float", "bool", "null", "timestamp")
+}
+
+
+def compose_located(
+    text: str, path: str, error: type[PipelineFileError] = PipelineFileError
+) -> tuple[Any, dict[Path_, int]]:
+    """Parse YAML safely, remembering the line of every mapping key and list item."""
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = mark.line + 1 if mark is not None else None
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise error(path, [(line, "", f"not valid YAML: {problem}")]) from None
+    lines: dict[Path_, int] = {}
+    scalars = yaml.SafeLoader("")
+
+    def walk(node: yaml.Node | None, at: Path_) -> Any:
+        if node is None:
+            return None
+        lines[at] = node.start_mark.line + 1
+        if node.tag not in _SAFE_TAGS:
+            where = field_text(at) or "document"
+            raise error(
+                path,
+                [(lines[at], where, f"YAML tag {node.tag!r} is not allowed (plain data only)")],
+            )
+        if isinstance(node, yaml.MappingNode):
+            out: dict[Any, Any] = {}
+            for key_node, value_node in node.value:
+                key = key_node.value
+                lines[(*at, key)] = key_node.start_mark.line + 1
+                out[key] = walk(value_node, (*at, key))
+            return out
+        if isinstance(node, yaml.SequenceNode):
+            return [walk(item, (*at, i)) for i, item in enumerate(node.value)]
+        return scalars.construct_object(node, deep=True)
+
+    return walk(root, ()), lines
+
+
+def line_for(loc: Path_, lines: dict[Path_, int]) -> int | None:
+    for cut in range(len(loc), -1, -1):
+        if loc[:cut] in lines:
+            return lines[loc[:cut]]
+    return None
+
+
+def field_text(loc: Path_) -> str:
+    text = ""
+    for part in loc:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+    return text
+
+
+def located_problems(
+    exc: ValidationError, lines: dict[Path_, int], prefix: Path_ = ()
+) -> list[tuple[int | None, str, str]]:
+    """pydantic errors as (line, field, message), for documents validated as they are."""
+    out: list[tuple[int | None, str, str]] = []
+    for err in exc.errors():
+        loc: Path_ = (*prefix, *err["loc"])
+        message = err["msg"].removeprefix("Value error, ")
+        out.append((line_for(loc, lines), field_text(loc), message))
+    return out

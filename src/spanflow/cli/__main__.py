@@ -1,0 +1,3 @@
+from spanflow.cli import main
+
+main()

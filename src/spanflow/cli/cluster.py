@@ -1,0 +1,561 @@
+"""Cluster commands: coordinator, node, up, and the client commands that talk to the
+coordinator's REST API (submit, status, cancel, savepoint, resume, drain)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import httpx
+import typer
+from rich.console import Group
+from rich.live import Live
+from rich.table import Table
+
+from spanflow.cli.common import _data_dir, _Interrupted, _quiet_spark, app, console, err, fail
+from spanflow.errors import SpanflowError
+
+DEFAULT_PORT = 7070
+
+CoordinatorOption = Annotated[
+    str,
+    typer.Option(
+        "--coordinator",
+        envvar="SPANFLOW_COORDINATOR",
+        help="Coordinator URL (env SPANFLOW_COORDINATOR).",
+    ),
+]
+TokenOption = Annotated[
+    str | None,
+    typer.Option(
+        "--token",
+        envvar="SPANFLOW_TOKEN",
+        help="Bearer token of the REST API (env SPANFLOW_TOKEN).",
+        show_default=False,
+    ),
+]
+DEFAULT_URL = f"http://127.0.0.1:{DEFAULT_PORT}"
+
+
+def _logging(verbose: bool = False) -> None:
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    for noisy in ("py4j", "httpx", "uvicorn.access"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+# -- servers --------------------------------------------------------------------------
+@app.command()
+def coordinator(
+    nats: Annotated[str | None, typer.Option(help="NATS URL; default: an embedded server.")] = None,
+    topology: Annotated[
+        Path | None, typer.Option(help="Topology file applied at start (sites, nodes, links).")
+    ] = None,
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port (0 = any free port).")] = DEFAULT_PORT,
+    port_file: Annotated[
+        Path | None, typer.Option(help="Write the port listened on to this file.")
+    ] = None,
+    data_dir: Annotated[Path | None, typer.Option(help="Default ./spanflow-data.")] = None,
+    state_dir: Annotated[
+        Path | None,
+        typer.Option(help="Checkpoints and savepoints; must be reachable by every node."),
+    ] = None,
+    heartbeat: Annotated[float, typer.Option(help="Heartbeat period in seconds.")] = 1.0,
+    token: TokenOption = None,
+) -> None:
+    """Run the coordinator: REST API, registry, pipeline manager, failure detection."""
+    import uvicorn
+
+    from spanflow.api.topology_loader import load_topology
+    from spanflow.cli.common import nats_url
+    from spanflow.control.coordinator import Coordinator, CoordinatorSettings
+    from spanflow.control.rest import create_app
+
+    _logging()
+    try:
+        topo = load_topology(topology) if topology else None
+    except SpanflowError as exc:
+        raise fail(exc) from None
+    directory = _data_dir(data_dir)
+    with nats_url(nats, directory) as url:
+        settings = CoordinatorSettings(
+            nats_url=url,
+            state_dir=str((state_dir or directory / "cluster").resolve()),
+            heartbeat_interval=heartbeat,
+            token=token or None,
+            topology=topo,
+        )
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            raise fail(SpanflowError(f"cannot listen on {host}:{port}: {exc.strerror}")) from None
+        actual = sock.getsockname()[1]
+        if port_file:
+            port_file.write_text(str(actual))
+        err.print(
+            f"coordinator on http://{host}:{actual} (API docs /docs; "
+            f"token {'required' if settings.token else 'off'})"
+        )
+        config = uvicorn.Config(
+            create_app(Coordinator(settings)), log_level="warning", lifespan="on"
+        )
+        uvicorn.Server(config).run(sockets=[sock])
+
+
+@app.command()
+def node(
+    name: Annotated[str, typer.Option(help="Node name (unique in the cluster).")],
+    site: Annotated[str, typer.Option(help="Site the node is in.")],
+    coordinator_url: CoordinatorOption = DEFAULT_URL,
+    token: TokenOption = None,
+    cores: Annotated[int | None, typer.Option(help="Cores to offer (default: detected).")] = None,
+    memory: Annotated[str | None, typer.Option(help="Memory to offer, e.g. 4g.")] = None,
+    slots: Annotated[int | None, typer.Option(help="Fragments at once (default: cores).")] = None,
+    tag: Annotated[list[str] | None, typer.Option(help="Capability tag (repeatable).")] = None,
+    master: Annotated[str | None, typer.Option(help="Spark master (default local[2]).")] = None,
+) -> None:
+    """Run a node agent: register, heartbeat, run assigned fragments as Spark queries."""
+    from spanflow.runtime.agent import AgentSettings, NodeAgent, detect_capabilities
+    from spanflow.spec.topology import Capabilities
+
+    _logging()
+    _quiet_spark()
+    caps = None
+    if any(v is not None for v in (cores, memory, slots, tag)):
+        detected = detect_capabilities()
+        try:
+            caps = Capabilities.model_validate(
+                {
+                    "cores": cores or detected.cores,
+                    "memory_mb": memory or detected.memory_mb,
+                    "slots": slots,
+                    "tags": tuple(tag or ()),
+                }
+            )
+        except ValueError as exc:
+            raise fail(SpanflowError(f"bad capability: {exc}")) from None
+    settings = AgentSettings(
+        name=name,
+        site=site,
+        coordinator_url=coordinator_url,
+        token=token or None,
+        capabilities=caps,
+        master=master,
+    )
+    stop = _Interrupted()
+    try:
+        NodeAgent(settings).run(stop.event, after_spark=stop.install)
+    except SpanflowError as exc:
+        raise fail(exc) from None
+
+
+# -- the REST client ---------------------------------------------------------------------
+class Api:
+    def __init__(self, url: str, token: str | None) -> None:
+        self.url = url.rstrip("/")
+        self.headers = {"Authorization": f"Bearer {token}"} if token else {}
+
+    def call(self, method: str, path: str, body: Any = None) -> Any:
+        try:
+            r = httpx.request(
+                method, f"{self.url}{path}", json=body, headers=self.headers, timeout=30
+            )
+        except httpx.HTTPError as exc:
+            raise SpanflowError(f"coordinator {self.url} unreachable: {exc}") from None
+        if r.status_code >= 400:
+            try:
+                detail = r.json().get("detail")
+            except ValueError:
+                detail = r.text
+            if not isinstance(detail, str):
+                detail = json.dumps(detail)
+            raise SpanflowError(f"{r.status_code}: {detail}")
+        return r.json() if r.content else None
+
+
+@app.command()
+def submit(
+    pipeline: Annotated[Path, typer.Argument(help="PIPELINE.yaml or PIPELINE.json")],
+    coordinator_url: CoordinatorOption = DEFAULT_URL,
+    token: TokenOption = None,
+    priority: Annotated[int, typer.Option(help="Higher is placed first (0-1000).")] = 0,
+    latency_budget: Annotated[
+        str | None, typer.Option(help="End-to-end latency budget, e.g. 2s.")
+    ] = None,
+    parallelism: Annotated[int, typer.Option(help="Desired parallelism.")] = 1,
+) -> None:
+    """Submit a pipeline to the coordinator."""
+    try:
+        text = pipeline.read_text()
+    except OSError as exc:
+        raise fail(SpanflowError(f"cannot read {pipeline}: {exc.strerror}")) from None
+    body: dict[str, Any] = {
+        "priority": priority,
+        "latency_budget": latency_budget,
+        "parallelism": parallelism,
+        "filename": str(pipeline),
+    }
+    if pipeline.suffix == ".json":
+        body["spec"] = json.loads(text)
+    else:
+        body["yaml"] = text
+    try:
+        status = Api(coordinator_url, token).call("POST", "/api/v1/pipelines", body)
+    except SpanflowError as exc:
+        raise fail(exc) from None
+    placed = ", ".join(f"{f['id']} → {f['node'] or 'waiting'}" for f in status["fragments"])
+    console.print(f"submitted [bold]{status['name']}[/bold]: {status['state']} ({placed})")
+
+
+@app.command()
+def status(
+    coordinator_url: CoordinatorOption = DEFAULT_URL,
+    token: TokenOption = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Show every node and pipeline."""
+    api = Api(coordinator_url, token)
+    try:
+        nodes = api.call("GET", "/api/v1/nodes")
+        pipelines = api.call("GET", "/api/v1/pipelines")
+        metrics = api.call("GET", "/api/v1/cluster/metrics")
+    except SpanflowError as exc:
+        raise fail(exc) from None
+    if as_json:
+        console.print_json(data={"nodes": nodes, "pipelines": pipelines, "cluster": metrics})
+        return
+    console.print(cluster_view(nodes, pipelines, metrics))
+
+
+def cluster_view(nodes: list[Any], pipelines: list[Any], metrics: dict[str, Any]) -> Group:
+    colour = {"alive": "green", "failed": "red", "draining": "yellow", "declared": "dim"}
+    nt = Table(title="nodes")
+    for col in ("node", "site", "state", "slots", "cpu %", "fragments", "heartbeat"):
+        nt.add_column(col)
+    for n in nodes:
+        beat = n.get("last_heartbeat_s")
+        nt.add_row(
+            n["name"],
+            n["spec"]["site"],
+            f"[{colour.get(n['state'], 'white')}]{n['state']}[/]",
+            f"{len(n['fragments'])}/{n['slots']}",
+            "-" if n.get("cpu_percent") is None else f"{n['cpu_percent']:.0f}",
+            ", ".join(n["fragments"]) or "-",
+            "-" if beat is None else f"{beat:.1f} s ago",
+        )
+    pcolour = {"running": "green", "failing": "red", "failed": "red", "planned": "yellow"}
+    pt = Table(title="pipelines")
+    for col in ("pipeline", "state", "fragments", "rows in", "rows/s", "lag", "dead", "reason"):
+        pt.add_column(col)
+    for p in pipelines:
+        rts = [f["runtime"] for f in p["fragments"] if f.get("runtime")]
+        pt.add_row(
+            p["name"],
+            f"[{pcolour.get(p['state'], 'white')}]{p['state']}[/]",
+            ", ".join(f"{f['id']}@{f['node'] or '-'}:{f['status']}" for f in p["fragments"]),
+            f"{sum(r['rows_in'] for r in rts):,}",
+            f"{sum(r['input_rows_per_s'] for r in rts):,.0f}",
+            f"{sum(r['lag'] for r in rts):,}",
+            f"{sum(r['dead_letters'] for r in rts):,}",
+            p["reason"][:60],
+        )
+    summary = (
+        f"slots {metrics['slots_used']}/{metrics['slots']} used "
+        f"({metrics['utilisation']:.0%}), cpu {metrics['cpu_percent']:.0f}%, "
+        f"throughput {metrics['throughput_rows_per_s']:,.0f} rows/s"
+    )
+    return Group(nt, pt, summary)
+
+
+def _pipeline_action(action: str, name: str, url: str, token: str | None) -> None:
+    try:
+        st = Api(url, token).call("POST", f"/api/v1/pipelines/{name}/{action}")
+    except SpanflowError as exc:
+        raise fail(exc) from None
+    extra = f" savepoint {st['savepoint']}" if action == "savepoint" else ""
+    console.print(f"{name}: {st['state']}{extra}")
+
+
+@app.command()
+def cancel(
+    name: Annotated[str, typer.Argument(help="Pipeline name.")],
+    coordinator_url: CoordinatorOption = DEFAULT_URL,
+    token: TokenOption = None,
+) -> None:
+    """Cancel a pipeline: its queries stop and its fragments are unassigned."""
+    _pipeline_action("cancel", name, coordinator_url, token)
+
+
+@app.command()
+def savepoint(
+    name: Annotated[str, typer.Argument(help="Pipeline name.")],
+    coordinator_url: CoordinatorOption = DEFAULT_URL,
+    token: TokenOption = None,
+) -> None:
+    """Stop a pipeline at a consistent checkpoint and keep a copy of it."""
+    _pipeline_action("savepoint", name, coordinator_url, token)
+
+
+@app.command()
+def resume(
+    name: Annotated[str, typer.Argument(help="Pipeline name.")],
+    coordinator_url: CoordinatorOption = DEFAULT_URL,
+    token: TokenOption = None,
+) -> None:
+    """Restart a stopped pipeline from its savepoint."""
+    _pipeline_action("resume", name, coordinator_url, token)
+
+
+@app.command()
+def drain(
+    name: Annotated[str, typer.Argument(help="Node name.")],
+    coordinator_url: CoordinatorOption = DEFAULT_URL,
+    token: TokenOption = None,
+) -> None:
+    """Move a node's fragments elsewhere and give it no new ones."""
+    try:
+        st = Api(coordinator_url, token).call("POST", f"/api/v1/nodes/{name}/drain")
+    except SpanflowError as exc:
+        raise fail(exc) from None
+    console.print(f"{name}: {st['state']}")
+
+
+# -- one machine, whole cluster ----------------------------------------------------------
+class LocalCluster:
+    """An embedded NATS, a coordinator process and one process per local node."""
+
+    def __init__(
+        self,
+        topology_path: Path,
+        data_dir: Path,
+        *,
+        port: int = DEFAULT_PORT,
+        token: str | None = None,
+        heartbeat: float = 1.0,
+    ) -> None:
+        from spanflow.api.topology_loader import load_topology
+
+        self.topology_path = topology_path
+        self.topology = load_topology(topology_path)
+        self.data_dir = data_dir
+        self.port = port
+        self.token = token
+        self.heartbeat = heartbeat
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.url = ""
+        self._nats: Any = None
+
+    def start(self) -> LocalCluster:
+        from spanflow.nats import EmbeddedNats
+
+        logs = self.data_dir / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        self._nats = EmbeddedNats(self.data_dir / "nats").start()
+        self.nats_url = self._nats.url
+        self._coordinator_args = [
+            "coordinator",
+            "--nats",
+            self.nats_url,
+            "--topology",
+            str(self.topology_path),
+            "--port",
+            str(self.port),
+            "--port-file",
+            str(self._port_file),
+            "--data-dir",
+            str(self.data_dir),
+            "--heartbeat",
+            str(self.heartbeat),
+        ]
+        self.start_coordinator()
+        for n in self.topology.nodes:
+            if n.local:
+                self._spawn(
+                    f"node-{n.name}",
+                    ["node", "--name", n.name, "--site", n.site, "--coordinator", self.url],
+                )
+        return self
+
+    @property
+    def _port_file(self) -> Path:
+        return self.data_dir / "coordinator.port"
+
+    def start_coordinator(self) -> None:
+        """Start (or restart) the coordinator process and wait until it answers."""
+        port_file = self._port_file
+        port_file.unlink(missing_ok=True)
+        self._spawn("coordinator", self._coordinator_args)
+        deadline = time.monotonic() + 60
+        while not port_file.exists() or not port_file.read_text().strip():
+            self._check_alive("coordinator")
+            if time.monotonic() > deadline:
+                raise SpanflowError("the coordinator did not start within 60 s")
+            time.sleep(0.1)
+        self.url = f"http://127.0.0.1:{port_file.read_text().strip()}"
+        self._wait_healthy(deadline)
+
+    def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
+        """Kill one process of the cluster (``coordinator`` or ``node-<name>``) and reap it."""
+        proc = self.procs[name]
+        proc.send_signal(sig)
+        proc.wait(timeout=60)
+
+    def wait_for_nodes(self, timeout: float = 180.0) -> None:
+        """Until every local node has registered (each starts its own Spark first)."""
+        want = {n.name for n in self.topology.nodes if n.local}
+        deadline = time.monotonic() + timeout
+        while True:
+            alive = {
+                n["name"] for n in self.api().call("GET", "/api/v1/nodes") if n["state"] == "alive"
+            }
+            if want <= alive:
+                return
+            for name in want - alive:
+                self._check_alive(f"node-{name}")
+            if time.monotonic() > deadline:
+                raise SpanflowError(
+                    f"nodes did not register within {timeout:.0f} s: {sorted(want - alive)}"
+                )
+            time.sleep(0.5)
+
+    def _spawn(self, name: str, args: list[str]) -> None:
+        from spanflow.nats.server import die_with_parent
+
+        env = dict(os.environ)
+        if self.token:
+            env["SPANFLOW_TOKEN"] = self.token
+        log = open(self.data_dir / "logs" / f"{name}.log", "ab")  # noqa: SIM115 (child owns it)
+        self.procs[name] = subprocess.Popen(
+            [sys.executable, "-m", "spanflow.cli", *args],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            preexec_fn=die_with_parent,
+        )
+        log.close()
+
+    def _check_alive(self, name: str) -> None:
+        proc = self.procs[name]
+        if proc.poll() is not None:
+            tail = (self.data_dir / "logs" / f"{name}.log").read_text(errors="replace")[-2000:]
+            raise SpanflowError(f"{name} exited with {proc.returncode}:\n{tail}")
+
+    def _wait_healthy(self, deadline: float) -> None:
+        while True:
+            self._check_alive("coordinator")
+            try:
+                if httpx.get(f"{self.url}/healthz", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise SpanflowError("the coordinator did not answer within 60 s")
+            time.sleep(0.2)
+
+    def api(self) -> Api:
+        return Api(self.url, self.token)
+
+    def stop(self) -> None:
+        """SIGTERM every child, wait, then SIGKILL what is left: no orphans."""
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 30
+        for proc in self.procs.values():
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        if self._nats is not None:
+            self._nats.stop()
+            self._nats = None
+
+
+@app.command()
+def up(
+    topology: Annotated[
+        Path, typer.Argument(help="Topology file (nodes marked local: true run here).")
+    ],
+    data_dir: Annotated[Path | None, typer.Option(help="Default ./spanflow-data.")] = None,
+    port: Annotated[int, typer.Option(help="Coordinator port (0 = any).")] = DEFAULT_PORT,
+    submit_: Annotated[
+        list[Path] | None, typer.Option("--submit", help="Pipeline to submit once up (repeatable).")
+    ] = None,
+    duration: Annotated[float | None, typer.Option(help="Stop after this many seconds.")] = None,
+    token: TokenOption = None,
+) -> None:
+    """Start NATS, the coordinator and every local node of a topology, with one status view."""
+    stop = _Interrupted()
+    directory = _data_dir(data_dir)
+    try:
+        cluster = LocalCluster(topology, directory, port=port, token=token or None)
+    except SpanflowError as exc:
+        raise fail(exc) from None
+    try:
+        local = sum(n.local for n in cluster.topology.nodes)
+        err.print(
+            f"starting NATS, the coordinator and {local} nodes (logs in {directory / 'logs'}) …"
+        )
+        cluster.start()
+        err.print(f"coordinator: {cluster.url}   (export SPANFLOW_COORDINATOR={cluster.url})")
+        if submit_:
+            cluster.wait_for_nodes()
+        for path in submit_ or []:
+            body = {"yaml": path.read_text(), "filename": str(path)}
+            st = cluster.api().call("POST", "/api/v1/pipelines", body)
+            err.print(f"submitted {st['name']}: {st['state']}")
+        _watch(cluster, stop, duration)
+    except SpanflowError as exc:
+        raise fail(exc) from None
+    finally:
+        err.print("stopping the cluster …")
+        cluster.stop()
+
+
+def _watch(cluster: LocalCluster, stop: _Interrupted, duration: float | None) -> None:
+    deadline = time.monotonic() + duration if duration else None
+    api = cluster.api()
+
+    def view() -> Group:
+        return cluster_view(
+            api.call("GET", "/api/v1/nodes"),
+            api.call("GET", "/api/v1/pipelines"),
+            api.call("GET", "/api/v1/cluster/metrics"),
+        )
+
+    last = 0.0
+    with (
+        Live(view(), console=console, refresh_per_second=1)
+        if console.is_terminal
+        else _Null() as live
+    ):
+        while not stop.event.is_set() and (deadline is None or time.monotonic() < deadline):
+            cluster._check_alive("coordinator")
+            if live is not None:
+                live.update(view())
+            elif time.monotonic() - last > 10:
+                last = time.monotonic()
+                console.print(view())
+            stop.event.wait(1.0)
+
+
+class _Null:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *_: object) -> None:
+        return None

@@ -1,0 +1,124 @@
+"""Shared pieces of the ``spanflow`` command: the app, consoles, options, helpers."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import logging
+import os
+import signal
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+
+from spanflow.api import Flow, load_pipeline
+from spanflow.errors import SpanflowError
+from spanflow.spec import PipelineSpec
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="spanflow: stream processing for the edge-cloud continuum (Spark + NATS JetStream).",
+)
+console = Console(soft_wrap=True)
+err = Console(stderr=True, soft_wrap=True)
+
+NatsOption = Annotated[
+    str | None, typer.Option("--nats", help="NATS URL; default: start an embedded server.")
+]
+DataDirOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--data-dir", help="Where NATS data and checkpoints live (default ./spanflow-data)."
+    ),
+]
+
+
+def _error(exc: Exception) -> None:
+    """Print an error without wrapping it or reading markup from the user's text."""
+    err.print("[red]error:[/red] ", end="")
+    err.print(str(exc), markup=False, highlight=False)
+
+
+def load_target(target: str) -> tuple[PipelineSpec, dict[str, Any]]:
+    """A pipeline from a YAML/JSON file or a Python ``module:object`` (Flow or spec)."""
+    path = Path(target)
+    if path.suffix in (".yaml", ".yml", ".json") or path.exists():
+        return load_pipeline(path), {}
+    module_name, _, attr = target.partition(":")
+    if not attr:
+        raise SpanflowError(f"{target!r} is neither a pipeline file nor 'module:object'")
+    sys.path.insert(0, os.getcwd())
+    try:
+        obj: Any = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise SpanflowError(f"cannot load {target!r}: {exc}") from None
+    if callable(obj) and not isinstance(obj, Flow | PipelineSpec):
+        obj = obj()
+    if isinstance(obj, Flow):
+        return obj.spec(), obj.functions
+    if isinstance(obj, PipelineSpec):
+        return obj, {}
+    raise SpanflowError(
+        f"{target!r} is a {type(obj).__name__}, not a spanflow Flow or PipelineSpec"
+    )
+
+
+@contextlib.contextmanager
+def nats_url(url: str | None, data_dir: Path, *, mqtt: bool = False) -> Iterator[str]:
+    """The given URL, or an embedded server's for the duration of the block."""
+    if url:
+        yield url
+        return
+    from spanflow.nats import EmbeddedNats
+
+    with EmbeddedNats(data_dir / "nats", mqtt=mqtt) as server:
+        err.print(f"[dim]embedded NATS at {server.url} (data in {data_dir / 'nats'})[/dim]")
+        if server.mqtt_port:
+            err.print(f"[dim]MQTT listener on 127.0.0.1:{server.mqtt_port}[/dim]")
+        yield server.url
+
+
+def _data_dir(given: Path | None) -> Path:
+    from spanflow.nats import default_data_dir
+
+    path = given or default_data_dir()
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _quiet_spark() -> None:
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    logging.getLogger("py4j").setLevel(logging.ERROR)
+
+
+class _Interrupted:
+    """Turns SIGINT/SIGTERM into a flag so the main loop can stop cleanly.
+
+    PySpark's SparkContext installs its own SIGINT handler (cancel jobs, raise
+    KeyboardInterrupt), so call ``install()`` again once the session exists.
+    """
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.install()
+
+    def install(self) -> None:
+        signal.signal(signal.SIGINT, self._set)
+        signal.signal(signal.SIGTERM, self._set)
+
+    def _set(self, *_: object) -> None:
+        if self.event.is_set():
+            raise KeyboardInterrupt
+        self.event.set()
+
+
+def fail(exc: Exception, code: int = 2) -> typer.Exit:
+    """Print an error and return the Exit to raise."""
+    _error(exc)
+    return typer.Exit(code)

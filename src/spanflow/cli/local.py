@@ -1,0 +1,197 @@
+"""Single-node commands: run, validate, simulate."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from typing import Annotated, Any
+
+import typer
+from rich.live import Live
+from rich.table import Table
+
+from spanflow.cli.common import (
+    DataDirOption,
+    NatsOption,
+    _data_dir,
+    _error,
+    _Interrupted,
+    _quiet_spark,
+    app,
+    console,
+    err,
+    load_target,
+    nats_url,
+)
+from spanflow.errors import SpanflowError
+
+
+def status_table(runner: Any, title: str) -> Table:
+    table = Table(title=title, expand=False)
+    for col in (
+        "query",
+        "state",
+        "batches",
+        "in rows/s",
+        "done rows/s",
+        "batch ms",
+        "lag",
+        "watermark",
+        "restarts",
+    ):
+        table.add_column(
+            col, justify="right" if col not in ("query", "state", "watermark") else "left"
+        )
+    for st in runner.status():
+        state = "[green]running[/]" if st.active else ("[red]failed[/]" if st.error else "stopped")
+        table.add_row(
+            st.sink,
+            state,
+            str(st.batches),
+            f"{st.input_rows_per_s:,.0f}",
+            f"{st.processed_rows_per_s:,.0f}",
+            str(st.last_batch_ms),
+            f"{st.lag:,}",
+            (st.watermark or "-")[:19],
+            str(st.restarts),
+        )
+    table.caption = f"dead letters: {runner.dead_letters():,}"
+    return table
+
+
+@app.command()
+def run(
+    target: Annotated[str, typer.Argument(help="PIPELINE.yaml, PIPELINE.json or module:object")],
+    nats: NatsOption = None,
+    data_dir: DataDirOption = None,
+    duration: Annotated[float | None, typer.Option(help="Stop after this many seconds.")] = None,
+    master: Annotated[str | None, typer.Option(help="Spark master (default local[2]).")] = None,
+    mqtt: Annotated[
+        bool, typer.Option(help="Embedded NATS also listens for MQTT (topic a/b = subject a.b).")
+    ] = False,
+) -> None:
+    """Run a pipeline on this machine until Ctrl-C, with live status."""
+    try:
+        spec, functions = load_target(target)
+    except SpanflowError as exc:
+        _error(exc)
+        raise typer.Exit(2) from None
+    _quiet_spark()
+    from spanflow.spark.runner import PipelineRunner
+    from spanflow.spark.session import build_session
+
+    stop = _Interrupted()
+    directory = _data_dir(data_dir)
+    with nats_url(nats, directory, mqtt=mqtt) as url:
+        err.print(f"starting Spark for pipeline [bold]{spec.name}[/bold] …")
+        spark = build_session(master=master, app_name=f"spanflow-{spec.name}")
+        stop.install()
+        runner = PipelineRunner(
+            spark, spec, nats_url=url, checkpoint_dir=directory / "checkpoints", functions=functions
+        )
+        try:
+            runner.start()
+            deadline = time.monotonic() + duration if duration else None
+            live_ok = console.is_terminal
+            with (
+                Live(
+                    status_table(runner, spec.name),
+                    console=console,
+                    refresh_per_second=1,
+                    transient=False,
+                )
+                if live_ok
+                else contextlib.nullcontext() as live
+            ):
+                last_print = 0.0
+                while not stop.event.is_set() and (deadline is None or time.monotonic() < deadline):
+                    runner.supervise()
+                    if live is not None:
+                        live.update(status_table(runner, spec.name))
+                    elif time.monotonic() - last_print > 10:
+                        console.print(status_table(runner, spec.name))
+                        last_print = time.monotonic()
+                    stop.event.wait(1.0)
+        except SpanflowError as exc:
+            _error(exc)
+            raise typer.Exit(2) from None
+        finally:
+            err.print("stopping …")
+            runner.stop()
+            spark.stop()
+
+
+@app.command()
+def validate(target: Annotated[str, typer.Argument(help="PIPELINE.yaml or module:object")]) -> None:
+    """Check a pipeline definition and print its spec as JSON."""
+    try:
+        spec, _ = load_target(target)
+    except SpanflowError as exc:
+        _error(exc)
+        raise typer.Exit(2) from None
+    console.print_json(spec.to_json())
+
+
+@app.command()
+def simulate(
+    nats: NatsOption = None,
+    data_dir: DataDirOption = None,
+    rate: Annotated[float, typer.Option(help="Messages per second.")] = 200.0,
+    devices: Annotated[int, typer.Option(help="Number of devices.")] = 10,
+    duration: Annotated[
+        float | None, typer.Option(help="Seconds to run (default: until Ctrl-C).")
+    ] = None,
+    count: Annotated[int | None, typer.Option(help="Stop after this many readings.")] = None,
+    site: Annotated[str, typer.Option(help="Site name in subjects and records.")] = "site-a",
+    stream: Annotated[str, typer.Option(help="Stream to create if missing.")] = "SENSORS",
+    anomaly_rate: Annotated[float, typer.Option(help="Fraction of anomalous readings.")] = 0.01,
+    malformed_rate: Annotated[float, typer.Option(help="Fraction of malformed messages.")] = 0.005,
+    seed: Annotated[int | None, typer.Option(help="Random seed for a repeatable run.")] = None,
+) -> None:
+    """Publish realistic sensor readings (late, anomalous and malformed ones included)."""
+    from spanflow.nats.streams import connect, ensure_stream
+    from spanflow.simulator import SensorSimulator, SimulatorConfig
+
+    sim = SensorSimulator(
+        SimulatorConfig(
+            devices=devices,
+            rate=rate,
+            site=site,
+            seed=seed,
+            anomaly_rate=anomaly_rate,
+            malformed_rate=malformed_rate,
+        )
+    )
+    stop_flag = _Interrupted()
+
+    async def go(url: str) -> None:
+        nc = await connect(url)
+        await ensure_stream(
+            nc.jetstream(), stream, [f"{sim.config.subject_prefix}.{sim.config.site}.>"]
+        )
+        stop = asyncio.Event()
+
+        async def watch() -> None:
+            while not stop_flag.event.is_set():
+                await asyncio.sleep(0.2)
+            stop.set()
+
+        watcher = asyncio.create_task(watch())
+        task = asyncio.create_task(sim.publish(nc, duration=duration, count=count, stop=stop))
+        while not task.done():
+            await asyncio.sleep(1)
+            s = sim.stats
+            err.print(
+                f"sent {s.sent:,}  ({s.rate:,.0f}/s)  anomalies {s.anomalies}  "
+                f"malformed {s.malformed}  late {s.late}",
+                end="\r",
+            )
+        await task
+        watcher.cancel()
+        await nc.close()
+        s = sim.stats
+        err.print(f"\nsent {s.sent:,} readings ({s.anomalies} anomalies, {s.malformed} malformed)")
+
+    with nats_url(nats, _data_dir(data_dir)) as url:
+        asyncio.run(go(url))

@@ -1,0 +1,81 @@
+"""Prometheus exposition of the coordinator's view, computed at scrape time.
+
+A collector reads the live view on each scrape instead of keeping gauges in sync on
+every change: nothing can drift, and a restarted coordinator exports the same series.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from spanflow.control.coordinator import Coordinator
+
+
+class _ClusterCollector(Collector):
+    def __init__(self, coordinator: Coordinator) -> None:
+        self.coordinator = coordinator
+
+    def collect(self) -> Iterator[Metric]:
+        view = self.coordinator.view
+        summary = self.coordinator.cluster_metrics()
+        nodes = GaugeMetricFamily("spanflow_nodes", "Nodes by state", labels=["state"])
+        for state, n in summary["nodes"].items():
+            nodes.add_metric([state], n)
+        yield nodes
+        pipelines = GaugeMetricFamily("spanflow_pipelines", "Pipelines by state", labels=["state"])
+        for state, n in summary["pipelines"].items():
+            pipelines.add_metric([state], n)
+        yield pipelines
+        yield GaugeMetricFamily(
+            "spanflow_slots", "Fragment slots on live nodes", value=summary["slots"]
+        )
+        yield GaugeMetricFamily(
+            "spanflow_slots_used", "Fragments assigned", value=summary["slots_used"]
+        )
+        yield GaugeMetricFamily(
+            "spanflow_utilisation", "Assigned fragments / slots", value=summary["utilisation"]
+        )
+        cpu = GaugeMetricFamily("spanflow_node_cpu_percent", "Node CPU use", labels=["node"])
+        for name, hb in view.heartbeats.items():
+            cpu.add_metric([name], hb.cpu_percent)
+        yield cpu
+        labels = ["pipeline", "fragment", "node"]
+        rate = GaugeMetricFamily(
+            "spanflow_fragment_input_rows_per_second", "Input rate per fragment", labels=labels
+        )
+        rows = GaugeMetricFamily(
+            "spanflow_fragment_rows_in", "Rows read per fragment", labels=labels
+        )
+        lag = GaugeMetricFamily(
+            "spanflow_fragment_lag", "Messages behind the stream end", labels=labels
+        )
+        dead = GaugeMetricFamily(
+            "spanflow_fragment_dead_letters", "Messages dead-lettered", labels=labels
+        )
+        batch = GaugeMetricFamily(
+            "spanflow_fragment_last_batch_ms", "Duration of the last micro-batch", labels=labels
+        )
+        for frag_id, rt in view.runtime.items():
+            a = view.assignments.get(frag_id)
+            if a is None:
+                continue
+            values = [a.fragment.pipeline, frag_id, a.node]
+            rate.add_metric(values, rt.input_rows_per_s)
+            rows.add_metric(values, rt.rows_in)
+            lag.add_metric(values, rt.lag)
+            dead.add_metric(values, rt.dead_letters)
+            batch.add_metric(values, rt.last_batch_ms)
+        yield from (rate, rows, lag, dead, batch)
+
+
+def render_metrics(coordinator: Coordinator) -> tuple[bytes, str]:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_ClusterCollector(coordinator))
+    return generate_latest(registry), CONTENT_TYPE_LATEST

@@ -1,0 +1,108 @@
+"""Where fragments run: the interface the coordinator calls, and a simple placer.
+
+:class:`LocalityPlacer` puts a fragment on a live node that hosts one of its input
+streams (data locality) and otherwise on the least-loaded live node, always with a
+free slot. The geo-aware planner will implement the same :class:`Placer` protocol.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from spanflow.spec.cluster import Fragment, NodeRecord, NodeState, PipelineRecord
+from spanflow.spec.topology import Topology
+
+
+class PlacementError(Exception):
+    """No node can take a fragment; the message says which constraint failed."""
+
+
+@dataclass
+class ClusterView:
+    """What a placer may look at: the topology, node states and current load."""
+
+    topology: Topology
+    nodes: Mapping[str, NodeRecord]
+    used_slots: dict[str, int] = field(default_factory=dict)
+    cpu_percent: Mapping[str, float] = field(default_factory=dict)
+
+    def slots(self, node: str) -> int:
+        return self.nodes[node].spec.capabilities.fragment_slots
+
+    def free_slots(self, node: str) -> int:
+        return self.slots(node) - self.used_slots.get(node, 0)
+
+    def load(self, node: str) -> float:
+        slots = self.slots(node)
+        return self.used_slots.get(node, 0) / slots if slots else 1.0
+
+    def schedulable(self, exclude: Iterable[str] = ()) -> list[NodeRecord]:
+        skip = set(exclude)
+        return [n for n in self.nodes.values() if n.state == NodeState.ALIVE and n.name not in skip]
+
+
+class Placer(Protocol):
+    def place(
+        self,
+        pipeline: PipelineRecord,
+        fragments: list[Fragment],
+        view: ClusterView,
+        *,
+        exclude: Iterable[str] = (),
+    ) -> dict[str, str]:
+        """fragment id → node name for every fragment, or :class:`PlacementError`.
+
+        ``view.used_slots`` is updated for the slots the returned placement takes."""
+        ...
+
+
+class LocalityPlacer:
+    """Data locality first, then least load (ties: fewest used slots, then name)."""
+
+    def place(
+        self,
+        pipeline: PipelineRecord,
+        fragments: list[Fragment],
+        view: ClusterView,
+        *,
+        exclude: Iterable[str] = (),
+    ) -> dict[str, str]:
+        out: dict[str, str] = {}
+        excluded = set(exclude)
+        for fragment in fragments:
+            candidates = view.schedulable(excluded)
+            if not candidates:
+                raise PlacementError(
+                    f"fragment {fragment.id}: no live node"
+                    + (f" (excluded: {', '.join(sorted(excluded))})" if excluded else "")
+                )
+            free = [n for n in candidates if view.free_slots(n.name) > 0]
+            if not free:
+                usage = ", ".join(
+                    f"{n.name} {view.used_slots.get(n.name, 0)}/{view.slots(n.name)}"
+                    for n in candidates
+                )
+                raise PlacementError(
+                    f"fragment {fragment.id}: every live node is full (slots used: {usage})"
+                )
+            expected = [
+                n.name
+                for n in view.nodes.values()
+                if n.state == NodeState.DECLARED
+                and any(n.spec.hosts(s) for s in fragment.input_streams)
+            ]
+            if expected:
+                raise PlacementError(
+                    f"fragment {fragment.id}: waiting for {', '.join(sorted(expected))} "
+                    "(hosts its input) to register"
+                )
+            local = [n for n in free if any(n.spec.hosts(s) for s in fragment.input_streams)]
+            pool = local or free
+            best = min(
+                pool, key=lambda n: (view.load(n.name), view.used_slots.get(n.name, 0), n.name)
+            )
+            out[fragment.id] = best.name
+            view.used_slots[best.name] = view.used_slots.get(best.name, 0) + 1
+        return out

@@ -1,0 +1,345 @@
+"""The node agent: registers with the coordinator, then runs whatever its assignments say.
+
+The agent learns what to run by watching its own keys (``<node>.>``) in the
+assignments bucket, not from the coordinator directly, so the coordinator may
+restart, or be unreachable for a while, without any query stopping. Heartbeats
+(core NATS, every ``heartbeat_interval``) carry load and per-fragment progress;
+fragment events (started, stopped, failed, savepointed) and periodic progress go to
+the activity log.
+
+Threads: NATS runs on a private event-loop thread (heartbeats and the KV watch keep
+going while Spark is busy starting a query); Spark is driven from the agent's main
+thread only.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+import httpx
+import psutil
+from nats.js.kv import KeyValue
+
+from spanflow.errors import SpanflowError
+from spanflow.nats.cluster import (
+    ACTIVITY_STREAM,
+    ASSIGNMENTS_BUCKET,
+    HEARTBEAT_PREFIX,
+    activity_subject,
+    ensure_kv,
+)
+from spanflow.nats.streams import SyncNats, ensure_stream
+from spanflow.runtime.executor import FragmentExecutor
+from spanflow.spec.cluster import Activity, ActivityEvent, Assignment, FragmentRuntime, Heartbeat
+from spanflow.spec.topology import Capabilities
+
+log = logging.getLogger(__name__)
+
+PROGRESS_EVERY = 5.0
+RETRY_AFTER = 5.0
+
+
+class AgentError(SpanflowError):
+    code = "agent_error"
+
+
+@dataclass
+class AgentSettings:
+    name: str
+    site: str
+    coordinator_url: str
+    token: str | None = None
+    capabilities: Capabilities | None = None
+    master: str | None = None
+    register_timeout: float = 120.0
+    spark_conf: dict[str, str] = field(default_factory=dict)
+
+
+def detect_capabilities() -> Capabilities:
+    cores = os.cpu_count() or 1
+    memory_mb = int(psutil.virtual_memory().total / (1024 * 1024))
+    return Capabilities(cores=cores, memory_mb=memory_mb)
+
+
+class NodeAgent:
+    def __init__(self, settings: AgentSettings) -> None:
+        self.settings = settings
+        self.agent_id = uuid.uuid4().hex[:12]
+        self.nats_url = ""
+        self.interval = 1.0
+        self._client: SyncNats | None = None
+        self._kv: KeyValue | None = None
+        self._changes: queue.Queue[tuple[str, Assignment | None]] = queue.Queue()
+        self._desired: dict[str, Assignment] = {}
+        self._failed: dict[str, tuple[int, float, bool]] = {}  # fragment → (epoch, at, fatal)
+        self._savepointed: set[tuple[str, int, str]] = set()
+        self._runtime: dict[str, FragmentRuntime] = {}
+        self._hb_seq = 0
+        self._executor: FragmentExecutor | None = None
+        self._last_progress = 0.0
+        self.ready = threading.Event()
+
+    # -- registration ----------------------------------------------------------------
+    def register(self) -> dict[str, Any]:
+        """Register (retrying while the coordinator is unreachable); 4xx answers are final."""
+        s = self.settings
+        body = {
+            "name": s.name,
+            "site": s.site,
+            "agent_id": self.agent_id,
+            "host": socket.gethostname(),
+            "capabilities": s.capabilities.model_dump() if s.capabilities else None,
+            "detected": detect_capabilities().model_dump(),
+        }
+        headers = {"Authorization": f"Bearer {s.token}"} if s.token else {}
+        deadline = time.monotonic() + s.register_timeout
+        url = s.coordinator_url.rstrip("/") + "/api/v1/nodes"
+        while True:
+            try:
+                r = httpx.post(url, json=body, headers=headers, timeout=10)
+            except httpx.HTTPError as exc:
+                if time.monotonic() > deadline:
+                    raise AgentError(
+                        f"coordinator {s.coordinator_url} unreachable: {exc}"
+                    ) from None
+                time.sleep(1.0)
+                continue
+            if r.status_code >= 500 and time.monotonic() < deadline:
+                time.sleep(1.0)
+                continue
+            if r.status_code >= 400:
+                raise AgentError(f"registration refused ({r.status_code}): {_detail(r)}")
+            answer: dict[str, Any] = r.json()
+            self.nats_url = answer["nats_url"]
+            self.interval = float(answer["heartbeat_interval"])
+            return answer
+
+    # -- main loop -------------------------------------------------------------------
+    def _ensure_hosted_streams(self, node: dict[str, Any]) -> None:
+        """Create the streams this node hosts (data is born here), so devices can publish
+        before any pipeline runs."""
+        client = self._client
+        assert client is not None
+        for stream in node["spec"].get("streams", []):
+            name, subjects = str(stream["name"]), list(stream.get("subjects") or [])
+            if subjects:
+                client.run(partial(ensure_stream, client.js, name, subjects))
+
+    def run(self, stop: threading.Event, after_spark: Callable[[], None] | None = None) -> None:
+        """Register, start Spark, then run assignments until ``stop`` is set.
+
+        ``after_spark`` runs once the SparkSession exists (PySpark replaces the process's
+        SIGINT handler when it starts; the CLI puts its own back there)."""
+        answer = self.register()
+        log.info(
+            "node %s registered (agent %s); NATS %s",
+            self.settings.name,
+            self.agent_id,
+            self.nats_url,
+        )
+        client = self._client = SyncNats(self.nats_url)
+        self._kv = client.run(lambda: ensure_kv(client.js, ASSIGNMENTS_BUCKET))
+        self._ensure_hosted_streams(answer["node"])
+        client.run(self._start_background)
+        from spanflow.spark.session import build_session  # Spark only once registered
+
+        spark = build_session(
+            master=self.settings.master,
+            app_name=f"spanflow-{self.settings.name}",
+            conf=self.settings.spark_conf,
+        )
+        if after_spark is not None:
+            after_spark()
+        self._executor = FragmentExecutor(spark, self.nats_url)
+        self.ready.set()
+        try:
+            while not stop.is_set():
+                self._drain_changes(timeout=self.interval / 2)
+                self._reconcile()
+                self._executor.supervise()
+                self._observe()
+        finally:
+            self._executor.stop_all()
+            client.close()
+
+    async def _start_background(self) -> None:
+        import asyncio
+
+        assert self._kv is not None and self._client is not None
+        watcher = await self._kv.watch(f"{self.settings.name}.>")
+
+        async def watch() -> None:
+            async for entry in watcher:
+                if entry is None:
+                    continue
+                if entry.operation in ("DEL", "PURGE") or not entry.value:
+                    self._changes.put((entry.key, None))
+                else:
+                    try:
+                        self._changes.put((entry.key, Assignment.model_validate_json(entry.value)))
+                    except ValueError as exc:
+                        log.error("unreadable assignment %s: %s", entry.key, exc)
+
+        async def heartbeat() -> None:
+            psutil.cpu_percent(interval=None)
+            while True:
+                self._hb_seq += 1
+                hb = Heartbeat(
+                    node=self.settings.name,
+                    agent_id=self.agent_id,
+                    seq=self._hb_seq,
+                    cpu_percent=psutil.cpu_percent(interval=None),
+                    memory_percent=psutil.virtual_memory().percent,
+                    slots=len(self._desired),
+                    fragments=dict(self._runtime),
+                )
+                assert self._client is not None
+                try:
+                    await self._client.nc.publish(
+                        f"{HEARTBEAT_PREFIX}.{self.settings.name}", hb.model_dump_json().encode()
+                    )
+                except Exception as exc:
+                    log.warning("heartbeat not sent: %s", exc)
+                await asyncio.sleep(self.interval)
+
+        loop = asyncio.get_running_loop()
+        self._bg = [loop.create_task(watch()), loop.create_task(heartbeat())]
+
+    def _drain_changes(self, timeout: float) -> None:
+        try:
+            key, value = self._changes.get(timeout=timeout)
+        except queue.Empty:
+            return
+        while True:
+            fid = key.partition(".")[2]
+            if value is None:
+                self._desired.pop(fid, None)
+            else:
+                self._desired[fid] = value
+            try:
+                key, value = self._changes.get_nowait()
+            except queue.Empty:
+                return
+
+    def _reconcile(self) -> None:
+        """Make what runs match what is assigned."""
+        ex = self._executor
+        assert ex is not None
+        for fid in list(ex.fragments):
+            if fid not in self._desired:
+                running = ex.fragments[fid]
+                ex.stop(fid)
+                self._report("stopped", self._stopped_runtime(running.assignment, "unassigned"))
+                self._runtime.pop(fid, None)
+        for fid in list(self._runtime):
+            if fid not in self._desired and fid not in ex.fragments:
+                self._runtime.pop(fid, None)
+        for fid, a in self._desired.items():
+            current = ex.fragments.get(fid)
+            if a.action == "savepoint":
+                marker = (fid, a.epoch, a.savepoint_dir or "")
+                if marker in self._savepointed:
+                    continue
+                path = ex.savepoint(a)
+                self._savepointed.add(marker)
+                rt = self._stopped_runtime(a, "savepoint")
+                self._runtime[fid] = rt
+                self._report("savepointed", rt, savepoint_dir=path)
+                continue
+            if current is not None and current.assignment.epoch == a.epoch:
+                continue
+            failed = self._failed.get(fid)
+            if (
+                failed is not None
+                and failed[0] == a.epoch
+                and (failed[2] or time.monotonic() - failed[1] < RETRY_AFTER)
+            ):
+                continue
+            self._runtime[fid] = FragmentRuntime(fragment_id=fid, epoch=a.epoch, status="starting")
+            try:
+                ex.start(a)
+            except (SpanflowError, FileNotFoundError) as exc:  # the fragment itself is wrong
+                self._fail(a, exc, fatal=True)
+                continue
+            except Exception as exc:  # e.g. the broker is briefly unreachable: retry
+                self._fail(a, exc, fatal=False)
+                continue
+            self._failed.pop(fid, None)
+            rt = ex.runtime(fid)
+            self._runtime[fid] = rt
+            self._report("started", rt)
+
+    def _fail(self, a: Assignment, exc: BaseException, *, fatal: bool) -> None:
+        fid = a.fragment.id
+        message = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:500]
+        log.error(
+            "fragment %s failed to start%s: %s", fid, "" if fatal else " (will retry)", message
+        )
+        self._failed[fid] = (a.epoch, time.monotonic(), fatal)
+        rt = FragmentRuntime(
+            fragment_id=fid, epoch=a.epoch, status="failed" if fatal else "failing", error=message
+        )
+        self._runtime[fid] = rt
+        self._report("failed" if fatal else "progress", rt)
+
+    def _stopped_runtime(self, a: Assignment, why: str = "") -> FragmentRuntime:
+        return FragmentRuntime(
+            fragment_id=a.fragment.id, epoch=a.epoch, status="stopped", error=None
+        )
+
+    def _observe(self) -> None:
+        ex = self._executor
+        assert ex is not None
+        for fid in list(ex.fragments):
+            try:
+                self._runtime[fid] = ex.runtime(fid)
+            except Exception as exc:  # observation must never stop the agent
+                log.warning("cannot read progress of %s: %s", fid, exc)
+        now = time.monotonic()
+        if now - self._last_progress >= PROGRESS_EVERY:
+            self._last_progress = now
+            for fid in ex.fragments:
+                if fid in self._runtime:
+                    self._report("progress", self._runtime[fid])
+
+    def _report(
+        self, event: ActivityEvent, rt: FragmentRuntime, savepoint_dir: str | None = None
+    ) -> None:
+        client = self._client
+        if client is None:
+            return
+        act = Activity(
+            node=self.settings.name,
+            agent_id=self.agent_id,
+            event=event,
+            runtime=rt,
+            savepoint_dir=savepoint_dir,
+        )
+        subject = activity_subject(self.settings.name, rt.fragment_id, event)
+        try:
+            client.run(
+                lambda: client.js.publish(
+                    subject, act.model_dump_json().encode(), stream=ACTIVITY_STREAM
+                ),
+                timeout=10,
+            )
+        except Exception as exc:
+            log.warning("activity report %s for %s not sent: %s", event, rt.fragment_id, exc)
+
+
+def _detail(r: httpx.Response) -> str:
+    try:
+        detail = r.json().get("detail")
+    except ValueError:
+        return r.text[:300]
+    return str(detail)

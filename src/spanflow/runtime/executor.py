@@ -1,0 +1,154 @@
+"""Run a node's fragments: one :class:`PipelineRunner` per fragment, in one SparkSession.
+
+The executor knows nothing of the coordinator: the agent tells it what to run and
+asks it what is happening. Savepoints are copies of a stopped fragment's checkpoint
+directory; restoring one copies it back before the fragment starts.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pyspark.sql import SparkSession
+
+from spanflow.spark.runner import PipelineRunner
+from spanflow.spec.cluster import Assignment, FragmentRuntime
+
+log = logging.getLogger(__name__)
+
+DEAD_LETTER_POLL = 5.0
+
+
+@dataclass
+class RunningFragment:
+    assignment: Assignment
+    runner: PipelineRunner
+    started_at: float = field(default_factory=time.time)
+    rows_in: int = 0
+    last_batch: dict[str, int] = field(default_factory=dict)
+    dead_letters: int = 0
+    dead_letters_at: float = 0.0
+    offsets: dict[str, Any] = field(default_factory=dict)
+
+
+class FragmentExecutor:
+    def __init__(self, spark: SparkSession, nats_url: str) -> None:
+        self.spark = spark
+        self.nats_url = nats_url
+        self.fragments: dict[str, RunningFragment] = {}
+
+    def start(self, assignment: Assignment) -> RunningFragment:
+        """Start a fragment from its checkpoint (or a savepoint). Raises if it cannot compile."""
+        fid = assignment.fragment.id
+        if fid in self.fragments:
+            self.stop(fid)
+        checkpoint = Path(assignment.checkpoint_dir)
+        if assignment.restore_from:
+            source = Path(assignment.restore_from)
+            if not source.is_dir():
+                raise FileNotFoundError(f"savepoint {source} does not exist on this node")
+            shutil.rmtree(checkpoint, ignore_errors=True)
+            shutil.copytree(source, checkpoint)
+            log.info("fragment %s restored from savepoint %s", fid, source)
+        runner = PipelineRunner(
+            self.spark,
+            assignment.fragment.spec,
+            nats_url=self.nats_url,
+            checkpoint_dir=checkpoint,
+            on_rows=lambda sink, batch, rows: log.info("[%s/%s] %d rows", fid, sink, len(rows)),
+        )
+        try:
+            runner.start()
+        except BaseException:
+            runner.stop()
+            raise
+        running = RunningFragment(assignment, runner)
+        self.fragments[fid] = running
+        log.info("fragment %s (epoch %d) started", fid, assignment.epoch)
+        return running
+
+    def stop(self, fragment_id: str) -> None:
+        running = self.fragments.pop(fragment_id, None)
+        if running is not None:
+            running.runner.stop()
+            log.info("fragment %s stopped", fragment_id)
+
+    def savepoint(self, assignment: Assignment) -> str:
+        """Stop the fragment (its checkpoint is then consistent) and copy the checkpoint."""
+        assert assignment.savepoint_dir is not None
+        self.stop(assignment.fragment.id)
+        target = Path(assignment.savepoint_dir)
+        shutil.rmtree(target, ignore_errors=True)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        source = Path(assignment.checkpoint_dir)
+        if source.is_dir():
+            shutil.copytree(source, target)
+        else:
+            target.mkdir()
+        return str(target)
+
+    def stop_all(self) -> None:
+        for fid in list(self.fragments):
+            self.stop(fid)
+
+    def supervise(self) -> None:
+        for running in self.fragments.values():
+            running.runner.supervise()
+
+    def runtime(self, fragment_id: str) -> FragmentRuntime:
+        running = self.fragments[fragment_id]
+        runner = running.runner
+        statuses = runner.status()
+        queries: dict[str, str] = {}
+        batches = 0
+        for sink, q in runner.queries.items():
+            if q is None:
+                continue
+            queries[sink] = str(q.runId)
+            for progress in q.recentProgress:
+                batch = int(progress["batchId"])
+                if batch > running.last_batch.get(sink, -1):
+                    running.rows_in += int(progress.get("numInputRows") or 0)
+                    running.last_batch[sink] = batch
+                    ends = [s.get("endOffset") for s in progress.get("sources", [])]
+                    running.offsets[sink] = [_offset(e) for e in ends]
+        for st in statuses:
+            batches = max(batches, st.batches)
+        now = time.monotonic()
+        if now - running.dead_letters_at > DEAD_LETTER_POLL:
+            running.dead_letters = runner.dead_letters()
+            running.dead_letters_at = now
+        failing = [st for st in statuses if not st.active]
+        return FragmentRuntime(
+            fragment_id=fragment_id,
+            epoch=running.assignment.epoch,
+            status="failing" if failing else "running",
+            started_at=running.started_at,
+            queries=queries,
+            batches=batches,
+            rows_in=running.rows_in,
+            input_rows_per_s=sum(st.input_rows_per_s for st in statuses),
+            processed_rows_per_s=sum(st.processed_rows_per_s for st in statuses),
+            last_batch_ms=max((st.last_batch_ms for st in statuses), default=0),
+            lag=sum(st.lag for st in statuses),
+            watermark=max((st.watermark for st in statuses if st.watermark), default=None),
+            restarts=sum(st.restarts for st in statuses),
+            dead_letters=running.dead_letters,
+            offsets=dict(running.offsets),
+            error=next((st.error for st in failing if st.error), None),
+        )
+
+
+def _offset(value: Any) -> Any:
+    if isinstance(value, str):
+        try:
+            return json.loads(value)
+        except ValueError:
+            return value
+    return value

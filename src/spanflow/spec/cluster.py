@@ -1,0 +1,202 @@
+"""The records a cluster keeps and exchanges: nodes, pipelines, fragments, assignments,
+heartbeats and activity reports.
+
+They are plain JSON (pydantic models) because they cross process boundaries: they live
+in JetStream KV, travel over NATS and through the REST API, and are appended to the
+write-ahead log. Nothing here is ever pickled.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from enum import StrEnum
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from spanflow.spec.durations import Duration
+from spanflow.spec.pipeline import PipelineSpec
+from spanflow.spec.topology import NodeSpec
+
+HISTORY_LIMIT = 50
+
+
+def now() -> float:
+    return time.time()
+
+
+class NodeState(StrEnum):
+    DECLARED = "declared"  # in the topology, no agent has registered yet
+    ALIVE = "alive"
+    DRAINING = "draining"  # takes no new fragments; its fragments are moved away
+    FAILED = "failed"  # missed three heartbeat periods
+
+
+class NodeRecord(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    spec: NodeSpec
+    state: NodeState = NodeState.DECLARED
+    agent_id: str | None = Field(default=None, description="Changes whenever the agent restarts.")
+    host: str | None = None
+    since: float = Field(default_factory=now, description="When the state last changed.")
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+
+class PipelineState(StrEnum):
+    CREATED = "created"  # accepted, not placed yet (e.g. waiting for capacity)
+    PLANNED = "planned"  # fragments assigned, not all running yet
+    RUNNING = "running"
+    FAILING = "failing"  # a fragment is failing or lost its node; being repaired
+    STOPPING = "stopping"  # taking a savepoint
+    STOPPED = "stopped"  # stopped at a savepoint; resume continues from it
+    CANCELED = "canceled"
+    FINISHED = "finished"
+    FAILED = "failed"
+
+    @property
+    def terminal(self) -> bool:
+        return self in (PipelineState.CANCELED, PipelineState.FINISHED, PipelineState.FAILED)
+
+
+def _to(*states: str) -> frozenset[PipelineState]:
+    return frozenset(PipelineState(s) for s in states)
+
+
+TRANSITIONS: dict[PipelineState, frozenset[PipelineState]] = {
+    PipelineState.CREATED: _to("planned", "canceled", "failed"),
+    PipelineState.PLANNED: _to("created", "running", "failing", "canceled", "failed", "stopping"),
+    PipelineState.RUNNING: _to("failing", "stopping", "canceled", "finished", "failed", "planned"),
+    PipelineState.FAILING: _to("running", "planned", "created", "canceled", "failed", "stopping"),
+    PipelineState.STOPPING: _to("stopped", "canceled", "failed", "failing"),
+    PipelineState.STOPPED: _to("created", "planned", "canceled"),
+    PipelineState.CANCELED: _to(),
+    PipelineState.FINISHED: _to(),
+    PipelineState.FAILED: _to(),
+}
+"""The pipeline lifecycle. Anything else is a bug or a request that makes no sense
+(cancelling a finished pipeline), answered with a clear error."""
+
+
+class Transition(BaseModel):
+    at: float
+    state: PipelineState
+    reason: str = ""
+
+
+class PipelineRecord(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    spec: PipelineSpec
+    priority: int = Field(default=0, ge=0, le=1000, description="Higher is placed first.")
+    latency_budget: Duration | None = Field(default=None, gt=0, description="End to end.")
+    parallelism: int = Field(default=1, ge=1, le=256)
+    state: PipelineState = PipelineState.CREATED
+    reason: str = ""
+    submitted_at: float = Field(default_factory=now)
+    history: list[Transition] = Field(default_factory=list)
+    savepoint: str | None = Field(default=None, description="Last savepoint directory.")
+    run_id: str = Field(
+        default_factory=lambda: uuid.uuid4().hex[:8],
+        description="New on every submission: its checkpoints are its own.",
+    )
+    epochs: dict[str, int] = Field(default_factory=dict, description="fragment id → epoch")
+    restore_from: str | None = Field(default=None, description="Savepoint to start from.")
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    def moved_to(self, state: PipelineState, reason: str = "") -> PipelineRecord:
+        history = [*self.history, Transition(at=now(), state=state, reason=reason)]
+        return self.model_copy(
+            update={"state": state, "reason": reason, "history": history[-HISTORY_LIMIT:]}
+        )
+
+
+class Fragment(BaseModel):
+    """A piece of a pipeline that runs on one node as Spark queries.
+
+    Until the planner splits pipelines, a pipeline is one fragment."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    id: str = Field(description="'<pipeline>.f<n>': unique in the cluster, KV-key safe.")
+    pipeline: str
+    spec: PipelineSpec
+    input_streams: tuple[str, ...] = ()
+
+    @staticmethod
+    def make_id(pipeline: str, index: int) -> str:
+        return f"{pipeline}.f{index}"
+
+
+class Assignment(BaseModel):
+    """A fragment placed on a node. Stored in KV under ``<node>.<fragment id>``; the
+    node's agent watches its keys, so it learns of assignments without the coordinator
+    being up."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    fragment: Fragment
+    node: str
+    epoch: int = Field(ge=1, description="Grows on every (re)assignment of the fragment.")
+    checkpoint_dir: str
+    action: Literal["run", "savepoint"] = "run"
+    savepoint_dir: str | None = None
+    restore_from: str | None = Field(default=None, description="Savepoint to start from.")
+    reason: str = ""
+
+    @property
+    def key(self) -> str:
+        return f"{self.node}.{self.fragment.id}"
+
+
+class FragmentRuntime(BaseModel):
+    """What a node reports about one of its fragments."""
+
+    fragment_id: str
+    epoch: int
+    status: Literal["starting", "running", "failing", "stopped", "failed", "finished"]
+    started_at: float | None = None
+    queries: dict[str, str] = Field(default_factory=dict, description="sink → Spark run id")
+    batches: int = 0
+    rows_in: int = 0
+    input_rows_per_s: float = 0.0
+    processed_rows_per_s: float = 0.0
+    last_batch_ms: int = 0
+    lag: int = 0
+    watermark: str | None = None
+    restarts: int = 0
+    dead_letters: int = 0
+    offsets: dict[str, Any] = Field(default_factory=dict, description="sink → committed offsets")
+    error: str | None = None
+
+
+class Heartbeat(BaseModel):
+    node: str
+    agent_id: str
+    seq: int
+    at: float = Field(default_factory=now)
+    cpu_percent: float = 0.0
+    memory_percent: float = 0.0
+    slots: int = 0
+    fragments: dict[str, FragmentRuntime] = Field(default_factory=dict)
+
+
+ActivityEvent = Literal["started", "progress", "stopped", "failed", "finished", "savepointed"]
+
+
+class Activity(BaseModel):
+    """A node's report of what happened to a fragment: appended to the activity log."""
+
+    node: str
+    agent_id: str
+    event: ActivityEvent
+    at: float = Field(default_factory=now)
+    runtime: FragmentRuntime
+    savepoint_dir: str | None = None

@@ -1,0 +1,208 @@
+"""The network a cluster runs on: sites, nodes, the streams they host, and the links
+between sites.
+
+A topology is written once (a YAML file, see ``docs/topology.md``) and then changed
+live through the coordinator's API as nodes join, leave or change. The planner reads
+it for data locality (which node hosts which stream), capability (cores, memory,
+accelerators, tags) and distance (the latency and bandwidth of each site link).
+
+>>> topo = Topology.model_validate({
+...     "name": "t",
+...     "sites": [{"name": "edge-a", "kind": "edge"}, {"name": "cloud", "kind": "cloud"}],
+...     "nodes": [{"name": "a1", "site": "edge-a"}, {"name": "c1", "site": "cloud"}],
+...     "links": [{"between": ["edge-a", "cloud"], "latency": "30ms"}]})
+>>> topo.latency("edge-a", "cloud")
+0.03
+"""
+
+from __future__ import annotations
+
+import re
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from spanflow.spec.durations import Duration
+from spanflow.spec.schema import Schema, StreamFormat
+
+NAME = r"^[A-Za-z0-9][A-Za-z0-9_-]*$"
+"""Site and node names: they become NATS subject tokens and KV keys, so no dots."""
+
+_MEMORY = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$", re.IGNORECASE)
+_MEMORY_UNITS = {"": 1 / (1024 * 1024), "k": 1 / 1024, "m": 1, "g": 1024, "t": 1024 * 1024}
+
+
+class SiteKind(StrEnum):
+    EDGE = "edge"
+    CLOUD = "cloud"
+
+
+class Site(BaseModel):
+    """A place with its own network: a factory, a shop, a vehicle depot, a cloud region."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(pattern=NAME, max_length=64)
+    kind: SiteKind = SiteKind.EDGE
+    partition: str | None = Field(
+        default=None,
+        pattern=NAME,
+        description="Gossip/failure-detection partition; defaults to the site's name.",
+    )
+
+    @property
+    def partition_name(self) -> str:
+        return self.partition or self.name
+
+
+class HostedStream(BaseModel):
+    """A JetStream stream that lives on a node: where data is born."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]+$", description="JetStream stream name.")
+    subjects: tuple[str, ...] = ()
+    format: StreamFormat = StreamFormat.JSON
+    schema_: Schema = Field(default_factory=dict, alias="schema")
+    key: str | None = None
+    event_time: str | None = None
+
+
+class Capabilities(BaseModel):
+    """What a node can run. ``slots`` is how many fragments it takes at once."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    cores: int = Field(default=2, ge=1, le=4096)
+    memory_mb: int = Field(default=2048, ge=64, description="Memory; '4g' and '512m' accepted.")
+    accelerators: tuple[str, ...] = ()
+    tags: tuple[str, ...] = ()
+    slots: int | None = Field(default=None, ge=0, le=4096, description="Default: cores.")
+
+    @field_validator("memory_mb", mode="before")
+    @classmethod
+    def _memory(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            match = _MEMORY.match(value)
+            if not match:
+                raise ValueError(f"memory {value!r} is not a size like 512m or 4g")
+            return int(float(match.group(1)) * _MEMORY_UNITS[match.group(2).lower()])
+        return value
+
+    @property
+    def fragment_slots(self) -> int:
+        return self.cores if self.slots is None else self.slots
+
+
+class NodeSpec(BaseModel):
+    """One machine (or container) that runs a node agent."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(pattern=NAME, max_length=64)
+    site: str = Field(pattern=NAME, max_length=64)
+    capabilities: Capabilities = Field(default_factory=Capabilities)
+    streams: tuple[HostedStream, ...] = Field(default=(), description="Streams born here.")
+    sinks: tuple[str, ...] = Field(default=(), description="Sinks this node can reach.")
+    local: bool = Field(default=False, description="`spanflow up` starts this node here.")
+
+    def hosts(self, stream: str) -> bool:
+        return any(s.name == stream for s in self.streams)
+
+
+class Link(BaseModel):
+    """The network between two sites (symmetric)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    between: tuple[str, str]
+    latency: Duration = Field(default=0.0, ge=0, description="One-way latency.")
+    bandwidth_mbps: float = Field(default=1000.0, gt=0, description="Megabits per second.")
+
+    @model_validator(mode="after")
+    def _two_sites(self) -> Link:
+        if self.between[0] == self.between[1]:
+            raise ValueError("a link joins two different sites")
+        return self
+
+    def key(self) -> frozenset[str]:
+        return frozenset(self.between)
+
+
+class Topology(BaseModel):
+    """Sites, nodes and links, checked for consistency."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(default="spanflow", pattern=NAME, max_length=64)
+    sites: tuple[Site, ...] = ()
+    nodes: tuple[NodeSpec, ...] = ()
+    links: tuple[Link, ...] = ()
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Topology:
+        problems: list[str] = []
+        site_names = [s.name for s in self.sites]
+        for dup in sorted({n for n in site_names if site_names.count(n) > 1}):
+            problems.append(f"site {dup!r} is declared twice")
+        node_names = [n.name for n in self.nodes]
+        for dup in sorted({n for n in node_names if node_names.count(n) > 1}):
+            problems.append(f"node {dup!r} is declared twice")
+        for node in self.nodes:
+            if node.site not in site_names:
+                problems.append(
+                    f"node {node.name!r} is in unknown site {node.site!r} "
+                    f"(sites: {', '.join(site_names) or 'none'})"
+                )
+        seen: set[frozenset[str]] = set()
+        for link in self.links:
+            for end in link.between:
+                if end not in site_names:
+                    problems.append(f"link {'-'.join(link.between)} names unknown site {end!r}")
+            if link.key() in seen:
+                problems.append(f"link {'-'.join(link.between)} is declared twice")
+            seen.add(link.key())
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+    # -- queries -----------------------------------------------------------------------
+    def site(self, name: str) -> Site | None:
+        return next((s for s in self.sites if s.name == name), None)
+
+    def node(self, name: str) -> NodeSpec | None:
+        return next((n for n in self.nodes if n.name == name), None)
+
+    def latency(self, a: str, b: str) -> float | None:
+        """One-way latency between two sites (0 within a site; None if not linked)."""
+        if a == b:
+            return 0.0
+        for link in self.links:
+            if link.key() == {a, b}:
+                return link.latency
+        return None
+
+    def hosts_of(self, stream: str) -> list[NodeSpec]:
+        return [n for n in self.nodes if n.hosts(stream)]
+
+    # -- live changes (each returns a new, validated topology) --------------------------
+    def with_node(self, node: NodeSpec) -> Topology:
+        nodes = [n for n in self.nodes if n.name != node.name]
+        return Topology.model_validate({**self._plain(), "nodes": [*nodes, node]})
+
+    def without_node(self, name: str) -> Topology:
+        return Topology.model_validate(
+            {**self._plain(), "nodes": [n for n in self.nodes if n.name != name]}
+        )
+
+    def with_link(self, link: Link) -> Topology:
+        links = [lk for lk in self.links if lk.key() != link.key()]
+        return Topology.model_validate({**self._plain(), "links": [*links, link]})
+
+    def with_site(self, site: Site) -> Topology:
+        sites = [s for s in self.sites if s.name != site.name]
+        return Topology.model_validate({**self._plain(), "sites": [*sites, site]})
+
+    def _plain(self) -> dict[str, Any]:
+        return {"name": self.name, "sites": self.sites, "nodes": self.nodes, "links": self.links}

@@ -1,0 +1,205 @@
+"""A real cluster on one machine: embedded NATS, the coordinator and two node agents,
+each in its own process with its own SparkSession, driven through the REST API.
+
+The tests share one cluster and run in file order: pipelines across both agents,
+then a coordinator restart, then a node killed with SIGKILL (the last, as it leaves
+one node).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from spanflow.cli.cluster import Api, LocalCluster
+from tests.helpers import publish, read_records, wait_for
+
+pytestmark = pytest.mark.slow
+
+TOPOLOGY = """\
+sites: [{name: edge-a, kind: edge}, {name: cloud, kind: cloud}]
+nodes:
+  - name: n1
+    site: edge-a
+    local: true
+    capabilities: {cores: 2, slots: 4}
+    streams:
+      - {name: E2E_IN, subjects: ["e2ein.>"]}
+      - {name: E2E_IN2, subjects: ["e2ein2.>"]}
+      - {name: E2E_IN3, subjects: ["e2ein3.>"]}
+  - name: n2
+    site: cloud
+    local: true
+    capabilities: {cores: 2, slots: 4}
+    streams:
+      - {name: E2E_MID, subjects: ["e2emid.>"]}
+links: [{between: [edge-a, cloud], latency: 20ms}]
+"""
+
+
+def stage(name: str, source: str, where: str, sink: str, subject: str, **extra: Any) -> str:
+    options = "".join(f"\n    {k}: {v}" for k, v in extra.items())
+    return f"""\
+name: {name}
+trigger: 0.5s
+sources:
+  - id: src
+    stream: {source}
+    schema: {{id: long, v: long}}{options}
+    to: [keep]
+processors:
+  - {{id: keep, type: filter, where: "{where}", to: [tag]}}
+  - {{id: tag, type: map, columns: {{stage: "'{name}'"}}, to: [out]}}
+sinks:
+  - {{id: out, type: jetstream, stream: {sink}, subject: "{subject}"}}
+"""
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    home = tmp_path_factory.mktemp("cluster")
+    topology = home / "topology.yaml"
+    topology.write_text(TOPOLOGY)
+    c = LocalCluster(topology, home, port=0, token="e2e-token", heartbeat=0.5)
+    try:
+        c.start()
+        c.wait_for_nodes(timeout=240)
+        yield c
+    except BaseException:
+        _dump_logs(home)
+        raise
+    finally:
+        c.stop()
+
+
+def _dump_logs(home: Path) -> None:
+    for log in sorted((home / "logs").glob("*.log")):
+        print(f"===== {log.name}\n{log.read_text(errors='replace')[-4000:]}")
+
+
+def submit(api: Api, text: str) -> dict[str, Any]:
+    return api.call("POST", "/api/v1/pipelines", {"yaml": text})
+
+
+def pipeline(api: Api, name: str) -> dict[str, Any]:
+    return api.call("GET", f"/api/v1/pipelines/{name}")
+
+
+def records(n: int, start: int = 0) -> list[dict[str, int]]:
+    return [{"id": i, "v": i} for i in range(start, start + n)]
+
+
+def ids(url: str, stream: str) -> Counter[int]:
+    return Counter(r["id"] for r in read_records(url, stream))
+
+
+def test_pipelines_run_across_two_agents_and_cancel(cluster: LocalCluster) -> None:
+    api, url = cluster.api(), cluster.nats_url
+    publish(url, "E2E_IN", "e2ein.x", records(400))
+    submit(api, stage("edge-stage", "E2E_IN", "v % 2 = 0", "E2E_MID", "e2emid.x"))
+    submit(api, stage("cloud-stage", "E2E_MID", "v % 4 = 0", "E2E_OUT", "e2eout.x"))
+    placed = {p: pipeline(api, p)["fragments"][0]["node"] for p in ("edge-stage", "cloud-stage")}
+    assert placed == {"edge-stage": "n1", "cloud-stage": "n2"}  # each next to its input
+    wait_for(lambda: all(pipeline(api, p)["state"] == "running" for p in placed), timeout=120)
+    wait_for(lambda: sum(ids(url, "E2E_OUT").values()) >= 100, timeout=120)
+    out = ids(url, "E2E_OUT")
+    assert out == Counter(range(0, 400, 4))  # every expected record, once
+    metrics = api.call("GET", "/api/v1/pipelines/edge-stage/metrics")
+    assert metrics["rows_in"] == 400 and metrics["state"] == "running"
+    assert api.call("GET", "/api/v1/cluster/metrics")["slots_used"] == 2
+
+    for p in placed:
+        assert api.call("POST", f"/api/v1/pipelines/{p}/cancel")["state"] == "canceled"
+    # The agents stop the queries: their heartbeats list no fragments any more.
+    wait_for(lambda: all(not n["running"] for n in api.call("GET", "/api/v1/nodes")), timeout=60)
+    kinds = [r["kind"] for r in api.call("GET", "/api/v1/cluster/log?limit=1000")]
+    assert kinds.count("pipeline-canceled") == 2
+
+
+def test_coordinator_restart_keeps_state_and_running_queries(cluster: LocalCluster) -> None:
+    api, url = cluster.api(), cluster.nats_url
+    publish(url, "E2E_IN2", "e2ein2.x", records(200))
+    submit(api, stage("steady", "E2E_IN2", "v >= 0", "E2E_STEADY", "e2esteady.x"))
+    wait_for(lambda: pipeline(api, "steady")["state"] == "running", timeout=120)
+    wait_for(lambda: sum(ids(url, "E2E_STEADY").values()) == 200, timeout=120)
+    before = view(api)
+    runtime = agent_runtime(api, "n1", "steady.f0")
+    log_before = api.call("GET", "/api/v1/cluster/log?limit=1000")
+
+    cluster.kill("coordinator")
+    publish(url, "E2E_IN2", "e2ein2.x", records(200, start=200))  # flows while it is down
+    wait_for(lambda: sum(ids(url, "E2E_STEADY").values()) == 400, timeout=120)
+    cluster.start_coordinator()
+    api = cluster.api()
+
+    assert view(api) == before  # same registry, pipelines and assignments
+    wait_for(lambda: agent_runtime(api, "n1", "steady.f0") is not None, timeout=30)
+    after = agent_runtime(api, "n1", "steady.f0")
+    assert after is not None and runtime is not None
+    assert after["started_at"] == runtime["started_at"]  # the fragment was not restarted
+    assert after["queries"] == runtime["queries"]  # same Spark run ids
+    assert after["epoch"] == runtime["epoch"]
+    new = api.call("GET", "/api/v1/cluster/log?limit=1000")[len(log_before) :]
+    assert [r["kind"] for r in new if r["kind"] in ("assign", "unassign", "node-failed")] == []
+    publish(url, "E2E_IN2", "e2ein2.x", records(100, start=400))
+    wait_for(lambda: sum(ids(url, "E2E_STEADY").values()) == 500, timeout=120)
+    assert ids(url, "E2E_STEADY") == Counter(range(500))
+    assert pipeline(api, "steady")["state"] == "running"
+    api.call("POST", "/api/v1/pipelines/steady/cancel")
+
+
+def view(api: Api) -> dict[str, Any]:
+    nodes = api.call("GET", "/api/v1/nodes")
+    pipelines = api.call("GET", "/api/v1/pipelines")
+    return {
+        "nodes": {n["name"]: (n["state"], n["agent_id"], n["fragments"], n["spec"]) for n in nodes},
+        "pipelines": {
+            p["name"]: (
+                p["state"],
+                p["run_id"],
+                [(f["id"], f["node"], f["epoch"]) for f in p["fragments"]],
+            )
+            for p in pipelines
+        },
+        "topology": api.call("GET", "/api/v1/topology"),
+    }
+
+
+def agent_runtime(api: Api, node: str, fragment: str) -> dict[str, Any] | None:
+    rt: dict[str, Any] | None = api.call("GET", f"/api/v1/nodes/{node}")["agent_fragments"].get(
+        fragment
+    )
+    return rt
+
+
+def test_killed_node_fragments_move_and_output_stays_exactly_once(cluster: LocalCluster) -> None:
+    api, url = cluster.api(), cluster.nats_url
+    total = 3000
+    publish(url, "E2E_IN3", "e2ein3.x", records(total))
+    submit(
+        api,
+        stage("survivor", "E2E_IN3", "v % 3 != 0", "E2E_SURV", "e2esurv.x", max_rows_per_batch=60),
+    )
+    assert pipeline(api, "survivor")["fragments"][0]["node"] == "n1"
+    expected = Counter(i for i in range(total) if i % 3 != 0)
+    wait_for(lambda: sum(ids(url, "E2E_SURV").values()) >= 200, timeout=120)
+    assert sum(ids(url, "E2E_SURV").values()) < len(expected), "finished before the kill"
+
+    cluster.kill("node-n1")  # SIGKILL: no goodbye, mid-stream
+    killed_at = time.monotonic()
+    wait_for(lambda: pipeline(api, "survivor")["fragments"][0]["node"] == "n2", timeout=60)
+    moved = pipeline(api, "survivor")["fragments"][0]
+    assert moved["epoch"] == 2
+    nodes = {n["name"]: n["state"] for n in api.call("GET", "/api/v1/nodes")}
+    assert nodes["n1"] == "failed"
+    wait_for(lambda: sum(ids(url, "E2E_SURV").values()) >= len(expected), timeout=180)
+    assert ids(url, "E2E_SURV") == expected  # nothing lost, nothing twice
+    wait_for(lambda: pipeline(api, "survivor")["state"] == "running", timeout=60)
+    kinds = [r["kind"] for r in api.call("GET", "/api/v1/cluster/log?limit=1000")]
+    assert "node-failed" in kinds and kinds.count("unassign") >= 1
+    print(f"fragment moved and caught up {time.monotonic() - killed_at:.1f} s after the kill")

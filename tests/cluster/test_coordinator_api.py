@@ -1,0 +1,263 @@
+"""The coordinator's REST API against a real NATS server (no Spark): registry, pipeline
+lifecycle, placement, errors, the token, the log and restarts from NATS alone."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from spanflow.api.topology_loader import load_topology_text
+from spanflow.control.coordinator import Coordinator, CoordinatorSettings
+from spanflow.control.rest import create_app
+from spanflow.nats.server import EmbeddedNats
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    from fastapi.testclient import TestClient
+
+TOKEN = "t0ken-for-tests"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+TOPOLOGY = """
+sites: [{name: edge-a}, {name: cloud, kind: cloud}]
+nodes:
+  - {name: a1, site: edge-a, streams: [{name: IN_A, subjects: ["in.a.>"]}]}
+  - {name: c1, site: cloud, capabilities: {cores: 1}}
+links: [{between: [edge-a, cloud], latency: 30ms}]
+"""
+PIPELINE = """\
+name: {name}
+sources:
+  - {{id: src, stream: {stream}, schema: {{x: long}}, to: [out]}}
+sinks:
+  - {{id: out, type: jetstream, stream: OUT_{name_u}, subject: "out.{name}"}}
+"""
+
+
+def pipeline(name: str, stream: str = "IN_A") -> str:
+    return PIPELINE.format(name=name, stream=stream, name_u=name.upper().replace("-", "_"))
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[EmbeddedNats]:
+    with EmbeddedNats(tmp_path / "nats") as s:
+        yield s
+
+
+def coordinator(server: EmbeddedNats, tmp_path: Path, token: str | None = TOKEN) -> Coordinator:
+    return Coordinator(
+        CoordinatorSettings(
+            nats_url=server.url,
+            state_dir=str(tmp_path / "state"),
+            token=token,
+            topology=load_topology_text(TOPOLOGY),
+            heartbeat_interval=5.0,  # no agents here: nodes must not be failed mid-test
+        )
+    )
+
+
+@pytest.fixture
+def api(server: EmbeddedNats, tmp_path: Path) -> Iterator[TestClient]:
+    with TestClient(create_app(coordinator(server, tmp_path))) as client:
+        yield client
+
+
+def register(api: TestClient, name: str, site: str, **extra: Any) -> Any:
+    return api.post(
+        "/api/v1/nodes",
+        json={"name": name, "site": site, "agent_id": f"agent-{name}", **extra},
+        headers=AUTH,
+    )
+
+
+def test_token_is_enforced_everywhere_but_health(api: TestClient) -> None:
+    assert api.get("/healthz").status_code == 200
+    for path in ("/api/v1/nodes", "/api/v1/pipelines", "/api/v1/cluster/metrics", "/metrics"):
+        assert api.get(path).status_code == 401, path
+        wrong = api.get(path, headers={"Authorization": "Bearer nope"})
+        assert (
+            wrong.status_code == 401 and wrong.json()["detail"] == "missing or wrong bearer token"
+        )
+        assert api.get(path, headers=AUTH).status_code == 200, path
+    assert api.post("/api/v1/pipelines", json={"yaml": pipeline("p")}).status_code == 401
+
+
+def test_no_token_configured_means_open(server: EmbeddedNats, tmp_path: Path) -> None:
+    with TestClient(create_app(coordinator(server, tmp_path, token=None))) as client:
+        assert client.get("/api/v1/nodes").status_code == 200
+
+
+def test_registry_from_topology_and_registration(api: TestClient) -> None:
+    nodes = {n["name"]: n for n in api.get("/api/v1/nodes", headers=AUTH).json()}
+    assert {k: v["state"] for k, v in nodes.items()} == {"a1": "declared", "c1": "declared"}
+    r = register(api, "a1", "edge-a", detected={"cores": 8, "memory_mb": 4096})
+    assert r.status_code == 201, r.text
+    a1 = api.get("/api/v1/nodes/a1", headers=AUTH).json()
+    assert a1["state"] == "alive"
+    assert a1["spec"]["streams"][0]["name"] == "IN_A"  # the topology's streams are kept
+    assert a1["spec"]["capabilities"]["cores"] == 2  # the topology's capabilities win
+    # A node the topology does not know joins its site with what it reports.
+    r = register(api, "a2", "edge-a", capabilities={"cores": 4, "tags": ["gpu"]})
+    assert r.status_code == 201 and r.json()["node"]["spec"]["capabilities"]["tags"] == ["gpu"]
+    topo = api.get("/api/v1/topology", headers=AUTH).json()
+    assert sorted(n["name"] for n in topo["nodes"]) == ["a1", "a2", "c1"]
+
+
+def test_bad_requests_get_4xx_with_a_message(api: TestClient) -> None:
+    r = register(api, "x1", "mars")
+    assert r.status_code == 422 and "unknown site 'mars'" in r.json()["detail"]
+    r = register(api, "a1", "cloud")
+    assert r.status_code == 409 and "belongs to site 'edge-a'" in r.json()["detail"]
+    r = register(api, "bad name!", "edge-a")
+    assert r.status_code == 422
+    r = api.post("/api/v1/nodes", json={"site": "edge-a"}, headers=AUTH)
+    assert r.status_code == 422 and "name" in r.text
+    r = api.post(
+        "/api/v1/pipelines",
+        json={
+            "yaml": "name: p\nsources:\n  - {id: s, stream: S, to: [nowhere]}\n",
+            "filename": "p.yaml",
+        },
+        headers=AUTH,
+    )
+    assert (
+        r.status_code == 422
+        and "p.yaml:3: sources[0].to: unknown step 'nowhere'" in r.json()["detail"]
+    )
+    r = api.post("/api/v1/pipelines", json={}, headers=AUTH)
+    assert r.status_code == 422 and "exactly one of" in r.json()["detail"]
+    r = api.post("/api/v1/pipelines", json={"spec": {"name": "p", "steps": []}}, headers=AUTH)
+    assert r.status_code == 422 and "steps" in r.json()["detail"]
+    r = api.post("/api/v1/pipelines", json={"yaml": pipeline("p"), "priority": -1}, headers=AUTH)
+    assert r.status_code == 422
+    assert api.get("/api/v1/pipelines/none", headers=AUTH).status_code == 404
+    assert api.post("/api/v1/pipelines/none/cancel", headers=AUTH).status_code == 404
+    assert api.post("/api/v1/nodes/none/drain", headers=AUTH).status_code == 404
+    r = api.put("/api/v1/topology/links", json={"between": ["edge-a", "moon"]}, headers=AUTH)
+    assert r.status_code == 422 and "unknown site 'moon'" in r.json()["detail"]
+
+
+def test_lifecycle_placement_and_conflicts(api: TestClient) -> None:
+    # Its input's host has not registered yet: the pipeline waits instead of going elsewhere.
+    register(api, "c1", "cloud")
+    r = api.post("/api/v1/pipelines", json={"yaml": pipeline("p1"), "priority": 5}, headers=AUTH)
+    assert r.status_code == 201, r.text
+    assert r.json()["state"] == "created" and "waiting for a1" in r.json()["reason"]
+    register(api, "a1", "edge-a")
+    st = api.get("/api/v1/pipelines/p1", headers=AUTH).json()
+    assert st["state"] == "planned"
+    assert [(f["node"], f["epoch"]) for f in st["fragments"]] == [("a1", 1)]  # data locality
+    # A pipeline reading a stream nobody hosts goes to the least-loaded node.
+    r = api.post("/api/v1/pipelines", json={"yaml": pipeline("p2", "ELSEWHERE")}, headers=AUTH)
+    assert r.json()["fragments"][0]["node"] == "c1"
+    # Resubmitting a live pipeline is a conflict; cancelling twice too.
+    r = api.post("/api/v1/pipelines", json={"yaml": pipeline("p1")}, headers=AUTH)
+    assert r.status_code == 409 and "cancel it before resubmitting" in r.json()["detail"]
+    assert api.post("/api/v1/pipelines/p1/cancel", headers=AUTH).json()["state"] == "canceled"
+    r = api.post("/api/v1/pipelines/p1/cancel", headers=AUTH)
+    assert r.status_code == 409 and "is canceled" in r.json()["detail"]
+    r = api.post("/api/v1/pipelines/p1/savepoint", headers=AUTH)
+    assert r.status_code == 409
+    a1 = api.get("/api/v1/nodes/a1", headers=AUTH).json()
+    assert a1["fragments"] == []
+    # A canceled pipeline may be submitted again (a new run with its own checkpoints).
+    again = api.post("/api/v1/pipelines", json={"yaml": pipeline("p1")}, headers=AUTH).json()
+    assert again["state"] == "planned" and again["run_id"] != st["run_id"]
+
+
+def test_drain_moves_fragments_and_full_cluster_waits(api: TestClient) -> None:
+    register(api, "a1", "edge-a")
+    register(api, "c1", "cloud")
+    api.post("/api/v1/pipelines", json={"yaml": pipeline("p1")}, headers=AUTH)
+    drained = api.post("/api/v1/nodes/a1/drain", headers=AUTH).json()
+    assert drained["state"] == "draining" and drained["fragments"] == []
+    st = api.get("/api/v1/pipelines/p1", headers=AUTH).json()
+    assert [(f["node"], f["epoch"]) for f in st["fragments"]] == [("c1", 2)]
+    # c1 has one slot (cores: 1), now used: the next pipeline waits with the reason.
+    r = api.post("/api/v1/pipelines", json={"yaml": pipeline("p2", "OTHER")}, headers=AUTH).json()
+    assert r["state"] == "created" and "every live node is full" in r["reason"]
+    caps = api.put("/api/v1/nodes/c1/capabilities", json={"cores": 2}, headers=AUTH)
+    assert caps.status_code == 200
+    assert api.get("/api/v1/pipelines/p2", headers=AUTH).json()["state"] == "planned"
+
+
+def test_metrics_and_log(api: TestClient) -> None:
+    register(api, "a1", "edge-a")
+    api.post("/api/v1/pipelines", json={"yaml": pipeline("p1")}, headers=AUTH)
+    m = api.get("/api/v1/cluster/metrics", headers=AUTH).json()
+    assert m["nodes"]["alive"] == 1 and m["slots"] == 2 and m["slots_used"] == 1
+    assert m["utilisation"] == 0.5 and m["pipelines"]["planned"] == 1
+    text = api.get("/metrics", headers=AUTH).text
+    assert 'spanflow_nodes{state="alive"} 1.0' in text
+    assert "spanflow_slots_used 1.0" in text
+    kinds = [r["kind"] for r in api.get("/api/v1/cluster/log", headers=AUTH).json()]
+    assert kinds == ["topology", "node-registered", "pipeline-submitted", "assign"]
+    spec = api.get("/openapi.json").json()
+    assert "/api/v1/pipelines/{name}/savepoint" in spec["paths"]
+
+
+def test_restart_from_nats_alone_keeps_the_view(server: EmbeddedNats, tmp_path: Path) -> None:
+    with TestClient(create_app(coordinator(server, tmp_path))) as first:
+        register(first, "a1", "edge-a")
+        register(first, "c1", "cloud")
+        first.post("/api/v1/pipelines", json={"yaml": pipeline("p1"), "priority": 7}, headers=AUTH)
+        first.post("/api/v1/pipelines", json={"yaml": pipeline("p2", "X")}, headers=AUTH)
+        first.post("/api/v1/pipelines/p2/cancel", headers=AUTH)
+        before = _view(first)
+        log_before = first.get("/api/v1/cluster/log", headers=AUTH).json()
+    # A new coordinator with no topology file and no memory: only NATS.
+    fresh = Coordinator(
+        CoordinatorSettings(nats_url=server.url, state_dir=str(tmp_path / "state"), token=TOKEN)
+    )
+    with TestClient(create_app(fresh)) as second:
+        assert _view(second) == before
+        # Restarting appended nothing: no decision was taken again.
+        assert second.get("/api/v1/cluster/log", headers=AUTH).json() == log_before
+
+
+def _view(api: TestClient) -> dict[str, Any]:
+    nodes = api.get("/api/v1/nodes", headers=AUTH).json()
+    pipelines = api.get("/api/v1/pipelines", headers=AUTH).json()
+    return {
+        "nodes": {n["name"]: (n["state"], n["agent_id"], n["fragments"], n["spec"]) for n in nodes},
+        "pipelines": {
+            p["name"]: (
+                p["state"],
+                p["run_id"],
+                p["priority"],
+                [(f["id"], f["node"], f["epoch"]) for f in p["fragments"]],
+            )
+            for p in pipelines
+        },
+        "topology": api.get("/api/v1/topology", headers=AUTH).json(),
+    }
+
+
+def test_log_records_are_applied_after_a_crash_between_append_and_apply(
+    server: EmbeddedNats, tmp_path: Path
+) -> None:
+    """A decision in the log whose KV writes never happened is applied on restart."""
+    import asyncio
+
+    from spanflow.control.store import ClusterStore, ControlRecord, put
+    from spanflow.nats.cluster import NODES_BUCKET, WAL_PREFIX
+    from spanflow.nats.streams import connect
+    from spanflow.spec.cluster import NodeRecord, NodeState
+    from spanflow.spec.topology import NodeSpec
+
+    async def crash_mid_commit() -> None:
+        nc = await connect(server.url)
+        await ClusterStore.open(nc)  # the buckets and log exist, as after a first start
+        record = NodeRecord(spec=NodeSpec(name="ghost", site="edge-a"), state=NodeState.ALIVE)
+        entry = ControlRecord(kind="node-registered", writes=[put(NODES_BUCKET, "ghost", record)])
+        await nc.jetstream().publish(f"{WAL_PREFIX}.{entry.kind}", entry.model_dump_json().encode())
+        await nc.close()  # "crash": appended, never applied
+
+    asyncio.run(crash_mid_commit())
+    c = coordinator(server, tmp_path)
+    with TestClient(create_app(c)) as client:
+        assert c.recovered_records == 1
+        assert client.get("/api/v1/nodes/ghost", headers=AUTH).json()["state"] == "alive"

@@ -46,11 +46,51 @@ def test_unknown_target_is_a_clear_error():
 
 
 @pytest.mark.slow
-def test_demo_prints_windows_and_alerts_and_exits_cleanly():
-    """The README's main command, shortened: windows close 10 s + 5 s lateness after start."""
+def test_cluster_demo_shows_site_and_global_results_and_exits_cleanly():
+    """The README's main command: two edge sites and a cloud, each node its own process.
+    It stops once both sites have global summaries (or after 300 s, and then fails)."""
     env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"}
     proc = subprocess.run(
-        [sys.executable, "-m", "spanflow.cli", "demo", "--duration", "45", "--rate", "300"],
+        [sys.executable, "-m", "spanflow.cli", "demo", "--duration", "300", "--until-global", "1"],
+        capture_output=True,
+        text=True,
+        timeout=420,
+        env=env,
+        stdin=subprocess.DEVNULL,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout
+    for site in ("factory-a", "factory-b"):
+        assert re.search(rf"window {site}/dev-\d{{3}} \d\d:\d\d:\d\d–", out), out[-3000:]
+        assert re.search(rf"GLOBAL {site} window .* devices=\d+ readings=\d+", out), out[-3000:]
+    summary = re.search(
+        r"demo finished: ([\d,]+) readings, (\d+) site windows, (\d+) alerts, (\d+) global "
+        r"summaries; pipelines: (.*)",
+        out,
+    )
+    assert summary, out[-2000:]
+    assert int(summary.group(2)) > 0 and int(summary.group(4)) >= 2
+    assert summary.group(5).count("running") == 3
+    assert "submitted global-summary → cloud-1" in proc.stderr
+    assert "submitted factory-a-alerts → edge-a" in proc.stderr
+
+
+@pytest.mark.slow
+def test_single_node_demo_prints_windows_and_alerts_and_exits_cleanly():
+    """``demo --single-node``: windows close 10 s + 5 s lateness after start."""
+    env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"}
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "spanflow.cli",
+            "demo",
+            "--single-node",
+            "--duration",
+            "45",
+            "--rate",
+            "150",
+        ],
         capture_output=True,
         text=True,
         timeout=240,

@@ -109,6 +109,8 @@ def test_pipelines_run_across_two_agents_and_cancel(cluster: LocalCluster) -> No
     wait_for(lambda: sum(ids(url, "E2E_OUT").values()) >= 100, timeout=120)
     out = ids(url, "E2E_OUT")
     assert out == Counter(range(0, 400, 4))  # every expected record, once
+    # Progress reaches the coordinator through heartbeats, a moment after the output.
+    wait_for(lambda: api.call("GET", "/api/v1/pipelines/edge-stage/metrics")["rows_in"] >= 400)
     metrics = api.call("GET", "/api/v1/pipelines/edge-stage/metrics")
     assert metrics["rows_in"] == 400 and metrics["state"] == "running"
     assert api.call("GET", "/api/v1/cluster/metrics")["slots_used"] == 2
@@ -150,7 +152,41 @@ def test_coordinator_restart_keeps_state_and_running_queries(cluster: LocalClust
     wait_for(lambda: sum(ids(url, "E2E_STEADY").values()) == 500, timeout=120)
     assert ids(url, "E2E_STEADY") == Counter(range(500))
     assert pipeline(api, "steady")["state"] == "running"
+
+
+def test_savepoint_and_resume_continue_exactly_once(cluster: LocalCluster) -> None:
+    api, url = cluster.api(), cluster.nats_url
+    st = api.call("POST", "/api/v1/pipelines/steady/savepoint")
+    assert st["state"] == "stopping"
+    wait_for(lambda: pipeline(api, "steady")["state"] == "stopped", timeout=60)
+    savepoint = Path(pipeline(api, "steady")["savepoint"])
+    assert (savepoint / "steady.f0" / "steady" / "out" / "offsets").is_dir()
+    wait_for(lambda: not agent_runtime_running(api, "n1", "steady.f0"), timeout=30)
+    publish(url, "E2E_IN2", "e2ein2.x", records(100, start=500))  # arrives while stopped
+    assert api.call("POST", "/api/v1/pipelines/steady/resume")["state"] in ("planned", "running")
+    wait_for(lambda: pipeline(api, "steady")["state"] == "running", timeout=120)
+    wait_for(lambda: sum(ids(url, "E2E_STEADY").values()) >= 600, timeout=120)
+    assert ids(url, "E2E_STEADY") == Counter(range(600))  # resumed where it stopped
+    epochs = [f["epoch"] for f in pipeline(api, "steady")["fragments"]]
+    assert epochs == [2]
+
+    from typer.testing import CliRunner
+
+    from spanflow.cli import app
+
+    result = CliRunner().invoke(
+        app, ["status", "--coordinator", cluster.url, "--token", "e2e-token"], terminal_width=200
+    )
+    assert result.exit_code == 0, result.output
+    for name in ("n1", "n2", "edge-stage", "cloud-stage", "steady", "canceled", "running"):
+        assert name in result.output
+    denied = CliRunner().invoke(app, ["status", "--coordinator", cluster.url, "--token", "bad"])
+    assert denied.exit_code == 2 and "401" in denied.output
     api.call("POST", "/api/v1/pipelines/steady/cancel")
+
+
+def agent_runtime_running(api: Api, node: str, fragment: str) -> bool:
+    return fragment in api.call("GET", f"/api/v1/nodes/{node}")["running"]
 
 
 def view(api: Api) -> dict[str, Any]:

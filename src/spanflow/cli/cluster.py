@@ -243,7 +243,9 @@ def status(
 def cluster_view(nodes: list[Any], pipelines: list[Any], metrics: dict[str, Any]) -> Group:
     colour = {"alive": "green", "failed": "red", "draining": "yellow", "declared": "dim"}
     nt = Table(title="nodes")
-    for col in ("node", "site", "state", "slots", "cpu %", "fragments", "heartbeat"):
+    widest = max((len(n["name"]) for n in nodes), default=4)
+    nt.add_column("node", no_wrap=True, min_width=widest)
+    for col in ("site", "state", "slots", "cpu %", "fragments", "heartbeat"):
         nt.add_column(col)
     for n in nodes:
         beat = n.get("last_heartbeat_s")
@@ -258,7 +260,10 @@ def cluster_view(nodes: list[Any], pipelines: list[Any], metrics: dict[str, Any]
         )
     pcolour = {"running": "green", "failing": "red", "failed": "red", "planned": "yellow"}
     pt = Table(title="pipelines")
-    for col in ("pipeline", "state", "fragments", "rows in", "rows/s", "lag", "dead", "reason"):
+    widest = max((len(p["name"]) for p in pipelines), default=8)
+    pt.add_column("pipeline", no_wrap=True, min_width=widest)
+    pt.add_column("state", no_wrap=True, min_width=8)
+    for col in ("fragments", "rows in", "rows/s", "lag", "dead", "reason"):
         pt.add_column(col)
     for p in pipelines:
         rts = [f["runtime"] for f in p["fragments"] if f.get("runtime")]

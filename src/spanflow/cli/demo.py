@@ -1,4 +1,5 @@
-"""``spanflow demo --single-node``: the sensor-alerts pipeline on this process alone."""
+"""``spanflow demo``: two factories and a cloud region on this machine (or, with
+``--single-node``, the sensor-alerts pipeline in this process alone)."""
 
 from __future__ import annotations
 
@@ -176,4 +177,245 @@ def single_node_demo(
         )
 
 
-app.command("demo")(single_node_demo)
+DEMO_TOPOLOGY = """\
+# The cluster demo: two factories (edge sites) and a cloud region on one machine.
+name: demo
+sites:
+  - {name: factory-a, kind: edge}
+  - {name: factory-b, kind: edge}
+  - {name: cloud, kind: cloud}
+nodes:
+  - name: edge-a
+    site: factory-a
+    local: true
+    capabilities: {cores: 1, memory_mb: 1g, slots: 2}
+    streams: [{name: SENSORS_A, subjects: ["sensors.factory-a.>"]}]
+  - name: edge-b
+    site: factory-b
+    local: true
+    capabilities: {cores: 1, memory_mb: 1g, slots: 2}
+    streams: [{name: SENSORS_B, subjects: ["sensors.factory-b.>"]}]
+  - name: cloud-1
+    site: cloud
+    local: true
+    capabilities: {cores: 2, memory_mb: 2g, slots: 4}
+    streams: [{name: SITE_WINDOWS, subjects: ["windows.>"]}]
+links:
+  - {between: [factory-a, cloud], latency: 30ms, bandwidth_mbps: 100}
+  - {between: [factory-b, cloud], latency: 50ms, bandwidth_mbps: 50}
+"""
+
+
+@app.command()
+def demo(
+    duration: Annotated[
+        float | None, typer.Option(help="Seconds to run (default: until Ctrl-C).")
+    ] = None,
+    rate: Annotated[float, typer.Option(help="Simulated messages per second per site.")] = 100.0,
+    devices: Annotated[int, typer.Option(help="Simulated devices per site.")] = 6,
+    single_node: Annotated[
+        bool, typer.Option("--single-node", help="One process, one pipeline, no cluster.")
+    ] = False,
+    nats: Annotated[
+        str | None, typer.Option(help="With --single-node: NATS URL (default embedded).")
+    ] = None,
+    until_global: Annotated[
+        int | None,
+        typer.Option(hidden=True, help="Stop once every site has this many global summaries."),
+    ] = None,
+) -> None:
+    """Two factories and a cloud on this machine: per-site windows and alerts at the
+    edge, a global summary in the cloud, with the cluster's status live."""
+    if single_node:
+        single_node_demo(duration=duration, rate=rate * 2, devices=devices, nats=nats)
+        return
+    import tempfile
+
+    from spanflow.cli.cluster import LocalCluster, cluster_view
+    from spanflow.demo import SITES, global_summary, site_alerts, site_stream
+    from spanflow.nats.streams import SyncNats, connect
+    from spanflow.simulator import SensorSimulator, SimulatorConfig
+
+    stop = _Interrupted()
+    work = Path(tempfile.mkdtemp(prefix="spanflow-demo-"))
+    topology = work / "topology.yaml"
+    topology.write_text(DEMO_TOPOLOGY)
+    cluster = LocalCluster(topology, work, port=0)
+    sims = [
+        SensorSimulator(
+            SimulatorConfig(devices=devices, rate=rate, site=site, anomaly_rate=0.001, seed=i)
+        )
+        for i, site in enumerate(SITES)
+    ]
+    windows: dict[str, deque[dict[str, Any]]] = {s: deque(maxlen=4) for s in SITES}
+    alerts: deque[dict[str, Any]] = deque(maxlen=5)
+    summaries: dict[str, deque[dict[str, Any]]] = {s: deque(maxlen=3) for s in SITES}
+    counts = {"windows": 0, "alerts": 0, "global": 0}
+    counts_by_site = dict.fromkeys(SITES, 0)
+    printed: deque[str] = deque()
+    sim_stop = asyncio.Event()
+    client: SyncNats | None = None
+    sim_thread: threading.Thread | None = None
+    try:
+        err.print(f"starting NATS, the coordinator and 3 nodes (logs in {work / 'logs'}) …")
+        cluster.start()
+        err.print(f"coordinator {cluster.url}; waiting for the nodes (each starts Spark) …")
+        cluster.wait_for_nodes()
+        api = cluster.api()
+        for flow in (*(site_alerts(s) for s in SITES), global_summary()):
+            st = api.call(
+                "POST",
+                "/api/v1/pipelines",
+                {"spec": flow.spec().model_dump(mode="json", by_alias=True)},
+            )
+            placed = ", ".join(f"{f['node']}" for f in st["fragments"])
+            err.print(f"submitted {st['name']} → {placed}")
+        client = SyncNats(cluster.nats_url)
+
+        async def on_window(msg: Any) -> None:
+            r = json.loads(msg.data)
+            counts["windows"] += 1
+            windows[r["site"]].appendleft(r)
+            printed.append(
+                f"window {r['site']}/{r['device']} {_span(r)} readings={r['readings']} "
+                f"avg={r['avg_temperature']:.1f} max={r['max_temperature']:.1f}"
+            )
+
+        async def on_alert(msg: Any) -> None:
+            r = json.loads(msg.data)
+            counts["alerts"] += 1
+            alerts.appendleft(r)
+            printed.append(
+                f"ALERT {r['site']}/{r['device']} max_temperature={r['max_temperature']:.1f} "
+                f"max_vibration={r['max_vibration']:.2f} window {_span(r)}"
+            )
+
+        async def on_global(msg: Any) -> None:
+            r = json.loads(msg.data)
+            counts["global"] += 1
+            counts_by_site[r["site"]] += 1
+            summaries[r["site"]].appendleft(r)
+            printed.append(
+                f"GLOBAL {r['site']} window {_span(r)} devices={r['devices']} "
+                f"readings={r['readings']} avg={r['avg_temperature']:.1f} "
+                f"max={r['max_temperature']:.1f}"
+            )
+
+        async def subscribe() -> None:
+            assert client is not None
+            await client.nc.subscribe("windows.>", cb=on_window)
+            await client.nc.subscribe("alerts.>", cb=on_alert)
+            await client.nc.subscribe("global.>", cb=on_global)
+
+        client.run(subscribe)
+
+        def simulate() -> None:
+            async def go() -> None:
+                nc = await connect(cluster.nats_url)
+                await asyncio.gather(*(s.publish(nc, stop=sim_stop) for s in sims))
+                await nc.close()
+
+            asyncio.run(go())
+
+        sim_thread = threading.Thread(target=simulate, name="simulators", daemon=True)
+        sim_thread.start()
+        err.print(
+            f"simulating {devices} sensors at each of {', '.join(SITES)} "
+            f"({', '.join(site_stream(s) for s in SITES)}); first windows after ~20 s, "
+            "global summaries after ~40 s"
+        )
+
+        def view() -> Group:
+            status = cluster_view(
+                api.call("GET", "/api/v1/nodes"),
+                api.call("GET", "/api/v1/pipelines"),
+                api.call("GET", "/api/v1/cluster/metrics"),
+            )
+            w = Table(title=f"per-site 10 s windows at the edge ({counts['windows']} so far)")
+            for col in ("site", "device", "window", "readings", "avg °C", "max °C"):
+                w.add_column(col)
+            for site in SITES:
+                for r in windows[site]:
+                    w.add_row(
+                        site,
+                        r["device"],
+                        _span(r),
+                        str(r["readings"]),
+                        f"{r['avg_temperature']:.1f}",
+                        f"{r['max_temperature']:.1f}",
+                    )
+            g = Table(title=f"global summary in the cloud ({counts['global']} so far)")
+            for col in ("site", "window", "devices", "readings", "avg °C", "max °C"):
+                g.add_column(col)
+            for site in SITES:
+                for r in summaries[site]:
+                    g.add_row(
+                        site,
+                        _span(r),
+                        str(r["devices"]),
+                        str(r["readings"]),
+                        f"{r['avg_temperature']:.1f}",
+                        f"{r['max_temperature']:.1f}",
+                    )
+            a = Table(title=f"alerts ({counts['alerts']} so far)", style="red")
+            for col in ("site", "device", "window", "max °C", "max vib"):
+                a.add_column(col)
+            for r in alerts:
+                a.add_row(
+                    r["site"],
+                    r["device"],
+                    _span(r),
+                    f"{r['max_temperature']:.1f}",
+                    f"{r['max_vibration']:.2f}",
+                )
+            sent = sum(s.stats.sent for s in sims)
+            return Group(status, f"simulators: {sent:,} readings sent", w, g, a)
+
+        deadline = time.monotonic() + duration if duration else None
+        last_print = time.monotonic()
+        live_cm = (
+            Live(view(), console=console, refresh_per_second=1)
+            if console.is_terminal
+            else contextlib.nullcontext()
+        )
+        with live_cm as live:
+            while not stop.event.is_set() and (deadline is None or time.monotonic() < deadline):
+                if until_global and all(counts_by_site[s] >= until_global for s in SITES):
+                    break
+                cluster._check_alive("coordinator")
+                if live is not None:
+                    live.update(view())
+                    printed.clear()
+                else:
+                    while printed:
+                        console.print(printed.popleft())
+                    if time.monotonic() - last_print > 30:
+                        last_print = time.monotonic()
+                        console.print(view().renderables[0])
+                stop.event.wait(1.0)
+        if not console.is_terminal:
+            while printed:
+                console.print(printed.popleft())
+        final = api.call("GET", "/api/v1/pipelines")
+    except SpanflowError as exc:
+        _error(exc)
+        raise typer.Exit(2) from None
+    finally:
+        sim_stop.set()
+        if sim_thread is not None:
+            sim_thread.join(timeout=10)
+        if client is not None:
+            client.close()
+        err.print("stopping the cluster …")
+        cluster.stop()
+    shutil.rmtree(work, ignore_errors=True)
+    states = ", ".join(f"{p['name']} {p['state']}" for p in final)
+    console.print(
+        f"demo finished: {sum(s.stats.sent for s in sims):,} readings, "
+        f"{counts['windows']} site windows, {counts['alerts']} alerts, "
+        f"{counts['global']} global summaries; pipelines: {states}"
+    )
+
+
+def _span(r: dict[str, Any]) -> str:
+    return f"{r['window_start'][11:19]}–{r['window_end'][11:19]}"

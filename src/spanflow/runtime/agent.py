@@ -153,8 +153,12 @@ class NodeAgent:
         client.run(self._start_background)
         from spanflow.spark.session import build_session  # Spark only once registered
 
+        cores = int(answer["node"]["spec"]["capabilities"]["cores"])
         spark = build_session(
-            master=self.settings.master,
+            # A node offers `cores` cores: local mode uses that many task threads.
+            master=self.settings.master
+            or os.environ.get("SPANFLOW_SPARK_MASTER")
+            or f"local[{cores},3]",
             app_name=f"spanflow-{self.settings.name}",
             conf=self.settings.spark_conf,
         )

@@ -261,3 +261,50 @@ def test_log_records_are_applied_after_a_crash_between_append_and_apply(
     with TestClient(create_app(c)) as client:
         assert c.recovered_records == 1
         assert client.get("/api/v1/nodes/ghost", headers=AUTH).json()["state"] == "alive"
+
+
+def test_savepoint_finished_while_coordinator_was_down(
+    server: EmbeddedNats, tmp_path: Path
+) -> None:
+    """An agent's 'savepointed' report that no coordinator heard is read back from the
+    activity log on start; the pipeline is STOPPED and can resume."""
+    import asyncio
+
+    from spanflow.nats.cluster import ACTIVITY_STREAM, activity_subject
+    from spanflow.nats.streams import connect
+    from spanflow.spec.cluster import Activity, FragmentRuntime
+
+    with TestClient(create_app(coordinator(server, tmp_path))) as first:
+        register(first, "a1", "edge-a")
+        first.post("/api/v1/pipelines", json={"yaml": pipeline("p1")}, headers=AUTH)
+        st = first.post("/api/v1/pipelines/p1/savepoint", headers=AUTH).json()
+        assert st["state"] == "stopping"
+        target = Path(st["savepoint"])
+    fragment = target / "p1.f0"
+    fragment.mkdir(parents=True)  # what the agent's copy of the checkpoint leaves
+
+    async def agent_reports() -> None:
+        nc = await connect(server.url)
+        act = Activity(
+            node="a1",
+            agent_id="agent-a1",
+            event="savepointed",
+            runtime=FragmentRuntime(fragment_id="p1.f0", epoch=1, status="stopped"),
+            savepoint_dir=str(fragment),
+        )
+        subject = activity_subject("a1", "p1.f0", "savepointed")
+        await nc.jetstream().publish(
+            subject, act.model_dump_json().encode(), stream=ACTIVITY_STREAM
+        )
+        await nc.close()
+
+    asyncio.run(agent_reports())
+    with TestClient(create_app(coordinator(server, tmp_path))) as second:
+        st = second.get("/api/v1/pipelines/p1", headers=AUTH).json()
+        assert st["state"] == "stopped" and st["savepoint"] == str(target)
+        assert st["fragments"][0]["node"] is None  # unassigned while stopped
+        resumed = second.post("/api/v1/pipelines/p1/resume", headers=AUTH).json()
+        assert resumed["state"] == "planned"
+        assert [(f["node"], f["epoch"]) for f in resumed["fragments"]] == [("a1", 2)]
+        r = second.post("/api/v1/pipelines/p1/resume", headers=AUTH)
+        assert r.status_code == 409 and "only a stopped pipeline resumes" in r.json()["detail"]

@@ -25,16 +25,19 @@ from typing import Any
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
+from nats.js.errors import NotFoundError
 from pydantic import BaseModel, Field, ValidationError
 
 from spanflow.control.store import ClusterStore, ControlRecord, KVWrite, delete, put
 from spanflow.nats.cluster import (
     ACTIVITY_PREFIX,
+    ACTIVITY_STREAM,
     ASSIGNMENTS_BUCKET,
     HEARTBEAT_PREFIX,
     META_BUCKET,
     NODES_BUCKET,
     PIPELINES_BUCKET,
+    activity_subject,
 )
 from spanflow.nats.streams import connect
 from spanflow.plan import ClusterView, LocalityPlacer, PlacementError, Placer, fragments_of
@@ -155,6 +158,7 @@ class Coordinator:
         await self.nc.subscribe(f"{ACTIVITY_PREFIX}.>", cb=self._on_activity)
         self._tasks.append(asyncio.create_task(self._monitor(), name="spanflow-monitor"))
         async with self._lock:
+            await self._catch_up_savepoints()
             await self._schedule()
         log.info(
             "coordinator up: %d nodes, %d pipelines, %d assignments (%d log records recovered)",
@@ -191,6 +195,34 @@ class Coordinator:
             assignments[a.fragment.id] = a
         self.view = _View(
             topology=topology, nodes=nodes, pipelines=pipelines, assignments=assignments
+        )
+
+    async def _catch_up_savepoints(self) -> None:
+        """Savepoints that completed while no coordinator was listening: the agents'
+        reports are in the activity log."""
+        assert self.nc is not None
+        js = self.nc.jetstream()
+        for a in list(self.view.assignments.values()):
+            if a.action != "savepoint":
+                continue
+            subject = activity_subject(a.node, a.fragment.id, "savepointed")
+            try:
+                msg = await js.get_last_msg(ACTIVITY_STREAM, subject)
+                act = Activity.model_validate_json(msg.data or b"")
+            except (NotFoundError, ValidationError):
+                continue
+            if act.runtime.epoch == a.epoch and act.savepoint_dir == a.savepoint_dir:
+                self.view.runtime[a.fragment.id] = act.runtime
+        for record in list(self.view.pipelines.values()):
+            if record.state == PipelineState.STOPPING and self._savepoint_complete(record.name):
+                await self._end(record, PipelineState.STOPPED, f"savepoint {record.savepoint}")
+
+    def _savepoint_complete(self, pipeline: str) -> bool:
+        return all(
+            (rt := self.view.runtime.get(a.fragment.id)) is not None
+            and rt.epoch == a.epoch
+            and rt.status == "stopped"
+            for a in self._assignments_of(pipeline)
         )
 
     async def _merge_topology(self, given: Topology) -> None:
@@ -617,12 +649,7 @@ class Coordinator:
                     f"fragment {rt.fragment_id} on {act.node}: {rt.error}",
                 )
             elif act.event == "savepointed" and record.state == PipelineState.STOPPING:
-                done = all(
-                    self.view.runtime.get(x.fragment.id) is not None
-                    and self.view.runtime[x.fragment.id].status == "stopped"
-                    for x in self._assignments_of(record.name)
-                )
-                if done:
+                if self._savepoint_complete(record.name):
                     await self._end(record, PipelineState.STOPPED, f"savepoint {record.savepoint}")
             else:
                 await self._refresh_states()

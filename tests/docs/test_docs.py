@@ -1,0 +1,119 @@
+"""The documentation's examples run: the topology and pipeline files load, the REST
+session in docs/rest-api.md gets the answers it shows, and the CLI lines succeed."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from spanflow.api import load_pipeline_text
+from spanflow.api.topology_loader import load_topology_text
+from spanflow.cli import app
+from spanflow.control.coordinator import Coordinator, CoordinatorSettings
+from spanflow.control.rest import create_app
+from spanflow.nats.server import EmbeddedNats
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    from fastapi.testclient import TestClient
+
+DOCS = Path(__file__).resolve().parents[2] / "docs"
+ROOT = DOCS.parent
+FENCE = re.compile(r"^```([^\n]*)\n(.*?)^```", re.MULTILINE | re.DOTALL)
+
+
+def blocks(page: str, info: str) -> list[str]:
+    return [body for tag, body in FENCE.findall((DOCS / page).read_text()) if tag.strip() == info]
+
+
+def test_topology_example_loads() -> None:
+    (text,) = blocks("topology.md", "yaml topology")
+    topo = load_topology_text(text, "topology.md")
+    assert [n.name for n in topo.hosts_of("SENSORS_A")] == ["edge-a"]
+    assert topo.site("factory-b").partition_name == "south"  # type: ignore[union-attr]
+
+
+def test_pipeline_example_loads() -> None:
+    (text,) = blocks("pipelines.md", "yaml pipeline")
+    spec = load_pipeline_text(text, "pipelines.md")
+    assert [s.id for s in spec.sinks()] == ["out"]
+
+
+@pytest.fixture
+def coordinator_api(tmp_path: Path) -> Iterator[TestClient]:
+    (topology,) = blocks("topology.md", "yaml topology")
+    with EmbeddedNats(tmp_path / "nats") as server:
+        c = Coordinator(
+            CoordinatorSettings(
+                nats_url=server.url,
+                state_dir=str(tmp_path / "state"),
+                token="secret",
+                topology=load_topology_text(topology),
+                heartbeat_interval=30.0,
+            )
+        )
+        with TestClient(create_app(c)) as client:
+            yield client
+
+
+def test_rest_session_runs_as_documented(coordinator_api: TestClient) -> None:
+    page = (DOCS / "rest-api.md").read_text()
+    requests = [(tag.strip(), body) for tag, body in FENCE.findall(page) if tag.startswith("http")]
+    assert len(requests) >= 8
+    for tag, body in requests:
+        first, _, rest = body.partition("\n")
+        method, path = first.split()
+        payload = json.loads(rest) if rest.strip() else None
+        r = coordinator_api.request(
+            method, path, json=payload, headers={"Authorization": "Bearer secret"}
+        )
+        if tag == "http error":
+            assert 400 <= r.status_code < 500, (first, r.text)
+        else:
+            assert r.status_code < 400, (first, r.text)
+    shown = re.search(r"^422 (\{.*\})$", page, re.MULTILINE)
+    assert shown is not None
+    bad = requests[[t for t, _ in requests].index("http error")][1].partition("\n")[2]
+    r = coordinator_api.post(
+        "/api/v1/pipelines", json=json.loads(bad), headers={"Authorization": "Bearer secret"}
+    )
+    assert r.json() == json.loads(shown.group(1))
+    hot = coordinator_api.get("/api/v1/pipelines/hot", headers={"Authorization": "Bearer secret"})
+    assert hot.json()["state"] == "canceled"
+    assert [h["state"] for h in hot.json()["history"]] == ["created", "planned", "canceled"]
+
+
+def test_cli_lines_succeed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(ROOT)
+    (text,) = blocks("cli.md", "bash cli")
+    lines = [line for line in text.splitlines() if line.strip()]
+    assert lines
+    for line in lines:
+        argv = shlex.split(line)
+        assert argv[0] == "spanflow"
+        result = CliRunner().invoke(app, argv[1:])
+        assert result.exit_code == 0, (line, result.output)
+
+
+@pytest.mark.parametrize("name", ["factory_a_alerts", "factory_b_alerts", "global_summary"])
+def test_cluster_examples_match_the_demo_pipelines(name: str) -> None:
+    """examples/cluster/*.yaml are the pipelines `spanflow demo` submits."""
+    from spanflow import demo
+    from spanflow.api import load_pipeline
+
+    flows = {
+        "factory_a_alerts": demo.site_alerts("factory-a"),
+        "factory_b_alerts": demo.site_alerts("factory-b"),
+        "global_summary": demo.global_summary(),
+    }
+    from_file = load_pipeline(ROOT / "examples" / "cluster" / f"{name}.yaml")
+    from_python = flows[name].spec()
+    assert {s.id: s for s in from_file.steps} == {s.id: s for s in from_python.steps}
+    assert from_file.model_dump(exclude={"steps"}) == from_python.model_dump(exclude={"steps"})

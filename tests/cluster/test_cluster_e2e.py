@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from spanflow.cli.cluster import Api, LocalCluster
@@ -74,7 +75,28 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
         _dump_logs(home)
         raise
     finally:
+        family = descendants(c)
         c.stop()
+    # Stopping leaves no process behind: not the agents, not their Spark JVMs.
+    wait_for(lambda: not [p for p in family if _alive(p)], timeout=60)
+
+
+def descendants(c: LocalCluster) -> list[psutil.Process]:
+    out = []
+    for proc in c.procs.values():
+        try:
+            parent = psutil.Process(proc.pid)
+            out += [parent, *parent.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            continue
+    return out
+
+
+def _alive(p: psutil.Process) -> bool:
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def _dump_logs(home: Path) -> None:
@@ -226,6 +248,8 @@ def test_killed_node_fragments_move_and_output_stays_exactly_once(cluster: Local
     wait_for(lambda: sum(ids(url, "E2E_SURV").values()) >= 200, timeout=120)
     assert sum(ids(url, "E2E_SURV").values()) < len(expected), "finished before the kill"
 
+    n1_family = psutil.Process(cluster.procs["node-n1"].pid).children(recursive=True)
+    assert any("java" in p.name() for p in n1_family)  # its Spark JVM
     cluster.kill("node-n1")  # SIGKILL: no goodbye, mid-stream
     killed_at = time.monotonic()
     wait_for(lambda: pipeline(api, "survivor")["fragments"][0]["node"] == "n2", timeout=60)
@@ -239,3 +263,5 @@ def test_killed_node_fragments_move_and_output_stays_exactly_once(cluster: Local
     kinds = [r["kind"] for r in api.call("GET", "/api/v1/cluster/log?limit=1000")]
     assert "node-failed" in kinds and kinds.count("unassign") >= 1
     print(f"fragment moved and caught up {time.monotonic() - killed_at:.1f} s after the kill")
+    # The dead agent's Spark JVM goes with it (it exits when its driver's pipe closes).
+    wait_for(lambda: not [p for p in n1_family if _alive(p)], timeout=30)

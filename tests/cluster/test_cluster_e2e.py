@@ -104,8 +104,8 @@ def _dump_logs(home: Path) -> None:
         print(f"===== {log.name}\n{log.read_text(errors='replace')[-4000:]}")
 
 
-def submit(api: Api, text: str) -> dict[str, Any]:
-    return api.call("POST", "/api/v1/pipelines", {"yaml": text})
+def submit(api: Api, text: str, **options: Any) -> dict[str, Any]:
+    return api.call("POST", "/api/v1/pipelines", {"yaml": text, **options})
 
 
 def pipeline(api: Api, name: str) -> dict[str, Any]:
@@ -123,7 +123,12 @@ def ids(url: str, stream: str) -> Counter[int]:
 def test_pipelines_run_across_two_agents_and_cancel(cluster: LocalCluster) -> None:
     api, url = cluster.api(), cluster.nats_url
     publish(url, "E2E_IN", "e2ein.x", records(400))
-    submit(api, stage("edge-stage", "E2E_IN", "v % 2 = 0", "E2E_MID", "e2emid.x"))
+    submit(
+        api,
+        stage("edge-stage", "E2E_IN", "v % 2 = 0", "E2E_MID", "e2emid.x"),
+        latency_budget="60s",
+        parallelism=2,
+    )
     submit(api, stage("cloud-stage", "E2E_MID", "v % 4 = 0", "E2E_OUT", "e2eout.x"))
     placed = {p: pipeline(api, p)["fragments"][0]["node"] for p in ("edge-stage", "cloud-stage")}
     assert placed == {"edge-stage": "n1", "cloud-stage": "n2"}  # each next to its input
@@ -135,6 +140,9 @@ def test_pipelines_run_across_two_agents_and_cancel(cluster: LocalCluster) -> No
     wait_for(lambda: api.call("GET", "/api/v1/pipelines/edge-stage/metrics")["rows_in"] >= 400)
     metrics = api.call("GET", "/api/v1/pipelines/edge-stage/metrics")
     assert metrics["rows_in"] == 400 and metrics["state"] == "running"
+    edge = pipeline(api, "edge-stage")
+    assert edge["parallelism"] == 2 and edge["latency_budget"] == 60.0
+    assert 0 < edge["latency_estimate_s"] < 60 and edge["over_latency_budget"] is False
     assert api.call("GET", "/api/v1/cluster/metrics")["slots_used"] == 2
 
     for p in placed:

@@ -150,6 +150,7 @@ def test_lifecycle_placement_and_conflicts(api: TestClient) -> None:
     st = api.get("/api/v1/pipelines/p1", headers=AUTH).json()
     assert st["state"] == "planned"
     assert [(f["node"], f["epoch"]) for f in st["fragments"]] == [("a1", 1)]  # data locality
+    assert st["latency_estimate_s"] is None and st["over_latency_budget"] is None  # no batch yet
     # A pipeline reading a stream nobody hosts goes to the least-loaded node.
     r = api.post("/api/v1/pipelines", json={"yaml": pipeline("p2", "ELSEWHERE")}, headers=AUTH)
     assert r.json()["fragments"][0]["node"] == "c1"

@@ -524,7 +524,11 @@ class Coordinator:
         active = [r for r in self.view.pipelines.values() if r.state in ACTIVE]
         active.sort(key=lambda r: (-r.priority, r.submitted_at))
         for record in active:
-            missing = [f for f in fragments_of(record.spec) if f.id not in self.view.assignments]
+            missing = [
+                f
+                for f in fragments_of(record.spec, record.parallelism)
+                if f.id not in self.view.assignments
+            ]
             if not missing:
                 continue
             try:
@@ -663,7 +667,7 @@ class Coordinator:
                 PipelineState.FAILING,
             ):
                 continue
-            fragments = fragments_of(record.spec)
+            fragments = fragments_of(record.spec, record.parallelism)
             statuses = []
             for f in fragments:
                 a = self.view.assignments.get(f.id)
@@ -722,7 +726,7 @@ class Coordinator:
     def pipeline_status(self, name: str) -> dict[str, Any]:
         record = self.pipeline(name)
         fragments = []
-        for f in fragments_of(record.spec):
+        for f in fragments_of(record.spec, record.parallelism):
             a = self.view.assignments.get(f.id)
             rt = self.view.runtime.get(f.id)
             fragments.append(
@@ -739,10 +743,24 @@ class Coordinator:
                     "runtime": rt.model_dump() if rt else None,
                 }
             )
+        batch_ms = [
+            rt.last_batch_ms
+            for f in fragments_of(record.spec, record.parallelism)
+            if (rt := self.view.runtime.get(f.id)) is not None
+        ]
+        # A record waits up to one trigger interval, then one batch: a rough per-hop
+        # latency until the planner estimates whole paths.
+        estimate = record.spec.trigger + max(batch_ms) / 1000 if batch_ms else None
         return {
             "name": name,
             "state": record.state.value,
             "reason": record.reason,
+            "latency_estimate_s": round(estimate, 3) if estimate is not None else None,
+            "over_latency_budget": (
+                estimate > record.latency_budget
+                if estimate is not None and record.latency_budget
+                else None
+            ),
             "priority": record.priority,
             "latency_budget": record.latency_budget,
             "parallelism": record.parallelism,
@@ -756,7 +774,9 @@ class Coordinator:
     def pipeline_metrics(self, name: str) -> dict[str, Any]:
         record = self.pipeline(name)
         rts = [
-            self.view.runtime[f.id] for f in fragments_of(record.spec) if f.id in self.view.runtime
+            self.view.runtime[f.id]
+            for f in fragments_of(record.spec, record.parallelism)
+            if f.id in self.view.runtime
         ]
         return {
             "name": name,

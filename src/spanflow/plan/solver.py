@@ -1,0 +1,250 @@
+"""Place global groups on nodes: exact (SciPy MILP / HiGHS) or fast (greedy), one interface.
+
+A *global group* needs data from several sites (the merge of partial aggregates, a
+global model). SpanEdge's rule: put it where its worst-case latency to the sites of
+its inputs is least (MinMax), subject to capabilities, free slots and the latency
+budget. With ``cost[g, n]`` = that worst-case latency from node ``n``, placing groups
+is a generalised assignment problem:
+
+    minimise    Σ_g Σ_n  w_g · (cost[g, n] + ε · load[n]) · x[g, n]
+    subject to  Σ_n x[g, n] = 1               every group placed once
+                Σ_g slots_g · x[g, n] ≤ free_n  capacity
+                x[g, n] = 0 where n lacks g's capabilities or breaks its budget
+
+``w_g`` grows with priority, so when capacity is short the higher-priority group gets
+the better node. :func:`solve_exact` hands this to HiGHS; :func:`solve_greedy`
+places groups by priority, each on its cheapest feasible node. Both return a
+:class:`Solution` with the same cost definition, so their costs compare directly.
+When a group has no feasible node, :class:`PlacementError`'s message says which
+constraint failed and by how much.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from spanflow.plan.placement import PlacementError
+
+LOAD_WEIGHT = 1e-3
+"""ε: seconds of latency one unit of node load is worth (breaks ties toward idle nodes)."""
+
+
+@dataclass(frozen=True)
+class GroupDemand:
+    id: str
+    input_sites: tuple[str, ...]
+    priority: int = 0
+    slots: int = 1
+    cores: int = 0
+    memory_mb: int = 0
+    tags: frozenset[str] = frozenset()
+    accelerators: frozenset[str] = frozenset()
+    latency_budget: float | None = None
+    """Seconds the worst input path may take (None: no limit)."""
+
+
+@dataclass(frozen=True)
+class NodeOffer:
+    name: str
+    site: str
+    free_slots: int
+    cores: int = 1
+    memory_mb: int = 1024
+    tags: frozenset[str] = frozenset()
+    accelerators: frozenset[str] = frozenset()
+    load: float = 0.0
+    """Share of the node already in use, 0..1."""
+
+
+Latency = Callable[[str, str], float | None]
+"""One-way latency between two sites in seconds; None when they are not connected."""
+
+
+@dataclass
+class Solution:
+    placement: dict[str, str]
+    cost: float
+    worst_latency: dict[str, float]
+    method: str
+    seconds: float
+    notes: dict[str, str] = field(default_factory=dict)
+
+
+def _weight(priority: int) -> float:
+    return 1.0 + priority / 10.0
+
+
+class _Costs:
+    """Feasibility and cost of every (group, node) pair, computed per site."""
+
+    def __init__(
+        self, groups: Sequence[GroupDemand], nodes: Sequence[NodeOffer], latency: Latency
+    ) -> None:
+        self.groups, self.nodes = list(groups), list(nodes)
+        sites = sorted({n.site for n in nodes})
+        site_index = {s: i for i, s in enumerate(sites)}
+        node_site = np.array([site_index[n.site] for n in nodes], dtype=np.int64)
+        # worst[g, s]: worst latency from site s to g's input sites (inf if unreachable)
+        worst = np.zeros((len(groups), len(sites)))
+        for gi, g in enumerate(groups):
+            for si, s in enumerate(sites):
+                values = [latency(s, src) for src in g.input_sites]
+                worst[gi, si] = max((np.inf if v is None else v for v in values), default=0.0)
+        self.worst = worst[:, node_site] if len(nodes) else np.zeros((len(groups), 0))
+        capable = self._capable(groups, nodes)
+        budget = np.array(
+            [np.inf if g.latency_budget is None else g.latency_budget for g in groups]
+        )
+        self.capable = capable
+        self.feasible = capable & np.isfinite(self.worst) & (self.worst <= budget[:, None])
+        load = np.array([n.load for n in nodes])
+        weights = np.array([_weight(g.priority) for g in groups])
+        self.cost = weights[:, None] * (self.worst + LOAD_WEIGHT * load[None, :])
+
+    @staticmethod
+    def _capable(groups: Sequence[GroupDemand], nodes: Sequence[NodeOffer]) -> np.ndarray:
+        """capable[g, n], vectorised: 1,000 groups x 10,000 nodes in well under a second."""
+
+        def column(values: list[int]) -> np.ndarray:
+            return np.array(values, dtype=np.int64)
+
+        ok = column([n.cores for n in nodes])[None, :] >= column([g.cores for g in groups])[:, None]
+        ok &= (
+            column([n.memory_mb for n in nodes])[None, :]
+            >= column([g.memory_mb for g in groups])[:, None]
+        )
+        ok &= (
+            column([n.free_slots for n in nodes])[None, :]
+            >= column([g.slots for g in groups])[:, None]
+        )
+        wanted = sorted(
+            {f"t:{t}" for g in groups for t in g.tags}
+            | {f"a:{a}" for g in groups for a in g.accelerators}
+        )
+        for start in range(0, len(wanted), 62):  # bit masks of at most 62 names at a time
+            bit = {name: 1 << i for i, name in enumerate(wanted[start : start + 62])}
+
+            def mask(tags: frozenset[str], accs: frozenset[str], bit: dict[str, int] = bit) -> int:
+                return sum(bit.get(f"t:{t}", 0) for t in tags) + sum(
+                    bit.get(f"a:{a}", 0) for a in accs
+                )
+
+            have = column([mask(n.tags, n.accelerators) for n in nodes])
+            need = column([mask(g.tags, g.accelerators) for g in groups])
+            ok &= (have[None, :] & need[:, None]) == need[:, None]
+        return ok
+
+    def explain_infeasible(self, gi: int) -> str:
+        g = self.groups[gi]
+        if not self.nodes:
+            return f"group {g.id}: no live node"
+        if not self.capable[gi].any():
+            wants = []
+            if g.tags:
+                wants.append(f"tags {sorted(g.tags)}")
+            if g.accelerators:
+                wants.append(f"accelerators {sorted(g.accelerators)}")
+            if g.cores:
+                wants.append(f"{g.cores} cores")
+            if g.memory_mb:
+                wants.append(f"{g.memory_mb} MiB")
+            wants.append(f"{g.slots} free slot(s)")
+            return f"group {g.id}: no node has {', '.join(wants)}"
+        reachable = self.worst[gi][self.capable[gi]]
+        best = float(reachable.min())
+        if not np.isfinite(best):
+            return f"group {g.id}: no capable node is linked to all of {list(g.input_sites)}"
+        assert g.latency_budget is not None
+        return (
+            f"group {g.id}: latency budget {g.latency_budget * 1000:.0f} ms is "
+            f"{(best - g.latency_budget) * 1000:.0f} ms short: the best capable node is "
+            f"{best * 1000:.0f} ms from its farthest input"
+        )
+
+    def check(self) -> None:
+        problems = [
+            self.explain_infeasible(gi)
+            for gi in range(len(self.groups))
+            if not self.feasible[gi].any()
+        ]
+        if problems:
+            raise PlacementError("; ".join(problems))
+
+    def solution(self, choice: dict[int, int], method: str, started: float) -> Solution:
+        placement = {self.groups[g].id: self.nodes[n].name for g, n in choice.items()}
+        worst = {self.groups[g].id: float(self.worst[g, n]) for g, n in choice.items()}
+        cost = float(sum(self.cost[g, n] for g, n in choice.items()))
+        return Solution(placement, cost, worst, method, time.perf_counter() - started)
+
+
+def solve_greedy(
+    groups: Sequence[GroupDemand], nodes: Sequence[NodeOffer], latency: Latency
+) -> Solution:
+    """Highest priority first (then the most constrained); each on its cheapest feasible
+    node that still has room."""
+    started = time.perf_counter()
+    c = _Costs(groups, nodes, latency)
+    c.check()
+    free = np.array([n.free_slots for n in nodes], dtype=np.int64)
+    order = sorted(
+        range(len(groups)), key=lambda gi: (-groups[gi].priority, int(c.feasible[gi].sum()), gi)
+    )
+    choice: dict[int, int] = {}
+    for gi in order:
+        ok = c.feasible[gi] & (free >= groups[gi].slots)
+        if not ok.any():
+            raise PlacementError(
+                f"group {groups[gi].id}: every feasible node is full "
+                "(higher-priority groups took the room)"
+            )
+        costs = np.where(ok, c.cost[gi], np.inf)
+        ni = int(np.argmin(costs))
+        choice[gi] = ni
+        free[ni] -= groups[gi].slots
+    return c.solution(choice, "greedy", started)
+
+
+def solve_exact(
+    groups: Sequence[GroupDemand],
+    nodes: Sequence[NodeOffer],
+    latency: Latency,
+    *,
+    time_limit: float = 30.0,
+) -> Solution:
+    """The optimum of the assignment problem above, by HiGHS through ``scipy.optimize.milp``."""
+    from scipy.optimize import Bounds, LinearConstraint, milp
+    from scipy.sparse import coo_matrix
+
+    started = time.perf_counter()
+    c = _Costs(groups, nodes, latency)
+    c.check()
+    pairs = np.argwhere(c.feasible)  # one variable per feasible (group, node)
+    nvar = len(pairs)
+    objective = c.cost[pairs[:, 0], pairs[:, 1]]
+    var = np.arange(nvar)
+    once = coo_matrix((np.ones(nvar), (pairs[:, 0], var)), shape=(len(groups), nvar))
+    slots = np.array([groups[g].slots for g in pairs[:, 0]], dtype=float)
+    room = coo_matrix((slots, (pairs[:, 1], var)), shape=(len(nodes), nvar))
+    free = np.array([n.free_slots for n in nodes], dtype=float)
+    result = milp(
+        objective,
+        integrality=np.ones(nvar),
+        bounds=Bounds(0, 1),
+        constraints=[
+            LinearConstraint(once.tocsr(), 1, 1),
+            LinearConstraint(room.tocsr(), -np.inf, free),
+        ],
+        options={"time_limit": time_limit},
+    )
+    if result.x is None:
+        raise PlacementError(f"no placement fits every group's capacity at once ({result.message})")
+    chosen = pairs[result.x > 0.5]
+    choice = {int(g): int(n) for g, n in chosen}
+    solution = c.solution(choice, "exact", started)
+    if result.status != 0:
+        solution.notes["solver"] = str(result.message)
+    return solution

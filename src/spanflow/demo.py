@@ -6,11 +6,34 @@ ends produce the same spec.
 
 from __future__ import annotations
 
-from spanflow.api import Flow, Pipeline
+from spanflow.api import Flow, Pipeline, Stream
 from spanflow.simulator import SENSOR_SCHEMA
 
 TEMPERATURE_LIMIT = 45.0
 VIBRATION_LIMIT = 3.0
+
+
+def device_windows(readings: Stream) -> Stream:
+    """validate → 10 s tumbling window per device (shared by both demos)."""
+    return (
+        readings.filter("temperature BETWEEN -40 AND 125 AND vibration >= 0", id="valid")
+        .key_by("device", id="by_device")
+        .window(tumbling="10s")
+        .aggregate(
+            readings="count",
+            avg_temperature="avg(temperature)",
+            max_temperature="max(temperature)",
+            max_vibration="max(vibration)",
+            id="per_device_10s",
+        )
+    )
+
+
+def over_limits(windows: Stream) -> Stream:
+    return windows.filter(
+        f"max_temperature > {TEMPERATURE_LIMIT} OR max_vibration > {VIBRATION_LIMIT}",
+        id="threshold",
+    )
 
 
 def sensor_alerts() -> Flow:
@@ -24,25 +47,11 @@ def sensor_alerts() -> Flow:
         max_out_of_orderness="5s",
         id="readings",
     )
-    windows = (
-        readings.filter("temperature BETWEEN -40 AND 125 AND vibration >= 0", id="valid")
-        .key_by("device", id="by_device")
-        .window(tumbling="10s")
-        .aggregate(
-            readings="count",
-            avg_temperature="avg(temperature)",
-            max_temperature="max(temperature)",
-            max_vibration="max(vibration)",
-            id="per_device_10s",
-        )
-    )
+    windows = device_windows(readings)
     to_windows = windows.sink_jetstream(
         "SENSOR_WINDOWS", subject="windows.{device}", id="windows_out"
     )
-    alerts = windows.filter(
-        f"max_temperature > {TEMPERATURE_LIMIT} OR max_vibration > {VIBRATION_LIMIT}",
-        id="threshold",
-    ).select(
+    alerts = over_limits(windows).select(
         "device",
         "window_start",
         "window_end",
@@ -83,23 +92,9 @@ def site_alerts(site: str) -> Flow:
         max_out_of_orderness="5s",
         id="readings",
     )
-    windows = (
-        readings.filter("temperature BETWEEN -40 AND 125 AND vibration >= 0", id="valid")
-        .key_by("device", id="by_device")
-        .window(tumbling="10s")
-        .aggregate(
-            readings="count",
-            avg_temperature="avg(temperature)",
-            max_temperature="max(temperature)",
-            max_vibration="max(vibration)",
-            id="per_device_10s",
-        )
-    )
+    windows = device_windows(readings)
     tagged = windows.map(site=f"'{site}'", id="tagged")
-    alerts = windows.filter(
-        f"max_temperature > {TEMPERATURE_LIMIT} OR max_vibration > {VIBRATION_LIMIT}",
-        id="threshold",
-    ).select(
+    alerts = over_limits(windows).select(
         "device",
         f"'{site}' AS site",
         "window_start",

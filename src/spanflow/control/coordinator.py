@@ -229,7 +229,6 @@ class Coordinator:
         """Apply a topology file: its sites, links and node specs win; node states stay."""
         async with self._lock:
             writes: list[KVWrite] = []
-            sites_links = Topology(name=given.name, sites=given.sites, links=given.links)
             current = self.view.topology
             merged = Topology(
                 name=given.name,
@@ -252,7 +251,7 @@ class Coordinator:
                     writes.append(put(NODES_BUCKET, spec.name, nodes[spec.name]))
             if not writes:
                 return
-            await self._commit("topology", {"topology": sites_links.name}, writes)
+            await self._commit("topology", {"topology": given.name}, writes)
             self.view.topology = merged
             self.view.nodes = nodes
 
@@ -311,6 +310,16 @@ class Coordinator:
             await self._schedule()
             return record
 
+    async def _set_node_state(
+        self, record: NodeRecord, state: NodeState, kind: str, **detail: Any
+    ) -> NodeRecord:
+        moved = record.model_copy(update={"state": state, "since": now()})
+        await self._commit(
+            kind, {"node": record.name, **detail}, [put(NODES_BUCKET, record.name, moved)]
+        )
+        self.view.nodes[record.name] = moved
+        return moved
+
     def node(self, name: str) -> NodeRecord:
         record = self.view.nodes.get(name)
         if record is None:
@@ -323,16 +332,14 @@ class Coordinator:
             record = self.node(name)
             if record.state == NodeState.DRAINING:
                 return record
-            drained = record.model_copy(update={"state": NodeState.DRAINING, "since": now()})
-            await self._commit("node-drained", {"node": name}, [put(NODES_BUCKET, name, drained)])
-            self.view.nodes[name] = drained
+            drained = await self._set_node_state(record, NodeState.DRAINING, "node-drained")
             await self._move_fragments_off(name, reason=f"node {name} drained")
             return drained
 
     async def remove_node(self, name: str) -> None:
         async with self._lock:
             record = self.node(name)
-            await self._move_fragments_off(name, reason=f"node {name} left", extra_exclude=[name])
+            await self._move_fragments_off(name, reason=f"node {name} left")
             await self._commit("node-removed", {"node": name}, [delete(NODES_BUCKET, name)])
             del self.view.nodes[record.name]
             self.view.last_seen.pop(name, None)
@@ -583,9 +590,7 @@ class Coordinator:
                 self.view.assignments[a.fragment.id] = a
             self.view.pipelines[record.name] = updated
 
-    async def _move_fragments_off(
-        self, node: str, *, reason: str, extra_exclude: Iterable[str] = ()
-    ) -> None:
+    async def _move_fragments_off(self, node: str, *, reason: str) -> None:
         """Unassign a node's fragments and place them on other nodes."""
         moving = [a for a in self.view.assignments.values() if a.node == node]
         if not moving:
@@ -603,7 +608,7 @@ class Coordinator:
             record = self.view.pipelines.get(pipeline)
             if record is not None and record.state in ACTIVE:
                 await self._set_state(record, PipelineState.FAILING, reason)
-        await self._schedule(exclude=[node, *extra_exclude])
+        await self._schedule(exclude=[node])
 
     # -- what nodes tell us -------------------------------------------------------------
     async def _on_heartbeat(self, msg: Msg) -> None:
@@ -617,17 +622,19 @@ class Coordinator:
             return  # unknown node, or a stale agent that was replaced
         self.view.last_seen[hb.node] = time.monotonic()
         self.view.heartbeats[hb.node] = hb
+        changed = False
         for frag_id, rt in hb.fragments.items():
             a = self.view.assignments.get(frag_id)
             if a is not None and a.node == hb.node and a.epoch == rt.epoch:
+                old = self.view.runtime.get(frag_id)
+                changed |= old is None or (old.status, old.epoch) != (rt.status, rt.epoch)
                 self.view.runtime[frag_id] = rt
+        if record.state != NodeState.FAILED and not changed:
+            return  # the common case: progress only, no decision to take
         async with self._lock:
+            record = self.view.nodes.get(hb.node, record)
             if record.state == NodeState.FAILED:
-                back = record.model_copy(update={"state": NodeState.ALIVE, "since": now()})
-                await self._commit(
-                    "node-recovered", {"node": hb.node}, [put(NODES_BUCKET, hb.node, back)]
-                )
-                self.view.nodes[hb.node] = back
+                await self._set_node_state(record, NodeState.ALIVE, "node-recovered")
                 await self._schedule()
             await self._refresh_states()
 
@@ -705,15 +712,9 @@ class Coordinator:
                             continue
                         silent = clock - self.view.last_seen.get(name, clock)
                         if silent > limit:
-                            failed = record.model_copy(
-                                update={"state": NodeState.FAILED, "since": now()}
+                            await self._set_node_state(
+                                record, NodeState.FAILED, "node-failed", silent_s=round(silent, 1)
                             )
-                            await self._commit(
-                                "node-failed",
-                                {"node": name, "silent_s": round(silent, 1)},
-                                [put(NODES_BUCKET, name, failed)],
-                            )
-                            self.view.nodes[name] = failed
                             log.warning(
                                 "node %s missed heartbeats for %.1f s: failed", name, silent
                             )

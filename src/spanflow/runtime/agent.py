@@ -243,7 +243,7 @@ class NodeAgent:
             if fid not in self._desired:
                 running = ex.fragments[fid]
                 ex.stop(fid)
-                self._report("stopped", self._stopped_runtime(running.assignment, "unassigned"))
+                self._report("stopped", self._stopped_runtime(running.assignment))
                 self._runtime.pop(fid, None)
         for fid in list(self._runtime):
             if fid not in self._desired and fid not in ex.fragments:
@@ -256,7 +256,7 @@ class NodeAgent:
                     continue
                 path = ex.savepoint(a)
                 self._savepointed.add(marker)
-                rt = self._stopped_runtime(a, "savepoint")
+                rt = self._stopped_runtime(a)
                 self._runtime[fid] = rt
                 self._report("savepointed", rt, savepoint_dir=path)
                 continue
@@ -296,7 +296,7 @@ class NodeAgent:
         self._runtime[fid] = rt
         self._report("failed" if fatal else "progress", rt)
 
-    def _stopped_runtime(self, a: Assignment, why: str = "") -> FragmentRuntime:
+    def _stopped_runtime(self, a: Assignment) -> FragmentRuntime:
         return FragmentRuntime(
             fragment_id=a.fragment.id, epoch=a.epoch, status="stopped", error=None
         )

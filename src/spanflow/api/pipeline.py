@@ -20,7 +20,7 @@ unless you pass ``id=``.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from pydantic import ValidationError
@@ -42,6 +42,7 @@ from spanflow.spec import (
     SourceStep,
     Step,
     SumStep,
+    UnionStep,
     WindowStep,
     format_validation_error,
 )
@@ -243,6 +244,47 @@ class Stream:
     ) -> Stream:
         """Average of ``field`` per tumbling window (the classic 'average' processor)."""
         return self._then(AverageStep, "average", id, field=field, window=window, key=key)
+
+    def union(self, *others: Stream, id: str | None = None) -> Stream:
+        """Records of this stream and the others in one stream (same columns)."""
+        if not others:
+            raise SpecError("union(): give at least one other stream")
+        steps: dict[str, Step] = {s.id: s for s in self._steps}
+        functions = dict(self._functions)
+        for other in others:
+            if other._pipeline is not self._pipeline:
+                raise SpecError("union(): the streams belong to different pipelines")
+            for s in other._steps:
+                steps.setdefault(s.id, s)
+            functions.update(other._functions)
+        heads = (self.head, *(o.head for o in others))
+        step = _build(UnionStep, id=id or self._pipeline._next_id("union"), inputs=heads)
+        return Stream(self._pipeline, (*steps.values(), step), functions, step.id)
+
+    # -- placement pins ----------------------------------------------------------------
+    def at_edge(self) -> Stream:
+        """Run the last step at every site that hosts its input, on that site's data
+        (e.g. a window keyed by something only you know is per site)."""
+        return self._pin(at="edge")
+
+    def in_cloud(self) -> Stream:
+        """Run the last step, and everything after it, on a cloud node."""
+        return self._pin(at="cloud")
+
+    def on(self, *, tags: Sequence[str]) -> Stream:
+        """Run the last step on a node that has all of ``tags`` (e.g. ``["gpu"]``)."""
+        if isinstance(tags, str):
+            tags = [tags]
+        return self._pin(node_tags=tuple(tags))
+
+    def _pin(self, **update: Any) -> Stream:
+        steps = tuple(
+            type(s).model_validate({**s.model_dump(by_alias=True), **update})
+            if s.id == self.head
+            else s
+            for s in self._steps
+        )
+        return Stream(self._pipeline, steps, self._functions, self.head)
 
     # -- sinks -----------------------------------------------------------------------
     def sink_jetstream(

@@ -40,11 +40,14 @@ from spanflow.nats.cluster import (
     activity_subject,
 )
 from spanflow.nats.streams import connect
-from spanflow.plan import ClusterView, LocalityPlacer, PlacementError, Placer, fragments_of
+from spanflow.plan import ClusterView, PlacementError, Placer
+from spanflow.plan.fragments import PlanError, compile_fragments
+from spanflow.plan.planner import GeoPlacer, hops_of, offline_view, plan_pipeline
 from spanflow.spec.cluster import (
     TRANSITIONS,
     Activity,
     Assignment,
+    Fragment,
     FragmentRuntime,
     Heartbeat,
     NodeRecord,
@@ -133,7 +136,7 @@ class _View:
 class Coordinator:
     def __init__(self, settings: CoordinatorSettings, placer: Placer | None = None) -> None:
         self.settings = settings
-        self.placer: Placer = placer or LocalityPlacer()
+        self.placer: Placer = placer or GeoPlacer()
         self.view = _View(topology=Topology())
         self.nc: Client | None = None
         self.store: ClusterStore | None = None
@@ -399,6 +402,7 @@ class Coordinator:
                 latency_budget=sub.latency_budget,
                 parallelism=sub.parallelism,
             ).moved_to(PipelineState.CREATED, "submitted")
+            self._check_plannable(record)
             await self._commit(
                 "pipeline-submitted",
                 {"pipeline": name, "run_id": record.run_id, "priority": sub.priority},
@@ -515,6 +519,35 @@ class Coordinator:
         self.view.pipelines[record.name] = moved
 
     # -- placement --------------------------------------------------------------------
+    def _fragments(self, record: PipelineRecord) -> list[Fragment]:
+        """The record's plan; a pipeline not planned yet is compiled for today's topology."""
+        if record.fragments:
+            return record.fragments
+        return compile_fragments(record.spec, self.topology(), record.parallelism).fragments
+
+    def _shown_fragments(self, record: PipelineRecord) -> list[Fragment]:
+        try:
+            return self._fragments(record)
+        except PlanError:
+            return []
+
+    def _check_plannable(self, record: PipelineRecord) -> None:
+        """Refuse a pipeline no placement could ever fit (a bad pin, a latency budget or
+        capability no declared node meets), naming the constraint and by how much. A
+        pipeline that only waits for nodes to come up or free a slot is accepted."""
+        topology = self.topology()
+        try:
+            compiled = compile_fragments(record.spec, topology, record.parallelism)
+            if topology.nodes:
+                plan_pipeline(
+                    compiled,
+                    offline_view(topology),
+                    priority=record.priority,
+                    latency_budget=record.latency_budget,
+                )
+        except (PlanError, PlacementError) as exc:
+            raise RequestError(422, f"pipeline {record.name!r} cannot be placed: {exc}") from None
+
     def _cluster_view(self) -> ClusterView:
         used: dict[str, int] = {}
         for a in self.view.assignments.values():
@@ -531,11 +564,12 @@ class Coordinator:
         active = [r for r in self.view.pipelines.values() if r.state in ACTIVE]
         active.sort(key=lambda r: (-r.priority, r.submitted_at))
         for record in active:
-            missing = [
-                f
-                for f in fragments_of(record.spec, record.parallelism)
-                if f.id not in self.view.assignments
-            ]
+            try:
+                fragments = self._fragments(record)
+            except PlanError as exc:
+                await self._end(record, PipelineState.FAILED, f"cannot be planned: {exc}")
+                continue
+            missing = [f for f in fragments if f.id not in self.view.assignments]
             if not missing:
                 continue
             try:
@@ -579,7 +613,9 @@ class Coordinator:
                 if record.state == PipelineState.CREATED
                 else record
             )
-            updated = updated.model_copy(update={"epochs": epochs, "restore_from": None})
+            updated = updated.model_copy(
+                update={"epochs": epochs, "restore_from": None, "fragments": fragments}
+            )
             writes.append(put(PIPELINES_BUCKET, record.name, updated))
             await self._commit(
                 "assign",
@@ -674,7 +710,7 @@ class Coordinator:
                 PipelineState.FAILING,
             ):
                 continue
-            fragments = fragments_of(record.spec, record.parallelism)
+            fragments = self._fragments(record)
             statuses = []
             for f in fragments:
                 a = self.view.assignments.get(f.id)
@@ -726,13 +762,27 @@ class Coordinator:
     # -- observation -------------------------------------------------------------------
     def pipeline_status(self, name: str) -> dict[str, Any]:
         record = self.pipeline(name)
+        shown = self._shown_fragments(record)
+        topology = self.topology()
         fragments = []
-        for f in fragments_of(record.spec, record.parallelism):
+        path = 0.0
+        for f in shown:
             a = self.view.assignments.get(f.id)
             rt = self.view.runtime.get(f.id)
+            node = self.view.nodes.get(a.node) if a else None
+            worst = (
+                max((topology.latency(node.spec.site, s) or 0.0 for s in f.input_sites), default=0)
+                if node is not None
+                else 0.0
+            )
+            path = max(path, worst)
             fragments.append(
                 {
                     "id": f.id,
+                    "kind": f.kind,
+                    "site": node.spec.site if node else f.site,
+                    "input_sites": list(f.input_sites),
+                    "steps": list(f.steps),
                     "node": a.node if a else None,
                     "epoch": a.epoch if a else record.epochs.get(f.id, 0),
                     "action": a.action if a else None,
@@ -741,17 +791,17 @@ class Coordinator:
                         if rt and a and rt.epoch == a.epoch
                         else ("starting" if a else "unassigned")
                     ),
+                    "input_latency_s": round(worst, 4),
                     "runtime": rt.model_dump() if rt else None,
                 }
             )
         batch_ms = [
-            rt.last_batch_ms
-            for f in fragments_of(record.spec, record.parallelism)
-            if (rt := self.view.runtime.get(f.id)) is not None
+            rt.last_batch_ms for f in shown if (rt := self.view.runtime.get(f.id)) is not None
         ]
-        # A record waits up to one trigger interval, then one batch: a rough per-hop
-        # latency until the planner estimates whole paths.
-        estimate = record.spec.trigger + max(batch_ms) / 1000 if batch_ms else None
+        # Every fragment on the path waits up to a trigger interval and runs one batch;
+        # the network adds the worst one-way latency into a global fragment.
+        hops = hops_of(shown) if shown else 1
+        estimate = path + hops * (record.spec.trigger + max(batch_ms) / 1000) if batch_ms else None
         return {
             "name": name,
             "state": record.state.value,
@@ -776,7 +826,7 @@ class Coordinator:
         record = self.pipeline(name)
         rts = [
             self.view.runtime[f.id]
-            for f in fragments_of(record.spec, record.parallelism)
+            for f in self._shown_fragments(record)
             if f.id in self.view.runtime
         ]
         return {

@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import json
 import secrets
+from collections.abc import Sequence
 from urllib.parse import urlparse
 
 from nats.aio.client import Client
@@ -71,13 +72,22 @@ class _RangeState:
 
 
 async def read_range_fast(
-    nc: Client, url: str, stream: str, start: int, end: int, *, idle_check: float = 2.0
+    nc: Client,
+    url: str,
+    stream: str,
+    start: int,
+    end: int,
+    *,
+    subjects: Sequence[str] = (),
+    idle_check: float = 2.0,
 ) -> list[Message]:
-    """Messages with ``start <= seq < end``, like :func:`read_range`, several times faster."""
+    """Messages with ``start <= seq < end``, like :func:`read_range`, several times faster.
+
+    ``subjects`` keeps only messages on those subjects (filtered by the server)."""
     if end <= start:
         return []
     if not fast_path_supported(url):
-        return await read_range(nc, stream, start, end, idle_check=idle_check)
+        return await read_range(nc, stream, start, end, subjects=subjects, idle_check=idle_check)
     parsed = urlparse(url)
     reader, writer = await asyncio.open_connection(
         parsed.hostname or "127.0.0.1", parsed.port or 4222, limit=1 << 22
@@ -102,10 +112,13 @@ async def read_range_fast(
                 mem_storage=True,
                 num_replicas=1,
                 inactive_threshold=30.0,
+                filter_subjects=list(subjects) or None,
             ),
         )
         consumer = info.name
-        await _pump(reader, writer, state, nc, stream, start, idle_check)
+        if subjects and not info.num_pending:
+            return []  # nothing on these subjects from ``start`` on
+        await _pump(reader, writer, state, nc, stream, consumer, start, idle_check)
     finally:
         writer.close()
         with contextlib.suppress(Exception):
@@ -122,6 +135,7 @@ async def _pump(
     state: _RangeState,
     nc: Client,
     stream: str,
+    consumer: str,
     start: int,
     idle_check: float,
 ) -> None:
@@ -130,8 +144,12 @@ async def _pump(
         try:
             chunk = await asyncio.wait_for(reader.read(1 << 20), idle_check)
         except TimeoutError:
-            # No progress: the rest of the range may have been deleted.
-            s = (await nc.jetstream().stream_info(stream)).state
+            # No progress: the rest of the range may have been deleted, or (filtered)
+            # nothing more on the consumer's subjects has been stored yet.
+            js = nc.jetstream()
+            if not (await js.consumer_info(stream, consumer)).num_pending:
+                return
+            s = (await js.stream_info(stream)).state
             if s.last_seq < max(start, state.last_seen + 1) or s.first_seq >= state.end:
                 return
             continue

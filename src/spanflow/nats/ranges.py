@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js.api import ConsumerConfig, DeliverPolicy
+
+from spanflow.nats.streams import subject_covers
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,9 +44,16 @@ def _ack_fields(reply: str) -> tuple[int, int, int]:
 
 
 async def read_range(
-    nc: Client, stream: str, start: int, end: int, *, idle_check: float = 2.0
+    nc: Client,
+    stream: str,
+    start: int,
+    end: int,
+    *,
+    subjects: Sequence[str] = (),
+    idle_check: float = 2.0,
 ) -> list[Message]:
-    """Messages with ``start <= seq < end`` in sequence order."""
+    """Messages with ``start <= seq < end`` in sequence order (only those on ``subjects``,
+    when given: filtered here, so the end of the range is still seen)."""
     if end <= start:
         return []
     js = nc.jetstream()
@@ -60,7 +70,8 @@ async def read_range(
             done.set()
             return
         last_seen = seq
-        out.append(Message(seq, msg.subject, msg.data, ts_ns // 1000))
+        if not subjects or any(subject_covers(p, msg.subject) for p in subjects):
+            out.append(Message(seq, msg.subject, msg.data, ts_ns // 1000))
         if seq >= end - 1 or pending == 0:
             done.set()
 

@@ -91,8 +91,10 @@ async def ensure_stream(
         missing = [x for x in subjects or [] if not any(subject_covers(h, x) for h in have)]
         if not missing:
             return
+        # A wider subject replaces the ones it covers (the server refuses overlaps).
+        kept = [h for h in have if not any(subject_covers(m, h) for m in missing)]
         try:
-            await js.update_stream(replace(info.config, subjects=[*have, *missing]))
+            await js.update_stream(replace(info.config, subjects=[*kept, *missing]))
             return
         except APIError as exc:
             if attempt == 2:

@@ -45,6 +45,8 @@ class GroupDemand:
     accelerators: frozenset[str] = frozenset()
     latency_budget: float | None = None
     """Seconds the worst input path may take (None: no limit)."""
+    sites: frozenset[str] | None = None
+    """Sites it may run in (None: any), e.g. the cloud sites for a cloud pin."""
 
 
 @dataclass(frozen=True)
@@ -136,6 +138,10 @@ class _Costs:
             have = column([mask(n.tags, n.accelerators) for n in nodes])
             need = column([mask(g.tags, g.accelerators) for g in groups])
             ok &= (have[None, :] & need[:, None]) == need[:, None]
+        node_sites = np.array([n.site for n in nodes], dtype=object)
+        for gi, g in enumerate(groups):
+            if g.sites is not None:
+                ok[gi] &= np.isin(node_sites, list(g.sites))
         return ok
 
     def explain_infeasible(self, gi: int) -> str:
@@ -153,7 +159,8 @@ class _Costs:
             if g.memory_mb:
                 wants.append(f"{g.memory_mb} MiB")
             wants.append(f"{g.slots} free slot(s)")
-            return f"group {g.id}: no node has {', '.join(wants)}"
+            where = f" in {sorted(g.sites)}" if g.sites is not None else ""
+            return f"group {g.id}: no node{where} has {', '.join(wants)}"
         reachable = self.worst[gi][self.capable[gi]]
         best = float(reachable.min())
         if not np.isfinite(best):

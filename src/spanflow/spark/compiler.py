@@ -34,14 +34,17 @@ from spanflow.spec import (
     ForwardStep,
     KeyByStep,
     MapStep,
+    MergeStep,
     PipelineSpec,
     SelectStep,
     SinkStep,
     SourceStep,
     Step,
     SumStep,
+    UnionStep,
     WindowStep,
     parse_aggregate,
+    partial_columns,
 )
 from spanflow.spec.durations import spark_interval
 from spanflow.spec.schema import SPARK_TYPES_BY_NAME, field_type
@@ -73,6 +76,9 @@ class CompileContext:
     nats_url: str
     functions: Mapping[str, UserFunction]
     source_format: str = FORMAT_NAME
+    plan: PipelineSpec | None = None
+    """The planned pipeline a fragment was cut from: sources with ``schema_of`` take
+    the schema of that step in it."""
 
 
 def compile_pipeline(
@@ -82,33 +88,127 @@ def compile_pipeline(
     nats_url: str,
     functions: Mapping[str, UserFunction] | None = None,
     source_format: str = FORMAT_NAME,
+    plan: PipelineSpec | None = None,
 ) -> list[CompiledSink]:
     """One streaming DataFrame per sink (each becomes its own query).
 
     ``source_format`` is the registered name sources read through (see
     :func:`spanflow.spark.jetstream.register_isolated`).
     """
-    ctx = CompileContext(spark, nats_url, functions or {}, source_format)
-    frames: dict[str, Frame] = {}
+    ctx = CompileContext(spark, nats_url, functions or {}, source_format, plan)
+    frames = _compile_frames(ctx, spec, list(spec.topological()))
     out: list[CompiledSink] = []
-    for step in spec.topological():
+    for step in spec.sinks():
+        frame = frames[step.inputs[0]]
+        if step.kind == "parquet" and frame.mode != "append":
+            raise CompileError(
+                step.id, "a parquet sink needs append output; use emit='final' windows"
+            )
+        out.append(CompiledSink(step, frame.df, frame.mode))
+    return out
+
+
+def _compile_frames(ctx: CompileContext, spec: PipelineSpec, steps: list[Step]) -> dict[str, Frame]:
+    frames: dict[str, Frame] = {}
+    for step in steps:
         if isinstance(step, SinkStep):
-            frame = frames[step.inputs[0]]
-            if step.kind == "parquet" and frame.mode != "append":
-                raise CompileError(
-                    step.id, "a parquet sink needs append output; use emit='final' windows"
-                )
-            out.append(CompiledSink(step, frame.df, frame.mode))
             continue
-        upstream = frames[step.inputs[0]] if step.inputs else None
         try:
-            frames[step.id] = _compile_step(ctx, spec, step, upstream)
+            if isinstance(step, UnionStep):
+                frames[step.id] = _union(step, [frames[i] for i in step.inputs])
+            else:
+                upstream = frames[step.inputs[0]] if step.inputs else None
+                frames[step.id] = _compile_step(ctx, spec, step, upstream)
             frames[step.id].df.schema  # noqa: B018 - force analysis so errors name this step
         except CompileError:
             raise
         except PySparkException as exc:
             raise CompileError(step.id, _short(exc)) from None
+    return frames
+
+
+def _ancestors(spec: PipelineSpec, step_id: str) -> list[Step]:
+    """``step_id`` and every step it reads from, inputs first."""
+    wanted: set[str] = set()
+    pending = [step_id]
+    while pending:
+        sid = pending.pop()
+        if sid not in wanted:
+            wanted.add(sid)
+            pending.extend(spec.step(sid).inputs)
+    return [s for s in spec.topological() if s.id in wanted]
+
+
+def step_schema(ctx: CompileContext, step_id: str) -> dict[str, str]:
+    """The record schema (spanflow types) of one step of the planned pipeline: what a
+    fragment downstream of a cut reads. Analysis only; nothing is started."""
+    if ctx.plan is None:
+        raise CompileError(step_id, "a source with schema_of needs the planned pipeline")
+    try:
+        ctx.plan.step(step_id)
+    except KeyError:
+        raise CompileError(step_id, "schema_of names a step the pipeline does not have") from None
+    frames = _compile_frames(replace(ctx, plan=None), ctx.plan, _ancestors(ctx.plan, step_id))
+    return spanflow_schema(step_id, frames[step_id].df.schema)
+
+
+def spanflow_schema(step_id: str, struct: StructType) -> dict[str, str]:
+    """Spark columns → a spanflow schema, so records can cross sites as JSON.
+
+    Metadata columns (``_subject``, ``_seq``, ...) stay behind: the reading side adds
+    its own, as every source does."""
+    out: dict[str, str] = {}
+    for f in struct.fields:
+        if f.name.startswith("_"):
+            continue
+        name = _CROSSING_TYPES.get(type(f.dataType).__name__)
+        if name is None:
+            raise CompileError(
+                step_id,
+                f"column {f.name!r} ({f.dataType.simpleString()}) cannot be sent to another "
+                "site; pin the steps around it with at='edge' or at='cloud' so they stay together",
+            )
+        out[f.name] = name + ("?" if f.nullable else "")
     return out
+
+
+_CROSSING_TYPES = {
+    "StringType": "string",
+    "LongType": "long",
+    "IntegerType": "long",
+    "ShortType": "long",
+    "ByteType": "long",
+    "DoubleType": "double",
+    "FloatType": "double",
+    "DecimalType": "double",
+    "BooleanType": "boolean",
+    "TimestampType": "timestamp",
+    "TimestampNTZType": "timestamp",
+    "BinaryType": "binary",
+}
+
+
+def _union(step: UnionStep, inputs: list[Frame]) -> Frame:
+    first = inputs[0]
+    df = first.df
+    for other in inputs[1:]:
+        if sorted(other.df.columns) != sorted(df.columns):
+            raise CompileError(
+                step.id,
+                f"inputs have different columns: {sorted(df.columns)} and "
+                f"{sorted(other.df.columns)}",
+            )
+        df = df.unionByName(other.df)
+    if any(f.mode != "append" for f in inputs):
+        raise CompileError(step.id, "a union needs append inputs (final windows, not updates)")
+    keys = {f.key for f in inputs}
+    times = {f.event_time for f in inputs}
+    return Frame(
+        df,
+        key=first.key if len(keys) == 1 else (),
+        event_time=first.event_time if len(times) == 1 else None,
+        watermarked=all(f.watermarked for f in inputs) and len(times) == 1,
+    )
 
 
 def _short(exc: Exception) -> str:
@@ -116,15 +216,19 @@ def _short(exc: Exception) -> str:
     return text[:500]
 
 
-def source_options(spec: PipelineSpec, step: SourceStep, nats_url: str) -> dict[str, str]:
+def source_options(
+    spec: PipelineSpec, step: SourceStep, nats_url: str, schema: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    fields = dict(step.schema_ if schema is None else schema)
     return {
         "url": nats_url,
         "stream": step.stream,
-        "pipeline": spec.name,
+        "pipeline": spec.instance,
         "step": step.id,
         "format": step.format.value,
-        "schema": json.dumps(step.schema_),
-        "ddl": spark_ddl(step.schema_, step.format),
+        "schema": json.dumps(fields),
+        "ddl": spark_ddl(fields, step.format),
+        "filter_subjects": json.dumps(list(step.filter_subjects)),
         "max_rows": str(step.max_rows_per_batch),
         "partitions": str(step.partitions),
         "start": step.start,
@@ -176,7 +280,7 @@ def _python_step(
         fn,
         to_arrow_schema(out_struct, timezone="UTC"),
         url=ctx.nats_url,
-        pipeline=spec.name,
+        pipeline=spec.instance,
         step=step_id,
     )
     return replace(frame, df=frame.df.mapInArrow(udf, out_struct))
@@ -190,11 +294,50 @@ def _aggregate_column(name: str, text: str) -> Column:
     return {"sum": F.sum, "avg": F.avg, "min": F.min, "max": F.max}[fn](F.col(field)).alias(name)
 
 
+def _partial_columns(name: str, text: str) -> list[Column]:
+    """What one site contributes to an aggregate (see :func:`spanflow.spec.partial_columns`)."""
+    fn, field = parse_aggregate(text)
+    if fn != "avg":
+        return [_aggregate_column(name, text)]
+    assert field is not None
+    return [
+        F.sum(F.col(field)).alias(f"{name}__sum"),
+        F.count(F.col(field)).alias(f"{name}__count"),
+    ]
+
+
+def _merge(step: MergeStep, up: Frame) -> Frame:
+    """Fold the sites' partial aggregates of each (key, window) into the final values.
+
+    The input is watermarked on ``window_end``, so a window is final once every site's
+    partials have moved past it (Spark keeps the minimum watermark of the unioned
+    sources)."""
+    frame = _watermarked(up, step.id)
+    folds = {"sum": F.sum, "min": F.min, "max": F.max}
+    columns = []
+    for name, text in step.aggregates.items():
+        for column, fold in partial_columns(name, text).items():
+            if column not in frame.df.columns:
+                raise CompileError(step.id, f"partial column {column!r} is missing from the input")
+            columns.append(folds[fold](F.col(column)).alias(column))
+    grouped = frame.df.groupBy(*step.key, "window_start", "window_end").agg(*columns)
+    finals = []
+    for name, text in step.aggregates.items():
+        fn, _ = parse_aggregate(text)
+        if fn == "avg":
+            finals.append(F.try_divide(F.col(f"{name}__sum"), F.col(f"{name}__count")).alias(name))
+        else:
+            finals.append(F.col(name))
+    df = grouped.select(*step.key, "window_start", "window_end", *finals)
+    return Frame(df, key=step.key, mode="append")
+
+
 def _compile_step(ctx: CompileContext, spec: PipelineSpec, step: Step, up: Frame | None) -> Frame:
     if isinstance(step, SourceStep):
+        schema = step_schema(ctx, step.schema_of) if step.schema_of else None
         df = (
             ctx.spark.readStream.format(ctx.source_format)
-            .options(**source_options(spec, step, ctx.nats_url))
+            .options(**source_options(spec, step, ctx.nats_url, schema))
             .load()
         )
         frame = Frame(df, key=(step.key,) if step.key else ())
@@ -243,6 +386,8 @@ def _compile_step(ctx: CompileContext, spec: PipelineSpec, step: Step, up: Frame
         return replace(frame, df=frame.df.dropDuplicatesWithinWatermark(list(step.key)))
     if isinstance(step, WindowStep):
         return _window(ctx, step, up)
+    if isinstance(step, MergeStep):
+        return _merge(step, up)
     if isinstance(step, CountStep):
         key = (step.key,) if step.key else up.key
         if not key:
@@ -280,8 +425,12 @@ def _window(ctx: CompileContext, step: WindowStep, up: Frame) -> Frame:
     bounds = [F.col("window.start").alias("window_start"), F.col("window.end").alias("window_end")]
     mode: OutputMode = "append" if step.emit == "final" else "update"
     if step.aggregates:
-        df = grouped.agg(*[_aggregate_column(n, t) for n, t in step.aggregates.items()])
-        names = list(step.aggregates)
+        if step.partial:
+            columns = [c for n, t in step.aggregates.items() for c in _partial_columns(n, t)]
+        else:
+            columns = [_aggregate_column(n, t) for n, t in step.aggregates.items()]
+        df = grouped.agg(*columns)
+        names = [c for c in df.columns if c not in frame.key and c != "window"]
         df = df.select(*frame.key, *bounds, *names)
         return Frame(df, key=frame.key, mode=mode)
     assert step.reduce is not None

@@ -113,6 +113,7 @@ class JetStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.format = StreamFormat(options.get("format", "json"))
         self.schema_fields: dict[str, str] = json.loads(options.get("schema", "{}"))
         self.csv_delimiter = options.get("csv_delimiter", ",")
+        self.filter_subjects: list[str] = json.loads(options.get("filter_subjects", "[]"))
         self.target: int | None = None  # Trigger.AvailableNow's end
         self._client: SyncNats | None = None
         self._consumer_ready = False
@@ -206,7 +207,12 @@ class JetStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             nc = await connect(self.url)
             try:
                 messages = await read_range_fast(
-                    nc, self.url, self.stream, partition.start, partition.end
+                    nc,
+                    self.url,
+                    self.stream,
+                    partition.start,
+                    partition.end,
+                    subjects=self.filter_subjects,
                 )
                 batches = []
                 for lo in range(0, len(messages), BATCH_ROWS):

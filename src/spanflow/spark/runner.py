@@ -76,11 +76,13 @@ class PipelineRunner:
         functions: Mapping[str, UserFunction] | None = None,
         on_rows: RowsCallback | None = None,
         console_limit: int = 50,
+        plan: PipelineSpec | None = None,
     ) -> None:
         self.spark = spark
         self.spec = spec
+        self.plan = plan
         self.nats_url = nats_url
-        self.checkpoint_dir = Path(checkpoint_dir) / spec.name
+        self.checkpoint_dir = Path(checkpoint_dir) / spec.instance
         self.functions = dict(functions or {})
         self.on_rows = on_rows or _print_rows
         self.console_limit = console_limit
@@ -126,7 +128,7 @@ class PipelineRunner:
     def _compile(self, sup: _Supervised) -> tuple[str, CompiledSink]:
         """One sink's plan, reading through a data source registered for this query alone
         (and anew on every restart): see :func:`register_isolated`."""
-        token = re.sub(r"[^A-Za-z0-9]", "_", f"{self.spec.name}_{sup.sink_id}")
+        token = re.sub(r"[^A-Za-z0-9]", "_", f"{self.spec.instance}_{sup.sink_id}")
         fmt = register_isolated(self.spark, f"spanflow_js_{token}_{sup.restarts}")
         plans = compile_pipeline(
             self.spark,
@@ -134,6 +136,7 @@ class PipelineRunner:
             nats_url=self.nats_url,
             functions=self.functions,
             source_format=fmt,
+            plan=self.plan,
         )
         return fmt, next(c for c in plans if c.sink.id == sup.sink_id)
 
@@ -143,9 +146,9 @@ class PipelineRunner:
     def _launch(self, sup: _Supervised, fmt: str, compiled: CompiledSink) -> None:
         sink, df, mode = compiled.sink, compiled.df, compiled.mode
         checkpoint = str(self.checkpoint_dir / sink.id)
-        self.spark.sparkContext.setLocalProperty("spark.scheduler.pool", self.spec.name)
+        self.spark.sparkContext.setLocalProperty("spark.scheduler.pool", self.spec.instance)
         writer = (
-            df.writeStream.queryName(f"{self.spec.name}.{sink.id}")
+            df.writeStream.queryName(f"{self.spec.instance}.{sink.id}")
             .outputMode(mode)
             .option("checkpointLocation", checkpoint)
             .trigger(processingTime=spark_interval(self.spec.trigger))
@@ -153,7 +156,7 @@ class PipelineRunner:
         if sink.kind == "jetstream":
             options = {
                 "url": self.nats_url,
-                "pipeline": self.spec.name,
+                "pipeline": self.spec.instance,
                 "step": sink.id,
                 "subject": sink.subject or "",
                 "order_by": sink.order_by or "",
@@ -169,7 +172,9 @@ class PipelineRunner:
         else:
             writer = writer.foreachBatch(self._console_writer(sink))
         sup.query = writer.start()
-        log.info("started %s.%s (%s mode) checkpoint %s", self.spec.name, sink.id, mode, checkpoint)
+        log.info(
+            "started %s.%s (%s mode) checkpoint %s", self.spec.instance, sink.id, mode, checkpoint
+        )
 
     def _driver_publisher(self, target: SinkTarget) -> Callable[[DataFrame, int], None]:
         """Update-mode output (running counts, window updates). Spark's v2 streaming sinks
@@ -265,7 +270,7 @@ class PipelineRunner:
         c = self._client
         if c is None:
             return 0
-        subject = dlq_subject(self.spec.name, "*")
+        subject = dlq_subject(self.spec.instance, "*")
         try:
             info = c.run(
                 lambda: c.js.stream_info(self.spec.dead_letter_stream, subjects_filter=subject)

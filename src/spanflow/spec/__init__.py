@@ -15,13 +15,16 @@ if TYPE_CHECKING:
         ForwardStep,
         KeyByStep,
         MapStep,
+        MergeStep,
         SelectStep,
         SinkStep,
         SourceStep,
         Step,
         SumStep,
+        UnionStep,
         WindowStep,
         parse_aggregate,
+        partial_columns,
     )
     from spanflow.spec.pipeline import PipelineSpec, format_validation_error
     from spanflow.spec.schema import StreamFormat
@@ -55,6 +58,7 @@ __all__ = [
     "ForwardStep",
     "KeyByStep",
     "MapStep",
+    "MergeStep",
     "PipelineSpec",
     "SelectStep",
     "SinkStep",
@@ -62,9 +66,11 @@ __all__ = [
     "Step",
     "StreamFormat",
     "SumStep",
+    "UnionStep",
     "WindowStep",
     "format_duration",
     "format_validation_error",
     "parse_aggregate",
     "parse_duration",
+    "partial_columns",
 ]

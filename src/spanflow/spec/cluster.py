@@ -88,6 +88,42 @@ class Transition(BaseModel):
     reason: str = ""
 
 
+class Fragment(BaseModel):
+    """A piece of a pipeline that runs on one node as Spark queries.
+
+    A *local* fragment runs at one site on that site's data (one replica per site that
+    hosts an input stream); a *global* fragment gathers what several sites' local
+    fragments send it. A pipeline that needs no split is one fragment, ``<name>.f0``.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    id: str = Field(
+        description="'<pipeline>.f0', '<pipeline>.at-<site>' or '<pipeline>.global': "
+        "unique in the cluster, KV-key safe."
+    )
+    pipeline: str
+    spec: PipelineSpec
+    input_streams: tuple[str, ...] = ()
+    kind: Literal["local", "global"] = "global"
+    site: str | None = Field(default=None, description="Local fragments: their site.")
+    input_sites: tuple[str, ...] = Field(
+        default=(), description="Sites its input comes from (the MinMax inputs)."
+    )
+    steps: tuple[str, ...] = Field(default=(), description="The pipeline steps it runs.")
+    cloud: bool = Field(default=False, description="Pinned to a cloud site.")
+    node_tags: tuple[str, ...] = Field(default=(), description="Tags its node must have.")
+    plan: PipelineSpec | None = Field(
+        default=None,
+        description="The planned pipeline it was cut from, where sources read another "
+        "fragment's output (their schema is taken from it).",
+    )
+
+    @staticmethod
+    def make_id(pipeline: str, index: int) -> str:
+        return f"{pipeline}.f{index}"
+
+
 class PipelineRecord(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -106,6 +142,9 @@ class PipelineRecord(BaseModel):
     )
     epochs: dict[str, int] = Field(default_factory=dict, description="fragment id → epoch")
     restore_from: str | None = Field(default=None, description="Savepoint to start from.")
+    fragments: list[Fragment] = Field(
+        default_factory=list, description="The current plan's fragments (empty until planned)."
+    )
 
     @property
     def name(self) -> str:
@@ -116,23 +155,6 @@ class PipelineRecord(BaseModel):
         return self.model_copy(
             update={"state": state, "reason": reason, "history": history[-HISTORY_LIMIT:]}
         )
-
-
-class Fragment(BaseModel):
-    """A piece of a pipeline that runs on one node as Spark queries.
-
-    Until the planner splits pipelines, a pipeline is one fragment."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    id: str = Field(description="'<pipeline>.f<n>': unique in the cluster, KV-key safe.")
-    pipeline: str
-    spec: PipelineSpec
-    input_streams: tuple[str, ...] = ()
-
-    @staticmethod
-    def make_id(pipeline: str, index: int) -> str:
-        return f"{pipeline}.f{index}"
 
 
 class Assignment(BaseModel):

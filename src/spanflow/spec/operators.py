@@ -42,6 +42,14 @@ class _Step(BaseModel):
 
     id: str = Field(pattern=STEP_ID, max_length=64, description="Unique, readable step id.")
     inputs: tuple[str, ...] = Field(default=(), description="Ids of the upstream steps.")
+    at: Literal["edge", "cloud"] | None = Field(
+        default=None,
+        description="Pin: 'edge' runs the step at every site that hosts its input, on that "
+        "site's data; 'cloud' runs it (and everything after it) on a cloud node.",
+    )
+    node_tags: tuple[str, ...] = Field(
+        default=(), description="Pin: the step runs on a node with all of these tags."
+    )
 
 
 FunctionRef = Annotated[
@@ -83,11 +91,21 @@ class SourceStep(_Step):
         description="Read tasks per micro-batch. 1 keeps per-key order for stateless pipelines.",
     )
     csv_delimiter: str = Field(default=",", min_length=1, max_length=1)
+    filter_subjects: tuple[str, ...] = Field(
+        default=(), description="Read only messages on these subjects (default: all)."
+    )
+    schema_of: str | None = Field(
+        default=None,
+        description="Set by the planner: records are the output of this step of the "
+        "pipeline, so their schema is that step's (the schema field stays empty).",
+    )
 
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
 
     @model_validator(mode="after")
     def _fields_exist(self) -> SourceStep:
+        if self.schema_of is not None:
+            return self
         if self.format != StreamFormat.RAW and not self.schema_:
             raise ValueError(f"format {self.format.value} needs a schema (field: type)")
         for name, role in ((self.key, "key"), (self.event_time, "event_time")):
@@ -193,6 +211,11 @@ class WindowStep(_Step):
     aggregates: dict[str, str] | None = None
     reduce: FunctionRef | None = None
     emit: Literal["final", "updates"] = "final"
+    partial: bool = Field(
+        default=False,
+        description="Set by the planner: emit mergeable partial aggregates "
+        "(see partial_columns) for a merge step at another site.",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -232,6 +255,40 @@ class WindowStep(_Step):
                 raise ValueError(f"aggregate name {name!r} must be an identifier")
             parse_aggregate(text)
         return self
+
+
+def partial_columns(name: str, text: str) -> dict[str, str]:
+    """The columns a partial window emits for one aggregate, and how the merge folds each.
+
+    ``avg`` travels as a sum and a count so that the merge is exact.
+
+    >>> partial_columns("t", "avg(temp)")
+    {'t__sum': 'sum', 't__count': 'sum'}
+    >>> partial_columns("n", "count")
+    {'n': 'sum'}
+    """
+    fn, _ = parse_aggregate(text)
+    if fn == "avg":
+        return {f"{name}__sum": "sum", f"{name}__count": "sum"}
+    return {name: {"count": "sum", "sum": "sum", "min": "min", "max": "max"}[fn]}
+
+
+class MergeStep(_Step):
+    """Merges the partial aggregates of one window from several sites (set by the planner).
+
+    Groups by the key and the window bounds and folds each partial column; the output
+    has the same columns as the unsplit window step it stands for.
+    """
+
+    type: Literal["merge"] = "merge"
+    key: tuple[str, ...] = ()
+    aggregates: dict[str, str] = Field(min_length=1)
+
+
+class UnionStep(_Step):
+    """Records of all inputs in one stream; the inputs must have the same columns."""
+
+    type: Literal["union"] = "union"
 
 
 class DeduplicateStep(_Step):
@@ -313,6 +370,8 @@ Step = Annotated[
     | SumStep
     | CountStep
     | AverageStep
+    | MergeStep
+    | UnionStep
     | SinkStep,
     Field(discriminator="type"),
 ]
@@ -331,5 +390,7 @@ STEP_TYPES = (
     "sum",
     "count",
     "average",
+    "merge",
+    "union",
     "sink",
 )

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from spanflow.errors import SpecError
 from spanflow.spec.durations import Duration
-from spanflow.spec.operators import SinkStep, SourceStep, Step
+from spanflow.spec.operators import SinkStep, SourceStep, Step, UnionStep
 
 PIPELINE_NAME = r"^[A-Za-z0-9][A-Za-z0-9_-]*$"
 
@@ -42,6 +42,13 @@ class PipelineSpec(BaseModel):
         gt=0,
         description="How long dead letters are kept when spanflow creates the stream.",
     )
+    fragment: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]*$",
+        max_length=80,
+        description="Set by the planner on a fragment's spec: which part of the pipeline "
+        "this is (its checkpoints and message ids are kept apart from the other parts).",
+    )
 
     @model_validator(mode="after")
     def _graph(self) -> PipelineSpec:
@@ -56,7 +63,10 @@ class PipelineSpec(BaseModel):
                 if step.inputs:
                     raise ValueError(f"source {step.id!r} cannot have inputs")
                 continue
-            if len(step.inputs) != 1:
+            if isinstance(step, UnionStep):
+                if len(step.inputs) < 2 or len(set(step.inputs)) != len(step.inputs):
+                    raise ValueError(f"union {step.id!r} needs two or more different inputs")
+            elif len(step.inputs) != 1:
                 raise ValueError(
                     f"step {step.id!r} needs exactly one input, has {len(step.inputs)}"
                 )
@@ -91,6 +101,12 @@ class PipelineSpec(BaseModel):
         for s in self.steps:
             visit(s.id, [])
 
+    @property
+    def instance(self) -> str:
+        """The name this spec runs under: the pipeline's, plus the fragment for a part of
+        it. Checkpoints, query names, message ids and dead-letter subjects use it."""
+        return self.name if self.fragment is None else f"{self.name}--{self.fragment}"
+
     def step(self, step_id: str) -> Step:
         for s in self.steps:
             if s.id == step_id:
@@ -114,15 +130,6 @@ class PipelineSpec(BaseModel):
                     pending.remove(s)
                     yield s
                     break
-
-    def lineage(self, step_id: str) -> list[Step]:
-        """The chain of steps from a source down to ``step_id`` (inclusive)."""
-        chain: list[Step] = []
-        current: Step | None = self.step(step_id)
-        while current is not None:
-            chain.append(current)
-            current = self.step(current.inputs[0]) if current.inputs else None
-        return list(reversed(chain))
 
     def to_json(self) -> str:
         return self.model_dump_json(by_alias=True, exclude_defaults=False, indent=2)

@@ -1,0 +1,332 @@
+"""Place a compiled pipeline's fragments on nodes, and say why.
+
+Local fragments go to their own site: a node there that hosts the input stream if it
+can take one more fragment and has the pinned tags, else the least-loaded capable
+node of the site. Global fragments go where the solver puts them (SpanEdge MinMax over
+their input sites, see :mod:`spanflow.plan.solver`), restricted to cloud sites when
+pinned there and to the latency budget left after processing.
+
+The same code plans live (the coordinator, against registered nodes and their load)
+and offline (``spanflow plan --explain``, against a topology file with every node
+assumed up and idle).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from spanflow.plan.fragments import CompiledPipeline
+from spanflow.plan.placement import ClusterView, PlacementError
+from spanflow.plan.solver import GroupDemand, NodeOffer, Solution, solve_exact, solve_greedy
+from spanflow.spec.cluster import Fragment, NodeRecord, NodeState, PipelineRecord
+from spanflow.spec.topology import SiteKind, Topology
+
+BATCH_OVERHEAD = 0.2
+"""Seconds one fragment's micro-batch is assumed to take on top of its trigger interval
+(planning estimate; ``spanflow status`` reports the measured figure)."""
+
+EXACT_LIMIT = 100_000
+"""Nodes × global fragments up to which placement is solved exactly (HiGHS)."""
+
+
+@dataclass
+class Decision:
+    """Where one fragment goes and why."""
+
+    fragment: Fragment
+    node: str
+    why: str
+    worst_latency: float = 0.0
+    """Global fragments: one-way latency from their farthest input site (seconds)."""
+    alternatives: list[tuple[str, float]] = field(default_factory=list)
+    """Global fragments: the next-best nodes and their worst input latency."""
+
+
+@dataclass
+class Plan:
+    decisions: list[Decision]
+    hops: int
+    trigger: float
+    latency_budget: float | None
+    solver: str = "-"
+    exact_cost: float | None = None
+    greedy_cost: float | None = None
+
+    @property
+    def placement(self) -> dict[str, str]:
+        return {d.fragment.id: d.node for d in self.decisions}
+
+    @property
+    def processing(self) -> float:
+        return processing_estimate(self.hops, self.trigger)
+
+    @property
+    def path_latency(self) -> float:
+        return max((d.worst_latency for d in self.decisions), default=0.0)
+
+    @property
+    def latency_estimate(self) -> float:
+        return self.path_latency + self.processing
+
+
+def processing_estimate(hops: int, trigger: float) -> float:
+    """Each fragment on the path waits up to one trigger interval, then runs one batch."""
+    return hops * (trigger + BATCH_OVERHEAD)
+
+
+def hops_of(fragments: list[Fragment]) -> int:
+    kinds = {f.kind for f in fragments}
+    return 2 if len(fragments) > 1 and kinds == {"local", "global"} else 1
+
+
+class GeoPlacer:
+    """The coordinator's placer (the :class:`~spanflow.plan.placement.Placer` protocol)."""
+
+    def __init__(self, exact_limit: int = EXACT_LIMIT) -> None:
+        self.exact_limit = exact_limit
+        self.last_plan: dict[str, Plan] = {}
+
+    def place(
+        self,
+        pipeline: PipelineRecord,
+        fragments: list[Fragment],
+        view: ClusterView,
+        *,
+        exclude: Iterable[str] = (),
+    ) -> dict[str, str]:
+        plan = place(
+            fragments,
+            view,
+            priority=pipeline.priority,
+            latency_budget=pipeline.latency_budget,
+            trigger=pipeline.spec.trigger,
+            hops=hops_of(pipeline.fragments or fragments),
+            exclude=exclude,
+            exact_limit=self.exact_limit,
+        )
+        self.last_plan[pipeline.name] = plan
+        return plan.placement
+
+
+def place(
+    fragments: list[Fragment],
+    view: ClusterView,
+    *,
+    priority: int = 0,
+    latency_budget: float | None = None,
+    trigger: float = 0.5,
+    hops: int | None = None,
+    exclude: Iterable[str] = (),
+    exact_limit: int = EXACT_LIMIT,
+) -> Plan:
+    """Decisions for ``fragments`` (locals first); ``view.used_slots`` takes their slots.
+
+    Raises :class:`PlacementError` naming the fragment and the constraint that failed."""
+    hops = hops_of(fragments) if hops is None else hops
+    plan = Plan([], hops, trigger, latency_budget)
+    processing = processing_estimate(hops, trigger)
+    if latency_budget is not None and processing > latency_budget:
+        raise PlacementError(
+            f"latency budget {_ms(latency_budget)} is {_ms(processing - latency_budget)} short "
+            f"before any network: processing is estimated at {_ms(processing)} "
+            f"({hops} fragment(s) × (trigger {_ms(trigger)} + {_ms(BATCH_OVERHEAD)} per batch))"
+        )
+    skip = set(exclude)
+    for fragment in fragments:
+        if fragment.kind == "local" and fragment.site is not None:
+            plan.decisions.append(_place_local(fragment, view, skip))
+    globals_ = [f for f in fragments if not (f.kind == "local" and f.site is not None)]
+    if globals_:
+        budget = None if latency_budget is None else latency_budget - processing
+        _place_global(plan, globals_, view, skip, priority, budget, exact_limit)
+    order = {f.id: i for i, f in enumerate(fragments)}
+    plan.decisions.sort(key=lambda d: order[d.fragment.id])
+    return plan
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1000:.0f} ms"
+
+
+def _place_local(fragment: Fragment, view: ClusterView, skip: set[str]) -> Decision:
+    site = fragment.site
+    at_site = [n for n in view.nodes.values() if n.spec.site == site and n.name not in skip]
+
+    def hosts_input(n: NodeRecord) -> bool:
+        return any(n.spec.hosts(s) for s in fragment.input_streams)
+
+    waiting = [n.name for n in at_site if n.state == NodeState.DECLARED and hosts_input(n)]
+    if waiting:
+        raise PlacementError(
+            f"fragment {fragment.id}: waiting for {', '.join(sorted(waiting))} "
+            "(hosts its input) to register"
+        )
+    live = [n for n in at_site if n.state == NodeState.ALIVE]
+    if not live:
+        raise PlacementError(f"fragment {fragment.id}: no live node at site {site}")
+    tags = set(fragment.node_tags)
+    capable = [n for n in live if tags <= set(n.spec.capabilities.tags)]
+    if not capable:
+        have = ", ".join(f"{n.name} {list(n.spec.capabilities.tags)}" for n in live)
+        raise PlacementError(
+            f"fragment {fragment.id}: no node at site {site} has tags {sorted(tags)} "
+            f"(nodes there: {have})"
+        )
+    free = [n for n in capable if view.free_slots(n.name) > 0]
+    if not free:
+        usage = ", ".join(
+            f"{n.name} {view.used_slots.get(n.name, 0)}/{view.slots(n.name)}" for n in capable
+        )
+        raise PlacementError(
+            f"fragment {fragment.id}: every capable node at site {site} is full ({usage})"
+        )
+    hosts = [n for n in free if hosts_input(n)]
+    best = min(
+        hosts or free, key=lambda n: (view.load(n.name), view.used_slots.get(n.name, 0), n.name)
+    )
+    view.used_slots[best.name] = view.used_slots.get(best.name, 0) + 1
+    streams = ", ".join(fragment.input_streams) or "its input"
+    if hosts:
+        why = f"at {site}, where {streams} is born; {best.name} hosts it"
+    else:
+        why = f"at {site}, where {streams} is born; least-loaded capable node there"
+    if tags:
+        why += f" (tags {sorted(tags)})"
+    return Decision(fragment, best.name, why)
+
+
+def _place_global(
+    plan: Plan,
+    fragments: list[Fragment],
+    view: ClusterView,
+    skip: set[str],
+    priority: int,
+    budget: float | None,
+    exact_limit: int,
+) -> None:
+    topo = view.topology
+    cloud_sites = frozenset(s.name for s in topo.sites if s.kind == SiteKind.CLOUD)
+    live = [n for n in view.schedulable(skip)]
+    offers = [
+        NodeOffer(
+            name=n.name,
+            site=n.spec.site,
+            free_slots=max(0, view.free_slots(n.name)),
+            cores=n.spec.capabilities.cores,
+            memory_mb=n.spec.capabilities.memory_mb,
+            tags=frozenset(n.spec.capabilities.tags),
+            accelerators=frozenset(n.spec.capabilities.accelerators),
+            load=view.load(n.name),
+        )
+        for n in live
+    ]
+    demands = [
+        GroupDemand(
+            id=f.id,
+            input_sites=f.input_sites,
+            priority=priority,
+            tags=frozenset(f.node_tags),
+            latency_budget=budget,
+            sites=cloud_sites if f.cloud else None,
+        )
+        for f in fragments
+    ]
+    if not offers:
+        raise PlacementError(f"fragment {fragments[0].id}: no live node")
+    try:
+        if len(offers) * len(demands) <= exact_limit:
+            solution: Solution = solve_exact(demands, offers, topo.latency)
+            plan.exact_cost = solution.cost
+            plan.greedy_cost = solve_greedy(demands, offers, topo.latency).cost
+            plan.solver = "exact (HiGHS)"
+        else:
+            solution = solve_greedy(demands, offers, topo.latency)
+            plan.greedy_cost = solution.cost
+            plan.solver = "greedy"
+    except PlacementError as exc:
+        message = str(exc).replace("group ", "fragment ")
+        if budget is not None and "latency budget" in message:
+            assert plan.latency_budget is not None
+            message += (
+                f" (the pipeline's budget {_ms(plan.latency_budget)} minus "
+                f"{_ms(plan.processing)} of estimated processing leaves {_ms(budget)} "
+                "for the network)"
+            )
+        raise PlacementError(message) from None
+    for fragment, demand in zip(fragments, demands, strict=True):
+        node = solution.placement[fragment.id]
+        view.used_slots[node] = view.used_slots.get(node, 0) + 1
+        worst = solution.worst_latency[fragment.id]
+        alternatives = _alternatives(topo, offers, demand, node)
+        plan.decisions.append(
+            Decision(
+                fragment,
+                node,
+                _global_why(topo, fragment, node, worst, view),
+                worst,
+                alternatives,
+            )
+        )
+
+
+def _worst(topo: Topology, site: str, inputs: tuple[str, ...]) -> float | None:
+    values = [topo.latency(site, s) for s in inputs]
+    if any(v is None for v in values):
+        return None
+    return max((v for v in values if v is not None), default=0.0)
+
+
+def _alternatives(
+    topo: Topology, offers: list[NodeOffer], demand: GroupDemand, chosen: str, limit: int = 2
+) -> list[tuple[str, float]]:
+    out: list[tuple[float, str]] = []
+    for o in offers:
+        if o.name == chosen or (demand.sites is not None and o.site not in demand.sites):
+            continue
+        if not demand.tags <= o.tags:
+            continue
+        worst = _worst(topo, o.site, demand.input_sites)
+        if worst is not None:
+            out.append((worst, o.name))
+    return [(name, worst) for worst, name in sorted(out)[:limit]]
+
+
+def _global_why(
+    topo: Topology, fragment: Fragment, node: str, worst: float, view: ClusterView
+) -> str:
+    site = view.nodes[node].spec.site
+    if not fragment.input_sites:
+        return f"least-loaded live node ({site}); its input is not tied to a site"
+    far = max(fragment.input_sites, key=lambda s: topo.latency(site, s) or 0.0)
+    why = (
+        f"MinMax: {_ms(worst)} from its farthest input site ({far}) of "
+        f"{', '.join(fragment.input_sites)}"
+    )
+    if fragment.cloud:
+        why += "; pinned to the cloud"
+    if fragment.node_tags:
+        why += f"; tags {list(fragment.node_tags)}"
+    return why
+
+
+def offline_view(topology: Topology) -> ClusterView:
+    """Every node of a topology file up and idle: what ``spanflow plan`` plans against."""
+    nodes = {n.name: NodeRecord(spec=n, state=NodeState.ALIVE) for n in topology.nodes}
+    return ClusterView(topology=topology, nodes=nodes)
+
+
+def plan_pipeline(
+    compiled: CompiledPipeline,
+    view: ClusterView,
+    *,
+    priority: int = 0,
+    latency_budget: float | None = None,
+) -> Plan:
+    return place(
+        compiled.fragments,
+        view,
+        priority=priority,
+        latency_budget=latency_budget,
+        trigger=compiled.spec.trigger,
+    )

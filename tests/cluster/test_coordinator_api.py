@@ -309,3 +309,40 @@ def test_savepoint_finished_while_coordinator_was_down(
         assert [(f["node"], f["epoch"]) for f in resumed["fragments"]] == [("a1", 2)]
         r = second.post("/api/v1/pipelines/p1/resume", headers=AUTH)
         assert r.status_code == 409 and "only a stopped pipeline resumes" in r.json()["detail"]
+
+
+def test_a_pipeline_no_placement_could_fit_is_refused_with_the_reason(api: TestClient) -> None:
+    register(api, "a1", "edge-a")
+    tight = api.post(
+        "/api/v1/pipelines",
+        json={"yaml": pipeline("tight"), "latency_budget": "100ms"},
+        headers=AUTH,
+    )
+    assert tight.status_code == 422
+    detail = tight.json()["detail"]
+    assert "pipeline 'tight' cannot be placed" in detail
+    assert "latency budget 100 ms is 600 ms short before any network" in detail
+    gpu = pipeline("gpu").replace("to: [out]}", "to: [out], node_tags: [gpu]}")
+    refused = api.post("/api/v1/pipelines", json={"yaml": gpu}, headers=AUTH)
+    assert refused.status_code == 422
+    assert "no node at site edge-a has tags ['gpu']" in refused.json()["detail"]
+    # Refused submissions leave nothing behind.
+    assert api.get("/api/v1/pipelines", headers=AUTH).json() == []
+
+
+def test_status_shows_each_fragment_kind_site_and_input_latency(api: TestClient) -> None:
+    register(api, "a1", "edge-a")
+    register(api, "c1", "cloud")
+    cloud_sink = pipeline("gather").replace(
+        'subject: "out.gather"}', 'subject: "out.gather", at: cloud}'
+    )
+    r = api.post("/api/v1/pipelines", json={"yaml": cloud_sink}, headers=AUTH)
+    assert r.status_code == 201, r.text
+    st = api.get("/api/v1/pipelines/gather", headers=AUTH).json()
+    frags = {f["id"]: f for f in st["fragments"]}
+    assert (
+        frags["gather.at-edge-a"]["node"] == "a1" and frags["gather.at-edge-a"]["kind"] == "local"
+    )
+    glob = frags["gather.global"]
+    assert glob["node"] == "c1" and glob["input_sites"] == ["edge-a"]
+    assert glob["input_latency_s"] == 0.03 and glob["steps"] == ["out"]

@@ -117,3 +117,29 @@ def test_cluster_examples_match_the_demo_pipelines(name: str) -> None:
     from_python = flows[name].spec()
     assert {s.id: s for s in from_file.steps} == {s.id: s for s in from_python.steps}
     assert from_file.model_dump(exclude={"steps"}) == from_python.model_dump(exclude={"steps"})
+
+
+def test_planner_page_shows_what_spanflow_plan_prints(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(ROOT)
+    (shown,) = blocks("planner.md", "text explain")
+    argv = [
+        "plan",
+        "examples/geo/factory_monitoring.yaml",
+        "-t",
+        "examples/geo/topology.yaml",
+        "--explain",
+        "--latency-budget",
+        "5s",
+    ]
+    result = CliRunner().invoke(app, argv, terminal_width=250)
+    assert result.exit_code == 0, result.output
+    assert result.output.strip() == shown.strip()
+
+
+def test_spanflow_plan_refuses_a_budget_it_cannot_meet(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(ROOT)
+    argv = ["plan", "examples/geo/factory_monitoring.yaml", "-t", "examples/geo/topology.yaml"]
+    result = CliRunner().invoke(app, [*argv, "--latency-budget", "2430ms"], terminal_width=250)
+    assert result.exit_code == 2
+    (text,) = [b for b in blocks("planner.md", "text") if "2430 ms" in b]
+    assert text.strip().splitlines()[-1] in " ".join(result.output.split())

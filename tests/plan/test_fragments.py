@@ -223,3 +223,48 @@ def test_every_fragment_spec_is_valid_and_round_trips():
         again = type(fragment).model_validate_json(fragment.model_dump_json(by_alias=True))
         assert again == fragment
         assert all(isinstance(s, SourceStep | SinkStep) or s.inputs for s in again.spec.steps)
+
+
+def test_union_from_python_and_yaml_is_the_same_and_stays_local_at_shared_sites():
+    p = sf.Pipeline("u")
+    src = readings(p)
+    hot = src.filter("temperature > 40", id="hot")
+    cold = src.filter("temperature < 0", id="cold")
+    flow = hot.union(cold, id="extremes").sink_console(id="out")
+    spec = flow.spec()
+    assert spec.step("extremes").inputs == ("hot", "cold")
+    from_yaml = load_pipeline_text(
+        """
+name: u
+sources:
+  - {id: readings, stream: SENSORS, subjects: ["sensors.>"], key: device, event_time: ts,
+     max_out_of_orderness: 5s,
+     schema: {device: string, reading: string, ts: timestamp, temperature: double},
+     to: [hot, cold]}
+processors:
+  - {id: hot, type: filter, where: "temperature > 40", to: [extremes]}
+  - {id: cold, type: filter, where: "temperature < 0", to: [extremes]}
+  - {id: extremes, type: union, to: [out]}
+sinks:
+  - {id: out, type: console}
+"""
+    )
+    assert {s.id: s for s in from_yaml.steps} == {s.id: s for s in spec.steps}
+    compiled = compile_fragments(spec, two_sites())
+    assert compiled.scopes["extremes"] == "local"
+    assert [f.id for f in compiled.fragments] == ["u.at-a", "u.at-b"]
+
+
+def test_a_union_needs_two_different_inputs():
+    with pytest.raises(SpecError, match="union 'both' needs two or more different inputs"):
+        load_pipeline_text(
+            """
+name: u1
+sources:
+  - {id: r, stream: S, schema: {x: long}, to: [both]}
+processors:
+  - {id: both, type: union, to: [out]}
+sinks:
+  - {id: out, type: console}
+"""
+        )

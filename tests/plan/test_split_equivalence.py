@@ -87,9 +87,7 @@ def _topology(uid: str) -> Topology:
     return Topology.model_validate(
         {
             "sites": [{"name": "a"}, {"name": "b"}, {"name": "cloud", "kind": "cloud"}],
-            "nodes": [
-                {"name": f"e{s}", "site": s, "streams": [_hosted(uid, s)]} for s in SITES
-            ]
+            "nodes": [{"name": f"e{s}", "site": s, "streams": [_hosted(uid, s)]} for s in SITES]
             + [{"name": "c1", "site": "cloud"}],
             "links": [{"between": [s, "cloud"], "latency": "30ms"} for s in SITES],
         }

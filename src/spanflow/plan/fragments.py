@@ -262,7 +262,10 @@ def _with_split_windows(
             steps.append(step)
             continue
         partial_id = _step_id(step.id, "partial")
-        steps.append(step.model_copy(update={"id": partial_id, "partial": True}))
+        # Pins on a split window hold for its merge; the partial is a cheap pre-aggregation
+        # that runs wherever the site's data is.
+        partial = {"id": partial_id, "partial": True, "at": None, "node_tags": ()}
+        steps.append(step.model_copy(update=partial))
         key = facts[step.inputs[0]].key
         merge = MergeStep(
             id=step.id,

@@ -150,7 +150,11 @@ def _ms(seconds: float) -> str:
 
 
 def _place_local(fragment: Fragment, view: ClusterView, skip: set[str]) -> Decision:
+    """On a node of the fragment's own site; if none can take it, on the nearest site's
+    least-loaded capable node (results keep flowing, at WAN cost, until re-planning
+    brings it home)."""
     site = fragment.site
+    assert site is not None
     at_site = [n for n in view.nodes.values() if n.spec.site == site and n.name not in skip]
 
     def hosts_input(n: NodeRecord) -> bool:
@@ -162,38 +166,61 @@ def _place_local(fragment: Fragment, view: ClusterView, skip: set[str]) -> Decis
             f"fragment {fragment.id}: waiting for {', '.join(sorted(waiting))} "
             "(hosts its input) to register"
         )
-    live = [n for n in at_site if n.state == NodeState.ALIVE]
-    if not live:
-        raise PlacementError(f"fragment {fragment.id}: no live node at site {site}")
     tags = set(fragment.node_tags)
+    live = [n for n in at_site if n.state == NodeState.ALIVE]
     capable = [n for n in live if tags <= set(n.spec.capabilities.tags)]
-    if not capable:
-        have = ", ".join(f"{n.name} {list(n.spec.capabilities.tags)}" for n in live)
-        raise PlacementError(
-            f"fragment {fragment.id}: no node at site {site} has tags {sorted(tags)} "
-            f"(nodes there: {have})"
-        )
     free = [n for n in capable if view.free_slots(n.name) > 0]
-    if not free:
-        usage = ", ".join(
-            f"{n.name} {view.used_slots.get(n.name, 0)}/{view.slots(n.name)}" for n in capable
-        )
-        raise PlacementError(
-            f"fragment {fragment.id}: every capable node at site {site} is full ({usage})"
-        )
-    hosts = [n for n in free if hosts_input(n)]
-    best = min(
-        hosts or free, key=lambda n: (view.load(n.name), view.used_slots.get(n.name, 0), n.name)
-    )
-    view.used_slots[best.name] = view.used_slots.get(best.name, 0) + 1
     streams = ", ".join(fragment.input_streams) or "its input"
-    if hosts:
-        why = f"at {site}, where {streams} is born; {best.name} hosts it"
+    if free:
+        hosts = [n for n in free if hosts_input(n)]
+        best = min(hosts or free, key=lambda n: _load_key(view, n))
+        if hosts:
+            why = f"at {site}, where {streams} is born; {best.name} hosts it"
+        else:
+            why = f"at {site}, where {streams} is born; least-loaded capable node there"
     else:
-        why = f"at {site}, where {streams} is born; least-loaded capable node there"
+        if not live:
+            problem = f"no live node at site {site}"
+        elif not capable:
+            have = ", ".join(f"{n.name} {list(n.spec.capabilities.tags)}" for n in live)
+            problem = f"no node at site {site} has tags {sorted(tags)} (nodes there: {have})"
+        else:
+            usage = ", ".join(
+                f"{n.name} {view.used_slots.get(n.name, 0)}/{view.slots(n.name)}" for n in capable
+            )
+            problem = f"every capable node at site {site} is full ({usage})"
+        best, latency = _nearest_elsewhere(fragment, view, skip, problem)
+        why = f"fallback: {problem}; nearest capable node is {_ms(latency)} from {site}"
+    view.used_slots[best.name] = view.used_slots.get(best.name, 0) + 1
     if tags:
         why += f" (tags {sorted(tags)})"
     return Decision(fragment, best.name, why)
+
+
+def _load_key(view: ClusterView, n: NodeRecord) -> tuple[float, int, str]:
+    return (view.load(n.name), view.used_slots.get(n.name, 0), n.name)
+
+
+def _nearest_elsewhere(
+    fragment: Fragment, view: ClusterView, skip: set[str], problem: str
+) -> tuple[NodeRecord, float]:
+    site = fragment.site
+    assert site is not None
+    tags = set(fragment.node_tags)
+    options: list[tuple[float, tuple[float, int, str], NodeRecord]] = []
+    for n in view.schedulable(skip):
+        if n.spec.site == site or not tags <= set(n.spec.capabilities.tags):
+            continue
+        latency = view.topology.latency(site, n.spec.site)
+        if latency is None or view.free_slots(n.name) <= 0:
+            continue
+        options.append((latency, _load_key(view, n), n))
+    if not options:
+        raise PlacementError(
+            f"fragment {fragment.id}: {problem}, and no other linked site can take it"
+        )
+    latency, _, best = min(options, key=lambda o: (o[0], o[1]))
+    return best, latency
 
 
 def _place_global(
@@ -234,6 +261,13 @@ def _place_global(
     ]
     if not offers:
         raise PlacementError(f"fragment {fragments[0].id}: no live node")
+    if not any(o.free_slots > 0 for o in offers):
+        usage = ", ".join(
+            f"{o.name} {view.used_slots.get(o.name, 0)}/{view.slots(o.name)}" for o in offers
+        )
+        raise PlacementError(
+            f"fragment {fragments[0].id}: every live node is full (slots used: {usage})"
+        )
     try:
         if len(offers) * len(demands) <= exact_limit:
             solution: Solution = solve_exact(demands, offers, topo.latency)

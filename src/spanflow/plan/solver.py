@@ -149,6 +149,18 @@ class _Costs:
         if not self.nodes:
             return f"group {g.id}: no live node"
         if not self.capable[gi].any():
+            fitting = [
+                n
+                for n in self.nodes
+                if g.tags <= n.tags
+                and g.accelerators <= n.accelerators
+                and n.cores >= g.cores
+                and n.memory_mb >= g.memory_mb
+                and (g.sites is None or n.site in g.sites)
+            ]
+            if fitting:
+                names = ", ".join(n.name for n in fitting[:5])
+                return f"group {g.id}: every node it could run on is full ({names})"
             wants = []
             if g.tags:
                 wants.append(f"tags {sorted(g.tags)}")
@@ -158,7 +170,6 @@ class _Costs:
                 wants.append(f"{g.cores} cores")
             if g.memory_mb:
                 wants.append(f"{g.memory_mb} MiB")
-            wants.append(f"{g.slots} free slot(s)")
             where = f" in {sorted(g.sites)}" if g.sites is not None else ""
             return f"group {g.id}: no node{where} has {', '.join(wants)}"
         reachable = self.worst[gi][self.capable[gi]]

@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 from typing import Annotated, Any
+from urllib.parse import urlparse
 
 import httpx
 import typer
@@ -72,6 +73,10 @@ def coordinator(
         typer.Option(help="Checkpoints and savepoints; must be reachable by every node."),
     ] = None,
     heartbeat: Annotated[float, typer.Option(help="Heartbeat period in seconds.")] = 1.0,
+    hub_domain: Annotated[
+        str | None,
+        typer.Option(help="JetStream domain of the NATS server (needed by sites with their own)."),
+    ] = None,
     token: TokenOption = None,
 ) -> None:
     """Run the coordinator: REST API, registry, pipeline manager, failure detection."""
@@ -93,6 +98,7 @@ def coordinator(
             nats_url=url,
             state_dir=str((state_dir or directory / "cluster").resolve()),
             heartbeat_interval=heartbeat,
+            hub_domain=hub_domain,
             token=token or None,
             topology=topo,
         )
@@ -340,7 +346,12 @@ def drain(
 
 # -- one machine, whole cluster ----------------------------------------------------------
 class LocalCluster:
-    """An embedded NATS, a coordinator process and one process per local node."""
+    """A hub NATS server, a coordinator process and one process per local node; with
+    ``site_servers``, every edge site also gets its own NATS server (JetStream domain =
+    the site's name) linked to the hub as a leaf node through a :class:`WanRelay`,
+    which can add delay and cut the uplink."""
+
+    HUB_DOMAIN = "hub"
 
     def __init__(
         self,
@@ -350,6 +361,8 @@ class LocalCluster:
         port: int = DEFAULT_PORT,
         token: str | None = None,
         heartbeat: float = 1.0,
+        site_servers: bool = False,
+        wan_delay: float = 0.0,
     ) -> None:
         from spanflow.api.topology_loader import load_topology
 
@@ -359,23 +372,41 @@ class LocalCluster:
         self.port = port
         self.token = token
         self.heartbeat = heartbeat
+        self.site_servers = site_servers
+        self.wan_delay = wan_delay
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.url = ""
+        self.site_urls: dict[str, str] = {}
+        """Edge site → its own NATS server's URL (with ``site_servers``)."""
+        self.relays: dict[str, Any] = {}
+        """Edge site → the :class:`WanRelay` between its server and the hub."""
         self._nats: Any = None
+        self._site_nats: dict[str, Any] = {}
 
     def start(self) -> LocalCluster:
         from spanflow.nats import EmbeddedNats
 
         logs = self.data_dir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
-        self._nats = EmbeddedNats(self.data_dir / "nats").start()
+        edges = self._edge_sites() if self.site_servers else []
+        self._nats = EmbeddedNats(
+            self.data_dir / "nats",
+            name="hub",
+            domain=self.HUB_DOMAIN if edges else None,
+            leaf_listen=bool(edges),
+        ).start()
         self.nats_url = self._nats.url
+        topology_path = self.topology_path
+        if edges:
+            self._start_site_servers(edges)
+            topology_path = self.data_dir / "topology.effective.json"
+            topology_path.write_text(self._effective_topology())
         self._coordinator_args = [
             "coordinator",
             "--nats",
             self.nats_url,
             "--topology",
-            str(self.topology_path),
+            str(topology_path),
             "--port",
             str(self.port),
             "--port-file",
@@ -385,6 +416,8 @@ class LocalCluster:
             "--heartbeat",
             str(self.heartbeat),
         ]
+        if edges:
+            self._coordinator_args += ["--hub-domain", self.HUB_DOMAIN]
         self.start_coordinator()
         for n in self.topology.nodes:
             if n.local:
@@ -393,6 +426,49 @@ class LocalCluster:
                     ["node", "--name", n.name, "--site", n.site, "--coordinator", self.url],
                 )
         return self
+
+    def _edge_sites(self) -> list[str]:
+        """Sites with local nodes, other than the cloud site that hosts the hub."""
+        from spanflow.spec.topology import SiteKind
+
+        local_sites = {n.site for n in self.topology.nodes if n.local}
+        return [
+            s.name
+            for s in self.topology.sites
+            if s.kind == SiteKind.EDGE and s.name in local_sites and not s.nats_url
+        ]
+
+    def _start_site_servers(self, sites: list[str]) -> None:
+        from spanflow.nats import EmbeddedNats
+        from spanflow.nats.cluster import EDGE_ONLY_SUBJECTS
+        from spanflow.nats.relay import WanRelay
+
+        hub_leaf = urlparse(self._nats.leaf_url)
+        for site in sites:
+            relay = WanRelay(hub_leaf.hostname or "127.0.0.1", hub_leaf.port or 0)
+            relay.delay = self.wan_delay
+            self.relays[site] = relay.start()
+            server = EmbeddedNats(
+                self.data_dir / f"nats-{site}",
+                name=site,
+                domain=site,
+                leaf_remote=relay.url,
+                deny_exports=EDGE_ONLY_SUBJECTS,
+            ).start()
+            self._site_nats[site] = server
+            self.site_urls[site] = server.url
+
+    def _effective_topology(self) -> str:
+        """The topology file as the coordinator must see it: each edge site's server URL."""
+        sites = [
+            s.model_copy(update={"nats_url": self.site_urls[s.name]})
+            if s.name in self.site_urls
+            else s
+            for s in self.topology.sites
+        ]
+        return self.topology.model_copy(update={"sites": tuple(sites)}).model_dump_json(
+            by_alias=True, exclude_none=True
+        )
 
     @property
     def _port_file(self) -> Path:
@@ -485,6 +561,11 @@ class LocalCluster:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+        for server in self._site_nats.values():
+            server.stop()
+        self._site_nats.clear()
+        for relay in self.relays.values():
+            relay.stop()
         if self._nats is not None:
             self._nats.stop()
             self._nats = None

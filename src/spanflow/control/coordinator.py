@@ -85,6 +85,9 @@ class CoordinatorSettings:
     state_dir: str = "spanflow-data/cluster"
     """Checkpoints and savepoints: storage every node can reach (one machine: a local dir)."""
     heartbeat_interval: float = 1.0
+    hub_domain: str | None = None
+    """JetStream domain of the cluster's (hub) server; nodes of sites with their own
+    server reach the control plane's buckets and streams through it."""
     failure_after: int = 3
     token: str | None = None
     topology: Topology | None = None
@@ -271,6 +274,18 @@ class Coordinator:
             links=t.links,
             nodes=tuple(self.view.nodes[n].spec for n in sorted(self.view.nodes)),
         )
+
+    def connection_for(self, node: str) -> dict[str, Any]:
+        """Which NATS server a node uses and where the control plane's JetStream is: the
+        site's own server (a leaf node) with the hub's domain, or the cluster's."""
+        record = self.node(node)
+        site = self.topology().site(record.spec.site)
+        own = site.nats_url if site is not None else None
+        return {
+            "nats_url": own or self.settings.nats_url,
+            "control_domain": self.settings.hub_domain if own else None,
+            "site_domain": record.spec.site if own else None,
+        }
 
     # -- nodes ----------------------------------------------------------------------
     async def register_node(self, reg: Registration) -> NodeRecord:
@@ -626,9 +641,16 @@ class Coordinator:
                 self.view.assignments[a.fragment.id] = a
             self.view.pipelines[record.name] = updated
 
-    async def _move_fragments_off(self, node: str, *, reason: str) -> None:
-        """Unassign a node's fragments and place them on other nodes."""
+    async def _move_fragments_off(self, node: str, *, reason: str, failed: bool = False) -> None:
+        """Unassign a node's fragments and place them on other nodes.
+
+        A silent node of a site with its own NATS server keeps its local fragments when
+        no other node of the site is live: it is most likely cut off, not dead (its data
+        is on the site's server, out of everyone else's reach), and it keeps processing
+        and buffering; it picks up where it is when the uplink returns."""
         moving = [a for a in self.view.assignments.values() if a.node == node]
+        if failed:
+            moving = [a for a in moving if not self._stranded_at_own_site(a, node)]
         if not moving:
             return
         writes = [delete(ASSIGNMENTS_BUCKET, a.key) for a in moving]
@@ -645,6 +667,18 @@ class Coordinator:
             if record is not None and record.state in ACTIVE:
                 await self._set_state(record, PipelineState.FAILING, reason)
         await self._schedule(exclude=[node])
+
+    def _stranded_at_own_site(self, a: Assignment, node: str) -> bool:
+        site_name = a.fragment.site
+        if a.fragment.kind != "local" or site_name is None:
+            return False
+        site = self.topology().site(site_name)
+        if site is None or not site.nats_url:
+            return False
+        return not any(
+            n.state == NodeState.ALIVE and n.spec.site == site_name and n.name != node
+            for n in self.view.nodes.values()
+        )
 
     # -- what nodes tell us -------------------------------------------------------------
     async def _on_heartbeat(self, msg: Msg) -> None:
@@ -712,15 +746,26 @@ class Coordinator:
                 continue
             fragments = self._fragments(record)
             statuses = []
+            unreachable = []
             for f in fragments:
                 a = self.view.assignments.get(f.id)
                 rt = self.view.runtime.get(f.id)
+                node = self.view.nodes.get(a.node) if a else None
+                if a is not None and node is not None and node.state == NodeState.FAILED:
+                    unreachable.append(f"{f.id} on {a.node}")
                 statuses.append(
                     None if a is None else (rt.status if rt and rt.epoch == a.epoch else "starting")
                 )
             if any(s is None for s in statuses):
                 continue  # _schedule reports why
-            if all(s == "running" for s in statuses):
+            if unreachable:
+                await self._set_state(
+                    record,
+                    PipelineState.FAILING,
+                    f"unreachable: {', '.join(unreachable)} (cut off? a site with its own "
+                    "server keeps processing and catches up when it returns)",
+                )
+            elif all(s == "running" for s in statuses):
                 await self._set_state(record, PipelineState.RUNNING, "all fragments running")
             elif any(s == "failing" for s in statuses):
                 errors = [
@@ -754,7 +799,10 @@ class Coordinator:
                             log.warning(
                                 "node %s missed heartbeats for %.1f s: failed", name, silent
                             )
-                            await self._move_fragments_off(name, reason=f"node {name} failed")
+                            await self._move_fragments_off(
+                                name, reason=f"node {name} failed", failed=True
+                            )
+                            await self._refresh_states()
                     await self._schedule()
             except Exception:
                 log.exception("monitor pass failed")

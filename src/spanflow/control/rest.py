@@ -97,6 +97,7 @@ def create_app(coordinator: Coordinator) -> FastAPI:
         s = coordinator.settings
         return {
             "nats_url": s.nats_url,
+            "hub_domain": s.hub_domain,
             "heartbeat_interval": s.heartbeat_interval,
             "failure_after": s.failure_after,
             "state_dir": s.state_dir,
@@ -136,7 +137,7 @@ def create_app(coordinator: Coordinator) -> FastAPI:
         s = coordinator.settings
         return {
             "node": record.model_dump(mode="json", by_alias=True),
-            "nats_url": s.nats_url,
+            **coordinator.connection_for(record.name),
             "heartbeat_interval": s.heartbeat_interval,
         }
 

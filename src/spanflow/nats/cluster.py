@@ -60,3 +60,9 @@ async def ensure_log_streams(js: JetStreamContext) -> None:
             await js.stream_info(config.name or "")
         except NotFoundError:
             await js.add_stream(config)
+
+
+EDGE_ONLY_SUBJECTS = ("spanflow.cut.>", "spanflow.dlq.>")
+"""Subjects a site with its own server keeps to itself (``deny_exports`` on its leaf
+link): fragment outputs that cross sites travel by stream sourcing, not by subject
+interest, and dead letters stay where they happened."""

@@ -81,6 +81,9 @@ class EmbeddedNats:
         mqtt: bool = False,
         sync_always: bool = True,
         domain: str | None = None,
+        leaf_listen: bool = False,
+        leaf_remote: str | None = None,
+        deny_exports: tuple[str, ...] = (),
     ) -> None:
         self._own_dir = data_dir is None
         self.data_dir = Path(data_dir or tempfile.mkdtemp(prefix="spanflow-nats-"))
@@ -88,6 +91,11 @@ class EmbeddedNats:
         self.mqtt = mqtt
         self.sync_always = sync_always
         self.domain = domain
+        self.leaf_listen = leaf_listen
+        self.leaf_remote = leaf_remote
+        self.deny_exports = deny_exports
+        self.leaf_url = ""
+        """``nats-leaf://...`` that other sites' servers connect to (when ``leaf_listen``)."""
         self.url = ""
         self.mqtt_port: int | None = None
         self._proc: subprocess.Popen[bytes] | None = None
@@ -106,6 +114,17 @@ class EmbeddedNats:
             "max_payload: 8MB",
             "jetstream {\n  " + "\n  ".join(js) + "\n}",
         ]
+        if self.leaf_listen:
+            # The ports file does not report the leaf port, so pick one.
+            port = _free_port()
+            self.leaf_url = f"nats-leaf://127.0.0.1:{port}"
+            # no_advertise: leaves keep the URL they were given (a WAN relay stays in path)
+            lines.append(f"leafnodes {{\n  listen: 127.0.0.1:{port}\n  no_advertise: true\n}}")
+        if self.leaf_remote:
+            remote = {"url": self.leaf_remote}
+            if self.deny_exports:
+                remote["deny_exports"] = list(self.deny_exports)  # type: ignore[assignment]
+            lines.append(f"leafnodes {{\n  remotes: [{json.dumps(remote)}]\n}}")
         if self.mqtt:
             self.mqtt_port = _free_port()
             lines.append(f"mqtt {{\n  listen: 127.0.0.1:{self.mqtt_port}\n}}")

@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 
 from nats.aio.client import Client
 from nats.js import JetStreamContext
-from nats.js.api import StreamConfig
+from nats.js.api import ExternalStream, StreamConfig, StreamSource
 from nats.js.errors import APIError, NotFoundError
 
 import nats
@@ -101,6 +101,37 @@ async def ensure_stream(
                 raise NatsError(
                     f"cannot add subjects {missing} to stream {name}: {exc.description}"
                 ) from None
+
+
+async def ensure_sourced(js: JetStreamContext, name: str, domain: str) -> None:
+    """Make stream ``name`` here also source the stream of the same name in JetStream
+    domain ``domain`` (another site's server, over the leaf-node link). The server keeps
+    the source's position, so after a cut it resumes where it stopped: nothing is lost
+    or copied twice."""
+    api = f"$JS.{domain}.API"
+    source = StreamSource(name=name, external=ExternalStream(api=api, deliver=""))
+    for attempt in range(3):
+        try:
+            info = await js.stream_info(name)
+        except NotFoundError:
+            try:
+                await js.add_stream(StreamConfig(name=name, sources=[source]))
+                return
+            except APIError as exc:
+                if attempt == 2:
+                    raise NatsError(
+                        f"cannot create stream {name} from {api}: {exc.description}"
+                    ) from None
+                continue
+        sources = list(info.config.sources or [])
+        if any(s.external is not None and s.external.api == api for s in sources):
+            return
+        try:
+            await js.update_stream(replace(info.config, sources=[*sources, source]))
+            return
+        except APIError as exc:
+            if attempt == 2:
+                raise NatsError(f"cannot source {name} from {api}: {exc.description}") from None
 
 
 class SyncNats:

@@ -119,7 +119,7 @@ def compile_fragments(
         return CompiledPipeline(spec, plan, [fragment], reasons, scopes)
     fragments = [_local(plan, facts, site, topology) for site in local_sites]
     if has_global:
-        fragments.append(_global(plan, facts))
+        fragments.append(_global(plan, facts, topology))
     return CompiledPipeline(spec, plan, fragments, reasons, scopes)
 
 
@@ -398,14 +398,14 @@ def _site_subjects(step: SourceStep, site: str, topo: Topology) -> tuple[str, ..
     return tuple(dict.fromkeys(subjects))
 
 
-def _global(plan: PipelineSpec, facts: dict[str, _Facts]) -> Fragment:
+def _global(plan: PipelineSpec, facts: dict[str, _Facts], topo: Topology) -> Fragment:
     steps: list[Step] = []
     renamed: dict[str, str] = {}
     input_sites: set[str] = set()
     for cut in _cuts(plan, facts):
         f = facts[cut]
         input_sites |= f.sites
-        head, added = _cut_sources(plan, cut, f)
+        head, added = _cut_sources(plan, cut, f, topo)
         steps.extend(added)
         renamed[cut] = head
     streams: list[str] = [cut_stream(plan.name, c) for c in renamed]
@@ -433,9 +433,12 @@ def _global(plan: PipelineSpec, facts: dict[str, _Facts]) -> Fragment:
     )
 
 
-def _cut_sources(plan: PipelineSpec, cut: str, f: _Facts) -> tuple[str, list[Step]]:
+def _cut_sources(plan: PipelineSpec, cut: str, f: _Facts, topo: Topology) -> tuple[str, list[Step]]:
     """One source per site for a cut's output (+ a union, + the key): the step id that
-    now stands for ``cut`` in the global group, and the steps added."""
+    now stands for ``cut`` in the global group, and the steps added.
+
+    A site with its own NATS server keeps the cut stream in its own JetStream domain
+    (buffered on its disk while the uplink is down); the reader sources it from there."""
     partial = isinstance(plan.step(cut), WindowStep)
     if partial:
         event_time: tuple[str, float] | None = ("window_end", WATERMARK_EPSILON)
@@ -443,12 +446,14 @@ def _cut_sources(plan: PipelineSpec, cut: str, f: _Facts) -> tuple[str, list[Ste
         event_time = f.event_time
     added: list[Step] = []
     for site in sorted(f.sites):
+        own = topo.site(site)
         added.append(
             SourceStep(
                 id=_step_id(cut, f"from_{site}"),
                 stream=cut_stream(plan.name, cut),
-                subjects=(f"{CUT_SUBJECT_PREFIX}.{plan.name}.{cut}.>",),
+                subjects=(cut_subject(plan.name, cut, site),),
                 filter_subjects=(cut_subject(plan.name, cut, site),),
+                source_domain=site if own is not None and own.nats_url else None,
                 schema_of=cut,
                 event_time=event_time[0] if event_time else None,
                 max_out_of_orderness=event_time[1] if event_time else 0.0,

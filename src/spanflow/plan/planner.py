@@ -189,6 +189,12 @@ def _place_local(fragment: Fragment, view: ClusterView, skip: set[str]) -> Decis
                 f"{n.name} {view.used_slots.get(n.name, 0)}/{view.slots(n.name)}" for n in capable
             )
             problem = f"every capable node at site {site} is full ({usage})"
+        own = view.topology.site(site)
+        if own is not None and own.nats_url:
+            raise PlacementError(
+                f"fragment {fragment.id}: {problem} (its data stays on the site's own "
+                "NATS server, so it runs there or waits)"
+            )
         best, latency = _nearest_elsewhere(fragment, view, skip, problem)
         why = f"fallback: {problem}; nearest capable node is {_ms(latency)} from {site}"
     view.used_slots[best.name] = view.used_slots.get(best.name, 0) + 1

@@ -28,6 +28,7 @@ from typing import Any
 
 import httpx
 import psutil
+from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
 
 from spanflow.errors import SpanflowError
@@ -76,9 +77,14 @@ class NodeAgent:
         self.settings = settings
         self.agent_id = uuid.uuid4().hex[:12]
         self.nats_url = ""
+        self.control_domain: str | None = None
+        """JetStream domain of the control plane (KV, activity log) when this node's
+        site has its own server; None when both are the cluster's server."""
+        self.site_domain: str | None = None
         self.interval = 1.0
         self._client: SyncNats | None = None
         self._kv: KeyValue | None = None
+        self._control_js: JetStreamContext | None = None
         self._changes: queue.Queue[tuple[str, Assignment | None]] = queue.Queue()
         self._desired: dict[str, Assignment] = {}
         self._failed: dict[str, tuple[int, float, bool]] = {}  # fragment → (epoch, at, fatal)
@@ -121,6 +127,8 @@ class NodeAgent:
                 raise AgentError(f"registration refused ({r.status_code}): {_detail(r)}")
             answer: dict[str, Any] = r.json()
             self.nats_url = answer["nats_url"]
+            self.control_domain = answer.get("control_domain")
+            self.site_domain = answer.get("site_domain")
             self.interval = float(answer["heartbeat_interval"])
             return answer
 
@@ -148,7 +156,9 @@ class NodeAgent:
             self.nats_url,
         )
         client = self._client = SyncNats(self.nats_url)
-        self._kv = client.run(lambda: ensure_kv(client.js, ASSIGNMENTS_BUCKET))
+        self._control_js = client.nc.jetstream(domain=self.control_domain)
+        control = self._control_js
+        self._kv = client.run(lambda: ensure_kv(control, ASSIGNMENTS_BUCKET))
         self._ensure_hosted_streams(answer["node"])
         client.run(self._start_background)
         from spanflow.spark.session import build_session  # Spark only once registered
@@ -164,7 +174,7 @@ class NodeAgent:
         )
         if after_spark is not None:
             after_spark()
-        self._executor = FragmentExecutor(spark, self.nats_url)
+        self._executor = FragmentExecutor(spark, self.nats_url, domain=self.site_domain)
         self.ready.set()
         try:
             while not stop.is_set():
@@ -331,8 +341,10 @@ class NodeAgent:
         )
         subject = activity_subject(self.settings.name, rt.fragment_id, event)
         try:
+            control = self._control_js
+            assert control is not None
             client.run(
-                lambda: client.js.publish(
+                lambda: control.publish(
                     subject, act.model_dump_json().encode(), stream=ACTIVITY_STREAM
                 ),
                 timeout=10,

@@ -38,9 +38,10 @@ class RunningFragment:
 
 
 class FragmentExecutor:
-    def __init__(self, spark: SparkSession, nats_url: str) -> None:
+    def __init__(self, spark: SparkSession, nats_url: str, *, domain: str | None = None) -> None:
         self.spark = spark
         self.nats_url = nats_url
+        self.domain = domain
         self.fragments: dict[str, RunningFragment] = {}
 
     def start(self, assignment: Assignment) -> RunningFragment:
@@ -62,6 +63,8 @@ class FragmentExecutor:
             nats_url=self.nats_url,
             checkpoint_dir=checkpoint,
             on_rows=lambda sink, batch, rows: log.info("[%s/%s] %d rows", fid, sink, len(rows)),
+            plan=assignment.fragment.plan,
+            domain=self.domain,
         )
         try:
             runner.start()

@@ -22,7 +22,7 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
-from spanflow.nats.streams import SyncNats, ensure_stream
+from spanflow.nats.streams import SyncNats, ensure_sourced, ensure_stream
 from spanflow.spark.compiler import CompiledSink, compile_pipeline
 from spanflow.spark.deadletter import DLQ_SUBJECT_PREFIX, dlq_subject
 from spanflow.spark.functions import UserFunction
@@ -77,10 +77,13 @@ class PipelineRunner:
         on_rows: RowsCallback | None = None,
         console_limit: int = 50,
         plan: PipelineSpec | None = None,
+        domain: str | None = None,
     ) -> None:
         self.spark = spark
         self.spec = spec
         self.plan = plan
+        self.domain = domain
+        """This node's JetStream domain when its site has its own server."""
         self.nats_url = nats_url
         self.checkpoint_dir = Path(checkpoint_dir) / spec.instance
         self.functions = dict(functions or {})
@@ -116,6 +119,9 @@ class PipelineRunner:
             )
         )
         for src in self.spec.sources():
+            if src.source_domain and src.source_domain != self.domain:
+                c.run(lambda s=src: ensure_sourced(c.js, s.stream, s.source_domain or ""))  # type: ignore[misc]
+                continue
             if src.subjects:
                 subjects = list(src.subjects)
                 c.run(lambda s=src, subj=subjects: ensure_stream(c.js, s.stream, subj))  # type: ignore[misc]

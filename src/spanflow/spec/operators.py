@@ -99,6 +99,12 @@ class SourceStep(_Step):
         description="Set by the planner: records are the output of this step of the "
         "pipeline, so their schema is that step's (the schema field stays empty).",
     )
+    source_domain: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]*$",
+        description="Set by the planner: the stream is written in this JetStream domain "
+        "(another site's server); a reader elsewhere sources it into its own domain.",
+    )
 
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
 

@@ -50,6 +50,13 @@ class Site(BaseModel):
         pattern=NAME,
         description="Gossip/failure-detection partition; defaults to the site's name.",
     )
+    nats_url: str | None = Field(
+        default=None,
+        pattern=r"^(nats|tls)://\S+$",
+        description="The site's own NATS server, a leaf node of the hub with JetStream "
+        "domain = the site's name. Its nodes read and buffer their data there, so the "
+        "site keeps working while its uplink is down. None: the cluster's server.",
+    )
 
     @property
     def partition_name(self) -> str:

@@ -71,70 +71,43 @@ flow = sensor_alerts()
 
 # -- the cluster demo: two factories (edge sites) and a cloud region ----------------------
 SITES = ("factory-a", "factory-b")
-"""Edge sites of the cluster demo; site ``factory-x`` streams into ``SENSORS_X``."""
+"""Edge sites of the cluster demo; both publish to ``SENSORS`` on ``sensors.<site>.>``."""
 
 
-def site_stream(site: str) -> str:
-    return f"SENSORS_{site.rsplit('-', 1)[-1].upper()}"
-
-
-def site_alerts(site: str) -> Flow:
-    """Per-site processing, placed next to the site's sensors: validate → 10 s window per
-    device → tagged windows to the cloud, threshold alerts. Same as
-    ``examples/cluster/factory_<x>_alerts.yaml``."""
-    p = Pipeline(f"{site}-alerts", trigger="1s")
+def factory_monitoring() -> Flow:
+    """One pipeline for every factory. The planner runs validation, the 10 s window per
+    device, the alerts and the partial per-site summary at each factory, and merges the
+    summaries in the cloud. Same as ``examples/cluster/factory_monitoring.yaml``."""
+    p = Pipeline("factory-monitoring", trigger="1s")
     readings = p.source(
-        site_stream(site),
-        subjects=[f"sensors.{site}.>"],
+        "SENSORS",
+        subjects=["sensors.>"],
         schema={k: v for k, v in SENSOR_SCHEMA.items() if k != "humidity"},
         key="device",
         event_time="ts",
         max_out_of_orderness="5s",
         id="readings",
     )
-    windows = device_windows(readings)
-    tagged = windows.map(site=f"'{site}'", id="tagged")
-    alerts = over_limits(windows).select(
-        "device",
-        f"'{site}' AS site",
-        "window_start",
-        "window_end",
-        "max_temperature",
-        "max_vibration",
-        id="alert",
-    )
-    to_cloud = tagged.sink_jetstream(
-        "SITE_WINDOWS", subject=f"windows.{site}.{{device}}", id="windows_out"
-    )
-    to_alerts = alerts.sink_jetstream(
-        "SITE_ALERTS", subject=f"alerts.{site}.{{device}}", id="alerts_out"
-    )
-    return to_cloud.merge(to_alerts)
-
-
-def global_summary() -> Flow:
-    """The global view in the cloud: every site's windows → one summary per site and 10 s.
-    Same as ``examples/cluster/global_summary.yaml``."""
-    p = Pipeline("global-summary", trigger="1s")
-    summary = (
-        p.source(
-            "SITE_WINDOWS",
-            subjects=["windows.>"],
-            schema={
-                "device": "string",
-                "site": "string",
-                "window_start": "timestamp",
-                "window_end": "timestamp",
-                "readings": "long",
-                "avg_temperature": "double",
-                "max_temperature": "double",
-                "max_vibration": "double",
-            },
-            event_time="window_start",
-            max_out_of_orderness="5s",
-            id="windows",
+    windows = (
+        readings.filter("temperature BETWEEN -40 AND 125 AND vibration >= 0", id="valid")
+        .key_by("site", "device", id="by_device")
+        .window(tumbling="10s")
+        .aggregate(
+            readings="count",
+            avg_temperature="avg(temperature)",
+            max_temperature="max(temperature)",
+            max_vibration="max(vibration)",
+            id="per_device_10s",
         )
-        .key_by("site", id="by_site")
+    )
+    to_windows = windows.sink_jetstream(
+        "SITE_WINDOWS", subject="windows.{site}.{device}", id="windows_out"
+    )
+    to_alerts = over_limits(windows).sink_jetstream(
+        "SITE_ALERTS", subject="alerts.{site}.{device}", id="alerts_out"
+    )
+    summary = (
+        windows.key_by("site", id="by_site")
         .window(tumbling="10s")
         .aggregate(
             devices="count",
@@ -143,5 +116,6 @@ def global_summary() -> Flow:
             max_temperature="max(max_temperature)",
             id="per_site_10s",
         )
+        .sink_jetstream("GLOBAL_SUMMARY", subject="global.{site}", id="summary_out")
     )
-    return summary.sink_jetstream("GLOBAL_SUMMARY", subject="global.{site}", id="summary_out")
+    return to_windows.merge(to_alerts, summary)

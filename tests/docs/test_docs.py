@@ -102,21 +102,19 @@ def test_cli_lines_succeed(monkeypatch: pytest.MonkeyPatch) -> None:
         assert result.exit_code == 0, (line, result.output)
 
 
-@pytest.mark.parametrize("name", ["factory_a_alerts", "factory_b_alerts", "global_summary"])
-def test_cluster_examples_match_the_demo_pipelines(name: str) -> None:
-    """examples/cluster/*.yaml are the pipelines `spanflow demo` submits."""
+def test_cluster_example_is_the_demo_pipeline_and_topology() -> None:
+    """examples/cluster/ holds what `spanflow demo` runs."""
     from spanflow import demo
     from spanflow.api import load_pipeline
+    from spanflow.cli.demo import DEMO_TOPOLOGY
 
-    flows = {
-        "factory_a_alerts": demo.site_alerts("factory-a"),
-        "factory_b_alerts": demo.site_alerts("factory-b"),
-        "global_summary": demo.global_summary(),
-    }
-    from_file = load_pipeline(ROOT / "examples" / "cluster" / f"{name}.yaml")
-    from_python = flows[name].spec()
+    from_file = load_pipeline(ROOT / "examples" / "cluster" / "factory_monitoring.yaml")
+    from_python = demo.factory_monitoring().spec()
     assert {s.id: s for s in from_file.steps} == {s.id: s for s in from_python.steps}
     assert from_file.model_dump(exclude={"steps"}) == from_python.model_dump(exclude={"steps"})
+    example = load_topology_text((ROOT / "examples" / "cluster" / "topology.yaml").read_text())
+    embedded = load_topology_text(DEMO_TOPOLOGY)
+    assert example.model_dump(exclude={"name"}) == embedded.model_dump(exclude={"name"})
 
 
 def test_planner_page_shows_what_spanflow_plan_prints(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -124,9 +122,9 @@ def test_planner_page_shows_what_spanflow_plan_prints(monkeypatch: pytest.Monkey
     (shown,) = blocks("planner.md", "text explain")
     argv = [
         "plan",
-        "examples/geo/factory_monitoring.yaml",
+        "examples/cluster/factory_monitoring.yaml",
         "-t",
-        "examples/geo/topology.yaml",
+        "examples/cluster/topology.yaml",
         "--explain",
         "--latency-budget",
         "5s",
@@ -138,7 +136,12 @@ def test_planner_page_shows_what_spanflow_plan_prints(monkeypatch: pytest.Monkey
 
 def test_spanflow_plan_refuses_a_budget_it_cannot_meet(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(ROOT)
-    argv = ["plan", "examples/geo/factory_monitoring.yaml", "-t", "examples/geo/topology.yaml"]
+    argv = [
+        "plan",
+        "examples/cluster/factory_monitoring.yaml",
+        "-t",
+        "examples/cluster/topology.yaml",
+    ]
     result = CliRunner().invoke(app, [*argv, "--latency-budget", "2430ms"], terminal_width=250)
     assert result.exit_code == 2
     (text,) = [b for b in blocks("planner.md", "text") if "2430 ms" in b]

@@ -16,7 +16,7 @@ from spanflow.plan.planner import offline_view, plan_pipeline
 from spanflow.spec.cluster import NodeState
 
 ROOT = Path(__file__).resolve().parents[2]
-GEO = ROOT / "examples" / "geo"
+GEO = ROOT / "examples" / "cluster"
 
 # Two edge sites close to each other, a cloud farther away, and a GPU node at the edge.
 NEAR_EDGES = """

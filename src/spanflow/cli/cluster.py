@@ -582,13 +582,41 @@ def up(
         list[Path] | None, typer.Option("--submit", help="Pipeline to submit once up (repeatable).")
     ] = None,
     duration: Annotated[float | None, typer.Option(help="Stop after this many seconds.")] = None,
+    site_servers: Annotated[
+        bool,
+        typer.Option(
+            "--site-servers/--shared-server",
+            help="Give every edge site its own NATS server (a leaf node of the hub), or run "
+            "all sites on one.",
+        ),
+    ] = True,
+    wan_delay: Annotated[
+        str,
+        typer.Option(help="One-way delay added between each edge server and the hub, e.g. 30ms."),
+    ] = "0s",
     token: TokenOption = None,
 ) -> None:
-    """Start NATS, the coordinator and every local node of a topology, with one status view."""
+    """Start NATS, the coordinator and every local node of a topology, with one status view.
+
+    Each edge site gets its own NATS server, linked to the hub's as a leaf node through
+    a relay on this machine (``--wan-delay`` emulates the distance)."""
+    from spanflow.spec.durations import parse_duration
+
     stop = _Interrupted()
     directory = _data_dir(data_dir)
     try:
-        cluster = LocalCluster(topology, directory, port=port, token=token or None)
+        delay = parse_duration(wan_delay)
+    except ValueError as exc:
+        raise fail(SpanflowError(f"--wan-delay: {exc}")) from None
+    try:
+        cluster = LocalCluster(
+            topology,
+            directory,
+            port=port,
+            token=token or None,
+            site_servers=site_servers,
+            wan_delay=delay,
+        )
     except SpanflowError as exc:
         raise fail(exc) from None
     try:
@@ -598,6 +626,8 @@ def up(
         )
         cluster.start()
         err.print(f"coordinator: {cluster.url}   (export SPANFLOW_COORDINATOR={cluster.url})")
+        for site, url in cluster.site_urls.items():
+            err.print(f"site {site}: NATS {url} (JetStream domain {site})")
         if submit_:
             cluster.wait_for_nodes()
         for path in submit_ or []:

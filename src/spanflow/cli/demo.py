@@ -189,20 +189,20 @@ nodes:
     site: factory-a
     local: true
     capabilities: {cores: 1, memory_mb: 1g, slots: 2}
-    streams: [{name: SENSORS_A, subjects: ["sensors.factory-a.>"]}]
+    streams: [{name: SENSORS, subjects: ["sensors.factory-a.>"]}]
   - name: edge-b
     site: factory-b
     local: true
     capabilities: {cores: 1, memory_mb: 1g, slots: 2}
-    streams: [{name: SENSORS_B, subjects: ["sensors.factory-b.>"]}]
+    streams: [{name: SENSORS, subjects: ["sensors.factory-b.>"]}]
   - name: cloud-1
     site: cloud
     local: true
     capabilities: {cores: 2, memory_mb: 2g, slots: 4}
-    streams: [{name: SITE_WINDOWS, subjects: ["windows.>"]}]
 links:
   - {between: [factory-a, cloud], latency: 30ms, bandwidth_mbps: 100}
   - {between: [factory-b, cloud], latency: 50ms, bandwidth_mbps: 50}
+  - {between: [factory-a, factory-b], latency: 60ms, bandwidth_mbps: 20}
 """
 
 
@@ -224,15 +224,16 @@ def demo(
         typer.Option(hidden=True, help="Stop once every site has this many global summaries."),
     ] = None,
 ) -> None:
-    """Two factories and a cloud on this machine: per-site windows and alerts at the
-    edge, a global summary in the cloud, with the cluster's status live."""
+    """Two factories and a cloud on this machine, each factory with its own NATS server:
+    one pipeline, split by the planner into per-site windows and alerts at the edge and
+    a global summary in the cloud, with the cluster's status live."""
     if single_node:
         single_node_demo(duration=duration, rate=rate * 2, devices=devices, nats=nats)
         return
     import tempfile
 
     from spanflow.cli.cluster import LocalCluster, cluster_view
-    from spanflow.demo import SITES, global_summary, site_alerts, site_stream
+    from spanflow.demo import SITES, factory_monitoring
     from spanflow.nats.streams import SyncNats, connect
     from spanflow.simulator import SensorSimulator, SimulatorConfig
 
@@ -240,7 +241,7 @@ def demo(
     work = Path(tempfile.mkdtemp(prefix="spanflow-demo-"))
     topology = work / "topology.yaml"
     topology.write_text(DEMO_TOPOLOGY)
-    cluster = LocalCluster(topology, work, port=0)
+    cluster = LocalCluster(topology, work, port=0, site_servers=True)
     sims = [
         SensorSimulator(
             SimulatorConfig(devices=devices, rate=rate, site=site, anomaly_rate=0.001, seed=i)
@@ -257,19 +258,21 @@ def demo(
     client: SyncNats | None = None
     sim_thread: threading.Thread | None = None
     try:
-        err.print(f"starting NATS, the coordinator and 3 nodes (logs in {work / 'logs'}) …")
+        err.print(
+            "starting NATS (a server per factory, linked to the cloud's), the coordinator "
+            f"and 3 nodes (logs in {work / 'logs'}) …"
+        )
         cluster.start()
         err.print(f"coordinator {cluster.url}; waiting for the nodes (each starts Spark) …")
         cluster.wait_for_nodes()
         api = cluster.api()
-        for flow in (*(site_alerts(s) for s in SITES), global_summary()):
-            st = api.call(
-                "POST",
-                "/api/v1/pipelines",
-                {"spec": flow.spec().model_dump(mode="json", by_alias=True)},
-            )
-            placed = ", ".join(f"{f['node']}" for f in st["fragments"])
-            err.print(f"submitted {st['name']} → {placed}")
+        st = api.call(
+            "POST",
+            "/api/v1/pipelines",
+            {"spec": factory_monitoring().spec().model_dump(mode="json", by_alias=True)},
+        )
+        placed = ", ".join(f"{f['id'].rsplit('.', 1)[-1]} on {f['node']}" for f in st["fragments"])
+        err.print(f"submitted {st['name']} → {placed}")
         client = SyncNats(cluster.nats_url)
 
         async def on_window(msg: Any) -> None:
@@ -311,18 +314,21 @@ def demo(
 
         def simulate() -> None:
             async def go() -> None:
-                nc = await connect(cluster.nats_url)
-                await asyncio.gather(*(s.publish(nc, stop=sim_stop) for s in sims))
-                await nc.close()
+                # Each factory's sensors publish to the factory's own server.
+                conns = [await connect(cluster.site_urls[site]) for site in SITES]
+                await asyncio.gather(
+                    *(s.publish(nc, stop=sim_stop) for s, nc in zip(sims, conns, strict=True))
+                )
+                for nc in conns:
+                    await nc.close()
 
             asyncio.run(go())
 
         sim_thread = threading.Thread(target=simulate, name="simulators", daemon=True)
         sim_thread.start()
         err.print(
-            f"simulating {devices} sensors at each of {', '.join(SITES)} "
-            f"({', '.join(site_stream(s) for s in SITES)}); first windows after ~20 s, "
-            "global summaries after ~40 s"
+            f"simulating {devices} sensors at each of {', '.join(SITES)} (stream SENSORS "
+            "on each factory's server); first windows after ~20 s, global summaries ~20 s later"
         )
 
         def view() -> Group:

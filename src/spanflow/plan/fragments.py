@@ -110,8 +110,8 @@ def compile_fragments(
         spec = _with_parallelism(spec, parallelism)
     facts = _analyse(spec, topology)
     plan, facts = _with_split_windows(spec, facts)
-    reasons = {sid: f.reason for sid, f in facts.items()}
-    scopes = {sid: f.scope for sid, f in facts.items()}
+    reasons = {s.id: facts[s.id].reason for s in plan.steps}
+    scopes = {s.id: facts[s.id].scope for s in plan.steps}
     local_sites = sorted({s for f in facts.values() if f.scope == "local" for s in f.sites})
     has_global = any(f.scope == "global" for f in facts.values())
     if len(local_sites) + has_global <= 1:

@@ -410,6 +410,16 @@ def _compile_step(ctx: CompileContext, spec: PipelineSpec, step: Step, up: Frame
     raise CompileError(step.id, f"step type {step.type!r} is not supported by the Spark runner")
 
 
+WINDOW_TIME = "_window_time"
+"""The event time of a window's result (its end, less a microsecond)."""
+
+
+def _windowed(df: DataFrame, key: tuple[str, ...], mode: OutputMode) -> Frame:
+    if mode == "append":  # final results carry event time on to the next window
+        return Frame(df, key=key, event_time=WINDOW_TIME, watermarked=True, mode=mode)
+    return Frame(df.drop(WINDOW_TIME), key=key, mode=mode)
+
+
 def _window(ctx: CompileContext, step: WindowStep, up: Frame) -> Frame:
     frame = _watermarked(up, step.id)
     assert frame.event_time is not None
@@ -422,7 +432,13 @@ def _window(ctx: CompileContext, step: WindowStep, up: Frame) -> Frame:
         slide = spark_interval(step.slide) if step.slide else None
         window = F.window(ts, spark_interval(step.size), slide)
     grouped = frame.df.groupBy(*frame.key, window.alias("window"))
-    bounds = [F.col("window.start").alias("window_start"), F.col("window.end").alias("window_end")]
+    # ``window_time`` keeps the watermark, so a later window can aggregate these results
+    # (chained windows); sinks leave the underscore column out.
+    bounds = [
+        F.col("window.start").alias("window_start"),
+        F.col("window.end").alias("window_end"),
+        F.window_time("window").alias(WINDOW_TIME),
+    ]
     mode: OutputMode = "append" if step.emit == "final" else "update"
     if step.aggregates:
         if step.partial:
@@ -432,12 +448,12 @@ def _window(ctx: CompileContext, step: WindowStep, up: Frame) -> Frame:
         df = grouped.agg(*columns)
         names = [c for c in df.columns if c not in frame.key and c != "window"]
         df = df.select(*frame.key, *bounds, *names)
-        return Frame(df, key=frame.key, mode=mode)
+        return _windowed(df, frame.key, mode)
     assert step.reduce is not None
     fn = resolve(step.reduce, step.id, ctx.functions)
     values = [c for c in frame.df.columns if not c.startswith("_") and c not in frame.key]
     collected = grouped.agg(F.collect_list(F.struct(*values)).alias("_rows"))
-    collected = collected.select(*frame.key, *bounds, "_rows")
+    collected = collected.select(*frame.key, *bounds[:2], "_rows")
     value_fields = [f for f in frame.df.schema.fields if f.name in values]
     out_struct = StructType(
         [f for f in collected.schema.fields if f.name != "_rows"] + value_fields

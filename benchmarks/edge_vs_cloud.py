@@ -1,0 +1,340 @@
+"""Edge vs cloud: what spanflow's placement saves on the WAN and in alert latency.
+
+The same pipeline — per-device validation, per-reading alerts, 10 s window aggregates
+per device gathered in the cloud — from two factories, run twice on one machine with
+the WAN emulated by user-space relays (these machines have no ``tc netem``):
+
+(a) **planned**: each factory has its own NATS server (a leaf node of the cloud's);
+    sensors publish to it; spanflow runs validation, alerts and the windows at the
+    factory and sends only the window results to the cloud.
+(b) **all in the cloud**: sensors publish to the cloud's server across the WAN; the
+    whole pipeline runs on the cloud node.
+
+Alerts are consumed where the alarm sounds, in the factory (a subscriber on the
+factory's server). Every relay adds the one-way delay in each direction and counts
+the bytes that cross: device traffic, leaf-node traffic (window results, alerts
+coming back, and the control plane's heartbeats and assignments, which both setups
+pay). Alert latency = alert received in the factory - the reading's publish time
+(one machine, one clock).
+
+Both setups run the same processes (hub, two factory servers, coordinator, three
+agents with their own Spark), so the 2-core machine is equally loaded; only where the
+work runs differs. Figures go to ``benchmarks/results/edge_vs_cloud.json``.
+
+Run: ``.venv/bin/python benchmarks/edge_vs_cloud.py [--rtt 30 100] [--seconds 60]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import random
+import shutil
+import tempfile
+import threading
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import orjson
+
+os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+
+import spanflow as sf
+from spanflow.cli.cluster import LocalCluster
+from spanflow.nats.relay import WanRelay
+from spanflow.nats.streams import connect
+
+RESULTS = Path(__file__).resolve().parent / "results"
+SITES = ("factory-a", "factory-b")
+SCHEMA = {"device": "string", "site": "string", "ts": "timestamp", "temperature": "double"}
+ALERT_ABOVE = 45.0
+
+
+def topology(mode: str) -> str:
+    """The planned setup declares where the readings are born; the all-in-cloud one
+    lands them in the cloud."""
+
+    def edge(site: str, node: str) -> str:
+        streams = (
+            f'\n    streams: [{{name: SENSORS, subjects: ["sensors.{site}.>"]}}]'
+            if mode == "planned"
+            else ""
+        )
+        return (
+            f"  - name: {node}\n    site: {site}\n    local: true\n"
+            f"    capabilities: {{cores: 1, slots: 2}}{streams}\n"
+        )
+
+    cloud_streams = (
+        '\n    streams: [{name: SENSORS, subjects: ["sensors.>"]}]' if mode == "cloud" else ""
+    )
+    return (
+        "sites: [{name: factory-a}, {name: factory-b}, {name: cloud, kind: cloud}]\n"
+        "nodes:\n"
+        + edge("factory-a", "edge-a")
+        + edge("factory-b", "edge-b")
+        + "  - name: cloud-1\n    site: cloud\n    local: true\n"
+        + f"    capabilities: {{cores: 2, slots: 4}}{cloud_streams}\n"
+        + "links:\n"
+        + "  - {between: [factory-a, cloud], latency: 15ms}\n"
+        + "  - {between: [factory-b, cloud], latency: 15ms}\n"
+    )
+
+
+def pipeline() -> sf.Flow:
+    p = sf.Pipeline("edge-vs-cloud", trigger="0.5s")
+    readings = p.source(
+        "SENSORS",
+        subjects=["sensors.>"],
+        schema=SCHEMA,
+        key="device",
+        event_time="ts",
+        max_out_of_orderness="2s",
+        id="readings",
+    )
+    valid = readings.filter("temperature BETWEEN -40 AND 125", id="valid")
+    alerts = valid.filter(f"temperature > {ALERT_ABOVE}", id="hot").sink_jetstream(
+        "ALERTS", subject="alerts.{site}.{device}", id="alerts_out"
+    )
+    windows = (
+        valid.key_by("device", id="by_device")
+        .window(tumbling="10s")
+        .aggregate(n="count", avg_t="avg(temperature)", max_t="max(temperature)", id="per_10s")
+        .sink_jetstream("WINDOWS", subject="windows.{device}", id="windows_out")
+    )
+    return alerts.merge(windows)
+
+
+def spec_with_cloud_sink() -> dict[str, Any]:
+    """The pipeline with its window results gathered in the cloud, whatever runs where."""
+    spec = pipeline().spec()
+    steps = [
+        s.model_copy(update={"at": "cloud"}) if s.id == "windows_out" else s for s in spec.steps
+    ]
+    return spec.model_copy(update={"steps": tuple(steps)}).model_dump(mode="json", by_alias=True)
+
+
+class Publisher:
+    """``rate`` readings/s per site from ``devices`` devices; 2 % of them alerts."""
+
+    def __init__(self, urls: dict[str, str], rate: float, devices: int) -> None:
+        self.urls, self.rate, self.devices = urls, rate, devices
+        self.stop = threading.Event()
+        self.sent: dict[str, int] = dict.fromkeys(urls, 0)
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
+
+    def start(self) -> Publisher:
+        self._thread.start()
+        return self
+
+    def join(self) -> None:
+        self.stop.set()
+        self._thread.join(30)
+
+    async def _run(self) -> None:
+        await asyncio.gather(*(self._site(site, url) for site, url in self.urls.items()))
+
+    async def _site(self, site: str, url: str) -> None:
+        nc = await connect(url)
+        rng = random.Random(site)
+        period = 1.0 / self.rate
+        next_at = time.monotonic()
+        n = 0
+        while not self.stop.is_set():
+            hot = rng.random() < 0.02
+            record = {
+                "device": f"{site}-{n % self.devices:03d}",
+                "site": site,
+                "ts": time.time(),
+                "temperature": round(rng.uniform(60, 90) if hot else rng.uniform(15, 35), 2),
+            }
+            await nc.publish(f"sensors.{site}.{record['device']}", orjson.dumps(record))
+            self.sent[site] += 1
+            n += 1
+            next_at += period
+            delay = next_at - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+        await nc.flush()
+        await nc.close()
+
+
+class AlertClock:
+    """Subscribes in each factory and records alert latency (receive - publish time)."""
+
+    def __init__(self, urls: dict[str, str]) -> None:
+        self.urls = urls
+        self.latencies: list[tuple[float, float]] = []  # (reading ts, latency s)
+        self.received: dict[str, int] = dict.fromkeys(urls, 0)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._conns: list[Any] = []
+
+    def start(self) -> AlertClock:
+        self._thread.start()
+        asyncio.run_coroutine_threadsafe(self._subscribe(), self._loop).result(30)
+        return self
+
+    async def _subscribe(self) -> None:
+        for site, url in self.urls.items():
+            nc = await connect(url)
+            self._conns.append(nc)
+
+            async def on_alert(msg: Any, site: str = site) -> None:
+                now = time.time()
+                r = orjson.loads(msg.data)
+                ts = datetime.fromisoformat(r["ts"]).timestamp()
+                self.received[site] += 1
+                self.latencies.append((ts, now - ts))
+
+            await nc.subscribe(f"alerts.{site}.>", cb=on_alert)
+
+    def stop(self) -> None:
+        async def close() -> None:
+            for nc in self._conns:
+                await nc.close()
+
+        asyncio.run_coroutine_threadsafe(close(), self._loop).result(30)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))] if values else 0.0
+
+
+def run(mode: str, one_way: float, rate: float, seconds: float, devices: int) -> dict[str, Any]:
+    work = Path(tempfile.mkdtemp(prefix=f"spanflow-bench-{mode}-"))
+    (work / "topology.yaml").write_text(topology(mode))
+    cluster = LocalCluster(
+        work / "topology.yaml", work, port=0, site_servers=True, wan_delay=one_way
+    )
+    device_relays: dict[str, WanRelay] = {}
+    publisher: Publisher | None = None
+    clock: AlertClock | None = None
+    try:
+        cluster.start()
+        cluster.wait_for_nodes(timeout=300)
+        api = cluster.api()
+        st = api.call("POST", "/api/v1/pipelines", {"spec": spec_with_cloud_sink()})
+        placement = {f["id"]: f["node"] for f in st["fragments"]}
+        if mode == "cloud":  # sensors reach the cloud's server across the WAN
+            hub = urlparse(cluster.nats_url)
+            for site in SITES:
+                device_relays[site] = WanRelay(hub.hostname or "", hub.port or 0, delay=one_way)
+                device_relays[site].start()
+            targets = {s: f"nats://127.0.0.1:{device_relays[s].port}" for s in SITES}
+        else:
+            targets = {s: cluster.site_urls[s] for s in SITES}
+        clock = AlertClock({s: cluster.site_urls[s] for s in SITES}).start()
+        publisher = Publisher(targets, rate, devices).start()
+        # Warm up: until both factories hear alerts (every Spark query is running).
+        deadline = time.monotonic() + 400
+        while not all(clock.received.values()):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{mode}: no alerts within 400 s; logs in {work / 'logs'}")
+            time.sleep(0.5)
+        time.sleep(10)  # let the first, slow batches pass before measuring
+        relays = [*cluster.relays.values(), *device_relays.values()]
+        bytes_before = sum(r.bytes_up + r.bytes_down for r in relays)
+        sent_before = sum(publisher.sent.values())
+        started = time.time()
+        time.sleep(seconds)
+        ended = time.time()
+        wan_bytes = sum(r.bytes_up + r.bytes_down for r in relays) - bytes_before
+        sent = sum(publisher.sent.values()) - sent_before
+        time.sleep(5)  # alerts of the last readings
+        lat = [latency for ts, latency in clock.latencies if started <= ts < ended]
+        return {
+            "mode": mode,
+            "rtt_ms": round(one_way * 2000),
+            "placement": placement,
+            "readings": sent,
+            "alerts": len(lat),
+            "wan_bytes": wan_bytes,
+            "wan_bytes_per_reading": round(wan_bytes / max(1, sent), 1),
+            "alert_latency_ms": {
+                "p50": round(pct(lat, 50) * 1000, 1),
+                "p99": round(pct(lat, 99) * 1000, 1),
+            },
+        }
+    finally:
+        if publisher is not None:
+            publisher.join()
+        if clock is not None:
+            clock.stop()
+        for relay in device_relays.values():
+            relay.stop()
+        cluster.stop()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--rtt", type=float, nargs="+", default=[30.0, 100.0], help="ms")
+    ap.add_argument("--seconds", type=float, default=60.0, help="measured seconds per run")
+    ap.add_argument("--rate", type=float, default=200.0, help="readings/s per factory")
+    ap.add_argument("--devices", type=int, default=20, help="devices per factory")
+    args = ap.parse_args()
+    rows = []
+    for rtt in args.rtt:
+        pair = {}
+        for mode in ("planned", "cloud"):
+            print(f"-- {mode}, RTT {rtt:.0f} ms …", flush=True)
+            r = run(mode, rtt / 2000, args.rate, args.seconds, args.devices)
+            print(json.dumps(r), flush=True)
+            pair[mode] = r
+        planned, cloud = pair["planned"], pair["cloud"]
+        rows.append(
+            {
+                "rtt_ms": rtt,
+                "planned": planned,
+                "cloud": cloud,
+                "wan_bytes_ratio": round(planned["wan_bytes"] / max(1, cloud["wan_bytes"]), 4),
+                "wan_bytes_saved_pct": round(
+                    100 * (1 - planned["wan_bytes"] / max(1, cloud["wan_bytes"])), 1
+                ),
+                "alert_p50_ratio": round(
+                    planned["alert_latency_ms"]["p50"] / max(0.1, cloud["alert_latency_ms"]["p50"]),
+                    3,
+                ),
+                "alert_p99_ratio": round(
+                    planned["alert_latency_ms"]["p99"] / max(0.1, cloud["alert_latency_ms"]["p99"]),
+                    3,
+                ),
+            }
+        )
+    print()
+    print(
+        f"{'RTT':>6} {'WAN MB planned':>15} {'WAN MB cloud':>13} {'saved':>7} "
+        f"{'p50 ms planned/cloud':>21} {'p99 ms planned/cloud':>21}"
+    )
+    for row in rows:
+        p, c = row["planned"], row["cloud"]
+        print(
+            f"{row['rtt_ms']:>4.0f}ms {p['wan_bytes'] / 1e6:>15.2f} {c['wan_bytes'] / 1e6:>13.2f} "
+            f"{row['wan_bytes_saved_pct']:>6.1f}% "
+            f"{p['alert_latency_ms']['p50']:>9.0f} / {c['alert_latency_ms']['p50']:<9.0f} "
+            f"{p['alert_latency_ms']['p99']:>9.0f} / {c['alert_latency_ms']['p99']:<9.0f}"
+        )
+    RESULTS.mkdir(exist_ok=True)
+    out = {
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+        "at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "rate_per_factory": args.rate,
+        "devices_per_factory": args.devices,
+        "seconds": args.seconds,
+        "runs": rows,
+    }
+    (RESULTS / "edge_vs_cloud.json").write_text(json.dumps(out, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -243,6 +243,9 @@ def run(mode: str, one_way: float, rate: float, seconds: float, devices: int) ->
             time.sleep(0.5)
         time.sleep(10)  # let the first, slow batches pass before measuring
         relays = [*cluster.relays.values(), *device_relays.values()]
+        if os.environ.get("SPANFLOW_RELAY_TALLY"):
+            for r in relays:
+                r.tally = {}
         bytes_before = sum(r.bytes_up + r.bytes_down for r in relays)
         sent_before = sum(publisher.sent.values())
         started = time.time()
@@ -251,6 +254,13 @@ def run(mode: str, one_way: float, rate: float, seconds: float, devices: int) ->
         wan_bytes = sum(r.bytes_up + r.bytes_down for r in relays) - bytes_before
         sent = sum(publisher.sent.values()) - sent_before
         time.sleep(5)  # alerts of the last readings
+        if os.environ.get("SPANFLOW_RELAY_TALLY"):
+            tally: dict[str, int] = {}
+            for r in relays:
+                for k, v in (r.tally or {}).items():
+                    tally[k] = tally.get(k, 0) + v
+            for k, v in sorted(tally.items(), key=lambda kv: -kv[1])[:15]:
+                print(f"   {v:>10,}  {k}")
         lat = [latency for ts, latency in clock.latencies if started <= ts < ended]
         return {
             "mode": mode,
@@ -282,15 +292,18 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=60.0, help="measured seconds per run")
     ap.add_argument("--rate", type=float, default=200.0, help="readings/s per factory")
     ap.add_argument("--devices", type=int, default=20, help="devices per factory")
+    ap.add_argument("--modes", nargs="+", default=["planned", "cloud"], help="planned, cloud")
     args = ap.parse_args()
     rows = []
     for rtt in args.rtt:
         pair = {}
-        for mode in ("planned", "cloud"):
+        for mode in args.modes:
             print(f"-- {mode}, RTT {rtt:.0f} ms …", flush=True)
             r = run(mode, rtt / 2000, args.rate, args.seconds, args.devices)
             print(json.dumps(r), flush=True)
             pair[mode] = r
+        if set(pair) != {"planned", "cloud"}:
+            continue
         planned, cloud = pair["planned"], pair["cloud"]
         rows.append(
             {

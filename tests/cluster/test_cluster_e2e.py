@@ -273,3 +273,17 @@ def test_killed_node_fragments_move_and_output_stays_exactly_once(cluster: Local
     print(f"fragment moved and caught up {time.monotonic() - killed_at:.1f} s after the kill")
     # The dead agent's Spark JVM goes with it (it exits when its driver's pipe closes).
     wait_for(lambda: not [p for p in n1_family if _alive(p)], timeout=30)
+
+    # n1 comes back: re-planning moves the fragment home (it was 20 ms from its data),
+    # through a savepoint, so its state and the exactly-once output survive the move.
+    cluster.start_node("n1")
+    wait_for(lambda: pipeline(api, "survivor")["fragments"][0]["node"] == "n1", timeout=240)
+    home = pipeline(api, "survivor")["fragments"][0]
+    assert home["epoch"] == 3
+    more = 600
+    publish(url, "E2E_IN3", "e2ein3.x", records(more, start=total))
+    expected.update(i for i in range(total, total + more) if i % 3 != 0)
+    wait_for(lambda: sum(ids(url, "E2E_SURV").values()) >= sum(expected.values()), timeout=240)
+    assert ids(url, "E2E_SURV") == expected
+    kinds = [r["kind"] for r in api.call("GET", "/api/v1/cluster/log?limit=1000")]
+    assert "move-start" in kinds and "move-done" in kinds

@@ -78,6 +78,7 @@ def test_per_device_work_stays_at_each_site_and_the_overall_window_is_split():
     assert local_a.kind == "local" and local_a.site == "a" and local_a.input_streams == ("SENSORS",)
     source = local_a.spec.sources()[0]
     assert source.filter_subjects == ("sensors.a.>",)
+    assert source.subjects == ("sensors.a.>",)  # never captures other sites' data
     assert {"per_device", "hot", "alerts_out", "overall__partial"} <= set(local_a.steps)
     partial = local_a.spec.step("overall__partial")
     assert isinstance(partial, WindowStep) and partial.partial

@@ -421,10 +421,7 @@ class LocalCluster:
         self.start_coordinator()
         for n in self.topology.nodes:
             if n.local:
-                self._spawn(
-                    f"node-{n.name}",
-                    ["node", "--name", n.name, "--site", n.site, "--coordinator", self.url],
-                )
+                self.start_node(n.name)
         return self
 
     def _edge_sites(self) -> list[str]:
@@ -448,12 +445,20 @@ class LocalCluster:
             relay = WanRelay(hub_leaf.hostname or "127.0.0.1", hub_leaf.port or 0)
             relay.delay = self.wan_delay
             self.relays[site] = relay.start()
+            # Data born here stays here unless a pipeline sends it (by stream sourcing).
+            born_here = tuple(
+                subject
+                for n in self.topology.nodes
+                if n.site == site
+                for stream in n.streams
+                for subject in stream.subjects
+            )
             server = EmbeddedNats(
                 self.data_dir / f"nats-{site}",
                 name=site,
                 domain=site,
                 leaf_remote=relay.url,
-                deny_exports=EDGE_ONLY_SUBJECTS,
+                deny_exports=(*EDGE_ONLY_SUBJECTS, *born_here),
             ).start()
             self._site_nats[site] = server
             self.site_urls[site] = server.url
@@ -487,6 +492,14 @@ class LocalCluster:
             time.sleep(0.1)
         self.url = f"http://127.0.0.1:{port_file.read_text().strip()}"
         self._wait_healthy(deadline)
+
+    def start_node(self, name: str) -> None:
+        """(Re)start one local node's agent process."""
+        spec = next(n for n in self.topology.nodes if n.name == name)
+        self._spawn(
+            f"node-{name}",
+            ["node", "--name", name, "--site", spec.site, "--coordinator", self.url],
+        )
 
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
         """Kill one process of the cluster (``coordinator`` or ``node-<name>``) and reap it."""

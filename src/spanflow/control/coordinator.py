@@ -42,7 +42,7 @@ from spanflow.nats.cluster import (
 from spanflow.nats.streams import connect
 from spanflow.plan import ClusterView, PlacementError, Placer
 from spanflow.plan.fragments import PlanError, compile_fragments
-from spanflow.plan.planner import GeoPlacer, hops_of, offline_view, plan_pipeline
+from spanflow.plan.planner import GeoPlacer, hops_of, offline_view, place, plan_pipeline
 from spanflow.spec.cluster import (
     TRANSITIONS,
     Activity,
@@ -91,6 +91,9 @@ class CoordinatorSettings:
     failure_after: int = 3
     token: str | None = None
     topology: Topology | None = None
+    replan_margin: float = 0.2
+    """A fragment moves only when its new place is better by this share of its current
+    cost (worst input latency) and by at least a millisecond."""
 
     @property
     def checkpoint_root(self) -> str:
@@ -219,6 +222,8 @@ class Coordinator:
                 continue
             if act.runtime.epoch == a.epoch and act.savepoint_dir == a.savepoint_dir:
                 self.view.runtime[a.fragment.id] = act.runtime
+                if a.move_to:
+                    await self._finish_move(a)
         for record in list(self.view.pipelines.values()):
             if record.state == PipelineState.STOPPING and self._savepoint_complete(record.name):
                 await self._end(record, PipelineState.STOPPED, f"savepoint {record.savepoint}")
@@ -326,6 +331,7 @@ class Coordinator:
             self.view.nodes[reg.name] = record
             self.view.last_seen[reg.name] = time.monotonic()
             await self._schedule()
+            await self._rebalance(f"node {reg.name} joined")
             return record
 
     async def _set_node_state(
@@ -374,6 +380,7 @@ class Coordinator:
             )
             self.view.nodes[name] = updated
             await self._schedule()
+            await self._rebalance(f"capabilities of {name} changed")
             return updated
 
     async def put_site(self, site: Site) -> Topology:
@@ -381,6 +388,7 @@ class Coordinator:
             t = self.view.topology.with_site(site)
             await self._commit("site", {"site": site.name}, [put(META_BUCKET, "topology", t)])
             self.view.topology = t
+            await self._rebalance(f"site {site.name} changed")
             return self.topology()
 
     async def put_link(self, link: Link) -> Topology:
@@ -394,6 +402,7 @@ class Coordinator:
                 "link", {"between": list(link.between)}, [put(META_BUCKET, "topology", t)]
             )
             self.view.topology = t
+            await self._rebalance(f"link {'-'.join(link.between)} changed")
             return self.topology()
 
     # -- pipelines --------------------------------------------------------------------
@@ -456,6 +465,7 @@ class Coordinator:
                     update={
                         "action": "savepoint",
                         "savepoint_dir": str(Path(target) / a.fragment.id),
+                        "move_to": None,
                         "reason": "savepoint requested",
                     }
                 )
@@ -680,6 +690,115 @@ class Coordinator:
             for n in self.view.nodes.values()
         )
 
+    # -- re-planning --------------------------------------------------------------------
+    def _cost(self, fragment: Fragment, node: str) -> float | None:
+        """What a placement costs in the planner's terms: a local fragment's distance
+        from its own site, a global fragment's worst latency to its input sites."""
+        topology = self.topology()
+        record = self.view.nodes.get(node)
+        if record is None:
+            return None
+        site = record.spec.site
+        if fragment.kind == "local" and fragment.site is not None:
+            return topology.latency(fragment.site, site)
+        values = [topology.latency(site, s) for s in fragment.input_sites]
+        if any(v is None for v in values):
+            return None
+        return max((v for v in values if v is not None), default=0.0)
+
+    async def _rebalance(self, reason: str) -> None:
+        """After a topology change, re-plan running fragments one at a time and move the
+        ones whose new place is better by the margin. A move stops the fragment at a
+        committed batch (a savepoint), then starts it on the new node from there, so
+        its state and exactly-once output survive the move."""
+        view = self._cluster_view()
+        margin = self.settings.replan_margin
+        for record in sorted(self.view.pipelines.values(), key=lambda r: -r.priority):
+            if record.state != PipelineState.RUNNING or not record.fragments:
+                continue
+            for a in self._assignments_of(record.name):
+                if a.action != "run" or a.move_to:
+                    continue
+                current = self._cost(a.fragment, a.node)
+                view.used_slots[a.node] = view.used_slots.get(a.node, 1) - 1
+                try:
+                    plan = place(
+                        [a.fragment],
+                        view,
+                        priority=record.priority,
+                        latency_budget=record.latency_budget,
+                        trigger=record.spec.trigger,
+                        hops=hops_of(record.fragments),
+                    )
+                except PlacementError:
+                    view.used_slots[a.node] = view.used_slots.get(a.node, 0) + 1
+                    continue
+                target = plan.placement[a.fragment.id]
+                better = self._cost(a.fragment, target)
+                gain = (current if current is not None else float("inf")) - (better or 0.0)
+                if (
+                    target == a.node
+                    or better is None
+                    or gain <= max(0.001, margin * (current or 0))
+                ):
+                    view.used_slots[target] = view.used_slots.get(target, 1) - 1
+                    view.used_slots[a.node] = view.used_slots.get(a.node, 0) + 1
+                    continue
+                await self._start_move(a, target, f"{reason}: {plan.decisions[0].why}")
+
+    async def _start_move(self, a: Assignment, target: str, reason: str) -> None:
+        savepoint = str(
+            Path(self.settings.savepoint_root)
+            / "moves"
+            / a.fragment.pipeline
+            / f"{a.fragment.id}-e{a.epoch}"
+        )
+        moving = a.model_copy(
+            update={
+                "action": "savepoint",
+                "savepoint_dir": savepoint,
+                "move_to": target,
+                "reason": f"moving to {target} ({reason})",
+            }
+        )
+        await self._commit(
+            "move-start",
+            {"fragment": a.fragment.id, "from": a.node, "to": target, "reason": reason},
+            [put(ASSIGNMENTS_BUCKET, moving.key, moving)],
+        )
+        self.view.assignments[a.fragment.id] = moving
+        log.info("moving %s from %s to %s: %s", a.fragment.id, a.node, target, reason)
+
+    async def _finish_move(self, a: Assignment) -> None:
+        """The fragment stopped at a savepoint on its old node: start it on the new one."""
+        assert a.move_to is not None
+        record = self.view.pipelines.get(a.fragment.pipeline)
+        if record is None:
+            return
+        epochs = dict(record.epochs)
+        epochs[a.fragment.id] = max(epochs.get(a.fragment.id, 0), a.epoch) + 1
+        moved = Assignment(
+            fragment=a.fragment,
+            node=a.move_to,
+            epoch=epochs[a.fragment.id],
+            checkpoint_dir=a.checkpoint_dir,
+            restore_from=a.savepoint_dir,
+            reason=f"moved from {a.node}",
+        )
+        updated = record.model_copy(update={"epochs": epochs})
+        await self._commit(
+            "move-done",
+            {"fragment": a.fragment.id, "from": a.node, "to": a.move_to, "epoch": moved.epoch},
+            [
+                delete(ASSIGNMENTS_BUCKET, a.key),
+                put(ASSIGNMENTS_BUCKET, moved.key, moved),
+                put(PIPELINES_BUCKET, record.name, updated),
+            ],
+        )
+        self.view.assignments[a.fragment.id] = moved
+        self.view.runtime.pop(a.fragment.id, None)
+        self.view.pipelines[record.name] = updated
+
     # -- what nodes tell us -------------------------------------------------------------
     async def _on_heartbeat(self, msg: Msg) -> None:
         try:
@@ -706,6 +825,7 @@ class Coordinator:
             if record.state == NodeState.FAILED:
                 await self._set_node_state(record, NodeState.ALIVE, "node-recovered")
                 await self._schedule()
+                await self._rebalance(f"node {hb.node} recovered")
             await self._refresh_states()
 
     async def _on_activity(self, msg: Msg) -> None:
@@ -723,7 +843,10 @@ class Coordinator:
             record = self.view.pipelines.get(a.fragment.pipeline)
             if record is None:
                 return
-            if act.event == "failed":
+            if act.event == "savepointed" and a.move_to:
+                if act.savepoint_dir == a.savepoint_dir:
+                    await self._finish_move(a)
+            elif act.event == "failed":
                 await self._end(
                     record,
                     PipelineState.FAILED,

@@ -31,6 +31,8 @@ class WanRelay:
         self.bytes_up = 0  # client → target (edge → hub)
         self.bytes_down = 0
         self.is_cut = False
+        self.tally: dict[str, int] | None = None
+        """Set to ``{}`` to count bytes per subject prefix of leaf-node messages (debug)."""
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._server: asyncio.Server | None = None
@@ -114,6 +116,19 @@ class WanRelay:
             self._writers.discard(w)
             w.close()
 
+    def _count(self, chunk: bytes, up: bool) -> None:
+        assert self.tally is not None
+        for line in chunk.split(b"\r\n"):
+            if line[:5] in (b"LMSG ", b"RMSG "):
+                parts = line.split(b" ")
+                subject = parts[1].decode(errors="replace")
+                key = ("up " if up else "down ") + ".".join(subject.split(".")[:3])
+                try:
+                    size = int(parts[-1])
+                except ValueError:
+                    size = 0
+                self.tally[key] = self.tally.get(key, 0) + size + len(line)
+
     async def _pipe(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, *, up: bool
     ) -> None:
@@ -138,6 +153,8 @@ class WanRelay:
                     self.bytes_up += len(chunk)
                 else:
                     self.bytes_down += len(chunk)
+                if self.tally is not None:
+                    self._count(chunk, up)
                 queue.put_nowait((time.monotonic() + self.delay, chunk))
         finally:
             queue.put_nowait(None)

@@ -346,7 +346,7 @@ def _local(plan: PipelineSpec, facts: dict[str, _Facts], site: str, topo: Topolo
             continue
         if isinstance(step, SourceStep):
             streams.append(step.stream)
-            step = step.model_copy(update={"filter_subjects": _site_subjects(step, site, topo)})
+            step = _at_site(step, site, topo)
         steps.append(step)
     own = tuple(s.id for s in steps)
     for cut in _cuts(plan, facts):
@@ -372,6 +372,24 @@ def _local(plan: PipelineSpec, facts: dict[str, _Facts], site: str, topo: Topolo
         steps=own,
         node_tags=_tags(steps),
     )
+
+
+def _at_site(step: SourceStep, site: str, topo: Topology) -> SourceStep:
+    """A site's replica of a source: it reads (and, if it must create the stream,
+    captures) only the subjects born at the site. Capturing the pipeline's wider
+    subjects would make a site with its own server pull every other site's data."""
+    hosted = tuple(
+        subject
+        for node in topo.hosts_of(step.stream)
+        if node.site == site
+        for h in node.streams
+        if h.name == step.stream
+        for subject in h.subjects
+    )
+    update: dict[str, object] = {"filter_subjects": _site_subjects(step, site, topo)}
+    if hosted:
+        update["subjects"] = tuple(dict.fromkeys(hosted))
+    return step.model_copy(update=update)
 
 
 def _site_subjects(step: SourceStep, site: str, topo: Topology) -> tuple[str, ...]:

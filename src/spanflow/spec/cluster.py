@@ -171,6 +171,11 @@ class Assignment(BaseModel):
     action: Literal["run", "savepoint"] = "run"
     savepoint_dir: str | None = None
     restore_from: str | None = Field(default=None, description="Savepoint to start from.")
+    move_to: str | None = Field(
+        default=None,
+        description="A planned move: the fragment stops at a committed batch here "
+        "(action savepoint), then starts on this node from that savepoint.",
+    )
     reason: str = ""
 
     @property

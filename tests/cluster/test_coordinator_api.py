@@ -14,6 +14,7 @@ from spanflow.api.topology_loader import load_topology_text
 from spanflow.control.coordinator import Coordinator, CoordinatorSettings
 from spanflow.control.rest import create_app
 from spanflow.nats.server import EmbeddedNats
+from tests.helpers import wait_for
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
@@ -346,3 +347,62 @@ def test_status_shows_each_fragment_kind_site_and_input_latency(api: TestClient)
     glob = frags["gather.global"]
     assert glob["node"] == "c1" and glob["input_sites"] == ["edge-a"]
     assert glob["input_latency_s"] == 0.03 and glob["steps"] == ["out"]
+
+
+def test_a_node_coming_back_gets_its_fragment_back_through_a_savepoint(
+    api: TestClient, server: EmbeddedNats, tmp_path: Path
+) -> None:
+    """Re-planning: p1 fell back to the cloud while a1 was drained; when a1 registers
+    again the fragment moves home, stopping at a savepoint first (the agents' parts —
+    heartbeat and 'savepointed' report — are published here as an agent would)."""
+    import asyncio
+
+    from spanflow.nats.cluster import ACTIVITY_STREAM, HEARTBEAT_PREFIX, activity_subject
+    from spanflow.nats.streams import connect
+    from spanflow.spec.cluster import Activity, FragmentRuntime, Heartbeat
+
+    register(api, "a1", "edge-a")
+    register(api, "c1", "cloud")
+    api.post("/api/v1/pipelines", json={"yaml": pipeline("p1")}, headers=AUTH)
+    api.post("/api/v1/nodes/a1/drain", headers=AUTH)
+    frag = api.get("/api/v1/pipelines/p1", headers=AUTH).json()["fragments"][0]
+    assert (frag["node"], frag["epoch"]) == ("c1", 2)
+
+    async def send(subject: str, body: bytes, stream: str | None = None) -> None:
+        nc = await connect(server.url)
+        if stream:
+            await nc.jetstream().publish(subject, body, stream=stream)
+        else:
+            await nc.publish(subject, body)
+        await nc.flush()
+        await nc.close()
+
+    running = FragmentRuntime(fragment_id="p1.f0", epoch=2, status="running")
+    hb = Heartbeat(node="c1", agent_id="agent-c1", seq=1, fragments={"p1.f0": running})
+    asyncio.run(send(f"{HEARTBEAT_PREFIX}.c1", hb.model_dump_json().encode()))
+    wait_for(lambda: api.get("/api/v1/pipelines/p1", headers=AUTH).json()["state"] == "running")
+
+    register(api, "a1", "edge-a", agent_id="agent-a1-restarted")  # back, and not draining
+    frag = api.get("/api/v1/pipelines/p1", headers=AUTH).json()["fragments"][0]
+    assert (frag["node"], frag["action"]) == ("c1", "savepoint")  # stopping to move
+    savepoint = tmp_path / "state" / "savepoints" / "moves" / "p1" / "p1.f0-e2"
+    act = Activity(
+        node="c1",
+        agent_id="agent-c1",
+        event="savepointed",
+        runtime=running.model_copy(update={"status": "stopped"}),
+        savepoint_dir=str(savepoint),
+    )
+    subject = activity_subject("c1", "p1.f0", "savepointed")
+    asyncio.run(send(subject, act.model_dump_json().encode(), ACTIVITY_STREAM))
+
+    def moved_home() -> bool:
+        f = api.get("/api/v1/pipelines/p1", headers=AUTH).json()["fragments"][0]
+        return (f["node"], f["epoch"], f["action"]) == ("a1", 3, "run")
+
+    wait_for(moved_home, timeout=10)
+    log = api.get("/api/v1/cluster/log?limit=1000", headers=AUTH).json()
+    start = next(r for r in log if r["kind"] == "move-start")
+    assert start["detail"]["from"] == "c1" and start["detail"]["to"] == "a1"
+    assert "node a1 joined" in start["detail"]["reason"]
+    assert any(r["kind"] == "move-done" and r["detail"]["epoch"] == 3 for r in log)

@@ -48,7 +48,9 @@ def server(tmp_path: Path) -> Iterator[EmbeddedNats]:
         yield s
 
 
-def coordinator(server: EmbeddedNats, tmp_path: Path, token: str | None = TOKEN) -> Coordinator:
+def coordinator(
+    server: EmbeddedNats, tmp_path: Path, token: str | None = TOKEN, **settings: Any
+) -> Coordinator:
     return Coordinator(
         CoordinatorSettings(
             nats_url=server.url,
@@ -56,6 +58,7 @@ def coordinator(server: EmbeddedNats, tmp_path: Path, token: str | None = TOKEN)
             token=token,
             topology=load_topology_text(TOPOLOGY),
             heartbeat_interval=5.0,  # no agents here: nodes must not be failed mid-test
+            **settings,
         )
     )
 
@@ -350,11 +353,18 @@ def test_status_shows_each_fragment_kind_site_and_input_latency(api: TestClient)
 
 
 def test_a_node_coming_back_gets_its_fragment_back_through_a_savepoint(
-    api: TestClient, server: EmbeddedNats, tmp_path: Path
+    server: EmbeddedNats, tmp_path: Path
 ) -> None:
     """Re-planning: p1 fell back to the cloud while a1 was drained; when a1 registers
     again the fragment moves home, stopping at a savepoint first (the agents' parts —
     heartbeat and 'savepointed' report — are published here as an agent would)."""
+
+    # settle at once: the returning node is a move target on the next monitor pass
+    with TestClient(create_app(coordinator(server, tmp_path, settle_heartbeats=0))) as api:
+        _move_home(api, server, tmp_path)
+
+
+def _move_home(api: TestClient, server: EmbeddedNats, tmp_path: Path) -> None:
     import asyncio
 
     from spanflow.nats.cluster import ACTIVITY_STREAM, HEARTBEAT_PREFIX, activity_subject
@@ -383,8 +393,12 @@ def test_a_node_coming_back_gets_its_fragment_back_through_a_savepoint(
     wait_for(lambda: api.get("/api/v1/pipelines/p1", headers=AUTH).json()["state"] == "running")
 
     register(api, "a1", "edge-a", agent_id="agent-a1-restarted")  # back, and not draining
-    frag = api.get("/api/v1/pipelines/p1", headers=AUTH).json()["fragments"][0]
-    assert (frag["node"], frag["action"]) == ("c1", "savepoint")  # stopping to move
+
+    def stopping_to_move() -> bool:
+        frag = api.get("/api/v1/pipelines/p1", headers=AUTH).json()["fragments"][0]
+        return (frag["node"], frag["action"]) == ("c1", "savepoint")
+
+    wait_for(stopping_to_move, timeout=15)
     savepoint = tmp_path / "state" / "savepoints" / "moves" / "p1" / "p1.f0-e2"
     act = Activity(
         node="c1",
@@ -404,5 +418,5 @@ def test_a_node_coming_back_gets_its_fragment_back_through_a_savepoint(
     log = api.get("/api/v1/cluster/log?limit=1000", headers=AUTH).json()
     start = next(r for r in log if r["kind"] == "move-start")
     assert start["detail"]["from"] == "c1" and start["detail"]["to"] == "a1"
-    assert "node a1 joined" in start["detail"]["reason"]
+    assert "joined: at edge-a, where IN_A is born" in start["detail"]["reason"]
     assert any(r["kind"] == "move-done" and r["detail"]["epoch"] == 3 for r in log)

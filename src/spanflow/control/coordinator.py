@@ -94,6 +94,13 @@ class CoordinatorSettings:
     replan_margin: float = 0.2
     """A fragment moves only when its new place is better by this share of its current
     cost (worst input latency) and by at least a millisecond."""
+    settle_heartbeats: int = 10
+    """A node that joined or recovered is a move target only after this many heartbeat
+    periods alive, so a flapping node does not pull fragments back and forth."""
+
+    @property
+    def settle_seconds(self) -> float:
+        return self.settle_heartbeats * self.heartbeat_interval
 
     @property
     def checkpoint_root(self) -> str:
@@ -137,6 +144,9 @@ class _View:
     runtime: dict[str, FragmentRuntime] = field(default_factory=dict)  # by fragment id
     heartbeats: dict[str, Heartbeat] = field(default_factory=dict)
     last_seen: dict[str, float] = field(default_factory=dict)
+    alive_since: dict[str, float] = field(default_factory=dict)
+    """When each node (re)joined or recovered: re-planning waits until it has settled."""
+    unsettled: set[str] = field(default_factory=set)
 
 
 class Coordinator:
@@ -330,8 +340,8 @@ class Coordinator:
             )
             self.view.nodes[reg.name] = record
             self.view.last_seen[reg.name] = time.monotonic()
+            self._unsettled(reg.name)
             await self._schedule()
-            await self._rebalance(f"node {reg.name} joined")
             return record
 
     async def _set_node_state(
@@ -706,6 +716,25 @@ class Coordinator:
             return None
         return max((v for v in values if v is not None), default=0.0)
 
+    def _unsettled(self, node: str) -> None:
+        self.view.alive_since[node] = time.monotonic()
+        self.view.unsettled.add(node)
+
+    def _settling(self) -> list[str]:
+        limit = time.monotonic() - self.settings.settle_seconds
+        return [n for n in self.view.unsettled if self.view.alive_since.get(n, 0) > limit]
+
+    async def _rebalance_settled(self) -> None:
+        """Re-plan once a node that joined or recovered has stayed alive long enough."""
+        settling = set(self._settling())
+        settled = sorted(self.view.unsettled - settling)
+        if not settled:
+            return
+        self.view.unsettled -= set(settled)
+        live = [n for n in settled if self.view.nodes.get(n, None) is not None]
+        if live:
+            await self._rebalance(f"node {', '.join(live)} joined")
+
     async def _rebalance(self, reason: str) -> None:
         """After a topology change, re-plan running fragments one at a time and move the
         ones whose new place is better by the margin. A move stops the fragment at a
@@ -729,6 +758,7 @@ class Coordinator:
                         latency_budget=record.latency_budget,
                         trigger=record.spec.trigger,
                         hops=hops_of(record.fragments),
+                        exclude=[n for n in self._settling() if n != a.node],
                     )
                 except PlacementError:
                     view.used_slots[a.node] = view.used_slots.get(a.node, 0) + 1
@@ -824,8 +854,8 @@ class Coordinator:
             record = self.view.nodes.get(hb.node, record)
             if record.state == NodeState.FAILED:
                 await self._set_node_state(record, NodeState.ALIVE, "node-recovered")
+                self._unsettled(hb.node)
                 await self._schedule()
-                await self._rebalance(f"node {hb.node} recovered")
             await self._refresh_states()
 
     async def _on_activity(self, msg: Msg) -> None:
@@ -927,6 +957,7 @@ class Coordinator:
                             )
                             await self._refresh_states()
                     await self._schedule()
+                    await self._rebalance_settled()
             except Exception:
                 log.exception("monitor pass failed")
 

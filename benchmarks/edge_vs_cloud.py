@@ -18,10 +18,17 @@ pay). Alert latency = alert received in the factory - the reading's publish time
 (one machine, one clock).
 
 Both setups run the same processes (hub, two factory servers, coordinator, three
-agents with their own Spark), so the 2-core machine is equally loaded; only where the
-work runs differs. Figures go to ``benchmarks/results/edge_vs_cloud.json``.
+agents with their own Spark); only where the work runs differs. The CPU each agent
+(with its Spark and Python workers) and the whole machine used while measuring is
+reported too: the planned setup runs a Spark per factory, which on one 2-core machine
+compete for the same cores, where real factories would each bring their own.
+Leaf links compress (NATS's default ``s2_auto``), as they would in production.
+Figures go to ``benchmarks/results/edge_vs_cloud.json``.
 
 Run: ``.venv/bin/python benchmarks/edge_vs_cloud.py [--rtt 30 100] [--seconds 60]``
+
+Debugging the WAN bytes: ``SPANFLOW_LEAF_COMPRESSION=off SPANFLOW_RELAY_TALLY=1`` prints
+the bytes per subject that crossed the leaf links (uncompressed, so larger).
 """
 
 from __future__ import annotations
@@ -42,6 +49,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 import orjson
+import psutil
 
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
@@ -61,14 +69,17 @@ def topology(mode: str) -> str:
     lands them in the cloud."""
 
     def edge(site: str, node: str) -> str:
+        # Streams hosted at a site keep their subjects at home: the leaf link does not
+        # export them, so no other site's stream on the same subjects pulls them over.
         streams = (
-            f'\n    streams: [{{name: SENSORS, subjects: ["sensors.{site}.>"]}}]'
+            f'\n    streams: [{{name: SENSORS, subjects: ["sensors.{site}.>"]}},'
+            ' {name: ALERTS, subjects: ["alerts.*.*"]}]'
             if mode == "planned"
             else ""
         )
         return (
             f"  - name: {node}\n    site: {site}\n    local: true\n"
-            f"    capabilities: {{cores: 1, slots: 2}}{streams}\n"
+            f"    capabilities: {{cores: 2, slots: 2}}{streams}\n"
         )
 
     cloud_streams = (
@@ -88,7 +99,7 @@ def topology(mode: str) -> str:
 
 
 def pipeline() -> sf.Flow:
-    p = sf.Pipeline("edge-vs-cloud", trigger="0.5s")
+    p = sf.Pipeline("edge-vs-cloud", trigger="2s")
     readings = p.source(
         "SENSORS",
         subjects=["sensors.>"],
@@ -210,7 +221,32 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))] if values else 0.0
 
 
-def run(mode: str, one_way: float, rate: float, seconds: float, devices: int) -> dict[str, Any]:
+def cpu_seconds(cluster: LocalCluster) -> dict[str, float]:
+    """CPU time used so far by each cluster process with its children (agent + Spark),
+    and by the whole machine."""
+    out: dict[str, float] = {}
+    for name, proc in cluster.procs.items():
+        try:
+            root = psutil.Process(proc.pid)
+            tree = [root, *root.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            continue
+        total = 0.0
+        for p in tree:
+            try:
+                t = p.cpu_times()
+            except psutil.NoSuchProcess:
+                continue
+            total += t.user + t.system
+        out[name] = total
+    t = psutil.cpu_times()
+    out["machine"] = t.user + t.system + getattr(t, "nice", 0.0)
+    return out
+
+
+def run(
+    mode: str, one_way: float, rate: float, seconds: float, devices: int, keep: bool = False
+) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix=f"spanflow-bench-{mode}-"))
     (work / "topology.yaml").write_text(topology(mode))
     cluster = LocalCluster(
@@ -255,9 +291,16 @@ def run(mode: str, one_way: float, rate: float, seconds: float, devices: int) ->
                 r.tally = {}
         bytes_before = sum(r.bytes_up + r.bytes_down for r in relays)
         sent_before = sum(publisher.sent.values())
+        cpu_before = cpu_seconds(cluster)
         started = time.time()
         time.sleep(seconds)
         ended = time.time()
+        cpu_after = cpu_seconds(cluster)
+        cpu = {
+            k: max(0.0, round(100 * (cpu_after[k] - v) / (ended - started), 1))
+            for k, v in cpu_before.items()
+            if k in cpu_after
+        }
         wan_bytes = sum(r.bytes_up + r.bytes_down for r in relays) - bytes_before
         sent = sum(publisher.sent.values()) - sent_before
         time.sleep(5)  # alerts of the last readings
@@ -268,6 +311,13 @@ def run(mode: str, one_way: float, rate: float, seconds: float, devices: int) ->
                     tally[k] = tally.get(k, 0) + v
             for k, v in sorted(tally.items(), key=lambda kv: -kv[1])[:15]:
                 print(f"   {v:>10,}  {k}")
+            for node in api.call("GET", "/api/v1/nodes"):
+                for fr in (node.get("agent_fragments") or {}).values():
+                    print(
+                        f"   {node['name']} {fr['fragment_id']}: batches {fr['batches']} "
+                        f"last {fr['last_batch_ms']} ms in {fr['input_rows_per_s']:.0f}/s "
+                        f"lag {fr['lag']}"
+                    )
         lat = [latency for ts, latency in clock.latencies if started <= ts < ended]
         return {
             "mode": mode,
@@ -281,6 +331,7 @@ def run(mode: str, one_way: float, rate: float, seconds: float, devices: int) ->
                 "p50": round(pct(lat, 50) * 1000, 1),
                 "p99": round(pct(lat, 99) * 1000, 1),
             },
+            "cpu_percent": cpu,
         }
     finally:
         if publisher is not None:
@@ -290,23 +341,27 @@ def run(mode: str, one_way: float, rate: float, seconds: float, devices: int) ->
         for relay in device_relays.values():
             relay.stop()
         cluster.stop()
-        shutil.rmtree(work, ignore_errors=True)
+        if keep:
+            print(f"   kept {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rtt", type=float, nargs="+", default=[30.0, 100.0], help="ms")
     ap.add_argument("--seconds", type=float, default=60.0, help="measured seconds per run")
-    ap.add_argument("--rate", type=float, default=50.0, help="readings/s per factory")
+    ap.add_argument("--rate", type=float, default=250.0, help="readings/s per factory")
     ap.add_argument("--devices", type=int, default=20, help="devices per factory")
     ap.add_argument("--modes", nargs="+", default=["planned", "cloud"], help="planned, cloud")
+    ap.add_argument("--keep", action="store_true", help="keep each run's directory (logs)")
     args = ap.parse_args()
     rows = []
     for rtt in args.rtt:
         pair = {}
         for mode in args.modes:
             print(f"-- {mode}, RTT {rtt:.0f} ms …", flush=True)
-            r = run(mode, rtt / 2000, args.rate, args.seconds, args.devices)
+            r = run(mode, rtt / 2000, args.rate, args.seconds, args.devices, args.keep)
             print(json.dumps(r), flush=True)
             pair[mode] = r
         if set(pair) != {"planned", "cloud"}:

@@ -119,10 +119,11 @@ class WanRelay:
     def _count(self, chunk: bytes, up: bool) -> None:
         assert self.tally is not None
         for line in chunk.split(b"\r\n"):
-            if line[:5] in (b"LMSG ", b"RMSG "):
+            if line[:5] in (b"LMSG ", b"RMSG ", b"HMSG "):
                 parts = line.split(b" ")
                 subject = parts[1].decode(errors="replace")
-                key = ("up " if up else "down ") + ".".join(subject.split(".")[:3])
+                prefix = 1 if subject.startswith("_INBOX.") else 3
+                key = ("up " if up else "down ") + ".".join(subject.split(".")[:prefix])
                 try:
                     size = int(parts[-1])
                 except ValueError:

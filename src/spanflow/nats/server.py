@@ -124,6 +124,8 @@ class EmbeddedNats:
             remote = {"url": self.leaf_remote}
             if self.deny_exports:
                 remote["deny_exports"] = list(self.deny_exports)  # type: ignore[assignment]
+            if os.environ.get("SPANFLOW_LEAF_COMPRESSION"):  # "off" to read the WAN tally
+                remote["compression"] = os.environ["SPANFLOW_LEAF_COMPRESSION"]
             lines.append(f"leafnodes {{\n  remotes: [{json.dumps(remote)}]\n}}")
         if self.mqtt:
             self.mqtt_port = _free_port()

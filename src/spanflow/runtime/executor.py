@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from pyspark.sql import SparkSession
+from pyspark.sql.streaming import StreamingQuery
 
 from spanflow.spark.runner import PipelineRunner
 from spanflow.spec.cluster import Assignment, FragmentRuntime
@@ -114,13 +115,11 @@ class FragmentExecutor:
             if q is None:
                 continue
             queries[sink] = str(q.runId)
-            for progress in q.recentProgress:
-                batch = int(progress["batchId"])
-                if batch > running.last_batch.get(sink, -1):
-                    running.rows_in += int(progress.get("numInputRows") or 0)
-                    running.last_batch[sink] = batch
-                    ends = [s.get("endOffset") for s in progress.get("sources", [])]
-                    running.offsets[sink] = [_offset(e) for e in ends]
+            for progress in _progress_since(q, running.last_batch.get(sink, -1)):
+                running.rows_in += int(progress.get("numInputRows") or 0)
+                running.last_batch[sink] = int(progress["batchId"])
+                ends = [s.get("endOffset") for s in progress.get("sources", [])]
+                running.offsets[sink] = [_offset(e) for e in ends]
         for st in statuses:
             batches = max(batches, st.batches)
         now = time.monotonic()
@@ -155,3 +154,18 @@ def _offset(value: Any) -> Any:
         except ValueError:
             return value
     return value
+
+
+def _progress_since(query: StreamingQuery, seen: int) -> list[dict[str, Any]]:
+    """Progress of the batches after ``seen``, oldest first.
+
+    ``lastProgress`` is one call into the JVM; ``recentProgress`` is one per kept batch
+    (up to 100): at a heartbeat a second that is CPU a small edge node needs for its
+    queries, so it is read only when batches were missed in between.
+    """
+    last = query.lastProgress
+    if last is None or int(last["batchId"]) <= seen:
+        return []
+    if int(last["batchId"]) == seen + 1:
+        return [dict(last)]
+    return [dict(p) for p in query.recentProgress if int(p["batchId"]) > seen]

@@ -259,10 +259,9 @@ class PipelineRunner:
                 sink=sink_id, active=bool(q and q.isActive), restarts=sup.restarts, error=sup.error
             )
             if q is not None:
-                progress = q.recentProgress
-                st.batches = len(progress) and int(progress[-1]["batchId"]) + 1
-                if progress:
-                    last = progress[-1]
+                last = q.lastProgress  # one JVM call (recentProgress is one per batch)
+                if last:
+                    st.batches = int(last["batchId"]) + 1
                     st.input_rows_per_s = float(last.get("inputRowsPerSecond") or 0.0)
                     st.processed_rows_per_s = float(last.get("processedRowsPerSecond") or 0.0)
                     st.last_batch_ms = int(last.get("durationMs", {}).get("triggerExecution", 0))

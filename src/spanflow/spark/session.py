@@ -24,6 +24,10 @@ DEFAULTS: dict[str, str] = {
     "spark.scheduler.mode": "FAIR",
     "spark.driver.memory": "1g",
     "spark.sql.streaming.minBatchesToRetain": "20",
+    # C1 only: the C2 JIT kept compiling the classes each micro-batch generates, and a
+    # small stateful query cost ≈520 ms of CPU per batch with it, ≈330 ms without
+    # (see docs/benchmarks.md). Edge nodes have few cores to spare.
+    "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1",
 }
 
 

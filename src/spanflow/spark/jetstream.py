@@ -1,4 +1,5 @@
-"""JetStream as a Spark Structured Streaming source and sink (Python data source API).
+"""JetStream as a Spark Structured Streaming source (Python data source API), and the
+encoding its sinks publish with.
 
 Source (``spark.readStream.format("spanflow_jetstream")``)
     Offsets are ``{"seq": N}``: the next stream sequence to read (exclusive end of the
@@ -10,15 +11,16 @@ Source (``spark.readStream.format("spanflow_jetstream")``)
     release what every pipeline has committed. Malformed messages are dead-lettered
     from ``read`` and never reach the query.
 
-Sink (``df.writeStream.format("spanflow_jetstream")``)
-    Publishes every row as JSON with ``Nats-Msg-Id = pipeline:sink:batch:partition:
-    content-hash:occurrence``. A replayed batch produces the same rows in the same
-    partitions, so its ids repeat and JetStream drops the duplicates: the output is
-    exactly once within the stream's duplicate window.
+Sinks (:func:`encode_rows`, :func:`publish_encoded`)
+    Every row is published as JSON with ``Nats-Msg-Id = pipeline:sink:batch:driver:
+    content-hash:occurrence``. A replayed batch produces the same rows, so its ids
+    repeat and JetStream drops the duplicates: the output is exactly once within the
+    stream's duplicate window. The runner publishes from the driver
+    (see :mod:`spanflow.spark.runner`).
 
-Where each hook runs: ``initialOffset``, ``latestOffset``, ``commit`` and the
-writer's ``commit`` on the driver; ``read`` and ``write`` on executors. Options are
-plain strings; nothing here is pickled except the option dict itself.
+Where each hook runs: ``initialOffset``, ``latestOffset`` and ``commit`` on the
+driver; ``read`` on executors. Options are plain strings; nothing here is pickled
+except the option dict itself.
 """
 
 from __future__ import annotations
@@ -34,13 +36,10 @@ from typing import Any
 import orjson
 import pyarrow as pa
 from nats.aio.client import Client
-from pyspark import TaskContext
 from pyspark.sql.datasource import (
     DataSource,
-    DataSourceStreamArrowWriter,
     DataSourceStreamReader,
     InputPartition,
-    WriterCommitMessage,
 )
 from pyspark.sql.streaming.datasource import (
     ReadAllAvailable,
@@ -63,7 +62,7 @@ BATCH_ROWS = 65_536
 
 
 class JetStreamDataSource(DataSource):
-    """Options: see ``source_options`` / ``sink_options`` in :mod:`spanflow.spark.compiler`."""
+    """Options: see ``source_options`` in :mod:`spanflow.spark.compiler`."""
 
     @classmethod
     def name(cls) -> str:
@@ -74,9 +73,6 @@ class JetStreamDataSource(DataSource):
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         return JetStreamReader(dict(self.options))
-
-    def streamWriter(self, schema: StructType, overwrite: bool) -> JetStreamWriter:
-        return JetStreamWriter(dict(self.options))
 
 
 def register_isolated(spark: Any, name: str) -> str:
@@ -239,7 +235,7 @@ class JetStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
 @dataclass(frozen=True)
 class SinkTarget:
-    """Where and how a sink publishes: shared by the executor writer and the driver path."""
+    """Where and how a sink publishes."""
 
     url: str
     pipeline: str
@@ -299,40 +295,6 @@ async def publish_encoded(nc: Client, out: list[tuple[str, bytes, str]]) -> int:
         for ack in await asyncio.wait_for(asyncio.gather(*futures), 60):
             duplicates += bool(ack.duplicate)
     return duplicates
-
-
-class JetStreamWriter(DataSourceStreamArrowWriter):
-    """Append-mode output, written by executor tasks (one NATS connection per task)."""
-
-    def __init__(self, options: dict[str, str]) -> None:
-        self.target = SinkTarget.from_options(options)
-
-    def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
-        ctx = TaskContext.get()
-        batch_id = ctx.getLocalProperty("streaming.sql.batchId") if ctx else None
-        if ctx is None or batch_id is None:
-            raise RuntimeError("spanflow_jetstream sink: no micro-batch id (use it in a stream)")
-        rows: list[dict[str, Any]] = []
-        for batch in iterator:
-            rows.extend(batch.to_pylist())
-        if not rows:
-            return SinkCommit(0)
-        out = encode_rows(self.target, rows, batch_id, str(ctx.partitionId()))
-
-        async def publish() -> int:
-            nc = await connect(self.target.url)
-            try:
-                return await publish_encoded(nc, out)
-            finally:
-                await nc.close()
-
-        return SinkCommit(len(out), asyncio.run(publish()))
-
-
-@dataclass
-class SinkCommit(WriterCommitMessage):
-    rows: int
-    duplicates: int = 0
 
 
 class _Fields(dict[str, Any]):

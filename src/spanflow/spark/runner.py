@@ -103,8 +103,8 @@ class PipelineRunner:
             compiled[sink.id] = self._compile(sup)
         self._client = SyncNats(self.nats_url)
         self._ensure_streams()
-        for sink_id, (fmt, plan) in compiled.items():
-            self._launch(self._queries[sink_id], fmt, plan)
+        for sink_id, plan in compiled.items():
+            self._launch(self._queries[sink_id], plan)
         return self
 
     def _ensure_streams(self) -> None:
@@ -131,7 +131,7 @@ class PipelineRunner:
                 wildcard = _subject_pattern(sink.subject)
                 c.run(lambda s=sink, w=wildcard: ensure_stream(c.js, s.stream, [w]))  # type: ignore[misc]
 
-    def _compile(self, sup: _Supervised) -> tuple[str, CompiledSink]:
+    def _compile(self, sup: _Supervised) -> CompiledSink:
         """One sink's plan, reading through a data source registered for this query alone
         (and anew on every restart): see :func:`register_isolated`."""
         token = re.sub(r"[^A-Za-z0-9]", "_", f"{self.spec.instance}_{sup.sink_id}")
@@ -144,12 +144,12 @@ class PipelineRunner:
             source_format=fmt,
             plan=self.plan,
         )
-        return fmt, next(c for c in plans if c.sink.id == sup.sink_id)
+        return next(c for c in plans if c.sink.id == sup.sink_id)
 
     def _start_query(self, sup: _Supervised) -> None:
-        self._launch(sup, *self._compile(sup))
+        self._launch(sup, self._compile(sup))
 
-    def _launch(self, sup: _Supervised, fmt: str, compiled: CompiledSink) -> None:
+    def _launch(self, sup: _Supervised, compiled: CompiledSink) -> None:
         sink, df, mode = compiled.sink, compiled.df, compiled.mode
         checkpoint = str(self.checkpoint_dir / sink.id)
         self.spark.sparkContext.setLocalProperty("spark.scheduler.pool", self.spec.instance)
@@ -160,19 +160,14 @@ class PipelineRunner:
             .trigger(processingTime=spark_interval(self.spec.trigger))
         )
         if sink.kind == "jetstream":
-            options = {
-                "url": self.nats_url,
-                "pipeline": self.spec.instance,
-                "step": sink.id,
-                "subject": sink.subject or "",
-                "order_by": sink.order_by or "",
-            }
-            if mode == "append":
-                writer = writer.format(fmt).options(**options)
-            else:
-                writer = writer.foreachBatch(
-                    self._driver_publisher(SinkTarget.from_options(options))
-                )
+            target = SinkTarget(
+                url=self.nats_url,
+                pipeline=self.spec.instance,
+                step=sink.id,
+                subject=sink.subject or "",
+                order_by=sink.order_by,
+            )
+            writer = writer.foreachBatch(self._driver_publisher(target))
         elif sink.kind == "parquet":
             writer = writer.format("parquet").option("path", sink.path or "")
         else:
@@ -183,10 +178,14 @@ class PipelineRunner:
         )
 
     def _driver_publisher(self, target: SinkTarget) -> Callable[[DataFrame, int], None]:
-        """Update-mode output (running counts, window updates). Spark's v2 streaming sinks
-        take append output only, so ``foreachBatch`` hands each batch to the driver, which
-        publishes it with the same idempotent ids. Update batches are small (one row per
-        changed key or window); this skips a second Spark job per batch."""
+        """Every JetStream sink publishes from the driver, over the runner's connection.
+
+        ``toArrow`` brings a batch's rows to the driver without a Python worker; the
+        alternative, a Spark sink written in Python, costs per micro-batch a Python call
+        to plan the write, one per partition to write (even an empty one) and one to
+        commit. On a 2-core edge node those were ≈70 % of the Python workers' CPU and
+        ≈17 % of the whole pipeline's, at no gain in throughput (docs/benchmarks.md).
+        It also serves update-mode output, which Spark's Python sinks cannot take."""
 
         def write(batch: DataFrame, batch_id: int) -> None:
             rows = batch.toArrow().to_pylist()

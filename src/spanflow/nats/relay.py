@@ -67,9 +67,7 @@ class WanRelay:
         if self._loop is None:
             return
         loop = self._loop
-        self._call(self._close_all())
-        if self._server is not None:
-            loop.call_soon_threadsafe(self._server.close)
+        self._call(self._shutdown())
         loop.call_soon_threadsafe(loop.stop)
         if self._thread is not None:
             self._thread.join(5)
@@ -88,6 +86,17 @@ class WanRelay:
             coro.close()
             return
         asyncio.run_coroutine_threadsafe(coro, self._loop).result(10)
+
+    async def _shutdown(self) -> None:
+        """Close the listener and every connection, then let the piping tasks see the
+        end of their streams, so the loop stops with nothing pending ("Task was
+        destroyed but it is pending")."""
+        if self._server is not None:
+            self._server.close()
+        await self._close_all()
+        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        if tasks:
+            await asyncio.wait(tasks, timeout=5)
 
     async def _close_all(self) -> None:
         for w in list(self._writers):

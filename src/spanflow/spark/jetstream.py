@@ -237,23 +237,10 @@ class JetStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 class SinkTarget:
     """Where and how a sink publishes."""
 
-    url: str
     pipeline: str
     step: str
     subject: str
     order_by: str | None = None
-    include_metadata: bool = False
-
-    @classmethod
-    def from_options(cls, options: dict[str, str]) -> SinkTarget:
-        return cls(
-            url=options["url"],
-            pipeline=options["pipeline"],
-            step=options["step"],
-            subject=options["subject"],
-            order_by=options.get("order_by") or None,
-            include_metadata=options.get("include_metadata", "false") == "true",
-        )
 
 
 def encode_rows(
@@ -263,9 +250,9 @@ def encode_rows(
 
     The id is ``pipeline:sink:batch:partition:content-hash:occurrence``: a replayed batch
     yields the same multiset of rows per partition, so the same ids, whatever the order.
+    Metadata columns (``_subject``, ``_seq``, ...) are not published.
     """
-    if not target.include_metadata:
-        rows = [{k: v for k, v in r.items() if not k.startswith("_")} for r in rows]
+    rows = [{k: v for k, v in r.items() if not k.startswith("_")} for r in rows]
     if target.order_by:
         field = target.order_by
         rows.sort(key=lambda r: (r.get(field) is None, r.get(field)))

@@ -161,7 +161,6 @@ class PipelineRunner:
         )
         if sink.kind == "jetstream":
             target = SinkTarget(
-                url=self.nats_url,
                 pipeline=self.spec.instance,
                 step=sink.id,
                 subject=sink.subject or "",

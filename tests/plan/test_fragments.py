@@ -269,3 +269,58 @@ sinks:
   - {id: out, type: console}
 """
         )
+
+
+def test_a_cut_batches_at_the_pace_of_the_sinks_it_feeds():
+    def flow(summary_trigger: str | None, alert_trigger: str | None = None) -> sf.Flow:
+        p = sf.Pipeline("pace", trigger="2s")
+        valid = readings(p).filter("temperature > -40", id="valid")
+        alerts = valid.filter("temperature > 45", id="hot").sink_jetstream(
+            "ALERTS", subject="alerts.{device}", id="alerts_out"
+        )
+        overall = (
+            valid.map(scope="'all'", id="tag")
+            .key_by("scope", id="by_scope")
+            .window(tumbling="10s")
+            .aggregate(n="count", id="overall")
+        )
+        summary = overall.sink_jetstream(
+            "SUMMARY", subject="summary", trigger=summary_trigger, id="summary_out"
+        )
+        if alert_trigger is None:
+            return alerts.merge(summary)
+        late = overall.filter("n > 100", id="busy").sink_jetstream(
+            "BUSY", subject="busy", trigger=alert_trigger, id="busy_out"
+        )
+        return alerts.merge(summary).merge(late)
+
+    def cut_trigger(f: sf.Flow) -> float | None:
+        local = by_id(compile_fragments(f.spec(), two_sites()).fragments, "pace.at-a")
+        return next(s for s in local.spec.sinks() if s.inputs == ("overall__partial",)).trigger
+
+    assert cut_trigger(flow(None)) is None  # the pipeline's 2 s
+    assert cut_trigger(flow("10s")) == 10.0  # only a 10 s sink downstream
+    assert cut_trigger(flow("10s", alert_trigger="5s")) == 5.0  # the fastest it feeds
+    assert cut_trigger(flow("10s", alert_trigger="2s")) is None
+    spec = flow("10s").spec()
+    assert spec.step("summary_out").trigger == 10.0 and spec.step("alerts_out").trigger is None
+
+
+def test_yaml_sink_trigger_is_the_same_as_the_fluent_one_and_checked():
+    text = """
+name: paced
+trigger: 1s
+sources:
+  - {id: readings, stream: SENSORS, schema: {device: string}, to: [out]}
+sinks:
+  - {id: out, type: console, trigger: 10s}
+"""
+    spec = load_pipeline_text(text)
+    assert spec.trigger == 1.0 and spec.step("out").trigger == 10.0
+    fluent = sf.Pipeline("paced", trigger="1s").source(
+        "SENSORS", schema={"device": "string"}, id="readings"
+    )
+    assert fluent.sink_console(trigger="10s", id="out").spec() == spec
+    with pytest.raises(SpecError) as err:
+        load_pipeline_text(text.replace("trigger: 10s}", "trigger: -3s}"))
+    assert ":7: sinks[0].trigger" in str(err.value)

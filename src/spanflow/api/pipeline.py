@@ -288,17 +288,30 @@ class Stream:
 
     # -- sinks -----------------------------------------------------------------------
     def sink_jetstream(
-        self, stream: str, *, subject: str, order_by: str | None = None, id: str | None = None
+        self,
+        stream: str,
+        *,
+        subject: str,
+        order_by: str | None = None,
+        trigger: str | float | None = None,
+        id: str | None = None,
     ) -> Flow:
-        return self._sink(id, kind="jetstream", stream=stream, subject=subject, order_by=order_by)
+        """``trigger`` overrides the pipeline's micro-batch interval for this sink's query."""
+        return self._sink(
+            id, trigger, kind="jetstream", stream=stream, subject=subject, order_by=order_by
+        )
 
-    def sink_parquet(self, path: str, *, id: str | None = None) -> Flow:
-        return self._sink(id, kind="parquet", path=path)
+    def sink_parquet(
+        self, path: str, *, trigger: str | float | None = None, id: str | None = None
+    ) -> Flow:
+        return self._sink(id, trigger, kind="parquet", path=path)
 
-    def sink_console(self, *, id: str | None = None) -> Flow:
-        return self._sink(id, kind="console")
+    def sink_console(self, *, trigger: str | float | None = None, id: str | None = None) -> Flow:
+        return self._sink(id, trigger, kind="console")
 
-    def _sink(self, id: str | None, **params: Any) -> Flow:
+    def _sink(self, id: str | None, trigger: str | float | None, **params: Any) -> Flow:
+        if trigger is not None:
+            params["trigger"] = trigger
         out = self._then(SinkStep, "sink", id, **params)
         return Flow(self._pipeline, out._steps, out._functions)
 

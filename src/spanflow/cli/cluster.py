@@ -132,6 +132,15 @@ def node(
     slots: Annotated[int | None, typer.Option(help="Fragments at once (default: cores).")] = None,
     tag: Annotated[list[str] | None, typer.Option(help="Capability tag (repeatable).")] = None,
     master: Annotated[str | None, typer.Option(help="Spark master (default local[2]).")] = None,
+    batch_offset: Annotated[
+        float,
+        typer.Option(
+            min=0.0,
+            max=0.999,
+            help="Shift of this node's micro-batch start slots, as a fraction of the trigger "
+            "interval; give nodes that share a machine different ones.",
+        ),
+    ] = 0.0,
 ) -> None:
     """Run a node agent: register, heartbeat, run assigned fragments as Spark queries."""
     from spanflow.runtime.agent import AgentSettings, NodeAgent, detect_capabilities
@@ -160,6 +169,7 @@ def node(
         token=token or None,
         capabilities=caps,
         master=master,
+        batch_offset=batch_offset,
     )
     stop = _Interrupted()
     try:
@@ -496,9 +506,23 @@ class LocalCluster:
     def start_node(self, name: str) -> None:
         """(Re)start one local node's agent process."""
         spec = next(n for n in self.topology.nodes if n.name == name)
+        # The local nodes share this machine's cores: spread their batch slots apart
+        # over the first half of the interval (each node's own queries fill the rest).
+        local = [n.name for n in self.topology.nodes if n.local]
+        offset = local.index(name) / (2 * len(local))
         self._spawn(
             f"node-{name}",
-            ["node", "--name", name, "--site", spec.site, "--coordinator", self.url],
+            [
+                "node",
+                "--name",
+                name,
+                "--site",
+                spec.site,
+                "--coordinator",
+                self.url,
+                "--batch-offset",
+                f"{offset:.4f}",
+            ],
         )
 
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:

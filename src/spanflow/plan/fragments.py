@@ -358,6 +358,7 @@ def _local(plan: PipelineSpec, facts: dict[str, _Facts], site: str, topo: Topolo
                     kind="jetstream",
                     stream=cut_stream(plan.name, cut),
                     subject=cut_subject(plan.name, cut, site),
+                    trigger=_cut_trigger(plan, cut),
                 )
             )
     spec = plan.model_copy(update={"steps": tuple(steps), "fragment": f"at-{site}"})
@@ -372,6 +373,30 @@ def _local(plan: PipelineSpec, facts: dict[str, _Facts], site: str, topo: Topolo
         steps=own,
         node_tags=_tags(steps),
     )
+
+
+def _cut_trigger(plan: PipelineSpec, cut: str) -> float | None:
+    """The interval a cut's query can batch at: that of the fastest sink it feeds.
+
+    A cut feeding only slow sinks (10 s windows on a 10 s trigger) need not cross every
+    pipeline trigger; one feeding any sink on the pipeline's trigger keeps it (None)."""
+    downstream: dict[str, list[str]] = {}
+    for step in plan.steps:
+        for up in step.inputs:
+            downstream.setdefault(up, []).append(step.id)
+    by_id = {s.id: s for s in plan.steps}
+    seen, todo, triggers = {cut}, [cut], []
+    while todo:
+        for nxt in downstream.get(todo.pop(), []):
+            if nxt in seen:
+                continue
+            seen.add(nxt)
+            step = by_id[nxt]
+            if isinstance(step, SinkStep):
+                triggers.append(plan.trigger if step.trigger is None else step.trigger)
+            todo.append(nxt)
+    fastest = min(triggers, default=plan.trigger)
+    return None if fastest == plan.trigger else fastest
 
 
 def _at_site(step: SourceStep, site: str, topo: Topology) -> SourceStep:

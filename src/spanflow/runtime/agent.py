@@ -64,6 +64,9 @@ class AgentSettings:
     master: str | None = None
     register_timeout: float = 120.0
     spark_conf: dict[str, str] = field(default_factory=dict)
+    batch_offset: float = 0.0
+    """Shift of this node's batch start slots, a fraction of the trigger interval: nodes
+    sharing one machine take different ones (:mod:`spanflow.spark.stagger`)."""
 
 
 def detect_capabilities() -> Capabilities:
@@ -174,7 +177,12 @@ class NodeAgent:
         )
         if after_spark is not None:
             after_spark()
-        self._executor = FragmentExecutor(spark, self.nats_url, domain=self.site_domain)
+        self._executor = FragmentExecutor(
+            spark,
+            self.nats_url,
+            domain=self.site_domain,
+            batch_offset=self.settings.batch_offset,
+        )
         self.ready.set()
         try:
             while not stop.is_set():

@@ -19,6 +19,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from spanflow.spark.runner import PipelineRunner
+from spanflow.spark.stagger import BatchSlots
 from spanflow.spec.cluster import Assignment, FragmentRuntime
 
 log = logging.getLogger(__name__)
@@ -39,10 +40,20 @@ class RunningFragment:
 
 
 class FragmentExecutor:
-    def __init__(self, spark: SparkSession, nats_url: str, *, domain: str | None = None) -> None:
+    def __init__(
+        self,
+        spark: SparkSession,
+        nats_url: str,
+        *,
+        domain: str | None = None,
+        batch_offset: float = 0.0,
+    ) -> None:
         self.spark = spark
         self.nats_url = nats_url
         self.domain = domain
+        self.slots = BatchSlots(batch_offset)
+        """One node's queries take their start slots in turn, whatever fragment they
+        belong to (:mod:`spanflow.spark.stagger`)."""
         self.fragments: dict[str, RunningFragment] = {}
 
     def start(self, assignment: Assignment) -> RunningFragment:
@@ -66,6 +77,7 @@ class FragmentExecutor:
             on_rows=lambda sink, batch, rows: log.info("[%s/%s] %d rows", fid, sink, len(rows)),
             plan=assignment.fragment.plan,
             domain=self.domain,
+            slots=self.slots,
         )
         try:
             runner.start()

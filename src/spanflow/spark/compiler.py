@@ -79,6 +79,9 @@ class CompileContext:
     plan: PipelineSpec | None = None
     """The planned pipeline a fragment was cut from: sources with ``schema_of`` take
     the schema of that step in it."""
+    slot: tuple[int, int] = (0, 0)
+    """(phase, interval) in ms: when in each interval the query's sources start a batch
+    (:mod:`spanflow.spark.stagger`)."""
 
 
 def compile_pipeline(
@@ -89,13 +92,14 @@ def compile_pipeline(
     functions: Mapping[str, UserFunction] | None = None,
     source_format: str = FORMAT_NAME,
     plan: PipelineSpec | None = None,
+    slot: tuple[int, int] = (0, 0),
 ) -> list[CompiledSink]:
     """One streaming DataFrame per sink (each becomes its own query).
 
     ``source_format`` is the registered name sources read through (see
     :func:`spanflow.spark.jetstream.register_isolated`).
     """
-    ctx = CompileContext(spark, nats_url, functions or {}, source_format, plan)
+    ctx = CompileContext(spark, nats_url, functions or {}, source_format, plan, slot)
     frames = _compile_frames(ctx, spec, list(spec.topological()))
     out: list[CompiledSink] = []
     for step in spec.sinks():
@@ -338,6 +342,8 @@ def _compile_step(ctx: CompileContext, spec: PipelineSpec, step: Step, up: Frame
         df = (
             ctx.spark.readStream.format(ctx.source_format)
             .options(**source_options(spec, step, ctx.nats_url, schema))
+            .option("phase_ms", str(ctx.slot[0]))
+            .option("interval_ms", str(ctx.slot[1]))
             .load()
         )
         frame = Frame(df, key=(step.key,) if step.key else ())

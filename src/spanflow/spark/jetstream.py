@@ -53,6 +53,7 @@ from spanflow.nats.fastread import read_range_fast
 from spanflow.nats.streams import SyncNats, connect
 from spanflow.spark.deadletter import DeadLetter, publish_dead_letters
 from spanflow.spark.formats import Decoder
+from spanflow.spark.stagger import wait_for_slot
 from spanflow.spec.schema import StreamFormat
 
 log = logging.getLogger(__name__)
@@ -110,6 +111,9 @@ class JetStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.schema_fields: dict[str, str] = json.loads(options.get("schema", "{}"))
         self.csv_delimiter = options.get("csv_delimiter", ",")
         self.filter_subjects: list[str] = json.loads(options.get("filter_subjects", "[]"))
+        self.phase_ms = int(options.get("phase_ms", "0"))
+        self.interval_ms = int(options.get("interval_ms", "0"))
+        self._catching_up = False
         self.target: int | None = None  # Trigger.AvailableNow's end
         self._client: SyncNats | None = None
         self._consumer_ready = False
@@ -137,6 +141,8 @@ class JetStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.target = self._state()[1] + 1
 
     def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
+        if self.target is None and not self._catching_up:
+            wait_for_slot(self.phase_ms, self.interval_ms)  # see spanflow.spark.stagger
         first, last = self._state()
         begin = max(start["seq"], first)
         end = last + 1
@@ -146,6 +152,7 @@ class JetStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             end = min(end, begin + limit.max_rows)
         elif not isinstance(limit, ReadAllAvailable):
             end = min(end, begin + self.max_rows)
+        self._catching_up = end <= last  # more is waiting than one batch takes
         return {"seq": max(end, start["seq"])}
 
     def reportLatestOffset(self) -> dict[str, int] | None:

@@ -27,6 +27,7 @@ from spanflow.spark.compiler import CompiledSink, compile_pipeline
 from spanflow.spark.deadletter import DLQ_SUBJECT_PREFIX, dlq_subject
 from spanflow.spark.functions import UserFunction
 from spanflow.spark.jetstream import SinkTarget, encode_rows, publish_encoded, register_isolated
+from spanflow.spark.stagger import BatchSlots, phase_ms
 from spanflow.spec import PipelineSpec, SinkStep
 from spanflow.spec.durations import spark_interval
 
@@ -56,6 +57,8 @@ class _Supervised:
     restarts: int = 0
     error: str | None = None
     next_restart: float = 0.0
+    slot: float | None = None
+    """Fraction of the interval this query's batches start at (kept across restarts)."""
 
 
 def _print_rows(sink: str, batch_id: int, rows: list[dict[str, Any]]) -> None:
@@ -78,8 +81,11 @@ class PipelineRunner:
         console_limit: int = 50,
         plan: PipelineSpec | None = None,
         domain: str | None = None,
+        slots: BatchSlots | None = None,
     ) -> None:
         self.spark = spark
+        self.slots = slots or BatchSlots()
+        """Start slots, shared by every runner of a node (:mod:`spanflow.spark.stagger`)."""
         self.spec = spec
         self.plan = plan
         self.domain = domain
@@ -136,6 +142,9 @@ class PipelineRunner:
         (and anew on every restart): see :func:`register_isolated`."""
         token = re.sub(r"[^A-Za-z0-9]", "_", f"{self.spec.instance}_{sup.sink_id}")
         fmt = register_isolated(self.spark, f"spanflow_js_{token}_{sup.restarts}")
+        if sup.slot is None:
+            sup.slot = self.slots.take()
+        interval = self._interval(sup.sink_id)
         plans = compile_pipeline(
             self.spark,
             self.spec,
@@ -143,8 +152,13 @@ class PipelineRunner:
             functions=self.functions,
             source_format=fmt,
             plan=self.plan,
+            slot=(phase_ms(sup.slot, interval), round(interval * 1000)),
         )
         return next(c for c in plans if c.sink.id == sup.sink_id)
+
+    def _interval(self, sink_id: str) -> float:
+        sink = next(s for s in self.spec.sinks() if s.id == sink_id)
+        return self.spec.trigger if sink.trigger is None else sink.trigger
 
     def _start_query(self, sup: _Supervised) -> None:
         self._launch(sup, self._compile(sup))
@@ -157,7 +171,7 @@ class PipelineRunner:
             df.writeStream.queryName(f"{self.spec.instance}.{sink.id}")
             .outputMode(mode)
             .option("checkpointLocation", checkpoint)
-            .trigger(processingTime=spark_interval(self.spec.trigger))
+            .trigger(processingTime=spark_interval(self._interval(sink.id)))
         )
         if sink.kind == "jetstream":
             target = SinkTarget(
@@ -262,7 +276,11 @@ class PipelineRunner:
                     st.batches = int(last["batchId"]) + 1
                     st.input_rows_per_s = float(last.get("inputRowsPerSecond") or 0.0)
                     st.processed_rows_per_s = float(last.get("processedRowsPerSecond") or 0.0)
-                    st.last_batch_ms = int(last.get("durationMs", {}).get("triggerExecution", 0))
+                    took = last.get("durationMs", {})
+                    # Without the wait for the query's start slot (spent in latestOffset).
+                    st.last_batch_ms = max(
+                        0, int(took.get("triggerExecution", 0)) - int(took.get("latestOffset", 0))
+                    )
                     st.watermark = (last.get("eventTime") or {}).get("watermark")
                     st.lag = _lag(last)
             out.append(st)

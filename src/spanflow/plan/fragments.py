@@ -380,21 +380,11 @@ def _cut_trigger(plan: PipelineSpec, cut: str) -> float | None:
 
     A cut feeding only slow sinks (10 s windows on a 10 s trigger) need not cross every
     pipeline trigger; one feeding any sink on the pipeline's trigger keeps it (None)."""
-    downstream: dict[str, list[str]] = {}
-    for step in plan.steps:
-        for up in step.inputs:
-            downstream.setdefault(up, []).append(step.id)
-    by_id = {s.id: s for s in plan.steps}
-    seen, todo, triggers = {cut}, [cut], []
-    while todo:
-        for nxt in downstream.get(todo.pop(), []):
-            if nxt in seen:
-                continue
-            seen.add(nxt)
-            step = by_id[nxt]
-            if isinstance(step, SinkStep):
-                triggers.append(plan.trigger if step.trigger is None else step.trigger)
-            todo.append(nxt)
+    reached = {cut}
+    for step in plan.topological():
+        if reached.intersection(step.inputs):
+            reached.add(step.id)
+    triggers = [plan.trigger_of(s) for s in plan.sinks() if s.id in reached]
     fastest = min(triggers, default=plan.trigger)
     return None if fastest == plan.trigger else fastest
 

@@ -144,7 +144,7 @@ class PipelineRunner:
         fmt = register_isolated(self.spark, f"spanflow_js_{token}_{sup.restarts}")
         if sup.slot is None:
             sup.slot = self.slots.take()
-        interval = self._interval(sup.sink_id)
+        interval = self.spec.trigger_of(self._sink(sup.sink_id))
         plans = compile_pipeline(
             self.spark,
             self.spec,
@@ -156,9 +156,8 @@ class PipelineRunner:
         )
         return next(c for c in plans if c.sink.id == sup.sink_id)
 
-    def _interval(self, sink_id: str) -> float:
-        sink = next(s for s in self.spec.sinks() if s.id == sink_id)
-        return self.spec.trigger if sink.trigger is None else sink.trigger
+    def _sink(self, sink_id: str) -> SinkStep:
+        return next(s for s in self.spec.sinks() if s.id == sink_id)
 
     def _start_query(self, sup: _Supervised) -> None:
         self._launch(sup, self._compile(sup))
@@ -171,7 +170,7 @@ class PipelineRunner:
             df.writeStream.queryName(f"{self.spec.instance}.{sink.id}")
             .outputMode(mode)
             .option("checkpointLocation", checkpoint)
-            .trigger(processingTime=spark_interval(self._interval(sink.id)))
+            .trigger(processingTime=spark_interval(self.spec.trigger_of(sink)))
         )
         if sink.kind == "jetstream":
             target = SinkTarget(

@@ -119,6 +119,10 @@ class PipelineSpec(BaseModel):
     def sinks(self) -> list[SinkStep]:
         return [s for s in self.steps if isinstance(s, SinkStep)]
 
+    def trigger_of(self, sink: SinkStep) -> float:
+        """The micro-batch interval of a sink's query: its own, else the pipeline's."""
+        return self.trigger if sink.trigger is None else sink.trigger
+
     def topological(self) -> Iterator[Step]:
         """Steps with every step after its inputs (stable in declaration order)."""
         done: set[str] = set()

@@ -9,12 +9,20 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from spanflow.api import Flow, Pipeline, Stream, load_pipeline, load_pipeline_text
+    from spanflow.api import (
+        Flow,
+        KeyedProcessor,
+        Pipeline,
+        Stream,
+        load_pipeline,
+        load_pipeline_text,
+    )
     from spanflow.errors import SpanflowError
     from spanflow.spec import PipelineSpec
 
 _EXPORTS = {
     "Flow": "spanflow.api",
+    "KeyedProcessor": "spanflow.api",
     "Pipeline": "spanflow.api",
     "Stream": "spanflow.api",
     "load_pipeline": "spanflow.api",
@@ -35,6 +43,7 @@ def __getattr__(name: str) -> Any:
 __version__ = "0.1.0"
 __all__ = [
     "Flow",
+    "KeyedProcessor",
     "Pipeline",
     "PipelineSpec",
     "SpanflowError",

@@ -1,6 +1,41 @@
-"""Front ends that produce a pipeline spec: the fluent Python API and YAML files."""
+"""Front ends that produce a pipeline spec: the fluent Python API and YAML files, and
+the base class of keyed processors.
 
-from spanflow.api.pipeline import Flow, Pipeline, Stream, WindowedStream
-from spanflow.api.yaml_loader import load_pipeline, load_pipeline_text
+Imported lazily: Spark's Python workers import :mod:`spanflow.api.processor` (users'
+processors derive from it) and need none of the rest.
+"""
 
-__all__ = ["Flow", "Pipeline", "Stream", "WindowedStream", "load_pipeline", "load_pipeline_text"]
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from spanflow.api.pipeline import Flow, Pipeline, Stream, WindowedStream
+    from spanflow.api.processor import KeyedProcessor
+    from spanflow.api.yaml_loader import load_pipeline, load_pipeline_text
+
+_EXPORTS = {
+    "Flow": "spanflow.api.pipeline",
+    "Pipeline": "spanflow.api.pipeline",
+    "Stream": "spanflow.api.pipeline",
+    "WindowedStream": "spanflow.api.pipeline",
+    "KeyedProcessor": "spanflow.api.processor",
+    "load_pipeline": "spanflow.api.yaml_loader",
+    "load_pipeline_text": "spanflow.api.yaml_loader",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = [
+    "Flow",
+    "KeyedProcessor",
+    "Pipeline",
+    "Stream",
+    "WindowedStream",
+    "load_pipeline",
+    "load_pipeline_text",
+]

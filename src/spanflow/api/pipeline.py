@@ -25,8 +25,10 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from spanflow.api.processor import KeyedProcessor
 from spanflow.errors import SpecError
 from spanflow.spec import (
+    AggregateStep,
     AverageStep,
     CountStep,
     DeduplicateStep,
@@ -37,6 +39,7 @@ from spanflow.spec import (
     KeyByStep,
     MapStep,
     PipelineSpec,
+    ProcessStep,
     SelectStep,
     SinkStep,
     SourceStep,
@@ -234,6 +237,46 @@ class Stream:
     def deduplicate(self, *key: str, within: str | float, id: str | None = None) -> Stream:
         """Drop records whose key was already seen within ``within`` of event time."""
         return self._then(DeduplicateStep, "deduplicate", id, key=key, within=within)
+
+    def aggregate(self, *, id: str | None = None, **aggregates: str) -> Stream:
+        """Running aggregates per key over the whole stream (no window), emitted as
+        updates after every micro-batch: ``key_by("device").aggregate(n="count",
+        hi="max(temp)")``."""
+        if not aggregates:
+            raise SpecError("aggregate(): name at least one aggregate, e.g. n='count'")
+        return self._then(AggregateStep, "aggregate", id, aggregates=aggregates)
+
+    def process(
+        self,
+        processor: type[KeyedProcessor],
+        *,
+        output_schema: Mapping[str, str],
+        timers: str | None = None,
+        output_event_time: str | None = None,
+        params: Mapping[str, Any] | None = None,
+        id: str | None = None,
+    ) -> Stream:
+        """Run a :class:`spanflow.KeyedProcessor` per key, with its own state and timers.
+
+        ``output_schema`` declares the rows it emits; ``timers`` is ``"event_time"``
+        (the default with event time) or ``"processing_time"``; ``params`` are keyword
+        arguments of the processor's constructor. See docs/pipelines.md.
+        """
+        if not (isinstance(processor, type) and issubclass(processor, KeyedProcessor)):
+            raise SpecError(
+                f"process(): give a class derived from spanflow.KeyedProcessor, got {processor!r}"
+            )
+        return self._with_fn(
+            ProcessStep,
+            "process",
+            id,
+            processor,
+            "processor",
+            output_schema=dict(output_schema),
+            timers=timers,
+            output_event_time=output_event_time,
+            params=dict(params or {}),
+        )
 
     def count(self, *, key: str | None = None, id: str | None = None) -> Stream:
         """Running count per key (the classic 'count' processor); emits updates."""

@@ -29,7 +29,7 @@ from pydantic import ValidationError
 from spanflow.api.yaml_source import Path_, compose_located, field_text, line_for
 from spanflow.errors import PipelineFileError
 from spanflow.spec import PipelineSpec
-from spanflow.spec.operators import STEP_TYPES
+from spanflow.spec.steps import STEP_TYPES
 
 _TOP_LEVEL = {
     "name",

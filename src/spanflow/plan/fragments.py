@@ -1,15 +1,19 @@
 """Compile a pipeline into fragments: local groups at every site that hosts its input,
 and a global group where several sites' data meet.
 
-SpanEdge's split, decided step by step from the topology:
+SpanEdge's split, decided step by step from the topology and from what each step
+type declares about itself (its traits, see :mod:`spanflow.spec.steps.base`):
 
-* record-at-a-time steps (filter, select, map, ...) run where their input is;
-* a stateful step (window, de-duplication, running count) stays local when all its
-  input comes from one site, when it is keyed by the source's key (a device is born
-  at one site, so its state is too), or when it is pinned ``at: edge``;
-* a final window of count/sum/avg/min/max over several sites is *split*: each site
-  aggregates its own records (avg travels as sum + count) and a ``merge`` step in the
-  global group folds the sites' partials into exactly the unsplit values;
+* record-at-a-time steps (filter, select, map, ...) run where their input is; a
+  union or join of streams born at different sites is global;
+* a keyed step (window, de-duplication, running aggregate, keyed processor, join,
+  count window) stays local when all its input comes from one site, when its state
+  key is born at one site (a device is born at one site, so its state is too), or
+  when it is pinned ``at: edge``;
+* a keyed step that can split (a final window of count/sum/avg/min/max) is *split*
+  over several sites: each site aggregates its own records (avg travels as sum +
+  count) and a ``merge`` step in the global group folds the sites' partials into
+  exactly the unsplit values;
 * anything else that needs several sites' data, and every step after it, is global.
 
 Where a local step feeds a global one, the local fragment publishes to a planner-owned
@@ -21,36 +25,18 @@ uplink) delays global results but never loses them.
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, field
 from typing import Literal
 
 from spanflow.errors import SpecError
 from spanflow.spec.cluster import Fragment
-from spanflow.spec.operators import (
-    AverageStep,
-    CountStep,
-    DeduplicateStep,
-    EventTimeStep,
-    FlatMapStep,
-    KeyByStep,
-    MapStep,
-    MergeStep,
-    SelectStep,
-    SinkStep,
-    SourceStep,
-    Step,
-    UnionStep,
-    WindowStep,
-)
 from spanflow.spec.pipeline import PipelineSpec
+from spanflow.spec.steps import Placement, Step, StepBase, StreamFacts, derived_id
+from spanflow.spec.steps.io import SinkStep, SourceStep
+from spanflow.spec.steps.stateless import KeyByStep, UnionStep
 from spanflow.spec.topology import Topology
 
 Scope = Literal["local", "global"]
-
-WATERMARK_EPSILON = 0.001
-"""Seconds of out-of-orderness a merge allows: every row of a window arrives with the
-same ``window_end``, possibly across micro-batches, and must not count as late."""
 
 CUT_SUBJECT_PREFIX = "spanflow.cut"
 
@@ -63,7 +49,8 @@ class PlanError(SpecError):
 
 @dataclass
 class _Facts:
-    """What the planner knows about a step's output."""
+    """What the planner knows about a step's output: where it is computed, at which
+    sites its data is born, and what the step itself declares (:class:`StreamFacts`)."""
 
     scope: Scope
     sites: frozenset[str]
@@ -71,6 +58,14 @@ class _Facts:
     entity: frozenset[str] = frozenset()
     event_time: tuple[str, float] | None = None
     reason: str = ""
+
+    @classmethod
+    def of(cls, scope: Scope, sites: frozenset[str], stream: StreamFacts, reason: str) -> _Facts:
+        return cls(scope, sites, stream.key, stream.entity, stream.event_time, reason)
+
+    @property
+    def stream(self) -> StreamFacts:
+        return StreamFacts(self.key, self.entity, self.event_time)
 
 
 @dataclass
@@ -108,8 +103,7 @@ def compile_fragments(
     """Split ``spec`` for ``topology`` (see the module docstring)."""
     if parallelism > 1:
         spec = _with_parallelism(spec, parallelism)
-    facts = _analyse(spec, topology)
-    plan, facts = _with_split_windows(spec, facts)
+    plan, facts = _analyse(spec.expanded(), topology)
     reasons = {s.id: facts[s.id].reason for s in plan.steps}
     scopes = {s.id: facts[s.id].scope for s in plan.steps}
     local_sites = sorted({s for f in facts.values() if f.scope == "local" for s in f.sites})
@@ -138,23 +132,20 @@ def _site_list(sites: frozenset[str]) -> str:
     return ", ".join(sorted(sites))
 
 
-def _analyse(spec: PipelineSpec, topology: Topology) -> dict[str, _Facts]:
+def _analyse(spec: PipelineSpec, topology: Topology) -> tuple[PipelineSpec, dict[str, _Facts]]:
+    """Decide each step's scope from what it declares (its traits), and split the steps
+    that must be global but can pre-aggregate at each site. Returns the planned
+    pipeline (split steps replaced by partial → merge) and the facts of its steps."""
     facts: dict[str, _Facts] = {}
+    splits: dict[str, tuple[StepBase, ...]] = {}
     for step in spec.topological():
         if isinstance(step, SourceStep):
             facts[step.id] = _source_facts(step, topology)
             continue
         ups = [facts[i] for i in step.inputs]
-        up = ups[0]
+        streams = [u.stream for u in ups]
         sites = frozenset().union(*(u.sites for u in ups))
-        out = _Facts(
-            scope=up.scope,
-            sites=sites,
-            key=up.key,
-            entity=up.entity,
-            event_time=up.event_time,
-        )
-        _carry(step, out)
+        out = _Facts.of(ups[0].scope, sites, step.facts(streams), "")
         if step.at == "cloud":
             out.scope, out.reason = "global", "pinned to the cloud"
         elif any(u.scope == "global" for u in ups):
@@ -166,19 +157,22 @@ def _analyse(spec: PipelineSpec, topology: Topology) -> dict[str, _Facts]:
             out.scope, out.reason = "global", "reads data gathered from several sites"
         else:
             out.scope, out.reason = _local_or_global(step, ups, out)
+        split = step.split(streams) if out.reason.startswith(SPLIT_REASON) else None
+        if split is not None:
+            partial = split.partial.facts(streams)
+            facts[split.partial.id] = _Facts.of(
+                "local", sites, partial, "partial aggregates at each site"
+            )
+            out = _Facts.of("global", sites, split.merge.facts([partial]), out.reason)
+            splits[step.id] = (split.partial, split.merge)
         facts[step.id] = out
-    return facts
+    steps = [part for step in spec.steps for part in splits.get(step.id, (step,))]
+    return spec.model_copy(update={"steps": tuple(steps)}), facts
 
 
 def _source_facts(step: SourceStep, topology: Topology) -> _Facts:
     sites = frozenset(n.site for n in topology.hosts_of(step.stream))
-    out = _Facts(
-        scope="local",
-        sites=sites,
-        key=(step.key,) if step.key else (),
-        entity=frozenset({step.key}) if step.key else frozenset(),
-        event_time=(step.event_time, step.max_out_of_orderness) if step.event_time else None,
-    )
+    out = _Facts.of("local", sites, step.facts([]), "")
     if step.at == "cloud":
         out.scope, out.reason = "global", "pinned to the cloud"
     elif not sites:
@@ -188,108 +182,29 @@ def _source_facts(step: SourceStep, topology: Topology) -> _Facts:
     return out
 
 
-def _carry(step: Step, out: _Facts) -> None:
-    """How a step changes the key, the entity fields and event time."""
-    if isinstance(step, KeyByStep):
-        out.key = step.key
-    elif isinstance(step, EventTimeStep):
-        out.event_time = (step.field, step.max_out_of_orderness)
-    elif isinstance(step, SelectStep):
-        kept = {c.strip() for c in step.columns}
-        out.entity = frozenset(f for f in out.entity if f in kept)
-        out.key = out.key if all(k in kept for k in out.key) else ()
-        if out.event_time and out.event_time[0] not in kept:
-            out.event_time = None
-    elif isinstance(step, MapStep | FlatMapStep):
-        replaced = set(step.columns or {}) if isinstance(step, MapStep) else set()
-        schema = step.schema_ if step.function else None
-        if schema is not None:
-            replaced |= {f for f in out.entity if f not in schema}
-        out.entity = frozenset(f for f in out.entity if f not in replaced)
-    elif isinstance(step, WindowStep | AverageStep):
-        key = out.key if isinstance(step, WindowStep) or step.key is None else (step.key,)
-        out.key, out.event_time = key, None
-        out.entity = frozenset(f for f in out.entity if f in key)
-    elif isinstance(step, CountStep):
-        out.key = (step.key,) if step.key else out.key
-        out.entity = frozenset(f for f in out.entity if f in out.key)
-        out.event_time = None
+SPLIT_REASON = "split: partial aggregates at each site, merged where they meet"
 
 
 def _local_or_global(step: Step, ups: list[_Facts], out: _Facts) -> tuple[Scope, str]:
-    if isinstance(step, UnionStep):
-        if len({u.sites for u in ups}) == 1:
-            return "local", "its inputs come from the same sites"
+    """Scope of a step none of whose inputs is global, from its declared placement."""
+    same_sites = len({u.sites for u in ups}) == 1
+    if not same_sites:
         return "global", "joins streams born at different sites"
-    if isinstance(step, SinkStep):
-        return "local", f"writes where its input is computed ({_site_list(out.sites)})"
-    if not isinstance(step, WindowStep | DeduplicateStep | CountStep | AverageStep):
-        return "local", f"record by record, where its data is ({_site_list(out.sites)})"
+    if type(step).placement is Placement.RECORD:
+        if len(ups) > 1:
+            return "local", "its inputs come from the same sites"
+        return "local", f"{type(step).local_reason} ({_site_list(out.sites)})"
     if step.at == "edge":
         return "local", "pinned at the edge: state per site"
     if len(out.sites) <= 1:
         return "local", f"all of its input is at {_site_list(out.sites)}"
-    key = ups[0].key if not isinstance(step, DeduplicateStep) else step.key
-    if isinstance(step, CountStep) and step.key:
-        key = (step.key,)
-    entity = sorted(set(key) & ups[0].entity)
-    if entity:
-        return "local", f"keyed by {', '.join(entity)}, which is born at one site"
-    if _splittable(step):
-        return "global", "split: partial aggregates at each site, merged where they meet"
+    key = step.state_key([u.stream for u in ups])
+    born = [sorted(set(key) & u.entity) for u in ups]
+    if all(born):
+        return "local", f"keyed by {', '.join(born[0])}, which is born at one site"
+    if step.split([u.stream for u in ups]) is not None:
+        return "global", SPLIT_REASON
     return "global", f"keyed by {list(key) or 'nothing'}, which may span sites"
-
-
-def _splittable(step: Step) -> bool:
-    return (
-        isinstance(step, WindowStep)
-        and step.aggregates is not None
-        and step.emit == "final"
-        and step.kind != "session"
-    )
-
-
-def _with_split_windows(
-    spec: PipelineSpec, facts: dict[str, _Facts]
-) -> tuple[PipelineSpec, dict[str, _Facts]]:
-    """The planned pipeline: every split window becomes ``<id>__partial`` (local) →
-    ``<id>`` (a global merge), so downstream steps still read ``<id>``."""
-    steps: list[Step] = []
-    out = dict(facts)
-    for step in spec.steps:
-        f = facts[step.id]
-        if not (f.reason.startswith("split:") and isinstance(step, WindowStep)):
-            steps.append(step)
-            continue
-        partial_id = _step_id(step.id, "partial")
-        # Pins on a split window hold for its merge; the partial is a cheap pre-aggregation
-        # that runs wherever the site's data is.
-        partial = {"id": partial_id, "partial": True, "at": None, "node_tags": ()}
-        steps.append(step.model_copy(update=partial))
-        key = facts[step.inputs[0]].key
-        merge = MergeStep(
-            id=step.id,
-            inputs=(partial_id,),
-            key=key,
-            aggregates=dict(step.aggregates or {}),
-            node_tags=step.node_tags,
-        )
-        steps.append(merge)
-        out[partial_id] = _Facts(
-            "local", f.sites, key, f.entity, None, "partial aggregates at each site"
-        )
-        out[step.id] = _Facts("global", f.sites, key, f.entity, None, f.reason)
-    plan = spec.model_copy(update={"steps": tuple(steps)})
-    return plan, out
-
-
-def _step_id(base: str, suffix: str) -> str:
-    """``<base>__<suffix>``, shortened with a hash when it would pass 64 characters."""
-    text = f"{base}__{suffix}"
-    if len(text) <= 64:
-        return text
-    digest = hashlib.sha1(text.encode()).hexdigest()[:8]
-    return f"{text[:55]}_{digest}"
 
 
 # -- fragments ----------------------------------------------------------------------------
@@ -353,7 +268,7 @@ def _local(plan: PipelineSpec, facts: dict[str, _Facts], site: str, topo: Topolo
         if site in facts[cut].sites:
             steps.append(
                 SinkStep(
-                    id=_step_id(cut, "out"),
+                    id=derived_id(cut, "out"),
                     inputs=(cut,),
                     kind="jetstream",
                     stream=cut_stream(plan.name, cut),
@@ -472,17 +387,13 @@ def _cut_sources(plan: PipelineSpec, cut: str, f: _Facts, topo: Topology) -> tup
 
     A site with its own NATS server keeps the cut stream in its own JetStream domain
     (buffered on its disk while the uplink is down); the reader sources it from there."""
-    partial = isinstance(plan.step(cut), WindowStep)
-    if partial:
-        event_time: tuple[str, float] | None = ("window_end", WATERMARK_EPSILON)
-    else:
-        event_time = f.event_time
+    event_time = f.event_time  # what the cut step declares (a window: its window_end)
     added: list[Step] = []
     for site in sorted(f.sites):
         own = topo.site(site)
         added.append(
             SourceStep(
-                id=_step_id(cut, f"from_{site}"),
+                id=derived_id(cut, f"from_{site}"),
                 stream=cut_stream(plan.name, cut),
                 subjects=(cut_subject(plan.name, cut, site),),
                 filter_subjects=(cut_subject(plan.name, cut, site),),
@@ -494,11 +405,11 @@ def _cut_sources(plan: PipelineSpec, cut: str, f: _Facts, topo: Topology) -> tup
         )
     head = added[0].id
     if len(added) > 1:
-        union = UnionStep(id=_step_id(cut, "union"), inputs=tuple(s.id for s in added))
+        union = UnionStep(id=derived_id(cut, "union"), inputs=tuple(s.id for s in added))
         added.append(union)
         head = union.id
     if f.key:
-        key_by = KeyByStep(id=_step_id(cut, "key"), inputs=(head,), key=f.key)
+        key_by = KeyByStep(id=derived_id(cut, "key"), inputs=(head,), key=f.key)
         added.append(key_by)
         head = key_by.id
     return head, added

@@ -15,10 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pyspark.sql import SparkSession
-from pyspark.sql.streaming import StreamingQuery
-
-from spanflow.spark.runner import PipelineRunner
+from spanflow.spark.runner import PipelineRunner, StreamingQuery
+from spanflow.spark.session import SparkSession
 from spanflow.spark.stagger import BatchSlots
 from spanflow.spec.cluster import Assignment, FragmentRuntime
 

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 from nats.aio.client import Client
 
+from spanflow.nats.streams import connect
+
 DLQ_SUBJECT_PREFIX = "spanflow.dlq"
 
 
@@ -54,3 +56,18 @@ async def publish_dead_letters(
         }
         futures.append(await js.publish_async(subject, letter.data, headers=headers))
     await asyncio.wait_for(asyncio.gather(*futures), timeout)
+
+
+def send_dead_letters(url: str, pipeline: str, step: str, letters: Sequence[DeadLetter]) -> None:
+    """Publish dead letters over a connection of their own (from a Spark worker)."""
+    if not letters:
+        return
+
+    async def go() -> None:
+        nc = await connect(url)
+        try:
+            await publish_dead_letters(nc, pipeline, step, letters)
+        finally:
+            await nc.close()
+
+    asyncio.run(go())

@@ -63,7 +63,7 @@ BATCH_ROWS = 65_536
 
 
 class JetStreamDataSource(DataSource):
-    """Options: see ``source_options`` in :mod:`spanflow.spark.compiler`."""
+    """Options: see ``source_options`` in :mod:`spanflow.spark.compile.io`."""
 
     @classmethod
     def name(cls) -> str:

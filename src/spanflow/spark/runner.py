@@ -23,13 +23,14 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from spanflow.nats.streams import SyncNats, ensure_sourced, ensure_stream
-from spanflow.spark.compiler import CompiledSink, compile_pipeline
+from spanflow.spark.compile.pipeline import CompiledSink, compile_pipeline
+from spanflow.spark.compile.udf import UserFunction
 from spanflow.spark.deadletter import DLQ_SUBJECT_PREFIX, dlq_subject
-from spanflow.spark.functions import UserFunction
 from spanflow.spark.jetstream import SinkTarget, encode_rows, publish_encoded, register_isolated
 from spanflow.spark.stagger import BatchSlots, phase_ms
-from spanflow.spec import PipelineSpec, SinkStep
 from spanflow.spec.durations import spark_interval
+from spanflow.spec.pipeline import PipelineSpec
+from spanflow.spec.steps.io import SinkStep
 
 log = logging.getLogger(__name__)
 

@@ -30,18 +30,20 @@ DEFAULTS: dict[str, str] = {
     "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1",
     # Hadoop without its native library (the pyspark wheel ships none) forks a process
     # for many file operations. Spark's default checkpoint manager goes through
-    # FileContext, which forks `readlink` on every status check (≈10 per micro-batch),
-    # and the checksummed local file system writes a .crc beside every checkpoint file
-    # (a `chmod` fork each). The FileSystem-based manager and the raw local file system
-    # leave ≈3 `chmod` forks per batch: with both, a small stateful query's offset and
-    # commit logging went 44 → 24 ms and 63 → 28 ms (docs/benchmarks.md). Checkpoint
-    # files are still written under a temporary name and renamed, which is atomic on a
-    # local disk, so a crash leaves no torn file.
+    # FileContext, which forks `readlink` on every status check (≈10 per micro-batch);
+    # the FileSystem-based manager does not (offset and commit logging went 44 → 24 ms
+    # and 63 → 28 ms per batch, docs/benchmarks.md). Checkpoint files are still written
+    # under a temporary name and renamed, which is atomic on a local disk.
+    #
+    # `fs.file.impl` must stay Hadoop's LocalFileSystem: RocksDB uploads its snapshots
+    # with `FileSystem.copyFromLocalFile`, which casts the local file system to
+    # LocalFileSystem; with RawLocalFileSystem every snapshot upload failed
+    # (ClassCastException), which fails a transformWithState query at its first batch
+    # and left window queries replaying an ever longer changelog.
     "spark.sql.streaming.checkpointFileManagerClass": (
         "org.apache.spark.sql.execution.streaming.checkpointing."
         "FileSystemBasedCheckpointFileManager"
     ),
-    "spark.hadoop.fs.file.impl": "org.apache.hadoop.fs.RawLocalFileSystem",
     "spark.hadoop.fs.AbstractFileSystem.file.impl": "org.apache.hadoop.fs.local.RawLocalFs",
 }
 

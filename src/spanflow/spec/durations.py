@@ -35,6 +35,27 @@ def parse_duration(value: object) -> float:
     return seconds
 
 
+def parse_signed_duration(value: object) -> float:
+    """Seconds from ``"-5s"``/``"+5s"``-style text or a signed number of seconds.
+
+    >>> parse_signed_duration("-5s"), parse_signed_duration("+2m"), parse_signed_duration(-1.5)
+    (-5.0, 120.0, -1.5)
+    """
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, str):
+        text = value.strip()
+        if text[:1] in "+-":
+            sign = -1.0 if text[0] == "-" else 1.0
+            return sign * parse_duration(text[1:])
+    return parse_duration(value)
+
+
+def format_signed_duration(seconds: float) -> str:
+    """``-5.0`` → ``'-5s'``, ``5.0`` → ``'+5s'``."""
+    return ("-" if seconds < 0 else "+") + format_duration(abs(seconds))
+
+
 def format_duration(seconds: float) -> str:
     """Shortest exact text for a duration: ``format_duration(0.5) == '500ms'``."""
     ms = round(seconds * 1000)
@@ -55,3 +76,10 @@ Duration = Annotated[
     PlainSerializer(format_duration, return_type=str),
 ]
 """A duration field: accepts '10s'-style text or seconds, serialises back to text."""
+
+SignedDuration = Annotated[
+    float,
+    BeforeValidator(parse_signed_duration),
+    PlainSerializer(format_signed_duration, return_type=str),
+]
+"""A duration that may be negative ('-5s'), e.g. the lower bound of a join interval."""

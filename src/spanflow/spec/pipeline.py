@@ -13,7 +13,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from spanflow.errors import SpecError
 from spanflow.spec.durations import Duration
-from spanflow.spec.operators import SinkStep, SourceStep, Step, UnionStep
+from spanflow.spec.steps import Step, StepBase, StreamFacts
+from spanflow.spec.steps.io import SinkStep, SourceStep
 
 PIPELINE_NAME = r"^[A-Za-z0-9][A-Za-z0-9_-]*$"
 
@@ -55,33 +56,28 @@ class PipelineSpec(BaseModel):
         ids: dict[str, Any] = {}
         for step in self.steps:
             if step.id in ids:
-                raise ValueError(f"step id {step.id!r} is used twice")
+                raise StepInputError(step.id, f"step id {step.id!r} is used twice")
             ids[step.id] = step
         consumers: dict[str, list[str]] = {s.id: [] for s in self.steps}
         for step in self.steps:
-            if isinstance(step, SourceStep):
-                if step.inputs:
-                    raise ValueError(f"source {step.id!r} cannot have inputs")
-                continue
-            if isinstance(step, UnionStep):
-                if len(step.inputs) < 2 or len(set(step.inputs)) != len(step.inputs):
-                    raise ValueError(f"union {step.id!r} needs two or more different inputs")
-            elif len(step.inputs) != 1:
-                raise ValueError(
-                    f"step {step.id!r} needs exactly one input, has {len(step.inputs)}"
-                )
+            _check_arity(step)
             for upstream in step.inputs:
                 if upstream not in ids:
-                    raise ValueError(f"step {step.id!r} reads from unknown step {upstream!r}")
+                    raise StepInputError(
+                        step.id, f"step {step.id!r} reads from unknown step {upstream!r}"
+                    )
                 if isinstance(ids[upstream], SinkStep):
-                    raise ValueError(f"step {step.id!r} reads from sink {upstream!r}")
+                    raise StepInputError(step.id, f"step {step.id!r} reads from sink {upstream!r}")
                 consumers[upstream].append(step.id)
         if not any(isinstance(s, SinkStep) for s in self.steps):
             raise ValueError("a pipeline needs at least one sink")
         for step in self.steps:
             if not isinstance(step, SinkStep) and not consumers[step.id]:
-                raise ValueError(f"the output of step {step.id!r} goes nowhere (add a sink)")
+                raise StepInputError(
+                    step.id, f"the output of step {step.id!r} goes nowhere (add a sink)"
+                )
         self._check_acyclic()
+        self.facts()  # each step checks what its inputs carry (e.g. a key)
         return self
 
     def _check_acyclic(self) -> None:
@@ -106,6 +102,30 @@ class PipelineSpec(BaseModel):
         """The name this spec runs under: the pipeline's, plus the fragment for a part of
         it. Checkpoints, query names, message ids and dead-letter subjects use it."""
         return self.name if self.fragment is None else f"{self.name}--{self.fragment}"
+
+    def expanded(self) -> PipelineSpec:
+        """The pipeline in core steps: every convenience step (``count``, ``average``,
+        ...) replaced by the steps it stands for. What the planner and compilers read."""
+        steps = tuple(part for step in self.steps for part in step.expand())
+        if steps == self.steps:
+            return self
+        return self.model_copy(update={"steps": steps})
+
+    def facts(self) -> dict[str, StreamFacts]:
+        """What is known about each step's output (key, event time, ...), by step id,
+        for the core steps of :meth:`expanded`. Raises :class:`StepInputError` when a
+        step cannot take what its inputs carry."""
+        out: dict[str, StreamFacts] = {}
+        for step in self.expanded().topological():
+            inputs = [out[i] for i in step.inputs]
+            try:
+                step.check_inputs(inputs)
+            except StepInputError:
+                raise
+            except ValueError as exc:
+                raise StepInputError(step.id, str(exc)) from None
+            out[step.id] = step.facts(inputs)
+        return out
 
     def step(self, step_id: str) -> Step:
         for s in self.steps:
@@ -144,6 +164,39 @@ class PipelineSpec(BaseModel):
             return cls.model_validate_json(text)
         except ValidationError as exc:
             raise SpecError(format_validation_error(exc)) from None
+
+
+class StepInputError(ValueError):
+    """A step does not fit the graph around it (its inputs, its id); names the step so
+    front ends can point at it (YAML: its line)."""
+
+    def __init__(self, step_id: str, message: str) -> None:
+        self.step_id = step_id
+        super().__init__(message)
+
+
+_COUNT_WORDS = {0: "no", 1: "one", 2: "two", 3: "three"}
+
+
+def _check_arity(step: StepBase) -> None:
+    fewest, most = type(step).arity
+    n = len(step.inputs)
+    if most == 0:
+        if n:
+            raise StepInputError(step.id, f"{step.type_name} {step.id!r} cannot have inputs")
+        return
+    if most is None:
+        if n < fewest or len(set(step.inputs)) != n:
+            words = _COUNT_WORDS.get(fewest, str(fewest))
+            raise StepInputError(
+                step.id, f"{step.type_name} {step.id!r} needs {words} or more different inputs"
+            )
+        return
+    if not fewest <= n <= most:
+        words = _COUNT_WORDS.get(most, str(most))
+        what = "step" if most == 1 else step.type_name
+        plural = "input" if most == 1 else "inputs"
+        raise StepInputError(step.id, f"{what} {step.id!r} needs exactly {words} {plural}, has {n}")
 
 
 def format_validation_error(exc: ValidationError) -> str:

@@ -6,7 +6,6 @@ dead-letter stream with the exception text, and the rest of the batch goes on.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import importlib
 from collections.abc import Callable, Iterator, Mapping
@@ -17,8 +16,7 @@ import pyarrow as pa
 from pyspark import TaskContext
 
 from spanflow.errors import CompileError
-from spanflow.nats.streams import connect
-from spanflow.spark.deadletter import DeadLetter, publish_dead_letters
+from spanflow.spark.deadletter import DeadLetter, send_dead_letters
 
 UserFunction = Callable[..., Any]
 
@@ -88,7 +86,7 @@ def arrow_udf(
                     )
             yield pa.RecordBatch.from_pylist(out, schema=out_schema)
         if failed:
-            asyncio.run(_dead_letter(url, pipeline, step, failed))
+            send_dead_letters(url, pipeline, step, failed)
 
     return run
 
@@ -112,11 +110,3 @@ def reduce_udf(
             yield pa.RecordBatch.from_pylist(out, schema=out_schema)
 
     return run
-
-
-async def _dead_letter(url: str, pipeline: str, step: str, letters: list[DeadLetter]) -> None:
-    nc = await connect(url)
-    try:
-        await publish_dead_letters(nc, pipeline, step, letters)
-    finally:
-        await nc.close()

@@ -1,0 +1,113 @@
+"""What a step compiles from and to: a DataFrame plus what the spec knows about it."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Literal
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.pandas.types import to_arrow_schema
+from pyspark.sql.types import StructType
+
+from spanflow.errors import CompileError
+from spanflow.spark.compile.udf import UserFunction, arrow_udf, resolve
+from spanflow.spark.jetstream import FORMAT_NAME
+from spanflow.spec.durations import spark_interval
+from spanflow.spec.pipeline import PipelineSpec
+from spanflow.spec.schema import SPARK_TYPES_BY_NAME, field_type
+
+OutputMode = Literal["append", "update"]
+
+
+@dataclass(frozen=True)
+class Frame:
+    """A DataFrame plus what the spec knows about it at this point of the pipeline."""
+
+    df: DataFrame
+    key: tuple[str, ...] = ()
+    event_time: str | None = None
+    watermarked: bool = False
+    mode: OutputMode = "append"
+
+
+@dataclass(frozen=True)
+class CompileContext:
+    spark: SparkSession
+    nats_url: str
+    functions: Mapping[str, UserFunction]
+    source_format: str = FORMAT_NAME
+    plan: PipelineSpec | None = None
+    """The planned pipeline a fragment was cut from: sources with ``schema_of`` take
+    the schema of that step in it."""
+    slot: tuple[int, int] = (0, 0)
+    """(phase, interval) in ms: when in each interval the query's sources start a batch
+    (:mod:`spanflow.spark.stagger`)."""
+
+
+def with_watermark(frame: Frame, spec: PipelineSpec, field: str, delay: float) -> Frame:
+    """Watermark where event time is declared, as Flink does at the source.
+
+    Records filtered out later still advance event time. The delay also covers the
+    longest state horizon of the pipeline's steps (``deduplicate(within=...)``, whose
+    state Spark keeps for the watermark delay).
+    """
+    delay = max([delay, *(s.state_horizon() for s in spec.steps)])
+    df = frame.df.withWatermark(field, spark_interval(delay))
+    return replace(frame, df=df, event_time=field, watermarked=True)
+
+
+def watermarked(frame: Frame, step_id: str) -> Frame:
+    """``frame`` if it has event time; else a CompileError naming the step."""
+    if frame.event_time is None or not frame.watermarked:
+        raise CompileError(
+            step_id, "needs event time: set event_time on the source or add with_event_time()"
+        )
+    return frame
+
+
+def keyed(frame: Frame, step_id: str, what: str) -> Frame:
+    """``frame`` if it has a key; else a CompileError naming the step."""
+    if not frame.key:
+        raise CompileError(step_id, f"{what} needs a key: add key_by(...) before it")
+    return frame
+
+
+def user_schema(schema: Mapping[str, str]) -> StructType:
+    """A spanflow schema (``{"t": "double?"}``) as a Spark struct."""
+    ddl = ", ".join(f"`{n}` {SPARK_TYPES_BY_NAME[field_type(t)[0]]}" for n, t in schema.items())
+    struct = StructType.fromDDL(ddl)
+    assert isinstance(struct, StructType)
+    return struct
+
+
+def python_step(
+    ctx: CompileContext,
+    spec: PipelineSpec,
+    step_id: str,
+    kind: str,
+    ref: str,
+    frame: Frame,
+    schema: Mapping[str, str] | None,
+) -> Frame:
+    """A per-record Python function (map, filter, flat_map) as a ``mapInArrow``."""
+    fn = resolve(ref, step_id, ctx.functions)
+    out_struct = user_schema(schema) if schema else frame.df.schema
+    udf = arrow_udf(
+        kind,
+        fn,
+        to_arrow_schema(out_struct, timezone="UTC"),
+        url=ctx.nats_url,
+        pipeline=spec.instance,
+        step=step_id,
+    )
+    return replace(frame, df=frame.df.mapInArrow(udf, out_struct))
+
+
+def require_columns(frame: Frame, step_id: str, fields: tuple[str, ...], role: str) -> None:
+    """A CompileError naming the step when ``fields`` are not all columns of the frame."""
+    missing = [f for f in fields if f not in frame.df.columns]
+    if missing:
+        raise CompileError(
+            step_id, f"unknown {role} field(s) {missing}; columns: {frame.df.columns}"
+        )

@@ -1,0 +1,54 @@
+"""Sources: a JetStream stream read through spanflow's data source, watermarked where
+the source declares event time. (Sinks are written by the runner.)"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+
+from spanflow.spark.compile.frame import CompileContext, Frame, with_watermark
+from spanflow.spark.compile.registry import compiles
+from spanflow.spark.formats import spark_ddl
+from spanflow.spec.pipeline import PipelineSpec
+from spanflow.spec.steps.io import SourceStep
+
+
+@compiles(SourceStep)
+def compile_source(
+    ctx: CompileContext, spec: PipelineSpec, step: SourceStep, inputs: list[Frame]
+) -> Frame:
+    from spanflow.spark.compile.pipeline import step_schema  # the graph walk uses this module
+
+    schema = step_schema(ctx, step.schema_of) if step.schema_of else None
+    df = (
+        ctx.spark.readStream.format(ctx.source_format)
+        .options(**source_options(spec, step, ctx.nats_url, schema))
+        .option("phase_ms", str(ctx.slot[0]))
+        .option("interval_ms", str(ctx.slot[1]))
+        .load()
+    )
+    frame = Frame(df, key=(step.key,) if step.key else ())
+    if step.event_time:
+        frame = with_watermark(frame, spec, step.event_time, step.max_out_of_orderness)
+    return frame
+
+
+def source_options(
+    spec: PipelineSpec, step: SourceStep, nats_url: str, schema: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """The data source's options for one source step (plain strings)."""
+    fields = dict(step.schema_ if schema is None else schema)
+    return {
+        "url": nats_url,
+        "stream": step.stream,
+        "pipeline": spec.instance,
+        "step": step.id,
+        "format": step.format.value,
+        "schema": json.dumps(fields),
+        "ddl": spark_ddl(fields, step.format),
+        "filter_subjects": json.dumps(list(step.filter_subjects)),
+        "max_rows": str(step.max_rows_per_batch),
+        "partitions": str(step.partitions),
+        "start": step.start,
+        "csv_delimiter": step.csv_delimiter,
+    }

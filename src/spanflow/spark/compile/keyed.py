@@ -1,0 +1,32 @@
+"""Keyed built-ins that Spark's own operators cover: de-duplication within a watermark
+and running aggregates per key."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from spanflow.spark.compile.frame import CompileContext, Frame, require_columns, watermarked
+from spanflow.spark.compile.registry import compiles
+from spanflow.spark.compile.windows import aggregate_column
+from spanflow.spec.pipeline import PipelineSpec
+from spanflow.spec.steps.keyed import AggregateStep, DeduplicateStep
+
+
+@compiles(DeduplicateStep)
+def compile_deduplicate(
+    ctx: CompileContext, spec: PipelineSpec, step: DeduplicateStep, inputs: list[Frame]
+) -> Frame:
+    frame = watermarked(inputs[0], step.id)
+    require_columns(frame, step.id, step.key, "key")
+    return replace(frame, df=frame.df.dropDuplicatesWithinWatermark(list(step.key)))
+
+
+@compiles(AggregateStep)
+def compile_aggregate(
+    ctx: CompileContext, spec: PipelineSpec, step: AggregateStep, inputs: list[Frame]
+) -> Frame:
+    """``groupBy(key).agg(...)`` in update mode: a key's new values after each batch."""
+    (up,) = inputs
+    columns = [aggregate_column(n, t) for n, t in step.aggregates.items()]
+    df = up.df.groupBy(*up.key).agg(*columns)
+    return Frame(df, key=up.key, mode="update")

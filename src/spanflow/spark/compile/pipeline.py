@@ -1,0 +1,147 @@
+"""Compile a pipeline spec into Structured Streaming DataFrames, one per sink.
+
+Spark idioms stay in this package: SQL expression strings go straight to the JVM
+(``expr``, ``selectExpr``) with no Python UDF; Python functions become ``mapInArrow``
+functions; windows become ``window``/``session_window`` over a watermark; keyed
+state lives in RocksDB (see :mod:`spanflow.spark.session`). Each step type's
+compilation is found in the registry (:mod:`spanflow.spark.compile.registry`); this
+module only walks the graph. Errors from Spark's analyser are re-raised naming the
+step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+
+from pyspark.errors import PySparkException
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.types import StructType
+
+from spanflow.errors import CompileError
+from spanflow.spark.compile.frame import CompileContext, Frame, OutputMode
+from spanflow.spark.compile.registry import compiler_for
+from spanflow.spark.compile.udf import UserFunction
+from spanflow.spark.jetstream import FORMAT_NAME
+from spanflow.spec.pipeline import PipelineSpec
+from spanflow.spec.steps import Step
+from spanflow.spec.steps.io import SinkStep
+
+
+@dataclass(frozen=True)
+class CompiledSink:
+    sink: SinkStep
+    df: DataFrame
+    mode: OutputMode
+
+
+def compile_pipeline(
+    spark: SparkSession,
+    spec: PipelineSpec,
+    *,
+    nats_url: str,
+    functions: Mapping[str, UserFunction] | None = None,
+    source_format: str = FORMAT_NAME,
+    plan: PipelineSpec | None = None,
+    slot: tuple[int, int] = (0, 0),
+) -> list[CompiledSink]:
+    """One streaming DataFrame per sink (each becomes its own query).
+
+    ``source_format`` is the registered name sources read through (see
+    :func:`spanflow.spark.jetstream.register_isolated`).
+    """
+    ctx = CompileContext(spark, nats_url, functions or {}, source_format, plan, slot)
+    core = spec.expanded()
+    frames = _compile_frames(ctx, core, list(core.topological()))
+    out: list[CompiledSink] = []
+    for step in core.sinks():
+        frame = frames[step.inputs[0]]
+        if step.kind == "parquet" and frame.mode != "append":
+            raise CompileError(
+                step.id, "a parquet sink needs append output; use emit='final' windows"
+            )
+        out.append(CompiledSink(step, frame.df, frame.mode))
+    return out
+
+
+def _compile_frames(ctx: CompileContext, spec: PipelineSpec, steps: list[Step]) -> dict[str, Frame]:
+    frames: dict[str, Frame] = {}
+    for step in steps:
+        if isinstance(step, SinkStep):
+            continue
+        try:
+            compile_step = compiler_for(step)
+            frames[step.id] = compile_step(ctx, spec, step, [frames[i] for i in step.inputs])
+            frames[step.id].df.schema  # noqa: B018 - force analysis so errors name this step
+        except CompileError:
+            raise
+        except PySparkException as exc:
+            raise CompileError(step.id, _short(exc)) from None
+    return frames
+
+
+def _ancestors(spec: PipelineSpec, step_id: str) -> list[Step]:
+    """``step_id`` and every step it reads from, inputs first."""
+    wanted: set[str] = set()
+    pending = [step_id]
+    while pending:
+        sid = pending.pop()
+        if sid not in wanted:
+            wanted.add(sid)
+            pending.extend(spec.step(sid).inputs)
+    return [s for s in spec.topological() if s.id in wanted]
+
+
+def step_schema(ctx: CompileContext, step_id: str) -> dict[str, str]:
+    """The record schema (spanflow types) of one step of the planned pipeline: what a
+    fragment downstream of a cut reads. Analysis only; nothing is started."""
+    if ctx.plan is None:
+        raise CompileError(step_id, "a source with schema_of needs the planned pipeline")
+    plan = ctx.plan.expanded()
+    try:
+        plan.step(step_id)
+    except KeyError:
+        raise CompileError(step_id, "schema_of names a step the pipeline does not have") from None
+    frames = _compile_frames(replace(ctx, plan=None), plan, _ancestors(plan, step_id))
+    return spanflow_schema(step_id, frames[step_id].df.schema)
+
+
+def spanflow_schema(step_id: str, struct: StructType) -> dict[str, str]:
+    """Spark columns → a spanflow schema, so records can cross sites as JSON.
+
+    Metadata columns (``_subject``, ``_seq``, ...) stay behind: the reading side adds
+    its own, as every source does."""
+    out: dict[str, str] = {}
+    for f in struct.fields:
+        if f.name.startswith("_"):
+            continue
+        name = _CROSSING_TYPES.get(type(f.dataType).__name__)
+        if name is None:
+            raise CompileError(
+                step_id,
+                f"column {f.name!r} ({f.dataType.simpleString()}) cannot be sent to another "
+                "site; pin the steps around it with at='edge' or at='cloud' so they stay together",
+            )
+        out[f.name] = name + ("?" if f.nullable else "")
+    return out
+
+
+_CROSSING_TYPES = {
+    "StringType": "string",
+    "LongType": "long",
+    "IntegerType": "long",
+    "ShortType": "long",
+    "ByteType": "long",
+    "DoubleType": "double",
+    "FloatType": "double",
+    "DecimalType": "double",
+    "BooleanType": "boolean",
+    "TimestampType": "timestamp",
+    "TimestampNTZType": "timestamp",
+    "BinaryType": "binary",
+}
+
+
+def _short(exc: Exception) -> str:
+    text = str(exc).split("\n")[0]
+    return text[:500]

@@ -1,0 +1,93 @@
+"""Keyed process functions: a user's :class:`~spanflow.KeyedProcessor` on Spark's
+``transformWithState`` (state in RocksDB, checkpointed with the query)."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from typing import Any
+
+from spanflow.api.processor import KeyedProcessor
+from spanflow.errors import CompileError
+from spanflow.spark.compile.frame import CompileContext, Frame, keyed, user_schema, watermarked
+from spanflow.spark.compile.registry import compiles
+from spanflow.spark.compile.udf import resolve
+from spanflow.spark.keyed_processor import OutputField, ProcessorAdapter, ProcessorSettings
+from spanflow.spec.pipeline import PipelineSpec
+from spanflow.spec.schema import field_type
+from spanflow.spec.steps.keyed import ProcessStep
+
+TIME_MODES = {"event_time": "EventTime", "processing_time": "ProcessingTime", "none": "None"}
+
+
+def processor_class(ref: str, step_id: str, local: Mapping[str, Any]) -> type[KeyedProcessor]:
+    """The KeyedProcessor subclass behind ``module:Class`` (a CompileError otherwise)."""
+    cls = resolve(ref, step_id, local)
+    if not (isinstance(cls, type) and issubclass(cls, KeyedProcessor)):
+        raise CompileError(step_id, f"{ref!r} is not a class derived from spanflow.KeyedProcessor")
+    return cls
+
+
+def default_clock(step: ProcessStep, cls: type[KeyedProcessor], frame: Frame) -> str:
+    """Event time when the stream has it; else processing time if the class has timers.
+
+    Without event time and timers, ``none``: Spark then runs no batch without input
+    (a processing-time processor runs one every trigger)."""
+    if step.timers is not None:
+        return step.timers
+    if frame.watermarked:
+        return "event_time"
+    overrides_timer = cls.on_timer is not KeyedProcessor.on_timer
+    return "processing_time" if overrides_timer else "none"
+
+
+def output_fields(schema: Mapping[str, str]) -> tuple[OutputField, ...]:
+    out = []
+    for name, declared in schema.items():
+        kind, optional = field_type(declared)
+        out.append(OutputField(name, kind, optional))
+    return tuple(out)
+
+
+@compiles(ProcessStep)
+def compile_process(
+    ctx: CompileContext, spec: PipelineSpec, step: ProcessStep, inputs: list[Frame]
+) -> Frame:
+    frame = keyed(inputs[0], step.id, "a keyed processor")
+    cls = processor_class(step.processor, step.id, ctx.functions)
+    factory = functools.partial(cls, **step.params)
+    try:
+        factory()  # constructor errors surface when the pipeline starts, not in a worker
+    except Exception as exc:
+        raise CompileError(step.id, f"{step.processor}(**params) failed: {exc}") from None
+    clock = default_clock(step, cls, frame)
+    if clock == "event_time":
+        watermarked(frame, step.id)
+    order_by = tuple(
+        f for f in (frame.event_time, "_seq") if f is not None and f in frame.df.columns
+    )
+    settings = ProcessorSettings(
+        factory=factory,
+        key_fields=frame.key,
+        output=output_fields(step.output_schema),
+        clock=clock,
+        order_by=order_by,
+        pipeline=spec.instance,
+        step=step.id,
+        nats_url=ctx.nats_url,
+    )
+    df = frame.df.groupBy(*frame.key).transformWithState(
+        ProcessorAdapter(settings),
+        user_schema(step.output_schema),
+        "Append",
+        TIME_MODES[clock],
+        eventTimeColumnName=step.output_event_time or "",
+    )
+    kept = tuple(k for k in frame.key if k in step.output_schema)
+    return Frame(
+        df,
+        key=kept if len(kept) == len(frame.key) else (),
+        event_time=step.output_event_time,
+        watermarked=step.output_event_time is not None,
+        mode="append",
+    )

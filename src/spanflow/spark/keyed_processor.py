@@ -1,0 +1,233 @@
+"""Run a :class:`spanflow.KeyedProcessor` as Spark's ``StatefulProcessor``.
+
+Runs in Spark's Python workers. For each key of a micro-batch, Spark calls
+``handleInputRows``; here that becomes one all-or-nothing call of the user's
+``process`` (:mod:`spanflow.spark.keyed_state`): records as dicts in event-time (or
+arrival) order, output checked against the declared schema, and on an exception the
+state left as it was and the key's records dead-lettered with the reason. Timers
+fire through ``handleExpiredTimer`` the same way. Dead letters are published when
+Spark closes the processor at the end of the task, with ids derived from the batch
+and the record, so a replayed batch does not dead-letter twice.
+
+The adapter is pickled by Spark with everything it holds: the settings are plain
+data plus the processor class (imported by reference where it is importable).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import orjson
+from pyspark import TaskContext
+from pyspark.sql import Row
+from pyspark.sql.streaming.stateful_processor import (
+    ExpiredTimerInfo,
+    StatefulProcessor,
+    StatefulProcessorHandle,
+    TimerValues,
+)
+
+from spanflow.api.processor import KeyedProcessor
+from spanflow.spark.deadletter import DeadLetter, send_dead_letters
+from spanflow.spark.keyed_state import (
+    BufferedTimers,
+    Declarations,
+    StateError,
+    Transaction,
+    from_millis,
+    to_millis,
+    value_check,
+)
+
+Clock = str  # "event_time" | "processing_time" | "none"
+
+
+@dataclass(frozen=True)
+class OutputField:
+    name: str
+    kind: str
+    optional: bool
+
+
+@dataclass(frozen=True)
+class ProcessorSettings:
+    """Everything the adapter needs on a worker (pickled with it)."""
+
+    factory: Callable[[], KeyedProcessor]
+    key_fields: tuple[str, ...]
+    output: tuple[OutputField, ...]
+    clock: Clock
+    order_by: tuple[str, ...] = ()
+    pipeline: str = ""
+    step: str = ""
+    nats_url: str = ""
+    dead_letters: bool = True
+    """Publish the records of failed calls (off in tests without a broker)."""
+
+
+class _Call:
+    """The context of one call (:class:`spanflow.api.processor.Context`)."""
+
+    def __init__(self, key: Any, watermark_ms: int, now_ms: int, timers: BufferedTimers):
+        self._key = key
+        self._watermark = from_millis(watermark_ms) if watermark_ms > 0 else None
+        self._now = from_millis(now_ms)
+        self._timers = timers
+
+    @property
+    def key(self) -> Any:
+        return self._key
+
+    @property
+    def watermark(self) -> datetime | None:
+        return self._watermark
+
+    @property
+    def processing_time(self) -> datetime:
+        return self._now
+
+    @property
+    def timers(self) -> BufferedTimers:
+        return self._timers
+
+
+@dataclass
+class _Failures:
+    letters: list[DeadLetter] = field(default_factory=list)
+    seen: dict[str, int] = field(default_factory=dict)
+
+    def add(self, settings: ProcessorSettings, payload: bytes, reason: str, seq: int) -> None:
+        ctx = TaskContext.get()
+        batch = ctx.getLocalProperty("streaming.sql.batchId") if ctx else None
+        digest = hashlib.blake2b(payload, digest_size=12).hexdigest()
+        n = self.seen.get(digest, 0)
+        self.seen[digest] = n + 1
+        msg_id = f"{settings.pipeline}:{settings.step}:{batch or 0}:{digest}:{n}"
+        self.letters.append(DeadLetter(msg_id=msg_id, data=payload, reason=reason, seq=seq))
+
+
+def _json(value: Any) -> bytes:
+    return orjson.dumps(value, default=str, option=orjson.OPT_NAIVE_UTC | orjson.OPT_UTC_Z)
+
+
+class ProcessorAdapter(StatefulProcessor):
+    """Spark's side of a keyed processor step."""
+
+    def __init__(self, settings: ProcessorSettings) -> None:
+        self.settings = settings
+
+    # -- Spark's hooks --------------------------------------------------------------
+    def init(self, handle: StatefulProcessorHandle) -> None:
+        s = self.settings
+        self._txn = Transaction()
+        self._timers = BufferedTimers(handle, self._txn, s.clock)
+        self._failures = _Failures()
+        self._checks = tuple((f, value_check(f.kind)) for f in s.output)
+        self._user = s.factory()
+        declarations = Declarations(handle, self._txn, native_ttl=s.clock == "processing_time")
+        self._user.init(declarations)
+
+    def handleInputRows(
+        self, key: Any, rows: Iterator[Row], timerValues: TimerValues
+    ) -> Iterator[Row]:
+        records = [r.asDict(recursive=True) for r in rows]
+        if self.settings.order_by:
+            records.sort(key=self._order)
+        call = self._begin(key, timerValues, records)
+        try:
+            out = self._rows(self._user.process(call.key, records, call), key)
+        except Exception as exc:
+            self._txn.rollback()
+            self._dead_letter_records(records, exc)
+            return iter(())
+        self._txn.commit()
+        return iter(out)
+
+    def handleExpiredTimer(
+        self, key: Any, timerValues: TimerValues, expiredTimerInfo: ExpiredTimerInfo
+    ) -> Iterator[Row]:
+        call = self._begin(key, timerValues, [])
+        when = from_millis(expiredTimerInfo.getExpiryTimeInMs())
+        try:
+            out = self._rows(self._user.on_timer(call.key, when, call), key)
+        except Exception as exc:
+            self._txn.rollback()
+            payload = _json({"key": call.key, "timer": when.isoformat()})
+            self._failures.add(self.settings, payload, _reason(exc, "on_timer"), 0)
+            return iter(())
+        self._txn.commit()
+        return iter(out)
+
+    def close(self) -> None:
+        try:
+            self._user.close()
+        finally:
+            letters, self._failures = self._failures.letters, _Failures()
+            if letters and self.settings.dead_letters:
+                s = self.settings
+                send_dead_letters(s.nats_url, s.pipeline, s.step, letters)
+
+    # -- helpers ----------------------------------------------------------------------
+    def _begin(self, key: Any, tv: TimerValues, records: list[dict[str, Any]]) -> _Call:
+        watermark = tv.getCurrentWatermarkInMs()
+        now = tv.getCurrentProcessingTimeInMs()
+        now = now if now > 0 else round(time.time() * 1000)
+        self._txn.begin(now)
+        if self.settings.clock == "processing_time":
+            self._timers.base_ms = now
+        else:
+            self._timers.base_ms = watermark if watermark > 0 else self._latest(records)
+        value = key[0] if len(self.settings.key_fields) == 1 else tuple(key)
+        return _Call(value, watermark, now, self._timers)
+
+    def _latest(self, records: list[dict[str, Any]]) -> int | None:
+        if not self.settings.order_by or not records:
+            return None
+        last = records[-1].get(self.settings.order_by[0])
+        return to_millis(last) if isinstance(last, datetime) else None
+
+    def _order(self, record: dict[str, Any]) -> tuple[Any, ...]:
+        return tuple((record.get(f) is None, record.get(f)) for f in self.settings.order_by)
+
+    def _rows(self, produced: Iterable[dict[str, Any]] | None, key: Any) -> list[Row]:
+        """The call's output as Rows of the declared schema (raises on a mismatch)."""
+        out: list[Row] = []
+        keys = dict(zip(self.settings.key_fields, key, strict=False))
+        for item in produced or ():
+            if not isinstance(item, dict):
+                raise StateError(f"an output row must be a dict, got {type(item).__name__}")
+            extra = [k for k in item if k not in keys and all(f.name != k for f, _ in self._checks)]
+            if extra:
+                names = [f.name for f, _ in self._checks]
+                raise StateError(f"output fields {extra} are not in output_schema {names}")
+            values: dict[str, Any] = {}
+            for spec, check in self._checks:
+                value = item.get(spec.name, keys.get(spec.name))
+                if value is None:
+                    if not spec.optional and spec.name not in item:
+                        raise StateError(f"output row has no field {spec.name!r}")
+                    values[spec.name] = None
+                    continue
+                try:
+                    values[spec.name] = check(value)
+                except StateError as exc:
+                    raise StateError(f"output field {spec.name!r}: {exc}") from None
+            out.append(Row(**values))
+        return out
+
+    def _dead_letter_records(self, records: list[dict[str, Any]], exc: Exception) -> None:
+        reason = _reason(exc, "process")
+        for record in records:
+            seq = record.get("_seq")
+            self._failures.add(
+                self.settings, _json(record), reason, int(seq) if isinstance(seq, int) else 0
+            )
+
+
+def _reason(exc: Exception, where: str) -> str:
+    return f"{type(exc).__name__} in {where}: {exc}"

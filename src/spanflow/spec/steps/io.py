@@ -1,0 +1,118 @@
+"""Where records come from and where they go: sources and sinks."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import ClassVar, Literal
+
+from pydantic import ConfigDict, Field, model_validator
+
+from spanflow.spec.durations import Duration
+from spanflow.spec.schema import Schema, StreamFormat
+from spanflow.spec.steps.base import StepBase, StreamFacts
+
+
+class SourceStep(StepBase):
+    """Reads a JetStream stream and decodes each message into one record."""
+
+    arity: ClassVar[tuple[int, int | None]] = (0, 0)
+
+    type: Literal["source"] = "source"
+    stream: str = Field(pattern=r"^[A-Za-z0-9_-]+$", description="JetStream stream name.")
+    subjects: tuple[str, ...] | None = Field(
+        default=None, description="Subjects the stream captures (created if the stream is missing)."
+    )
+    format: StreamFormat = Field(default=StreamFormat.JSON, description="Message encoding.")
+    schema_: Schema = Field(
+        default_factory=dict, alias="schema", description="Field name → type; 'type?' is optional."
+    )
+    key: str | None = Field(default=None, description="Field that identifies the device/entity.")
+    event_time: str | None = Field(default=None, description="Timestamp field for event time.")
+    max_out_of_orderness: Duration = Field(
+        default=0.0, le=86400, description="How late an event may arrive (the watermark delay)."
+    )
+    start: Literal["earliest", "latest"] = Field(
+        default="earliest", description="Where a new pipeline starts reading the stream."
+    )
+    max_rows_per_batch: int = Field(
+        default=200_000, ge=1, le=10_000_000, description="Admission control per micro-batch."
+    )
+    partitions: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description="Read tasks per micro-batch. 1 keeps per-key order for stateless pipelines.",
+    )
+    csv_delimiter: str = Field(default=",", min_length=1, max_length=1)
+    filter_subjects: tuple[str, ...] = Field(
+        default=(), description="Read only messages on these subjects (default: all)."
+    )
+    schema_of: str | None = Field(
+        default=None,
+        description="Set by the planner: records are the output of this step of the "
+        "pipeline, so their schema is that step's (the schema field stays empty).",
+    )
+    source_domain: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]*$",
+        description="Set by the planner: the stream is written in this JetStream domain "
+        "(another site's server); a reader elsewhere sources it into its own domain.",
+    )
+
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+    @model_validator(mode="after")
+    def _fields_exist(self) -> SourceStep:
+        if self.schema_of is not None:
+            return self
+        if self.format != StreamFormat.RAW and not self.schema_:
+            raise ValueError(f"format {self.format.value} needs a schema (field: type)")
+        for name, role in ((self.key, "key"), (self.event_time, "event_time")):
+            if name is not None and self.format != StreamFormat.RAW and name not in self.schema_:
+                raise ValueError(f"{role} {name!r} is not a field of the schema")
+        if self.event_time and self.schema_.get(self.event_time, "timestamp").rstrip("?") != (
+            "timestamp"
+        ):
+            raise ValueError(
+                f"event_time {self.event_time!r} must be a timestamp field "
+                "(ISO-8601 text or epoch seconds/milliseconds in the message)"
+            )
+        return self
+
+    def facts(self, inputs: Sequence[StreamFacts]) -> StreamFacts:
+        return StreamFacts(
+            key=(self.key,) if self.key else (),
+            entity=frozenset({self.key}) if self.key else frozenset(),
+            event_time=(self.event_time, self.max_out_of_orderness) if self.event_time else None,
+        )
+
+
+class SinkStep(StepBase):
+    """Writes records out: a JetStream stream, Parquet files or the console."""
+
+    local_reason: ClassVar[str] = "writes where its input is computed"
+
+    type: Literal["sink"] = "sink"
+    kind: Literal["jetstream", "parquet", "console"] = "jetstream"
+    stream: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_-]+$")
+    subject: str | None = None
+    path: str | None = None
+    order_by: str | None = Field(
+        default=None, description="Field that orders records of one key within a batch."
+    )
+    trigger: Duration | None = Field(
+        default=None,
+        ge=0,
+        le=3600,
+        description="Micro-batch interval of this sink's query; default: the pipeline's. "
+        "A sink of 10 s windows needs no 2 s batches, and each batch costs a small node "
+        "the same fixed planning and checkpointing work.",
+    )
+
+    @model_validator(mode="after")
+    def _target(self) -> SinkStep:
+        if self.kind == "jetstream" and not (self.stream and self.subject):
+            raise ValueError("a jetstream sink needs 'stream' and 'subject'")
+        if self.kind == "parquet" and not self.path:
+            raise ValueError("a parquet sink needs 'path'")
+        return self

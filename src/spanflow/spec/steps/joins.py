@@ -1,0 +1,86 @@
+"""Joins: two streams on a key within an event-time interval."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, ClassVar, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from spanflow.spec.durations import SignedDuration
+from spanflow.spec.steps.base import Placement, StepBase, StreamFacts, one_or_many
+
+
+class JoinStep(StepBase):
+    """Joins each record of the first input (left) with the records of the second
+    (right) that have the same ``on`` fields and whose event time lies within
+    ``[left time + lower, left time + upper]``.
+
+    ``how: inner`` emits matched pairs; ``left`` also emits each left record that found
+    no match, with nulls for the right side, once the watermark shows no match can
+    come. Both inputs need event time. The output has the left record's columns, then
+    the right record's (the ``on`` fields once; a right column whose name the left
+    side already uses gets ``suffix``). Its event time is the left record's.
+    """
+
+    arity: ClassVar[tuple[int, int | None]] = (2, 2)
+    placement: ClassVar[Placement] = Placement.KEYED
+
+    type: Literal["join"] = "join"
+    on: tuple[str, ...] = Field(min_length=1, description="Fields both inputs are matched on.")
+    lower: SignedDuration = Field(description="Earliest right time, relative to the left time.")
+    upper: SignedDuration = Field(description="Latest right time, relative to the left time.")
+    how: Literal["inner", "left"] = "inner"
+    suffix: str = Field(
+        default="_right",
+        pattern=r"^\w+$",
+        description="Added to right-side column names the left side already uses.",
+    )
+
+    @field_validator("on", mode="before")
+    @classmethod
+    def _one_or_many(cls, v: Any) -> Any:
+        return one_or_many(v)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _within(cls, data: Any) -> Any:
+        """Accept ``within: [-5s, +5s]`` (or one duration ``d`` for ``[-d, +d]``)."""
+        if not isinstance(data, dict) or "within" not in data:
+            return data
+        data = dict(data)
+        within = data.pop("within")
+        if isinstance(within, list | tuple) and len(within) == 2:
+            data["lower"], data["upper"] = within
+        elif isinstance(within, str | int | float):
+            text = str(within).lstrip("+")
+            data["lower"], data["upper"] = f"-{text}", text
+        else:
+            raise ValueError("within: give [lower, upper], e.g. ['-5s', '+5s'], or one duration")
+        return data
+
+    @model_validator(mode="after")
+    def _bounds(self) -> JoinStep:
+        if self.lower > self.upper:
+            raise ValueError(
+                f"within: the lower bound ({self.lower:g} s) is after the upper ({self.upper:g} s)"
+            )
+        return self
+
+    def check_inputs(self, inputs: Sequence[StreamFacts]) -> None:
+        for side, source, facts in zip(("left", "right"), self.inputs, inputs, strict=True):
+            if facts.event_time is None:
+                raise ValueError(
+                    f"join {self.id!r}: the {side} input ({source!r}) has no event time; "
+                    "an interval join needs event time on both inputs "
+                    "(set event_time on the source or add with_event_time(...))"
+                )
+
+    def state_key(self, inputs: Sequence[StreamFacts]) -> tuple[str, ...]:
+        return self.on
+
+    def facts(self, inputs: Sequence[StreamFacts]) -> StreamFacts:
+        left, right = inputs
+        return StreamFacts(
+            key=left.key, entity=left.entity | right.entity, event_time=left.event_time
+        )

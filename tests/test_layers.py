@@ -1,0 +1,96 @@
+"""The layer rule of docs/architecture.md, enforced on every import in src/spanflow.
+
+A module may import its own package and packages of lower layers only; packages of
+one layer never import each other (``spark`` may adapt ``cep`` and ``ml``). Only
+``spanflow.spark`` imports pyspark.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "spanflow"
+
+LAYERS: dict[str, float] = {
+    "errors": -1,
+    "clock": -1,
+    "spec": 0,
+    "protocol": 1,
+    "nats": 1,
+    "api": 2,
+    "plan": 3,
+    "cep": 3,
+    "ml": 3,
+    "spark": 3,
+    "control": 4,
+    "runtime": 4,
+    "simulator": 4.5,  # simulated devices: a library the demo, CLI and benchmarks use
+    "server": 5,
+    "web": 5,
+    "local": 5,
+    "demo": 5,
+    "testing": 5,
+    "cli": 6,  # the outermost entry points
+    "__init__": 7,  # the package facade (lazy re-exports)
+    "__main__": 7,
+}
+SIDEWAYS = {("spark", "cep"), ("spark", "ml")}
+
+
+def _package_of(path: Path) -> str:
+    rel = path.relative_to(SRC)
+    return rel.parts[0].removesuffix(".py")
+
+
+def _imports(path: Path) -> list[tuple[int, str]]:
+    """(line, imported module) for every import statement, at any depth."""
+    tree = ast.parse(path.read_text(), str(path))
+    out: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out.extend((node.lineno, alias.name) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out.append((node.lineno, node.module))
+    return out
+
+
+def _modules() -> list[Path]:
+    return sorted(p for p in SRC.rglob("*.py") if "__pycache__" not in p.parts)
+
+
+def test_every_package_has_a_layer():
+    unknown = sorted({_package_of(p) for p in _modules()} - set(LAYERS))
+    assert not unknown, f"give these packages a layer in tests/test_layers.py: {unknown}"
+
+
+@pytest.mark.parametrize("path", _modules(), ids=lambda p: str(p.relative_to(SRC)))
+def test_imports_go_down_the_layers(path: Path):
+    here = _package_of(path)
+    wrong = []
+    for line, module in _imports(path):
+        parts = module.split(".")
+        if parts[0] == "pyspark" and here != "spark":
+            wrong.append(f"line {line}: imports {module} (only spanflow.spark may)")
+        if parts[0] != "spanflow" or len(parts) < 2:
+            continue
+        there = parts[1]
+        if there == here or (here, there) in SIDEWAYS:
+            continue
+        if there not in LAYERS or LAYERS[there] >= LAYERS[here]:
+            wrong.append(
+                f"line {line}: {here} (layer {LAYERS[here]}) imports {module} "
+                f"(layer {LAYERS.get(there, '?')})"
+            )
+    assert not wrong, f"{path.relative_to(SRC)}:\n" + "\n".join(wrong)
+
+
+def test_the_rule_catches_an_upward_import(tmp_path):
+    """The check itself: an api module importing the control plane is reported."""
+    bad = tmp_path / "bad.py"
+    bad.write_text("from spanflow.control.coordinator import Coordinator\n")
+    found = [m for _, m in _imports(bad)]
+    assert found == ["spanflow.control.coordinator"]
+    assert LAYERS["control"] >= LAYERS["api"]

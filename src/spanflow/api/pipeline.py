@@ -31,6 +31,7 @@ from spanflow.spec import (
     AggregateStep,
     AverageStep,
     CountStep,
+    CountWindowStep,
     DeduplicateStep,
     EventTimeStep,
     FilterStep,
@@ -217,22 +218,35 @@ class Stream:
         *,
         tumbling: str | float | None = None,
         sliding: str | float | None = None,
-        slide: str | float | None = None,
+        slide: str | float | int | None = None,
         session: str | float | None = None,
+        count: int | None = None,
     ) -> WindowedStream:
-        """Start a window: one of ``tumbling=``, ``sliding=`` (with ``slide=``) or ``session=``."""
+        """Start a window: ``tumbling=``, ``sliding=`` (with ``slide=``) or ``session=``
+        for event-time windows; ``count=`` (with an optional ``slide=`` in records) for
+        windows of a number of records per key."""
         given = [
-            k for k, v in (("tumbling", tumbling), ("sliding", sliding), ("session", session)) if v
+            k
+            for k, v in (
+                ("tumbling", tumbling),
+                ("sliding", sliding),
+                ("session", session),
+                ("count", count),
+            )
+            if v
         ]
         if len(given) != 1:
-            raise SpecError("window(): give exactly one of tumbling=, sliding= or session=")
+            raise SpecError("window(): give exactly one of tumbling=, sliding=, session= or count=")
         if given[0] == "tumbling":
             shape: dict[str, Any] = {"kind": "tumbling", "size": tumbling}
         elif given[0] == "sliding":
             shape = {"kind": "sliding", "size": sliding, "slide": slide}
-        else:
+        elif given[0] == "session":
             shape = {"kind": "session", "gap": session}
-        return WindowedStream(self, shape)
+        else:
+            shape = {"size": count, "slide": slide}
+            return WindowedStream(self, shape, CountWindowStep)
+        return WindowedStream(self, shape, WindowStep)
 
     def deduplicate(self, *key: str, within: str | float, id: str | None = None) -> Stream:
         """Drop records whose key was already seen within ``within`` of event time."""
@@ -362,22 +376,32 @@ class Stream:
 class WindowedStream:
     """A stream with a window shape chosen; ``aggregate`` or ``reduce`` completes it."""
 
-    def __init__(self, stream: Stream, shape: dict[str, Any]) -> None:
+    def __init__(
+        self, stream: Stream, shape: dict[str, Any], step: type[Step] = WindowStep
+    ) -> None:
         self._stream = stream
         self._shape = shape
+        self._step = step
+
+    def _emit(self, emit: str) -> dict[str, Any]:
+        if self._step is CountWindowStep:
+            if emit != "final":
+                raise SpecError("a count window emits each window once, when it fills")
+            return {}
+        return {"emit": emit}
 
     def aggregate(self, *, emit: str = "final", id: str | None = None, **aggregates: str) -> Stream:
         """Named aggregates: ``aggregate(n="count", avg_t="avg(temp)", hi="max(temp)")``."""
         if not aggregates:
             raise SpecError("aggregate(): name at least one aggregate, e.g. n='count'")
         return self._stream._then(
-            WindowStep, "window", id, aggregates=aggregates, emit=emit, **self._shape
+            self._step, "window", id, aggregates=aggregates, **self._emit(emit), **self._shape
         )
 
     def reduce(self, fn: UserFunction, *, emit: str = "final", id: str | None = None) -> Stream:
         """Fold each window's records with a Python ``(acc: dict, record: dict) → dict``."""
         return self._stream._with_fn(
-            WindowStep, "window", id, fn, "reduce", emit=emit, **self._shape
+            self._step, "window", id, fn, "reduce", **self._emit(emit), **self._shape
         )
 
 

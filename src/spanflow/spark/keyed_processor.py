@@ -35,6 +35,7 @@ from pyspark.sql.streaming.stateful_processor import (
 from spanflow.api.processor import KeyedProcessor
 from spanflow.spark.deadletter import DeadLetter, send_dead_letters
 from spanflow.spark.keyed_state import (
+    BufferedMap,
     BufferedTimers,
     Declarations,
     StateError,
@@ -68,6 +69,9 @@ class ProcessorSettings:
     nats_url: str = ""
     dead_letters: bool = True
     """Publish the records of failed calls (off in tests without a broker)."""
+    native_ttl: bool | None = None
+    """Let Spark expire state (default: in processing-time processors, where Spark
+    allows it); else entries carry their expiry and are dropped when read."""
 
 
 class _Call:
@@ -129,8 +133,9 @@ class ProcessorAdapter(StatefulProcessor):
         self._failures = _Failures()
         self._checks = tuple((f, value_check(f.kind)) for f in s.output)
         self._user = s.factory()
-        declarations = Declarations(handle, self._txn, native_ttl=s.clock == "processing_time")
-        self._user.init(declarations)
+        native = s.clock == "processing_time" if s.native_ttl is None else s.native_ttl
+        self._declarations = Declarations(handle, self._txn, native_ttl=native)
+        self._user.init(self._declarations)
 
     def handleInputRows(
         self, key: Any, rows: Iterator[Row], timerValues: TimerValues
@@ -140,7 +145,7 @@ class ProcessorAdapter(StatefulProcessor):
             records.sort(key=self._order)
         call = self._begin(key, timerValues, records)
         try:
-            out = self._rows(self._user.process(call.key, records, call), key)
+            out = self._rows(self._user.process(call.key, records, call), call.key)
         except Exception as exc:
             self._txn.rollback()
             self._dead_letter_records(records, exc)
@@ -154,7 +159,7 @@ class ProcessorAdapter(StatefulProcessor):
         call = self._begin(key, timerValues, [])
         when = from_millis(expiredTimerInfo.getExpiryTimeInMs())
         try:
-            out = self._rows(self._user.on_timer(call.key, when, call), key)
+            out = self._rows(self._user.on_timer(call.key, when, call), call.key)
         except Exception as exc:
             self._txn.rollback()
             payload = _json({"key": call.key, "timer": when.isoformat()})
@@ -167,10 +172,32 @@ class ProcessorAdapter(StatefulProcessor):
         try:
             self._user.close()
         finally:
-            letters, self._failures = self._failures.letters, _Failures()
+            letters = self.take_dead_letters()
             if letters and self.settings.dead_letters:
                 s = self.settings
                 send_dead_letters(s.nats_url, s.pipeline, s.step, letters)
+
+    # -- for spanflow.testing -----------------------------------------------------------
+    def take_dead_letters(self) -> list[DeadLetter]:
+        """The dead letters of failed calls since the last take."""
+        letters, self._failures = self._failures.letters, _Failures()
+        return letters
+
+    def peek(self, name: str, now_ms: int) -> Any:
+        """A declared state's value for the handle's current key, as the processor sees
+        it (a list for a list state, a dict for a map state)."""
+        state = self._declarations.declared.get(name)
+        if state is None:
+            raise KeyError(
+                f"no state named {name!r} (declared: {sorted(self._declarations.declared)})"
+            )
+        self._txn.begin(now_ms)
+        try:
+            if isinstance(state, BufferedMap):
+                return dict(state.items())
+            return state.get()
+        finally:
+            self._txn.rollback()
 
     # -- helpers ----------------------------------------------------------------------
     def _begin(self, key: Any, tv: TimerValues, records: list[dict[str, Any]]) -> _Call:
@@ -182,8 +209,16 @@ class ProcessorAdapter(StatefulProcessor):
             self._timers.base_ms = now
         else:
             self._timers.base_ms = watermark if watermark > 0 else self._latest(records)
-        value = key[0] if len(self.settings.key_fields) == 1 else tuple(key)
-        return _Call(value, watermark, now, self._timers)
+        return _Call(self._key_value(key), watermark, now, self._timers)
+
+    def _key_value(self, key: tuple[Any, ...]) -> Any:
+        """A one-field key as its value, a composite key as a tuple (Spark passes a tuple
+        of the key's fields; spanflow.testing passes a composite key as one tuple)."""
+        if len(self.settings.key_fields) == 1:
+            return key[0]
+        if len(key) == 1 and isinstance(key[0], tuple):
+            return key[0]
+        return tuple(key)
 
     def _latest(self, records: list[dict[str, Any]]) -> int | None:
         if not self.settings.order_by or not records:
@@ -197,7 +232,8 @@ class ProcessorAdapter(StatefulProcessor):
     def _rows(self, produced: Iterable[dict[str, Any]] | None, key: Any) -> list[Row]:
         """The call's output as Rows of the declared schema (raises on a mismatch)."""
         out: list[Row] = []
-        keys = dict(zip(self.settings.key_fields, key, strict=False))
+        fields = self.settings.key_fields
+        keys = dict(zip(fields, key if len(fields) > 1 else (key,), strict=False))
         for item in produced or ():
             if not isinstance(item, dict):
                 raise StateError(f"an output row must be a dict, got {type(item).__name__}")

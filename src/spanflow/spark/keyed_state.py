@@ -46,6 +46,7 @@ from spanflow.spec.schema import FIELD_TYPES, SPARK_TYPES_BY_NAME
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _BYTES = "__spanflow_bytes__"
+_TIME = "__spanflow_time__"
 _MISSING: Any = object()
 
 
@@ -74,32 +75,43 @@ def from_millis(ms: int) -> datetime:
 def _json_default(value: Any) -> Any:
     if isinstance(value, bytes | bytearray | memoryview):
         return {_BYTES: base64.b64encode(bytes(value)).decode()}
+    if isinstance(value, datetime):
+        return {_TIME: to_micros(value)}
     if isinstance(value, set | frozenset | tuple):
         return list(value)
     raise TypeError(f"{type(value).__name__} is not plain data")
 
 
-def _unbytes(value: Any) -> Any:
+def _unmark(value: Any) -> Any:
     if isinstance(value, dict):
         if len(value) == 1 and _BYTES in value:
             return base64.b64decode(value[_BYTES])
-        return {k: _unbytes(v) for k, v in value.items()}
+        if len(value) == 1 and _TIME in value:
+            return EPOCH + timedelta(microseconds=value[_TIME])
+        return {k: _unmark(v) for k, v in value.items()}
     if isinstance(value, list):
-        return [_unbytes(v) for v in value]
+        return [_unmark(v) for v in value]
     return value
 
 
+def to_micros(value: datetime) -> int:
+    """Microseconds since the epoch (a naive datetime is UTC)."""
+    aware = value if value.tzinfo else value.replace(tzinfo=UTC)
+    return (aware - EPOCH) // timedelta(microseconds=1)
+
+
 def json_dumps(value: Any) -> str:
+    """Plain data as JSON; bytes and datetimes survive the round trip (:func:`json_loads`)."""
     return orjson.dumps(
         value,
         default=_json_default,
-        option=orjson.OPT_SORT_KEYS | orjson.OPT_NAIVE_UTC | orjson.OPT_NON_STR_KEYS,
+        option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS | orjson.OPT_PASSTHROUGH_DATETIME,
     ).decode()
 
 
 def json_loads(text: str) -> Any:
     value = orjson.loads(text)
-    return _unbytes(value) if _BYTES in text else value
+    return _unmark(value) if ("__spanflow_" in text) else value
 
 
 def value_check(kind: str) -> Callable[[Any], Any]:
@@ -484,6 +496,7 @@ class Declarations:
     def __init__(self, handle: StatefulProcessorHandle, txn: Transaction, native_ttl: bool):
         self._handle, self._txn, self._native_ttl = handle, txn, native_ttl
         self._names: set[str] = set()
+        self.declared: dict[str, BufferedValue | BufferedList | BufferedMap] = {}
 
     def _ttl(self, name: str, ttl: str | float | None) -> _Ttl:
         if name in self._names:
@@ -507,7 +520,9 @@ class Declarations:
         policy = self._ttl(name, ttl)
         codec = self._stored(codec_for(type), policy)
         spark = self._handle.getValueState(name, codec.ddl, _native_ms(policy))
-        return BufferedValue(name, spark, codec, policy, self._txn)
+        state = BufferedValue(name, spark, codec, policy, self._txn)
+        self.declared[name] = state
+        return state
 
     def list(
         self, name: str, type: StateType = "json", *, ttl: str | float | None = None
@@ -515,7 +530,9 @@ class Declarations:
         policy = self._ttl(name, ttl)
         codec = self._stored(codec_for(type), policy)
         spark = self._handle.getListState(name, codec.ddl, _native_ms(policy))
-        return BufferedList(name, spark, codec, policy, self._txn)
+        state = BufferedList(name, spark, codec, policy, self._txn)
+        self.declared[name] = state
+        return state
 
     def map(
         self,
@@ -529,7 +546,9 @@ class Declarations:
         key_codec = codec_for(key)
         codec = self._stored(codec_for(value), policy)
         spark = self._handle.getMapState(name, key_codec.ddl, codec.ddl, _native_ms(policy))
-        return BufferedMap(name, spark, key_codec, codec, policy, self._txn)
+        state = BufferedMap(name, spark, key_codec, codec, policy, self._txn)
+        self.declared[name] = state
+        return state
 
 
 def _native_ms(ttl: _Ttl) -> int | None:

@@ -111,3 +111,39 @@ def require_columns(frame: Frame, step_id: str, fields: tuple[str, ...], role: s
         raise CompileError(
             step_id, f"unknown {role} field(s) {missing}; columns: {frame.df.columns}"
         )
+
+
+def spanflow_schema(step_id: str, struct: StructType) -> dict[str, str]:
+    """Spark columns → a spanflow schema, so records can cross sites as JSON.
+
+    Metadata columns (``_subject``, ``_seq``, ...) stay behind: the reading side adds
+    its own, as every source does."""
+    out: dict[str, str] = {}
+    for f in struct.fields:
+        if f.name.startswith("_"):
+            continue
+        name = _CROSSING_TYPES.get(type(f.dataType).__name__)
+        if name is None:
+            raise CompileError(
+                step_id,
+                f"column {f.name!r} ({f.dataType.simpleString()}) cannot be sent to another "
+                "site; pin the steps around it with at='edge' or at='cloud' so they stay together",
+            )
+        out[f.name] = name + ("?" if f.nullable else "")
+    return out
+
+
+_CROSSING_TYPES = {
+    "StringType": "string",
+    "LongType": "long",
+    "IntegerType": "long",
+    "ShortType": "long",
+    "ByteType": "long",
+    "DoubleType": "double",
+    "FloatType": "double",
+    "DecimalType": "double",
+    "BooleanType": "boolean",
+    "TimestampType": "timestamp",
+    "TimestampNTZType": "timestamp",
+    "BinaryType": "binary",
+}

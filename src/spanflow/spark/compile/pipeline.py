@@ -16,10 +16,9 @@ from dataclasses import dataclass, replace
 
 from pyspark.errors import PySparkException
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql.types import StructType
 
 from spanflow.errors import CompileError
-from spanflow.spark.compile.frame import CompileContext, Frame, OutputMode
+from spanflow.spark.compile.frame import CompileContext, Frame, OutputMode, spanflow_schema
 from spanflow.spark.compile.registry import compiler_for
 from spanflow.spark.compile.udf import UserFunction
 from spanflow.spark.jetstream import FORMAT_NAME
@@ -104,42 +103,6 @@ def step_schema(ctx: CompileContext, step_id: str) -> dict[str, str]:
         raise CompileError(step_id, "schema_of names a step the pipeline does not have") from None
     frames = _compile_frames(replace(ctx, plan=None), plan, _ancestors(plan, step_id))
     return spanflow_schema(step_id, frames[step_id].df.schema)
-
-
-def spanflow_schema(step_id: str, struct: StructType) -> dict[str, str]:
-    """Spark columns → a spanflow schema, so records can cross sites as JSON.
-
-    Metadata columns (``_subject``, ``_seq``, ...) stay behind: the reading side adds
-    its own, as every source does."""
-    out: dict[str, str] = {}
-    for f in struct.fields:
-        if f.name.startswith("_"):
-            continue
-        name = _CROSSING_TYPES.get(type(f.dataType).__name__)
-        if name is None:
-            raise CompileError(
-                step_id,
-                f"column {f.name!r} ({f.dataType.simpleString()}) cannot be sent to another "
-                "site; pin the steps around it with at='edge' or at='cloud' so they stay together",
-            )
-        out[f.name] = name + ("?" if f.nullable else "")
-    return out
-
-
-_CROSSING_TYPES = {
-    "StringType": "string",
-    "LongType": "long",
-    "IntegerType": "long",
-    "ShortType": "long",
-    "ByteType": "long",
-    "DoubleType": "double",
-    "FloatType": "double",
-    "DecimalType": "double",
-    "BooleanType": "boolean",
-    "TimestampType": "timestamp",
-    "TimestampNTZType": "timestamp",
-    "BinaryType": "binary",
-}
 
 
 def _short(exc: Exception) -> str:

@@ -4,12 +4,21 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
+
+from pyspark.sql import DataFrame
 
 from spanflow.api.processor import KeyedProcessor
 from spanflow.errors import CompileError
-from spanflow.spark.compile.frame import CompileContext, Frame, keyed, user_schema, watermarked
+from spanflow.spark.compile.frame import (
+    CompileContext,
+    Frame,
+    OutputMode,
+    keyed,
+    user_schema,
+    watermarked,
+)
 from spanflow.spark.compile.registry import compiles
 from spanflow.spark.compile.udf import resolve
 from spanflow.spark.keyed_processor import OutputField, ProcessorAdapter, ProcessorSettings
@@ -49,6 +58,41 @@ def output_fields(schema: Mapping[str, str]) -> tuple[OutputField, ...]:
     return tuple(out)
 
 
+def transform_keyed(
+    ctx: CompileContext,
+    spec: PipelineSpec,
+    step_id: str,
+    frame: Frame,
+    *,
+    factory: Callable[[], KeyedProcessor],
+    output: Mapping[str, str],
+    clock: str,
+    output_event_time: str | None = None,
+    mode: OutputMode = "append",
+) -> DataFrame:
+    """``frame`` grouped by its key through a keyed processor (users' and built-ins')."""
+    order_by = tuple(
+        f for f in (frame.event_time, "_seq") if f is not None and f in frame.df.columns
+    )
+    settings = ProcessorSettings(
+        factory=factory,
+        key_fields=frame.key,
+        output=output_fields(output),
+        clock=clock,
+        order_by=order_by,
+        pipeline=spec.instance,
+        step=step_id,
+        nats_url=ctx.nats_url,
+    )
+    return frame.df.groupBy(*frame.key).transformWithState(
+        ProcessorAdapter(settings),
+        user_schema(output),
+        "Append" if mode == "append" else "Update",
+        TIME_MODES[clock],
+        eventTimeColumnName=output_event_time or "",
+    )
+
+
 @compiles(ProcessStep)
 def compile_process(
     ctx: CompileContext, spec: PipelineSpec, step: ProcessStep, inputs: list[Frame]
@@ -63,25 +107,15 @@ def compile_process(
     clock = default_clock(step, cls, frame)
     if clock == "event_time":
         watermarked(frame, step.id)
-    order_by = tuple(
-        f for f in (frame.event_time, "_seq") if f is not None and f in frame.df.columns
-    )
-    settings = ProcessorSettings(
+    df = transform_keyed(
+        ctx,
+        spec,
+        step.id,
+        frame,
         factory=factory,
-        key_fields=frame.key,
-        output=output_fields(step.output_schema),
+        output=step.output_schema,
         clock=clock,
-        order_by=order_by,
-        pipeline=spec.instance,
-        step=step.id,
-        nats_url=ctx.nats_url,
-    )
-    df = frame.df.groupBy(*frame.key).transformWithState(
-        ProcessorAdapter(settings),
-        user_schema(step.output_schema),
-        "Append",
-        TIME_MODES[clock],
-        eventTimeColumnName=step.output_event_time or "",
+        output_event_time=step.output_event_time,
     )
     kept = tuple(k for k in frame.key if k in step.output_schema)
     return Frame(

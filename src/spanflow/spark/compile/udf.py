@@ -92,21 +92,43 @@ def arrow_udf(
 
 
 def reduce_udf(
-    fn: UserFunction, out_schema: pa.Schema, group_columns: list[str]
+    fn: UserFunction,
+    out_schema: pa.Schema,
+    group_columns: list[str],
+    *,
+    url: str,
+    pipeline: str,
+    step: str,
 ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """Fold each window's collected records (column ``_rows``) with ``fn(acc, record)``."""
+    """Fold each window's collected records (column ``_rows``) with ``fn(acc, record)``.
+
+    A fold that raises sends that window's records to the dead letters."""
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        failed: list[DeadLetter] = []
+        ctx = TaskContext.get()
+        batch_id = ctx.getLocalProperty("streaming.sql.batchId") if ctx else "0"
         for batch in batches:
             out = []
             for group in batch.to_pylist():
                 records = group.pop("_rows") or []
                 if not records:
                     continue
-                acc = dict(records[0])
-                for record in records[1:]:
-                    acc = fn(acc, record)
+                try:
+                    acc = dict(records[0])
+                    for record in records[1:]:
+                        acc = fn(acc, record)
+                except Exception as exc:
+                    reason = f"{type(exc).__name__} in reduce: {exc}"
+                    for n, record in enumerate(records):
+                        data = orjson.dumps({**group, **record}, default=_json_default)
+                        digest = hashlib.blake2b(data, digest_size=12).hexdigest()
+                        msg_id = f"{pipeline}:{step}:{batch_id}:{digest}:{n}"
+                        failed.append(DeadLetter(msg_id=msg_id, data=data, reason=reason))
+                    continue
                 out.append({**acc, **{k: group[k] for k in group_columns}})
             yield pa.RecordBatch.from_pylist(out, schema=out_schema)
+        if failed:
+            send_dead_letters(url, pipeline, step, failed)
 
     return run

@@ -3,15 +3,26 @@ merge of per-site partial window aggregates."""
 
 from __future__ import annotations
 
-from pyspark.sql import Column, DataFrame
+import functools
+from dataclasses import replace
+
+from pyspark.sql import Column, DataFrame, GroupedData
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StructType
 
 from spanflow.errors import CompileError
-from spanflow.spark.compile.frame import CompileContext, Frame, OutputMode, watermarked
+from spanflow.spark.builtin_processors import TimeWindowReduce
+from spanflow.spark.compile.frame import (
+    CompileContext,
+    Frame,
+    OutputMode,
+    spanflow_schema,
+    watermarked,
+)
+from spanflow.spark.compile.process import transform_keyed
 from spanflow.spark.compile.registry import compiles
-from spanflow.spark.compile.udf import reduce_udf, resolve
+from spanflow.spark.compile.udf import UserFunction, reduce_udf, resolve
 from spanflow.spec.aggregates import parse_aggregate, partial_columns
 from spanflow.spec.durations import spark_interval
 from spanflow.spec.pipeline import PipelineSpec
@@ -19,6 +30,8 @@ from spanflow.spec.steps.windows import MergeStep, WindowStep
 
 WINDOW_TIME = "_window_time"
 """The event time of a window's result (its end, less a microsecond)."""
+ALL = "_all"
+"""The one key of an unkeyed stream folded with reduce."""
 
 
 def aggregate_column(name: str, text: str) -> Column:
@@ -111,14 +124,82 @@ def compile_window(
         return _windowed(df, frame.key, mode)
     assert step.reduce is not None
     fn = resolve(step.reduce, step.id, ctx.functions)
+    if step.kind == "session":
+        return _collected_reduce(ctx, spec, step, frame, grouped, bounds[:2], fn, mode)
+    return _incremental_reduce(ctx, spec, step, frame, fn, mode)
+
+
+def _incremental_reduce(
+    ctx: CompileContext,
+    spec: PipelineSpec,
+    step: WindowStep,
+    frame: Frame,
+    fn: UserFunction,
+    mode: OutputMode,
+) -> Frame:
+    """Tumbling and sliding windows fold records into one accumulator per window as
+    they arrive (keyed state), instead of collecting each window's records."""
+    if not frame.key:  # one group for the whole stream
+        frame = replace(frame, df=frame.df.withColumn(ALL, F.lit(0)), key=(ALL,))
+    assert frame.event_time is not None and step.size is not None
+    fields = spanflow_schema(step.id, frame.df.schema)
+    output = {k: fields[k] for k in frame.key if k in fields}
+    output.update({"window_start": "timestamp", "window_end": "timestamp"})
+    output.update({k: v.rstrip("?") + "?" for k, v in fields.items() if k not in frame.key})
+    final = mode == "append"
+    if final:
+        output[WINDOW_TIME] = "timestamp"
+    factory = functools.partial(
+        TimeWindowReduce,
+        size=step.size,
+        slide=step.slide,
+        reduce=fn,
+        event_time=frame.event_time,
+        key_fields=frame.key,
+        emit=step.emit,
+    )
+    df = transform_keyed(
+        ctx,
+        spec,
+        step.id,
+        frame,
+        factory=factory,
+        output=output,
+        clock="event_time",
+        output_event_time=WINDOW_TIME if final else None,
+        mode=mode,
+    )
+    key = tuple(k for k in frame.key if k != ALL)
+    if final:
+        return Frame(df, key=key, event_time=WINDOW_TIME, watermarked=True, mode=mode)
+    return Frame(df, key=key, mode=mode)
+
+
+def _collected_reduce(
+    ctx: CompileContext,
+    spec: PipelineSpec,
+    step: WindowStep,
+    frame: Frame,
+    grouped: GroupedData,
+    bounds: list[Column],
+    fn: UserFunction,
+    mode: OutputMode,
+) -> Frame:
+    """Session windows can merge, and a fold cannot be merged: collect each session's
+    records and fold them when it closes (a failing fold dead-letters the session)."""
     values = [c for c in frame.df.columns if not c.startswith("_") and c not in frame.key]
     collected = grouped.agg(F.collect_list(F.struct(*values)).alias("_rows"))
-    collected = collected.select(*frame.key, *bounds[:2], "_rows")
+    collected = collected.select(*frame.key, *bounds, "_rows")
     value_fields = [f for f in frame.df.schema.fields if f.name in values]
     out_struct = StructType(
         [f for f in collected.schema.fields if f.name != "_rows"] + value_fields
     )
     udf = reduce_udf(
-        fn, to_arrow_schema(out_struct, timezone="UTC"), [*frame.key, "window_start", "window_end"]
+        fn,
+        to_arrow_schema(out_struct, timezone="UTC"),
+        [*frame.key, "window_start", "window_end"],
+        url=ctx.nats_url,
+        pipeline=spec.instance,
+        step=step.id,
     )
     return Frame(collected.mapInArrow(udf, out_struct), key=frame.key, mode=mode)

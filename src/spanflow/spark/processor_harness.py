@@ -1,0 +1,119 @@
+"""Run a keyed processor without a query: the same adapter and state code as in Spark,
+over PySpark's in-memory ``TwsTester`` (see :class:`spanflow.testing.KeyedProcessorTest`)."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from pyspark.sql import Row
+from pyspark.sql.streaming.tws_tester import TwsTester
+
+from spanflow.api.processor import KeyedProcessor, When
+from spanflow.spark.keyed_processor import ProcessorAdapter, ProcessorSettings
+from spanflow.spark.keyed_state import json_loads, to_millis
+
+_TIME_MODES = {"event_time": "EventTime", "processing_time": "ProcessingTime", "none": "None"}
+
+
+class KeyedProcessorTest:
+    """Feed a processor records and clock ticks; get its output, dead letters and state.
+
+    >>> import spanflow as sf
+    >>> from spanflow.testing import KeyedProcessorTest
+    >>> class Counter(sf.KeyedProcessor):
+    ...     def init(self, state):
+    ...         self.n = state.value("n", "long")
+    ...     def process(self, key, rows, ctx):
+    ...         self.n.set(self.n.get(0) + len(rows))
+    ...         yield {"n": self.n.get()}
+    >>> t = KeyedProcessorTest(Counter, key="device",
+    ...                        output_schema={"device": "string", "n": "long"})
+    >>> t.process([{"device": "a"}, {"device": "b"}, {"device": "a"}])
+    [{'device': 'a', 'n': 2}, {'device': 'b', 'n': 1}]
+    >>> t.process([{"device": "a"}])
+    [{'device': 'a', 'n': 3}]
+    >>> t.state("n", "a")
+    3
+
+    ``process`` treats its records as one micro-batch: grouped by key (keys in order of
+    first appearance), each key's records in event-time order. Event-time timers fire
+    on :meth:`advance_watermark`, processing-time timers on
+    :meth:`advance_processing_time`. TTL counts the harness's processing time.
+    """
+
+    def __init__(
+        self,
+        processor: type[KeyedProcessor],
+        *,
+        key: str | tuple[str, ...],
+        output_schema: Mapping[str, str],
+        event_time: str | None = None,
+        timers: str | None = None,
+        params: Mapping[str, Any] | None = None,
+    ) -> None:
+        from spanflow.spark.compile.process import output_fields
+
+        self.key_fields = (key,) if isinstance(key, str) else tuple(key)
+        self.event_time = event_time
+        overrides_timer = processor.on_timer is not KeyedProcessor.on_timer
+        default = "event_time" if event_time else ("processing_time" if overrides_timer else "none")
+        self.clock = timers or default
+        if self.clock == "event_time" and not event_time:
+            raise ValueError("event-time timers need event_time= (the records' time field)")
+        self.settings = ProcessorSettings(
+            factory=functools.partial(processor, **dict(params or {})),
+            key_fields=self.key_fields,
+            output=output_fields(output_schema),
+            clock=self.clock,
+            order_by=(event_time,) if event_time else (),
+            dead_letters=False,
+            native_ttl=False,
+        )
+        self.adapter = ProcessorAdapter(self.settings)
+        extractor = (lambda row: to_millis(row[event_time])) if event_time else None
+        self._tester = TwsTester(
+            self.adapter, timeMode=_TIME_MODES[self.clock], eventTimeExtractor=extractor
+        )
+        self._now_ms = 1
+        self.dead_letters: list[tuple[dict[str, Any], str]] = []
+        """(record, reason) of every record a failed call sent to the dead letters."""
+
+    def process(self, records: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+        """Run one micro-batch of ``records``; the output rows as dicts."""
+        groups: dict[Any, list[Row]] = {}
+        for record in records:
+            groups.setdefault(self._key_of(record), []).append(Row(**record))
+        out: list[Row] = []
+        for key, rows in groups.items():
+            out.extend(self._tester.test(key, rows))
+        return self._collect(out)
+
+    def advance_watermark(self, to: When) -> list[dict[str, Any]]:
+        """Move event time to ``to``; the output of the timers that fired."""
+        return self._collect(self._tester.setWatermark(to_millis(to)))
+
+    def advance_processing_time(self, to: When) -> list[dict[str, Any]]:
+        """Move processing time to ``to``; the output of the timers that fired."""
+        self._now_ms = to_millis(to)
+        if self.clock != "processing_time":
+            return []
+        return self._collect(self._tester.setProcessingTime(self._now_ms))
+
+    def state(self, name: str, key: Any) -> Any:
+        """A state's value for ``key`` as the processor sees it."""
+        self._tester.handle.setGroupingKey(key)
+        return self.adapter.peek(name, self._now_ms)
+
+    def _key_of(self, record: Mapping[str, Any]) -> Any:
+        missing = [f for f in self.key_fields if f not in record]
+        if missing:
+            raise KeyError(f"record has no key field(s) {missing}: {dict(record)}")
+        values = tuple(record[f] for f in self.key_fields)
+        return values[0] if len(values) == 1 else values
+
+    def _collect(self, rows: Iterable[Row]) -> list[dict[str, Any]]:
+        for letter in self.adapter.take_dead_letters():
+            self.dead_letters.append((json_loads(letter.data.decode()), letter.reason))
+        return [r.asDict(recursive=True) for r in rows]

@@ -1,0 +1,177 @@
+"""Keyed state survives crashes: a pipeline of keyed processors, event-time timers, count
+windows and an incremental reduce is SIGKILLed twice mid-stream and restarted from its
+checkpoint; every output is exact and published once."""
+
+from __future__ import annotations
+
+import signal
+from collections import Counter, defaultdict
+from datetime import datetime
+
+import pytest
+
+from tests.helpers import publish, read_all, read_records, wait_for
+from tests.spark.test_exactly_once import _crash, _start
+
+pytestmark = pytest.mark.slow
+
+BASE = 1_800_000_000
+N = 3000
+DEVICES = ("a", "b", "c")
+
+
+def _pipeline(uid: str) -> str:
+    return f"""
+name: keyed-{uid}
+trigger: 0s
+sources:
+  - id: readings
+    stream: IN_{uid}
+    schema: {{id: long, device: string, v: double, ts: timestamp}}
+    key: device
+    event_time: ts
+    max_out_of_orderness: 2s
+    max_rows_per_batch: 150
+    to: [mean, silence, per_7, biggest]
+processors:
+  - id: mean
+    type: process
+    processor: tests.spark.processors:RunningMean
+    output_schema: {{device: string, n: long, mean: double}}
+    to: [mean_out]
+  - id: silence
+    type: process
+    processor: tests.spark.processors:Silence
+    params: {{gap: 10}}
+    output_schema: {{device: string, silent_since: timestamp, fired_at: timestamp}}
+    to: [silence_out]
+  - id: per_7
+    type: count_window
+    size: 7
+    slide: 3
+    aggregates: {{n: count, total: sum(v)}}
+    to: [cw_out]
+  - id: biggest
+    type: window
+    tumbling: 10s
+    reduce: tests.spark.processors:keep_max
+    to: [max_out]
+sinks:
+  - {{id: mean_out, type: jetstream, stream: MEAN_{uid}, subject: "mean{uid}"}}
+  - {{id: silence_out, type: jetstream, stream: SIL_{uid}, subject: "sil{uid}"}}
+  - {{id: cw_out, type: jetstream, stream: CW_{uid}, subject: "cw{uid}"}}
+  - {{id: max_out, type: jetstream, stream: MAX_{uid}, subject: "max{uid}"}}
+"""
+
+
+def _records() -> list[dict]:
+    out = []
+    for i in range(N):
+        device = DEVICES[i % 3]
+        if device == "c" and i >= 1500:
+            continue  # c falls silent half way
+        out.append({"id": i, "device": device, "v": float((i * 37) % 101), "ts": BASE + i * 0.1})
+    return out
+
+
+def _count_windows(values: list[float], size: int, slide: int) -> list[tuple[int, float]]:
+    return [
+        (len(values[max(0, n - size) : n]), sum(values[max(0, n - size) : n]))
+        for n in range(slide, len(values) + 1, slide)
+    ]
+
+
+def _secs(text: str) -> float:
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+def test_keyed_state_timers_and_count_windows_exact_across_sigkill_restarts(
+    nats_url, tmp_path, uid
+):
+    records = _records()
+    flush = {"id": N, "device": "a", "v": 0.0, "ts": BASE + 100_000}  # closes every window
+    publish(nats_url, f"IN_{uid}", f"in{uid}.r", [*records, flush])
+    by_device: dict[str, list[dict]] = defaultdict(list)
+    for r in [*records, flush]:
+        by_device[r["device"]].append(r)
+
+    pipeline = tmp_path / "pipeline.yaml"
+    pipeline.write_text(_pipeline(uid))
+    data_dir, log = tmp_path / "node", tmp_path / "run.log"
+    expected_windows = {
+        d: _count_windows([r["v"] for r in rs], 7, 3) for d, rs in by_device.items()
+    }
+    n_windows = sum(map(len, expected_windows.values()))
+    maxima: dict[tuple[str, int], float] = {}
+    for r in records:
+        key = (r["device"], int(r["ts"] // 10 * 10))
+        maxima[key] = max(maxima.get(key, r["v"]), r["v"])
+
+    def windows_out() -> int:
+        return len(read_all(nats_url, f"CW_{uid}"))
+
+    for fraction in (0.2, 0.6):
+        proc = _start(pipeline, nats_url, data_dir, log)
+        try:
+            wait_for(lambda f=fraction: windows_out() >= int(n_windows * f), timeout=300)
+        except AssertionError:
+            proc.kill()
+            raise AssertionError(log.read_text()[-3000:]) from None
+        _crash(proc)
+
+    proc = _start(pipeline, nats_url, data_dir, log)
+    try:
+        wait_for(
+            lambda: (
+                windows_out() >= n_windows
+                and len(read_all(nats_url, f"SIL_{uid}")) >= 2
+                and len(read_all(nats_url, f"MAX_{uid}")) >= len(maxima)
+            ),
+            timeout=300,
+        )
+        wait_for(
+            lambda: (
+                {r["device"]: r["n"] for r in read_records(nats_url, f"MEAN_{uid}")}
+                == {d: len(rs) for d, rs in by_device.items()}
+            ),
+            timeout=120,
+        )
+    except AssertionError:
+        raise AssertionError(log.read_text()[-3000:]) from None
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(60)
+    assert log.read_text().count("starting Spark") == 3
+
+    # Running state: per device, n only grows and no (device, n) is published twice.
+    means = defaultdict(list)
+    for r in read_records(nats_url, f"MEAN_{uid}"):
+        means[r["device"]].append((r["n"], r["mean"]))
+    for device, rows in means.items():
+        ns = [n for n, _ in rows]
+        assert ns == sorted(set(ns)), f"{device}: state lost or output repeated: {ns}"
+        values = [r["v"] for r in by_device[device]]
+        assert rows[-1][1] == pytest.approx(sum(values) / len(values))
+
+    # Count windows: exactly the oracle's, each once.
+    got = defaultdict(list)
+    for r in sorted(read_records(nats_url, f"CW_{uid}"), key=lambda r: r["window_index"]):
+        got[r["device"]].append((r["n"], r["total"]))
+    assert dict(got) == expected_windows
+
+    # Event-time timers: b and c fell silent (a's flush deadline is not yet passed).
+    silent = Counter()
+    for r in read_records(nats_url, f"SIL_{uid}"):
+        silent[r["device"]] += 1
+        last = by_device[r["device"]][-1]["ts"]
+        assert _secs(r["silent_since"]) == pytest.approx(last)
+        assert _secs(r["fired_at"]) == pytest.approx(last + 10)
+    assert silent == Counter({"b": 1, "c": 1})
+
+    # Incremental reduce: each window once, with its maximum.
+    seen = Counter()
+    for r in read_records(nats_url, f"MAX_{uid}"):
+        key = (r["device"], int(_secs(r["window_start"])))
+        seen[key] += 1
+        assert r["v"] == maxima[key], key
+    assert set(seen) == set(maxima) and max(seen.values()) == 1

@@ -1,6 +1,7 @@
-"""The YAML front end: pipeline files in the seed style (processors with id, type, to).
+"""The YAML front end: pipeline files, in spanflow's format and in the seed format.
 
-::
+spanflow's format has sections of steps, each with an ``id``, a ``type`` and ``to:``
+(the ids it feeds)::
 
     name: sensor-alerts
     sources:
@@ -14,6 +15,10 @@
     sinks:
       - {id: out, type: console}
 
+The seed format (the classic list-of-processors pipeline file, see
+:mod:`spanflow.api.seed_format`) is a bare list of processors whose ``to:`` lists may
+name ``sink``; the streams it reads and writes are given when it is loaded.
+
 Every error names the file, the line and the field (``pipeline.yaml:12:
 processors[0].where: ...``). The file is read with ``yaml.safe_load`` semantics: no
 Python objects are ever constructed from it.
@@ -26,10 +31,14 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from spanflow.api.seed_format import is_seed_format, seed_document
 from spanflow.api.yaml_source import Path_, compose_located, field_text, line_for
 from spanflow.errors import PipelineFileError
 from spanflow.spec import PipelineSpec
+from spanflow.spec.pipeline import StepInputError
 from spanflow.spec.steps import STEP_TYPES
+
+Problems = list[tuple[int | None, str, str]]
 
 _TOP_LEVEL = {
     "name",
@@ -42,10 +51,45 @@ _TOP_LEVEL = {
 }
 
 
-def load_pipeline_text(text: str, path: str = "<string>") -> PipelineSpec:
-    """Parse and validate a pipeline file's text into a spec."""
+def load_pipeline_text(
+    text: str,
+    path: str = "<string>",
+    *,
+    source_stream: str | None = None,
+    sink_stream: str | None = None,
+) -> PipelineSpec:
+    """Parse and validate a pipeline file's text into a spec.
+
+    ``source_stream`` and ``sink_stream`` are the streams a seed-format file reads and
+    writes; spanflow's own format names its streams itself."""
     data, lines = compose_located(text, path)
-    problems: list[tuple[int | None, str, str]] = []
+    if is_seed_format(data):
+        document, origin, problems = seed_document(
+            data, lines, path, source_stream=source_stream, sink_stream=sink_stream
+        )
+    else:
+        if source_stream or sink_stream:
+            raise PipelineFileError(
+                path,
+                [
+                    (
+                        1,
+                        "",
+                        "--source-stream/--sink-stream apply to seed-format files (a list of "
+                        "processors); this file names its own sources and sinks",
+                    )
+                ],
+            )
+        document, origin, problems = _native_document(data, lines, path)
+    if problems:
+        raise PipelineFileError(path, problems)
+    return validated(document, origin, lines, path)
+
+
+def _native_document(
+    data: Any, lines: dict[Path_, int], path: str
+) -> tuple[dict[str, Any], list[Path_ | None], Problems]:
+    problems: Problems = []
     if not isinstance(data, dict):
         raise PipelineFileError(
             path, [(1, "", "a pipeline file must be a mapping (name:, sources:, ...)")]
@@ -60,7 +104,7 @@ def load_pipeline_text(text: str, path: str = "<string>") -> PipelineSpec:
                 )
             )
     steps: list[dict[str, Any]] = []
-    origin: list[Path_] = []  # steps[i] came from this path in the file
+    origin: list[Path_ | None] = []  # steps[i] came from this path in the file
     for section in ("sources", "processors", "sinks"):
         items = data.get(section) or []
         if not isinstance(items, list):
@@ -88,14 +132,15 @@ def load_pipeline_text(text: str, path: str = "<string>") -> PipelineSpec:
     # 'to' lists become each downstream step's 'inputs'.
     ids = {s.get("id"): n for n, s in enumerate(steps)}
     for n, step in enumerate(steps):
-        at = origin[n]
-        item = data[at[0]][at[1]]
+        here = origin[n]
+        assert here is not None
+        item = data[here[0]][here[1]]
         targets = item.get("to", [])
         if isinstance(targets, str):
             targets = [targets]
         if not isinstance(targets, list):
             problems.append(
-                (lines.get((*at, "to")), field_text((*at, "to")), "must be a list of step ids")
+                (lines.get((*here, "to")), field_text((*here, "to")), "must be a list of step ids")
             )
             continue
         for target in targets:
@@ -103,52 +148,88 @@ def load_pipeline_text(text: str, path: str = "<string>") -> PipelineSpec:
                 known = ", ".join(str(k) for k in ids)
                 problems.append(
                     (
-                        lines.get((*at, "to")),
-                        field_text((*at, "to")),
+                        lines.get((*here, "to")),
+                        field_text((*here, "to")),
                         f"unknown step {target!r} (steps: {known})",
                     )
                 )
                 continue
             downstream = steps[ids[target]]
             downstream["inputs"] = [*downstream.get("inputs", []), step.get("id")]
-        if at[0] == "sinks" and targets:
+        if here[0] == "sinks" and targets:
             problems.append(
-                (lines.get((*at, "to")), field_text((*at, "to")), "a sink has no downstream")
+                (lines.get((*here, "to")), field_text((*here, "to")), "a sink has no downstream")
             )
-    if problems:
-        raise PipelineFileError(path, problems)
-
     document = {
         k: v for k, v in data.items() if k in _TOP_LEVEL - {"sources", "processors", "sinks"}
     }
     document["steps"] = steps
+    return document, origin, problems
+
+
+def validated(
+    document: dict[str, Any], origin: list[Path_ | None], lines: dict[Path_, int], path: str
+) -> PipelineSpec:
+    """The spec of ``document``, or a PipelineFileError locating every problem in the file
+    (``origin[i]`` is where ``document['steps'][i]`` came from; None for steps the
+    loader added, which are located at the first step of the file)."""
     try:
         return PipelineSpec.model_validate(document)
     except ValidationError as exc:
-        errors = exc.errors()
-        if any(len(e["loc"]) > 1 for e in errors):  # the step's own errors explain a short list
-            errors = [e for e in errors if tuple(e["loc"]) != ("steps",)]
-        for err in errors:
-            loc = tuple(err["loc"])
-            file_loc: Path_ = loc
-            if loc and loc[0] == "steps" and len(loc) > 1 and isinstance(loc[1], int):
-                rest = loc[3:] if len(loc) > 2 and loc[2] in STEP_TYPES else loc[2:]
-                if origin[loc[1]][0] == "sinks":
-                    rest = tuple("type" if p == "kind" else p for p in rest)
-                if rest[:1] == ("inputs",):
-                    rest = ()
-                file_loc = (*origin[loc[1]], *rest)
-            message = err["msg"].removeprefix("Value error, ")
-            if err["type"] == "union_tag_invalid":
-                message = (
-                    f"unknown type {err['input'].get('type')!r} (allowed: {', '.join(STEP_TYPES)})"
-                )
-                file_loc = (*file_loc, "type")
-            problems.append((line_for(file_loc, lines), field_text(file_loc), message))
-        raise PipelineFileError(path, problems) from None
+        raise PipelineFileError(path, _located(exc, document, origin, lines)) from None
 
 
-def load_pipeline(path: str | Path) -> PipelineSpec:
+def _located(
+    exc: ValidationError,
+    document: dict[str, Any],
+    origin: list[Path_ | None],
+    lines: dict[Path_, int],
+) -> Problems:
+    problems: Problems = []
+    errors = exc.errors()
+    if any(len(e["loc"]) > 1 for e in errors):  # the step's own errors explain a short list
+        errors = [e for e in errors if tuple(e["loc"]) != ("steps",)]
+    ids = [s.get("id") if isinstance(s, dict) else None for s in document.get("steps", [])]
+    for err in errors:
+        loc = tuple(err["loc"])
+        file_loc: Path_ = loc
+        cause = (err.get("ctx") or {}).get("error")
+        if isinstance(cause, StepInputError):
+            index = _index_of(cause.step_id, ids)
+            loc = ("steps", index) if index is not None else loc
+        if loc and loc[0] == "steps" and len(loc) > 1 and isinstance(loc[1], int):
+            rest = loc[3:] if len(loc) > 2 and loc[2] in STEP_TYPES else loc[2:]
+            at = origin[loc[1]] if loc[1] < len(origin) else None
+            if at is not None and at[0] == "sinks":
+                rest = tuple("type" if p == "kind" else p for p in rest)
+            if rest[:1] == ("inputs",):
+                rest = ()
+            if at is None:
+                at = next((o for o in origin if o is not None), ())
+                rest = ()
+            file_loc = (*at, *rest)
+        message = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "union_tag_invalid":
+            message = (
+                f"unknown type {err['input'].get('type')!r} (allowed: {', '.join(STEP_TYPES)})"
+            )
+            file_loc = (*file_loc, "type")
+        problems.append((line_for(file_loc, lines), field_text(file_loc), message))
+    return problems
+
+
+def _index_of(step_id: str, ids: list[Any]) -> int | None:
+    """The step ``step_id`` stands for (a step a sugar step expanded into is named
+    ``<id>__<part>``)."""
+    for candidate in (step_id, step_id.split("__")[0]):
+        if candidate in ids:
+            return ids.index(candidate)
+    return None
+
+
+def load_pipeline(
+    path: str | Path, *, source_stream: str | None = None, sink_stream: str | None = None
+) -> PipelineSpec:
     """Read a pipeline YAML (or JSON spec) file."""
     p = Path(path)
     try:
@@ -157,4 +238,4 @@ def load_pipeline(path: str | Path) -> PipelineSpec:
         raise PipelineFileError(str(p), [(None, "", f"cannot read: {exc.strerror}")]) from None
     if p.suffix == ".json":
         return PipelineSpec.from_json(text)
-    return load_pipeline_text(text, str(p))
+    return load_pipeline_text(text, str(p), source_stream=source_stream, sink_stream=sink_stream)

@@ -45,11 +45,17 @@ def _error(exc: Exception) -> None:
     err.print(str(exc), markup=False, highlight=False)
 
 
-def load_target(target: str) -> tuple[PipelineSpec, dict[str, Any]]:
-    """A pipeline from a YAML/JSON file or a Python ``module:object`` (Flow or spec)."""
+def load_target(
+    target: str, *, source_stream: str | None = None, sink_stream: str | None = None
+) -> tuple[PipelineSpec, dict[str, Any]]:
+    """A pipeline from a YAML/JSON file or a Python ``module:object`` (Flow or spec).
+
+    ``source_stream``/``sink_stream``: the streams of a seed-format file."""
     path = Path(target)
     if path.suffix in (".yaml", ".yml", ".json") or path.exists():
-        return load_pipeline(path), {}
+        return load_pipeline(path, source_stream=source_stream, sink_stream=sink_stream), {}
+    if source_stream or sink_stream:
+        raise SpanflowError("--source-stream/--sink-stream apply to seed-format pipeline files")
     module_name, _, attr = target.partition(":")
     if not attr:
         raise SpanflowError(f"{target!r} is neither a pipeline file nor 'module:object'")
@@ -67,6 +73,16 @@ def load_target(target: str) -> tuple[PipelineSpec, dict[str, Any]]:
     raise SpanflowError(
         f"{target!r} is a {type(obj).__name__}, not a spanflow Flow or PipelineSpec"
     )
+
+
+SourceStreamOption = Annotated[
+    str | None,
+    typer.Option(help="Seed-format files: the JetStream stream the pipeline reads."),
+]
+SinkStreamOption = Annotated[
+    str | None,
+    typer.Option(help="Seed-format files: the JetStream stream the pipeline writes."),
+]
 
 
 @contextlib.contextmanager

@@ -14,6 +14,8 @@ from rich.table import Table
 from spanflow.cli.common import (
     DataDirOption,
     NatsOption,
+    SinkStreamOption,
+    SourceStreamOption,
     _data_dir,
     _error,
     _Interrupted,
@@ -70,10 +72,12 @@ def run(
     mqtt: Annotated[
         bool, typer.Option(help="Embedded NATS also listens for MQTT (topic a/b = subject a.b).")
     ] = False,
+    source_stream: SourceStreamOption = None,
+    sink_stream: SinkStreamOption = None,
 ) -> None:
     """Run a pipeline on this machine until Ctrl-C, with live status."""
     try:
-        spec, functions = load_target(target)
+        spec, functions = load_target(target, source_stream=source_stream, sink_stream=sink_stream)
     except SpanflowError as exc:
         _error(exc)
         raise typer.Exit(2) from None
@@ -123,10 +127,14 @@ def run(
 
 
 @app.command()
-def validate(target: Annotated[str, typer.Argument(help="PIPELINE.yaml or module:object")]) -> None:
+def validate(
+    target: Annotated[str, typer.Argument(help="PIPELINE.yaml or module:object")],
+    source_stream: SourceStreamOption = None,
+    sink_stream: SinkStreamOption = None,
+) -> None:
     """Check a pipeline definition and print its spec as JSON."""
     try:
-        spec, _ = load_target(target)
+        spec, _ = load_target(target, source_stream=source_stream, sink_stream=sink_stream)
     except SpanflowError as exc:
         _error(exc)
         raise typer.Exit(2) from None

@@ -238,3 +238,27 @@ class TimeWindowReduce(KeyedProcessor):
 
 def _time_at(us: int) -> datetime:
     return EPOCH + timedelta(microseconds=us)
+
+
+class RunningAggregate(KeyedProcessor):
+    """Each record out again with ``output`` set to the aggregate so far (per key)."""
+
+    def __init__(
+        self, *, fn: str, field: str, output: str, key_fields: tuple[str, ...] = ()
+    ) -> None:
+        text = "count" if fn == "count" else f"{fn}({field})"
+        self.accumulators = Accumulators({output: text})
+        self.output = output
+        self.key_fields = key_fields
+
+    def init(self, state: StateDeclarations) -> None:
+        self.acc = state.value("acc")
+
+    def process(self, key: Any, rows: list[Record], ctx: Context) -> Iterator[Record]:
+        acc = self.acc.get() or self.accumulators.empty()
+        for row in rows:
+            self.accumulators.add(acc, row)
+            out = {k: v for k, v in row.items() if not k.startswith("_")}
+            out.update(self.accumulators.result(acc))
+            yield out
+        self.acc.set(acc)

@@ -144,8 +144,16 @@ def spark_ddl(schema: dict[str, str], fmt: StreamFormat) -> str:
 class Decoder:
     """Turns a list of messages into one Arrow batch plus the rejects with reasons."""
 
-    def __init__(self, fmt: StreamFormat, schema: dict[str, str], csv_delimiter: str = ",") -> None:
+    def __init__(
+        self,
+        fmt: StreamFormat,
+        schema: dict[str, str],
+        csv_delimiter: str = ",",
+        scalar_field: str | None = None,
+    ) -> None:
         self.fmt = fmt
+        self.scalar_field = scalar_field
+        """A message that is a bare value (``42``) is read as ``{scalar_field: 42}``."""
         self.fields: list[tuple[str, Callable[[Any], Any], bool]] = [
             (name, CONVERTERS[field_type(t)[0]], field_type(t)[1]) for name, t in schema.items()
         ]
@@ -285,6 +293,8 @@ class Decoder:
             except Exception as exc:
                 rejects.append((m, f"not valid {self.fmt.value}: {str(exc)[:200]}"))
                 continue
+            if self.scalar_field and isinstance(record, int | float | str | bool):
+                record = {self.scalar_field: record}
             if not isinstance(record, dict):
                 rejects.append(
                     (m, f"expected a {self.fmt.value} object, got {type(record).__name__}")

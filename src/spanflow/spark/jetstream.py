@@ -110,6 +110,7 @@ class JetStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.format = StreamFormat(options.get("format", "json"))
         self.schema_fields: dict[str, str] = json.loads(options.get("schema", "{}"))
         self.csv_delimiter = options.get("csv_delimiter", ",")
+        self.scalar_field = options.get("scalar_field") or None
         self.filter_subjects: list[str] = json.loads(options.get("filter_subjects", "[]"))
         self.phase_ms = int(options.get("phase_ms", "0"))
         self.interval_ms = int(options.get("interval_ms", "0"))
@@ -204,7 +205,7 @@ class JetStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     # -- executor side ---------------------------------------------------------------
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, SeqRange)
-        decoder = Decoder(self.format, self.schema_fields, self.csv_delimiter)
+        decoder = Decoder(self.format, self.schema_fields, self.csv_delimiter, self.scalar_field)
 
         async def fetch() -> list[Any]:
             nc = await connect(self.url)

@@ -51,4 +51,5 @@ def source_options(
         "partitions": str(step.partitions),
         "start": step.start,
         "csv_delimiter": step.csv_delimiter,
+        "scalar_field": step.scalar_field or "",
     }

@@ -44,6 +44,11 @@ class SourceStep(StepBase):
         description="Read tasks per micro-batch. 1 keeps per-key order for stateless pipelines.",
     )
     csv_delimiter: str = Field(default=",", min_length=1, max_length=1)
+    scalar_field: str | None = Field(
+        default=None,
+        description='JSON/YAML messages that are a bare value (42, "on") are read as a '
+        "record with this one field set; default: such messages are dead-lettered.",
+    )
     filter_subjects: tuple[str, ...] = Field(
         default=(), description="Read only messages on these subjects (default: all)."
     )
@@ -67,7 +72,12 @@ class SourceStep(StepBase):
             return self
         if self.format != StreamFormat.RAW and not self.schema_:
             raise ValueError(f"format {self.format.value} needs a schema (field: type)")
-        for name, role in ((self.key, "key"), (self.event_time, "event_time")):
+        roles = (
+            (self.key, "key"),
+            (self.event_time, "event_time"),
+            (self.scalar_field, "scalar_field"),
+        )
+        for name, role in roles:
             if name is not None and self.format != StreamFormat.RAW and name not in self.schema_:
                 raise ValueError(f"{role} {name!r} is not a field of the schema")
         if self.event_time and self.schema_.get(self.event_time, "timestamp").rstrip("?") != (

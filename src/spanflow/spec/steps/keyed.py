@@ -128,3 +128,32 @@ class ProcessStep(StepBase):
             entity=frozenset(f for f in up.entity if f in fields),
             event_time=(self.output_event_time, 0.0) if self.output_event_time else None,
         )
+
+
+class RunningStep(StepBase):
+    """A running aggregate emitted with every record: each output record is its input
+    record with ``output`` set to the aggregate of all records so far (of its key, or
+    of the whole stream without a key), in event-time order (arrival order without).
+
+    The classic processors of the seed pipeline format: ``sum``, ``count`` and
+    ``average`` without parameters are running aggregates of the field ``value``.
+    """
+
+    placement: ClassVar[Placement] = Placement.KEYED
+
+    type: Literal["running"] = "running"
+    fn: Literal["sum", "count", "avg", "min", "max"] = Field(description="The aggregate.")
+    field: str = Field(default="value", description="The field aggregated (not for count).")
+    output: str | None = Field(default=None, description="Result field (default: 'field').")
+
+    @property
+    def target(self) -> str:
+        return self.output or self.field
+
+    def facts(self, inputs: Sequence[StreamFacts]) -> StreamFacts:
+        up = inputs[0]
+        return StreamFacts(
+            key=up.key if self.target not in up.key else (),
+            entity=frozenset(f for f in up.entity if f != self.target),
+            event_time=up.event_time,
+        )

@@ -1,0 +1,196 @@
+"""The seed pipeline format: the classic list-of-processors file, loaded as is.
+
+::
+
+    - id: in
+      type: forward
+      to: [total, how_many]
+    - id: total
+      type: sum
+      to: [sink]
+    - id: how_many
+      type: count
+      to: [avg]
+    - id: avg
+      type: average
+      to: [sink]
+
+Each entry has an ``id``, a ``type`` and ``to:`` (the entries it feeds; ``sink`` is
+the output). Entries nothing feeds read the input. An entry fed by two or more
+entries reads their union. The input and output are JetStream streams given when
+the file is loaded (``spanflow run pipeline.yaml --source-stream S --sink-stream T``);
+the input's messages are numbers (``42``) or records with a numeric ``value``.
+
+The classic processors work on ``value`` and pass one record on per record:
+``forward`` as is; ``sum``, ``count`` and ``average`` with ``value`` set to the
+running sum, count or average so far (:class:`~spanflow.spec.steps.keyed.RunningStep`).
+Given spanflow's parameters they are spanflow's classic steps instead (``sum`` with
+``value:`` adds a constant, ``count`` with ``key:`` counts per key, ``average`` with
+``window:`` averages per window), and any other spanflow step type may appear too.
+Errors name the file, line and field, as for spanflow's own format.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import PurePath
+from typing import Any
+
+from spanflow.api.yaml_source import Path_, field_text
+from spanflow.spec.steps import derived_id
+
+Problems = list[tuple[int | None, str, str]]
+
+SINK = "sink"
+SOURCE = "source"
+SEED_SCHEMA = {"value": "double"}
+_MAPPING_KEYS = {"name", "processors", "trigger", "dead_letter_stream", "dead_letter_retention"}
+
+
+def is_seed_format(data: Any) -> bool:
+    """A bare list of processors, or a mapping with processors and no sources/sinks."""
+    if isinstance(data, list):
+        return True
+    return isinstance(data, dict) and "processors" in data and not {"sources", "sinks"} & set(data)
+
+
+def seed_document(
+    data: Any,
+    lines: dict[Path_, int],
+    path: str,
+    *,
+    source_stream: str | None,
+    sink_stream: str | None,
+) -> tuple[dict[str, Any], list[Path_ | None], Problems]:
+    """The pipeline document a seed file stands for, where each step came from, and
+    the problems found (each located in the file)."""
+    problems: Problems = []
+    base: Path_
+    document: dict[str, Any]
+    if isinstance(data, list):
+        items, base, document = data, (), {}
+    else:
+        items, base = data.get("processors") or [], ("processors",)
+        document = {k: v for k, v in data.items() if k != "processors"}
+        for key in data:
+            if key not in _MAPPING_KEYS:
+                allowed = ", ".join(sorted(_MAPPING_KEYS))
+                problems.append(
+                    (lines.get((key,)), str(key), f"unknown section (allowed: {allowed})")
+                )
+        if not isinstance(items, list):
+            problems.append((lines.get(base), "processors", "must be a list of processors"))
+            items = []
+    if not source_stream or not sink_stream:
+        problems.append(
+            (
+                1,
+                "",
+                "a seed-format pipeline (a list of processors) reads the stream given by "
+                "--source-stream and writes the one given by --sink-stream: give both",
+            )
+        )
+    document.setdefault("name", _name_from(path))
+    steps: list[dict[str, Any]] = []
+    origin: list[Path_ | None] = []
+    targets_of: dict[str, list[str]] = {}
+    where: dict[str, Path_] = {}
+    for i, item in enumerate(items):
+        at: Path_ = (*base, i)
+        if not isinstance(item, dict) or not isinstance(item.get("id"), str):
+            problems.append(
+                (lines.get(at), field_text(at), "must be a mapping with an id and a type")
+            )
+            continue
+        if item["id"] in (SOURCE, SINK):
+            problems.append(
+                (lines.get((*at, "id")), field_text((*at, "id")), f"{item['id']!r} is reserved")
+            )
+            continue
+        targets = item.get("to", [])
+        targets = [targets] if isinstance(targets, str) else targets
+        if not isinstance(targets, list):
+            problems.append(
+                (lines.get((*at, "to")), field_text((*at, "to")), "must be a list of ids")
+            )
+            targets = []
+        targets_of[item["id"]] = [str(t) for t in targets]
+        where[item["id"]] = at
+        steps.append(_translate(item))
+        origin.append(at)
+    known = set(targets_of) | {SINK}
+    inputs: dict[str, list[str]] = {}
+    for sender, targets in targets_of.items():
+        for target in targets:
+            if target not in known:
+                sent_from = where[sender]
+                listed = ", ".join(sorted(known))
+                problems.append(
+                    (
+                        lines.get((*sent_from, "to")),
+                        field_text((*sent_from, "to")),
+                        f"unknown processor {target!r} (processors: {listed})",
+                    )
+                )
+                continue
+            inputs.setdefault(target, []).append(sender)
+    if SINK not in inputs and not problems:
+        problems.append((1, "", "no processor sends its output to 'sink'"))
+    unions: list[tuple[dict[str, Any], Path_ | None]] = []
+    for step, step_at in zip(steps, origin, strict=True):
+        feeds = inputs.get(step["id"]) or [SOURCE]
+        step["inputs"], union = _joined(step["id"], feeds, step.get("type") == "union")
+        if union is not None:
+            unions.append((union, step_at))
+    sink_inputs, sink_union = _joined(SINK, inputs.get(SINK, []), False)
+    first_sink = next((where[s] for s in inputs.get(SINK, [])), None)
+    if sink_union is not None:
+        unions.append((sink_union, first_sink))
+    source = {
+        "id": SOURCE,
+        "type": "source",
+        "stream": source_stream or "SOURCE",
+        "subjects": [source_stream or "SOURCE"],
+        "schema": dict(SEED_SCHEMA),
+        "scalar_field": "value",
+    }
+    sink = {
+        "id": SINK,
+        "type": "sink",
+        "kind": "jetstream",
+        "stream": sink_stream or "SINK",
+        "subject": sink_stream or "SINK",
+        "inputs": sink_inputs,
+    }
+    document["steps"] = [source, *steps, *(u for u, _ in unions), sink]
+    origin = [None, *origin, *(at for _, at in unions), first_sink]
+    return document, origin, problems
+
+
+def _translate(item: dict[str, Any]) -> dict[str, Any]:
+    """A seed entry as a spanflow step: the classic processors without spanflow's
+    parameters become running aggregates of ``value``."""
+    step = {k: v for k, v in item.items() if k != "to"}
+    kind = step.get("type")
+    running = {"sum": "sum", "count": "count", "average": "avg"}
+    own_params = {"sum": "value", "count": "key", "average": "window"}
+    if kind in running and own_params[kind] not in step:
+        step["type"] = "running"
+        step["fn"] = running[kind]
+    return step
+
+
+def _joined(
+    step_id: str, feeds: list[str], is_union: bool
+) -> tuple[list[str], dict[str, Any] | None]:
+    """A step's inputs: several feeds go through a union first (unless it is one)."""
+    if len(feeds) <= 1 or is_union:
+        return feeds, None
+    union_id = derived_id(step_id, "union")
+    return [union_id], {"id": union_id, "type": "union", "inputs": feeds}
+
+
+def _name_from(path: str) -> str:
+    stem = PurePath(path).stem if path and not path.startswith("<") else "pipeline"
+    name = re.sub(r"[^A-Za-z0-9_-]", "-", stem).strip("-_") or "pipeline"
+    return name if name[0].isalnum() else f"p{name}"

@@ -1,0 +1,40 @@
+"""Running aggregates emitted with every record (a built-in keyed processor)."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import replace
+
+from pyspark.sql import functions as F
+
+from spanflow.errors import CompileError
+from spanflow.spark.builtin_processors import RunningAggregate
+from spanflow.spark.compile.count_windows import aggregate_types
+from spanflow.spark.compile.frame import CompileContext, Frame, spanflow_schema
+from spanflow.spark.compile.process import transform_keyed
+from spanflow.spark.compile.registry import compiles
+from spanflow.spark.compile.windows import ALL
+from spanflow.spec.pipeline import PipelineSpec
+from spanflow.spec.steps.keyed import RunningStep
+
+
+@compiles(RunningStep)
+def compile_running(
+    ctx: CompileContext, spec: PipelineSpec, step: RunningStep, inputs: list[Frame]
+) -> Frame:
+    (up,) = inputs
+    frame = up if up.key else replace(up, df=up.df.withColumn(ALL, F.lit(0)), key=(ALL,))
+    fields = spanflow_schema(step.id, frame.df.schema)
+    if step.fn != "count" and step.field not in fields:
+        raise CompileError(
+            step.id, f"no field {step.field!r} to {step.fn}; fields: {sorted(fields)}"
+        )
+    text = "count" if step.fn == "count" else f"{step.fn}({step.field})"
+    output = dict(fields)
+    output.update(aggregate_types(step.id, {step.target: text}, fields))
+    factory = functools.partial(
+        RunningAggregate, fn=step.fn, field=step.field, output=step.target, key_fields=frame.key
+    )
+    df = transform_keyed(ctx, spec, step.id, frame, factory=factory, output=output, clock="none")
+    key = up.key if step.target not in up.key else ()
+    return Frame(df, key=key, mode="append")

@@ -5,7 +5,11 @@ do not:
 
 1. floor — Spark's ``rate`` source → ``noop`` sink: duration of a bare micro-batch.
 2. throughput — N events pre-loaded into JetStream, then
-   source → parse (JSON) → filter → 10 s tumbling window count per key → JetStream sink;
+   a. source → parse (JSON) → filter → 10 s tumbling window count per key → JetStream
+      sink (Spark's built-in window aggregation, all in the JVM);
+   b. the same events through a keyed processor (a user's Python class on Spark's
+      transformWithState): per-key running count and mean in a ValueState, one output
+      row per key and batch;
    events/s over the batches after the first (the first pays Python worker start-up).
 3. latency at a fixed input rate, publish time → output visible (both JetStream store
    times, one server clock):
@@ -133,17 +137,37 @@ def window_pipeline(
     )
 
 
-def measure_throughput(spark: Any, url: str, n: int, work: Path, batch_rows: int) -> dict[str, Any]:
-    publish_rate = asyncio.run(preload(url, "BENCH_IN", "bench.in", n))
-    flow = window_pipeline(
-        "bench-throughput",
-        "BENCH_IN",
-        "BENCH_WIN",
-        emit="final",
-        partitions=2,
-        batch_rows=batch_rows,
+class RunningMean(sf.KeyedProcessor):
+    """Per-key running count and mean of the temperature, in one ValueState."""
+
+    def init(self, state: Any) -> None:
+        self.stats = state.value("stats", {"n": "long", "mean": "double"})
+
+    def process(self, key: Any, rows: list[dict[str, Any]], ctx: Any) -> Any:
+        stats = self.stats.get() or {"n": 0, "mean": 0.0}
+        n, mean = stats["n"], stats["mean"]
+        for row in rows:
+            n += 1
+            mean += (row["temperature"] - mean) / n
+        self.stats.set({"n": n, "mean": mean})
+        yield {"n": n, "mean": mean}
+
+
+def keyed_pipeline(name: str, stream: str, out: str, *, batch_rows: int) -> sf.Flow:
+    p = sf.Pipeline(name, trigger=0)
+    return (
+        p.source(stream, schema=SCHEMA, max_rows_per_batch=batch_rows, partitions=2)
+        .filter("temperature > -50")
+        .key_by("device")
+        .process(RunningMean, output_schema={"device": "string", "n": "long", "mean": "double"})
+        .sink_jetstream(out, subject=out.lower())
     )
-    runner = PipelineRunner(spark, flow.spec(), nats_url=url, checkpoint_dir=work).start()
+
+
+def measure_throughput(spark: Any, url: str, flow: sf.Flow, n: int, work: Path) -> dict[str, Any]:
+    runner = PipelineRunner(
+        spark, flow.spec(), nats_url=url, checkpoint_dir=work, functions=flow.functions
+    ).start()
     try:
         deadline = time.monotonic() + 900
         while time.monotonic() < deadline:
@@ -161,8 +185,6 @@ def measure_throughput(spark: Any, url: str, n: int, work: Path, batch_rows: int
     t1 = _end_time(timed[-1]) if timed else t0
     return {
         "events": n,
-        "max_rows_per_batch": batch_rows,
-        "preload_publish_per_s": round(publish_rate),
         "batches": len(batches),
         "first_batch_ms": int(batches[0]["durationMs"]["triggerExecution"]),
         "events_per_s": round(rows / (t1 - t0)) if t1 > t0 else None,
@@ -273,6 +295,7 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=30.0, help="measured seconds per latency run")
     ap.add_argument("--warmup", type=float, default=15.0)
     ap.add_argument("--out", type=Path, default=RESULTS / "node_throughput.json")
+    ap.add_argument("--skip-latency", action="store_true", help="throughput cases only")
     args = ap.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="spanflow-bench-"))
@@ -285,17 +308,40 @@ def main() -> None:
         print(
             f"  batch p50 {floor['batch_ms']['p50']:.0f} ms, p99 {floor['batch_ms']['p99']:.0f} ms"
         )
-        print(f"throughput: {args.events:,} events pre-loaded, window count per key …", flush=True)
-        thr = measure_throughput(spark, server.url, args.events, work / "ck-thr", args.batch_rows)
-        if thr["events_per_s"] is None:
-            print("  too few batches to time: raise --events or lower --batch-rows")
-        else:
-            print(
-                f"  {thr['events_per_s']:,} events/s over {thr['batches'] - 1} batches "
-                f"(batch p50 {thr['batch_ms']['p50']:.0f} ms)"
+        print(f"pre-loading {args.events:,} events …", flush=True)
+        publish_rate = asyncio.run(preload(server.url, "BENCH_IN", "bench.in", args.events))
+        flows = {
+            "window": window_pipeline(
+                "bench-throughput",
+                "BENCH_IN",
+                "BENCH_WIN",
+                emit="final",
+                partitions=2,
+                batch_rows=args.batch_rows,
+            ),
+            "keyed_processor": keyed_pipeline(
+                "bench-keyed", "BENCH_IN", "BENCH_KEYED", batch_rows=args.batch_rows
+            ),
+        }
+        throughputs: dict[str, dict[str, Any]] = {}
+        for case, flow in flows.items():
+            print(f"throughput ({case}) …", flush=True)
+            thr = measure_throughput(spark, server.url, flow, args.events, work / f"ck-{case}")
+            thr.update(
+                max_rows_per_batch=args.batch_rows, preload_publish_per_s=round(publish_rate)
             )
+            throughputs[case] = thr
+            if thr["events_per_s"] is None:
+                print("  too few batches to time: raise --events or lower --batch-rows")
+            else:
+                print(
+                    f"  {thr['events_per_s']:,} events/s over {thr['batches'] - 1} batches "
+                    f"(batch p50 {thr['batch_ms']['p50']:.0f} ms)"
+                )
+        thr = throughputs["window"]
+        keyed = throughputs["keyed_processor"]
         lat = {}
-        for kind in ("event", "window"):
+        for kind in () if args.skip_latency else ("event", "window"):
             print(
                 f"latency ({kind}) at {args.rate:,} events/s for {args.seconds:.0f} s …", flush=True
             )
@@ -316,22 +362,38 @@ def main() -> None:
     ratios["throughput_batch_p50_over_floor_p50"] = round(
         thr["batch_ms"]["p50"] / floor["batch_ms"]["p50"], 2
     )
+    if keyed["events_per_s"] and thr["events_per_s"]:
+        ratios["keyed_processor_over_window_events_per_s"] = round(
+            keyed["events_per_s"] / thr["events_per_s"], 2
+        )
     result = {
         "when": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": {"cores": os.cpu_count(), "python": platform.python_version()},
         "floor": floor,
         "throughput": thr,
+        "keyed_processor_throughput": keyed,
         "latency": lat,
         "ratios": ratios,
         "targets": {
             "events_per_s_at_least": 50_000,
             "p99_latency_within_x_floor": 3.0,
             "throughput_met": bool(thr["events_per_s"] and thr["events_per_s"] >= 50_000),
+            "keyed_processor_events_per_s_at_least": 30_000,
+            "keyed_processor_met": bool(keyed["events_per_s"] and keyed["events_per_s"] >= 30_000),
         },
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps({"ratios": ratios, "events_per_s": thr["events_per_s"]}, indent=2))
+    print(
+        json.dumps(
+            {
+                "ratios": ratios,
+                "events_per_s": thr["events_per_s"],
+                "keyed_processor_events_per_s": keyed["events_per_s"],
+            },
+            indent=2,
+        )
+    )
     print(f"written to {args.out}")
 
 

@@ -93,3 +93,26 @@ def run_until(
     finally:
         runner.stop()
     return read_records(nats_url, out_stream)
+
+
+def kv_apply(url: str, bucket: str, changes: dict[str, Any], *, history: int = 1) -> None:
+    """Put (a value, as JSON) or delete (None) entries of a key-value bucket, creating
+    the bucket with ``history`` changes kept per key if it is missing."""
+
+    async def go() -> None:
+        nc = await connect(url)
+        try:
+            js = nc.jetstream()
+            try:
+                kv = await js.key_value(bucket)
+            except Exception:
+                kv = await js.create_key_value(bucket=bucket, history=history)
+            for key, value in changes.items():
+                if value is None:
+                    await kv.delete(key)
+                else:
+                    await kv.put(key, orjson.dumps(value))
+        finally:
+            await nc.close()
+
+    asyncio.run(go())

@@ -46,6 +46,22 @@ def test_pipeline_example_loads() -> None:
     assert [s.id for s in spec.sinks()] == ["out"]
 
 
+def test_keyed_processor_examples_run() -> None:
+    runnable = blocks("pipelines.md", "python run")
+    assert runnable
+    for body in runnable:
+        exec(compile(body, "pipelines.md", "exec"), {})
+
+
+def test_processor_and_seed_pipeline_examples_load() -> None:
+    (processor,) = blocks("pipelines.md", "yaml processor")
+    spec = load_pipeline_text(processor, "pipelines.md")
+    assert spec.step("track").type_name == "process"
+    (seed,) = blocks("pipelines.md", "yaml seed")
+    spec = load_pipeline_text(seed, "pipelines.md", source_stream="NUMBERS", sink_stream="RESULTS")
+    assert [s.type_name for s in spec.steps].count("running") == 3
+
+
 @pytest.fixture
 def coordinator_api(tmp_path: Path) -> Iterator[TestClient]:
     (topology,) = blocks("topology.md", "yaml topology")

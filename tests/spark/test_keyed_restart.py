@@ -1,6 +1,7 @@
 """Keyed state survives crashes: a pipeline of keyed processors, event-time timers, count
-windows and an incremental reduce is SIGKILLed twice mid-stream and restarted from its
-checkpoint; every output is exact and published once."""
+windows, an incremental reduce, a left interval join and an enrichment from a live
+key-value table is SIGKILLed twice mid-stream and restarted from its checkpoint; every
+output is exact and published once."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from datetime import datetime
 
 import pytest
 
-from tests.helpers import publish, read_all, read_records, wait_for
+from tests.helpers import kv_apply, publish, read_all, read_records, wait_for
 from tests.spark.test_exactly_once import _crash, _start
 
 pytestmark = pytest.mark.slow
@@ -32,7 +33,14 @@ sources:
     event_time: ts
     max_out_of_orderness: 2s
     max_rows_per_batch: 150
-    to: [mean, silence, per_7, biggest]
+    to: [mean, silence, per_7, biggest, near, configured]
+  - id: events
+    stream: EV_{uid}
+    schema: {{device: string, ts: timestamp, kind: string}}
+    event_time: ts
+    max_out_of_orderness: 2s
+    max_rows_per_batch: 20
+    to: [near]
 processors:
   - id: mean
     type: process
@@ -56,11 +64,25 @@ processors:
     tumbling: 10s
     reduce: tests.spark.processors:keep_max
     to: [max_out]
+  - id: near
+    type: join
+    on: device
+    within: [-1s, +1s]
+    how: left
+    to: [join_out]
+  - id: configured
+    type: enrich
+    table: kv:CFG_{uid}
+    on: device
+    schema: {{level: long}}
+    to: [enrich_out]
 sinks:
   - {{id: mean_out, type: jetstream, stream: MEAN_{uid}, subject: "mean{uid}"}}
   - {{id: silence_out, type: jetstream, stream: SIL_{uid}, subject: "sil{uid}"}}
   - {{id: cw_out, type: jetstream, stream: CW_{uid}, subject: "cw{uid}"}}
   - {{id: max_out, type: jetstream, stream: MAX_{uid}, subject: "max{uid}"}}
+  - {{id: join_out, type: jetstream, stream: JOIN_{uid}, subject: "join{uid}"}}
+  - {{id: enrich_out, type: jetstream, stream: ENR_{uid}, subject: "enr{uid}"}}
 """
 
 
@@ -90,7 +112,36 @@ def test_keyed_state_timers_and_count_windows_exact_across_sigkill_restarts(
 ):
     records = _records()
     flush = {"id": N, "device": "a", "v": 0.0, "ts": BASE + 100_000}  # closes every window
-    publish(nats_url, f"IN_{uid}", f"in{uid}.r", [*records, flush])
+    # The table changes between chunks of readings: each reading is enriched with the
+    # entry as it was when the reading was stored, however the run is cut.
+    levels: dict[int, int | None] = {}
+    chunks = [(0, 1000, {"a": 1, "b": 1}), (1000, 2000, {"a": 2}), (2000, N + 1, {"b": None})]
+    table: dict[str, int | None] = {}
+    for lo, hi, changes in chunks:
+        # History keeps every change, so each reading's entry can be checked exactly.
+        kv_apply(
+            nats_url,
+            f"CFG_{uid}",
+            {k: None if v is None else {"level": v} for k, v in changes.items()},
+            history=10,
+        )
+        table.update(changes)
+        chunk = [r for r in [*records, flush] if lo <= r["id"] < hi]
+        publish(nats_url, f"IN_{uid}", f"in{uid}.r", chunk)
+        levels.update({r["id"]: table.get(r["device"]) for r in chunk})
+    events = [
+        {"device": d, "ts": BASE + 10 * k + 0.5, "kind": "check"}
+        for k in range(30)
+        for d in DEVICES
+    ] + [{"device": "a", "ts": BASE + 100_000, "kind": "flush"}]
+    publish(nats_url, f"EV_{uid}", f"ev{uid}.r", events)
+    near = Counter(
+        (r["id"], e["ts"])
+        for e in events
+        for r in [*records, flush]
+        if r["device"] == e["device"] and abs(r["ts"] - e["ts"]) <= 1
+    )
+    alone = {r["id"] for r in [*records, flush]} - {i for i, _ in near}  # left join: nulls
     by_device: dict[str, list[dict]] = defaultdict(list)
     for r in [*records, flush]:
         by_device[r["device"]].append(r)
@@ -126,6 +177,8 @@ def test_keyed_state_timers_and_count_windows_exact_across_sigkill_restarts(
                 windows_out() >= n_windows
                 and len(read_all(nats_url, f"SIL_{uid}")) >= 2
                 and len(read_all(nats_url, f"MAX_{uid}")) >= len(maxima)
+                and len(read_all(nats_url, f"JOIN_{uid}")) >= len(near) + len(alone)
+                and len(read_all(nats_url, f"ENR_{uid}")) >= len(levels)
             ),
             timeout=300,
         )
@@ -175,3 +228,23 @@ def test_keyed_state_timers_and_count_windows_exact_across_sigkill_restarts(
         seen[key] += 1
         assert r["v"] == maxima[key], key
     assert set(seen) == set(maxima) and max(seen.values()) == 1
+
+    # Left interval join: every pair once, and every reading without a match once.
+    pairs = Counter(
+        (r["id"], None if r["ts_right"] is None else round(_secs(r["ts_right"]), 3))
+        for r in read_records(nats_url, f"JOIN_{uid}")
+    )
+    wanted = Counter({(i, round(t, 3)): 1 for i, t in near})
+    wanted.update({(i, None): 1 for i in alone})
+    assert pairs == wanted, (
+        f"missing {sorted(wanted - pairs, key=str)[:20]}, "
+        f"extra {sorted(pairs - wanted, key=str)[:20]}, "
+        f"published {len(read_all(nats_url, f'JOIN_{uid}'))}"
+    )
+
+    # Enrichment from a live table: the entry as of each reading, each reading once.
+    enriched = Counter()
+    for r in read_records(nats_url, f"ENR_{uid}"):
+        enriched[r["id"]] += 1
+        assert r["level"] == levels[r["id"]], r
+    assert set(enriched) == set(levels) and max(enriched.values()) == 1

@@ -33,10 +33,12 @@ from spanflow.spec import (
     CountStep,
     CountWindowStep,
     DeduplicateStep,
+    EnrichStep,
     EventTimeStep,
     FilterStep,
     FlatMapStep,
     ForwardStep,
+    JoinStep,
     KeyByStep,
     MapStep,
     PipelineSpec,
@@ -306,16 +308,62 @@ class Stream:
         """Records of this stream and the others in one stream (same columns)."""
         if not others:
             raise SpecError("union(): give at least one other stream")
+        return self._combine("union", others, UnionStep, id)
+
+    def join(
+        self,
+        other: Stream,
+        *,
+        on: str | Sequence[str],
+        within: tuple[str | float, str | float] | str | float,
+        how: str = "inner",
+        suffix: str = "_right",
+        id: str | None = None,
+    ) -> Stream:
+        """Interval join on event time: each record of this stream with the records of
+        ``other`` with the same ``on`` fields whose time is within ``(lower, upper)`` of
+        its own, e.g. ``within=("-5s", "+5s")``. ``how`` is ``inner`` or ``left``."""
+        on_fields = (on,) if isinstance(on, str) else tuple(on)
+        return self._combine(
+            "join", (other,), JoinStep, id, on=on_fields, within=within, how=how, suffix=suffix
+        )
+
+    def enrich(
+        self,
+        table: str,
+        *,
+        on: str,
+        schema: Mapping[str, str],
+        how: str = "left",
+        suffix: str = "_table",
+        id: str | None = None,
+    ) -> Stream:
+        """Add a table's fields to each record whose ``on`` field matches a row's key:
+        ``table="kv:DEVICES"`` (a live key-value bucket) or ``"file:devices.csv"``."""
+        return self._then(
+            EnrichStep,
+            "enrich",
+            id,
+            table=table,
+            on=on,
+            schema=dict(schema),
+            how=how,
+            suffix=suffix,
+        )
+
+    def _combine(
+        self, prefix: str, others: Sequence[Stream], cls: type[Step], id: str | None, **params: Any
+    ) -> Stream:
         steps: dict[str, Step] = {s.id: s for s in self._steps}
         functions = dict(self._functions)
         for other in others:
             if other._pipeline is not self._pipeline:
-                raise SpecError("union(): the streams belong to different pipelines")
+                raise SpecError(f"{prefix}(): the streams belong to different pipelines")
             for s in other._steps:
                 steps.setdefault(s.id, s)
             functions.update(other._functions)
         heads = (self.head, *(o.head for o in others))
-        step = _build(UnionStep, id=id or self._pipeline._next_id("union"), inputs=heads)
+        step = _build(cls, id=id or self._pipeline._next_id(prefix), inputs=heads, **params)
         return Stream(self._pipeline, (*steps.values(), step), functions, step.id)
 
     # -- placement pins ----------------------------------------------------------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -27,6 +28,7 @@ from spanflow.cli.common import (
     nats_url,
 )
 from spanflow.errors import SpanflowError
+from spanflow.spec.pipeline import PipelineSpec
 
 
 def status_table(runner: Any, title: str) -> Table:
@@ -74,10 +76,18 @@ def run(
     ] = False,
     source_stream: SourceStreamOption = None,
     sink_stream: SinkStreamOption = None,
+    feed: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="Publish a JSON-lines file once the pipeline runs, a message per line: "
+            "FILE (to the first source's subject) or SUBJECT=FILE. Repeatable."
+        ),
+    ] = None,
 ) -> None:
     """Run a pipeline on this machine until Ctrl-C, with live status."""
     try:
         spec, functions = load_target(target, source_stream=source_stream, sink_stream=sink_stream)
+        feeds = [_feed(spec, given) for given in feed or []]
     except SpanflowError as exc:
         _error(exc)
         raise typer.Exit(2) from None
@@ -96,6 +106,7 @@ def run(
         )
         try:
             runner.start()
+            _publish_feeds(url, feeds)
             deadline = time.monotonic() + duration if duration else None
             live_ok = console.is_terminal
             with (
@@ -124,6 +135,38 @@ def run(
             err.print("stopping …")
             runner.stop()
             spark.stop()
+
+
+def _feed(spec: PipelineSpec, given: str) -> tuple[str, Path]:
+    """``SUBJECT=FILE`` or ``FILE`` (the first source's first subject, wildcards filled)."""
+    subject, sep, file = given.partition("=")
+    if not sep:
+        file, subject = given, ""
+        for source in spec.sources():
+            if source.subjects:
+                subject = source.subjects[0].replace(">", "feed").replace("*", "feed")
+                break
+        if not subject:
+            raise SpanflowError(f"--feed {given}: no source declares subjects; give SUBJECT=FILE")
+    path = Path(file)
+    if not path.is_file():
+        raise SpanflowError(f"--feed {given}: no file {file!r}")
+    return subject, path
+
+
+def _publish_feeds(url: str, feeds: list[tuple[str, Path]]) -> None:
+    from spanflow.nats.streams import SyncNats, publish_lines
+
+    if not feeds:
+        return
+    client = SyncNats(url)
+    try:
+        for subject, path in feeds:
+            lines = [ln.encode() for ln in path.read_text().splitlines() if ln.strip()]
+            sent = client.run(lambda s=subject, ls=lines: publish_lines(client.js, s, ls))  # type: ignore[misc]
+            err.print(f"[dim]fed {sent} messages from {path} to {subject}[/dim]")
+    finally:
+        client.close()
 
 
 @app.command()

@@ -100,3 +100,24 @@ async def read_range(
         with contextlib.suppress(Exception):
             await sub.unsubscribe()
     return out
+
+
+async def last_before(
+    nc: Client, stream: str, seq: int, *, subjects: Sequence[str] = (), look_back: int = 64
+) -> Message | None:
+    """The newest stored message with a sequence below ``seq`` (on ``subjects`` when
+    given), looking back at most ``look_back`` sequences; None if there is none."""
+    from nats.js.errors import NotFoundError
+
+    js = nc.jetstream()
+    for candidate in range(seq - 1, max(0, seq - 1 - look_back), -1):
+        try:
+            raw = await js.get_msg(stream, seq=candidate)
+        except NotFoundError:
+            continue
+        subject = raw.subject or ""
+        if subjects and not any(subject_covers(s, subject) for s in subjects):
+            continue
+        published = raw.time.timestamp() if raw.time else 0.0
+        return Message(candidate, subject, raw.data or b"", round(published * 1_000_000))
+    return None

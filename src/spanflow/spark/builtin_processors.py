@@ -262,3 +262,65 @@ class RunningAggregate(KeyedProcessor):
             out.update(self.accumulators.result(acc))
             yield out
         self.acc.set(acc)
+
+
+class TableLookup(KeyedProcessor):
+    """A stream-table join keyed by the join value.
+
+    Table changes and records come from two streams that Spark reads at their own
+    pace, so a batch may hold table changes stored after records that come in a later
+    batch. Each change is therefore kept as a version stamped with when it was stored;
+    a record takes the newest version stored before it. Records of one stream arrive
+    in store order, so versions older than the one the last record used are dropped.
+    A record stored before every version still known (a bucket keeps only its last
+    ``history`` changes per key) takes the oldest one: the table as far back as it
+    can be seen.
+    """
+
+    MAX_VERSIONS = 1000
+    """Versions kept per key at most (a table changing faster than records come)."""
+
+    def __init__(self, *, fields: Mapping[str, str], inner: bool) -> None:
+        self.fields = dict(fields)  # table field → output name
+        self.inner = inner
+
+    def init(self, state: StateDeclarations) -> None:
+        self.versions = state.list("versions")  # [stored at (µs), row or None], oldest first
+
+    def process(self, key: Any, rows: list[Record], ctx: Context) -> Iterator[Record]:
+        versions = self.versions.get()
+        changed = False
+        used = -1  # index of the newest version a record used
+        for row in rows:
+            at = to_micros(row["_at"])
+            if row["_table"]:
+                entry = row["_entry"] or {}
+                alive = any(v is not None for v in entry.values())
+                versions.append([at, entry if alive else None])
+                versions.sort(key=lambda v: v[0])
+                changed = True
+                continue
+            index = self._version_at(versions, at)
+            used = max(used, index)
+            current = versions[index][1] if index >= 0 else None
+            if current is None and self.inner:
+                continue
+            event = {k: v for k, v in (row["_event"] or {}).items() if not k.startswith("_")}
+            looked_up = current or {}
+            event.update({out: looked_up.get(f) for f, out in self.fields.items()})
+            yield event
+        if used > 0:
+            versions, changed = versions[used:], True
+        if len(versions) > self.MAX_VERSIONS:
+            versions, changed = versions[-self.MAX_VERSIONS :], True
+        if changed:
+            self.versions.set(versions)
+
+    @staticmethod
+    def _version_at(versions: list[list[Any]], at: int) -> int:
+        """The index of the newest version stored no later than ``at`` (else the oldest;
+        -1 when there is none)."""
+        for i in range(len(versions) - 1, -1, -1):
+            if versions[i][0] <= at:
+                return i
+        return 0 if versions else -1

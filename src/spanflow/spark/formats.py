@@ -41,7 +41,11 @@ METADATA_COLUMNS: tuple[tuple[str, str, pa.DataType], ...] = (
     ("_subject", "string", pa.string()),
     ("_seq", "bigint", pa.int64()),
     ("_published", "timestamp", pa.timestamp("us", tz="UTC")),
+    ("_heartbeat", "boolean", pa.bool_()),
 )
+"""Columns every source adds after the record's fields. ``_heartbeat`` marks a copy of
+the last record before an empty batch (see :mod:`spanflow.spark.jetstream`); the
+compiled source drops such rows right after its watermark."""
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
@@ -150,8 +154,11 @@ class Decoder:
         schema: dict[str, str],
         csv_delimiter: str = ",",
         scalar_field: str | None = None,
+        tombstones: bool = False,
     ) -> None:
         self.fmt = fmt
+        self.tombstones = tombstones
+        """An empty message is a row of nulls (a key-value delete), not malformed."""
         self.scalar_field = scalar_field
         """A message that is a bare value (``42``) is read as ``{scalar_field: 42}``."""
         self.fields: list[tuple[str, Callable[[Any], Any], bool]] = [
@@ -234,6 +241,8 @@ class Decoder:
 
     def _decode_fast(self, block: Sequence[Message]) -> pa.RecordBatch | None:
         payloads = [m.data for m in block]
+        if self.tombstones and not all(payloads):
+            return None
         blob = b"\n".join(payloads)
         if blob.count(b"\n") != len(payloads) - 1:
             return None  # a payload spans lines: only the exact path can frame it
@@ -262,6 +271,7 @@ class Decoder:
                 pa.array([m.published_us for m in block], pa.int64()),
                 pa.timestamp("us", tz="UTC"),
             ),
+            pa.array([False] * len(block), pa.bool_()),
         ]
         return pa.RecordBatch.from_arrays(columns, schema=self.arrow_schema)
 
@@ -269,9 +279,9 @@ class Decoder:
         self, messages: Sequence[Message]
     ) -> tuple[pa.RecordBatch, list[tuple[Message, str]]]:
         columns: list[list[Any]] = (
-            [[] for _ in range(len(self.fields) + 3)]
+            [[] for _ in range(len(self.fields) + len(METADATA_COLUMNS))]
             if self.fmt != StreamFormat.RAW
-            else [[], [], [], []]
+            else [[] for _ in range(1 + len(METADATA_COLUMNS))]
         )
         rejects: list[tuple[Message, str]] = []
         if self.fmt == StreamFormat.RAW:
@@ -280,6 +290,7 @@ class Decoder:
                 columns[1].append(m.subject)
                 columns[2].append(m.seq)
                 columns[3].append(m.published_us)
+                columns[4].append(False)
             return pa.RecordBatch.from_arrays(
                 [pa.array(c, type=f.type) for c, f in zip(columns, self.arrow_schema, strict=True)],
                 schema=self.arrow_schema,
@@ -288,6 +299,14 @@ class Decoder:
         fields = self.fields
         n = len(fields)
         for m in messages:
+            if self.tombstones and not m.data:
+                for i in range(n):
+                    columns[i].append(None)
+                columns[n].append(m.subject)
+                columns[n + 1].append(m.seq)
+                columns[n + 2].append(m.published_us)
+                columns[n + 3].append(False)
+                continue
             try:
                 record = parse(m.data)
             except Exception as exc:
@@ -318,5 +337,6 @@ class Decoder:
             columns[n].append(m.subject)
             columns[n + 1].append(m.seq)
             columns[n + 2].append(m.published_us)
+            columns[n + 3].append(False)
         arrays = [pa.array(c, type=f.type) for c, f in zip(columns, self.arrow_schema, strict=True)]
         return pa.RecordBatch.from_arrays(arrays, schema=self.arrow_schema), rejects

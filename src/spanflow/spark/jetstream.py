@@ -3,8 +3,9 @@ encoding its sinks publish with.
 
 Source (``spark.readStream.format("spanflow_jetstream")``)
     Offsets are ``{"seq": N}``: the next stream sequence to read (exclusive end of the
-    previous batch). ``latestOffset`` honours admission control (``max_rows``) and
-    ``Trigger.AvailableNow``. ``read`` replays an exact sequence range, so an
+    previous batch), plus ``"beat"`` for sources with event time (see
+    :meth:`JetStreamReader._heartbeat`). ``latestOffset`` honours admission control
+    (``max_rows``) and ``Trigger.AvailableNow``. ``read`` replays an exact sequence range, so an
     uncommitted batch re-runs on identical data after a crash. ``commit(end)`` moves a
     durable consumer's ack floor to ``end`` (consumer reset, nats-server ≥ 2.14): its
     ``num_pending`` is the pipeline's lag, and interest/work-queue retention can
@@ -50,6 +51,7 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import StructType
 
 from spanflow.nats.fastread import read_range_fast
+from spanflow.nats.ranges import last_before
 from spanflow.nats.streams import SyncNats, connect
 from spanflow.spark.deadletter import DeadLetter, publish_dead_letters
 from spanflow.spark.formats import Decoder
@@ -95,6 +97,9 @@ def register_isolated(spark: Any, name: str) -> str:
 class SeqRange(InputPartition):
     start: int
     end: int
+    heartbeat: bool = False
+    """Read the record before ``start`` again, marked ``_heartbeat`` (see
+    :meth:`JetStreamReader._heartbeat`)."""
 
 
 class JetStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -111,10 +116,14 @@ class JetStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.schema_fields: dict[str, str] = json.loads(options.get("schema", "{}"))
         self.csv_delimiter = options.get("csv_delimiter", ",")
         self.scalar_field = options.get("scalar_field") or None
+        self.tombstones = options.get("tombstones") == "true"
+        self.heartbeat = options.get("heartbeat") or None
+        """The event-time field of a source that sends heartbeats (see _heartbeat)."""
         self.filter_subjects: list[str] = json.loads(options.get("filter_subjects", "[]"))
         self.phase_ms = int(options.get("phase_ms", "0"))
         self.interval_ms = int(options.get("interval_ms", "0"))
         self._catching_up = False
+        self._fresh = True  # no offset planned since this query (re)started
         self.target: int | None = None  # Trigger.AvailableNow's end
         self._client: SyncNats | None = None
         self._consumer_ready = False
@@ -154,7 +163,14 @@ class JetStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         elif not isinstance(limit, ReadAllAvailable):
             end = min(end, begin + self.max_rows)
         self._catching_up = end <= last  # more is waiting than one batch takes
-        return {"seq": max(end, start["seq"])}
+        end = max(end, start["seq"])
+        if not self.heartbeat:
+            return {"seq": end}
+        beat = int(start.get("beat", 0))
+        if self._fresh and end == start["seq"] and start["seq"] > first:
+            beat += 1  # idle after a restart: one heartbeat batch (see _heartbeat)
+        self._fresh = False
+        return {"seq": end, "beat": beat}
 
     def reportLatestOffset(self) -> dict[str, int] | None:
         return {"seq": self._state()[1] + 1}
@@ -162,7 +178,7 @@ class JetStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[InputPartition]:
         s, e = start["seq"], end["seq"]
         if e <= s:  # nothing new (Spark may plan an empty range, e.g. for a no-data batch)
-            return [SeqRange(s, s)]
+            return [SeqRange(s, s, heartbeat=int(end.get("beat", 0)) > int(start.get("beat", 0)))]
         n = max(1, min(self.partitions_per_batch, e - s))
         step = -(-(e - s) // n)
         return [SeqRange(lo, min(lo + step, e)) for lo in range(s, e, step)] or [SeqRange(s, e)]
@@ -205,11 +221,15 @@ class JetStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     # -- executor side ---------------------------------------------------------------
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, SeqRange)
-        decoder = Decoder(self.format, self.schema_fields, self.csv_delimiter, self.scalar_field)
+        decoder = Decoder(
+            self.format, self.schema_fields, self.csv_delimiter, self.scalar_field, self.tombstones
+        )
 
         async def fetch() -> list[Any]:
             nc = await connect(self.url)
             try:
+                if partition.heartbeat:
+                    return await self._heartbeat(nc, decoder, partition.start)
                 messages = await read_range_fast(
                     nc,
                     self.url,
@@ -239,6 +259,28 @@ class JetStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 await nc.close()
 
         yield from asyncio.run(fetch())
+
+    async def _heartbeat(self, nc: Client, decoder: Decoder, start: int) -> list[Any]:
+        """The last record before ``start`` again, marked ``_heartbeat`` (the compiled
+        source drops it right after its watermark).
+
+        Spark keeps each source's watermark only in memory: after a restart, a source
+        that gets no new data counts as having seen nothing, and with several sources (a
+        join, a union of sites) the query's minimum watermark then stays where it was
+        restored, forever. So the first offset a source with event time plans after a
+        restart, when it has nothing new, bumps a ``beat`` counter in the offset: Spark
+        sees new data, plans this one-record range, and the watermark sees this
+        source's event time again. The offset log records the beat, so a replay of the
+        batch reads the same copy."""
+        last = await last_before(nc, self.stream, start, subjects=self.filter_subjects)
+        if last is None:
+            return []
+        batch, _ = decoder.decode([last])  # a malformed last record gives no heartbeat
+        if batch.num_rows != 1 or batch.column(self.heartbeat)[0].as_py() is None:
+            return []
+        index = batch.schema.get_field_index("_heartbeat")
+        beat = batch.set_column(index, "_heartbeat", pa.array([True], pa.bool_()))
+        return [beat]
 
 
 @dataclass(frozen=True)

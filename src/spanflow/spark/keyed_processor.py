@@ -224,7 +224,9 @@ class ProcessorAdapter(StatefulProcessor):
         if not self.settings.order_by or not records:
             return None
         last = records[-1].get(self.settings.order_by[0])
-        return to_millis(last) if isinstance(last, datetime) else None
+        if isinstance(last, datetime | int | float) and not isinstance(last, bool):
+            return to_millis(last)
+        return None
 
     def _order(self, record: dict[str, Any]) -> tuple[Any, ...]:
         return tuple((record.get(f) is None, record.get(f)) for f in self.settings.order_by)

@@ -11,7 +11,7 @@ if TYPE_CHECKING:
     from spanflow.spec.steps import STEP_TYPES, Step, StepBase, StreamFacts
     from spanflow.spec.steps.classic import AverageStep, CountStep, ForwardStep, SumStep
     from spanflow.spec.steps.io import SinkStep, SourceStep
-    from spanflow.spec.steps.joins import JoinStep
+    from spanflow.spec.steps.joins import EnrichStep, JoinStep
     from spanflow.spec.steps.keyed import AggregateStep, DeduplicateStep, ProcessStep
     from spanflow.spec.steps.stateless import (
         EventTimeStep,
@@ -55,6 +55,7 @@ __all__ = [
     "CountWindowStep",
     "DeduplicateStep",
     "Duration",
+    "EnrichStep",
     "EventTimeStep",
     "FilterStep",
     "FlatMapStep",

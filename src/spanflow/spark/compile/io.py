@@ -5,12 +5,17 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from dataclasses import replace
+
+from pyspark.sql import functions as F
 
 from spanflow.spark.compile.frame import CompileContext, Frame, with_watermark
 from spanflow.spark.compile.registry import compiles
 from spanflow.spark.formats import spark_ddl
 from spanflow.spec.pipeline import PipelineSpec
 from spanflow.spec.steps.io import SourceStep
+
+HEARTBEAT = "_heartbeat"
 
 
 @compiles(SourceStep)
@@ -25,12 +30,19 @@ def compile_source(
         .options(**source_options(spec, step, ctx.nats_url, schema))
         .option("phase_ms", str(ctx.slot[0]))
         .option("interval_ms", str(ctx.slot[1]))
+        .option("heartbeat", step.event_time or "")
         .load()
     )
     frame = Frame(df, key=(step.key,) if step.key else ())
     if step.event_time:
         frame = with_watermark(frame, spec, step.event_time, step.max_out_of_orderness)
-    return frame
+        # Heartbeat rows only tell the watermark this source's time (see the reader).
+        # The filter names the event-time column so that Spark does not push it below
+        # the watermark (it pushes predicates that do not), where the watermark would
+        # never see the row; heartbeats always have an event time.
+        beat = F.col(HEARTBEAT) & F.col(step.event_time).isNotNull()
+        frame = replace(frame, df=frame.df.filter(~beat))
+    return replace(frame, df=frame.df.drop(HEARTBEAT))
 
 
 def source_options(

@@ -69,11 +69,16 @@ def transform_keyed(
     clock: str,
     output_event_time: str | None = None,
     mode: OutputMode = "append",
+    order_by: tuple[str, ...] | None = None,
 ) -> DataFrame:
-    """``frame`` grouped by its key through a keyed processor (users' and built-ins')."""
-    order_by = tuple(
-        f for f in (frame.event_time, "_seq") if f is not None and f in frame.df.columns
-    )
+    """``frame`` grouped by its key through a keyed processor (users' and built-ins').
+
+    A key's records reach the processor sorted by ``order_by`` (default: event time,
+    then stream sequence)."""
+    if order_by is None:
+        order_by = tuple(
+            f for f in (frame.event_time, "_seq") if f is not None and f in frame.df.columns
+        )
     settings = ProcessorSettings(
         factory=factory,
         key_fields=frame.key,

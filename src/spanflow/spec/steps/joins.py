@@ -1,13 +1,14 @@
-"""Joins: two streams on a key within an event-time interval."""
+"""Joins: two streams on a key within an event-time interval, and a stream with a table."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any, ClassVar, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from spanflow.spec.durations import SignedDuration
+from spanflow.spec.schema import Schema
 from spanflow.spec.steps.base import Placement, StepBase, StreamFacts, one_or_many
 
 
@@ -84,3 +85,38 @@ class JoinStep(StepBase):
         return StreamFacts(
             key=left.key, entity=left.entity | right.entity, event_time=left.event_time
         )
+
+
+class EnrichStep(StepBase):
+    """Adds the fields of a table's row to each record whose ``on`` field matches the
+    row's key (a stream-table join).
+
+    ``table`` is ``kv:BUCKET`` — a JetStream key-value bucket, keyed by the value of
+    ``on`` as text, each entry a JSON object of ``schema``; updated live: an entry put
+    (or deleted) applies to the records that arrive after it — or ``file:PATH``, a
+    CSV (with a header) or JSON-lines file read when the pipeline starts, keyed by its
+    column named like ``on``. ``how: left`` (the default) keeps records with no row
+    (its fields null); ``inner`` drops them. A table field whose name the record
+    already uses gets ``suffix``.
+    """
+
+    type: Literal["enrich"] = "enrich"
+    table: str = Field(
+        pattern=r"^(kv:[A-Za-z0-9_-]+|file:.+)$",
+        description="'kv:BUCKET' (live) or 'file:PATH' (.csv with a header, or .json lines).",
+    )
+    on: str = Field(description="The record's field matched against the table's key.")
+    schema_: Schema = Field(alias="schema", min_length=1, description="The table's fields.")
+    how: Literal["left", "inner"] = "left"
+    suffix: str = Field(default="_table", pattern=r"^\w+$")
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+    local_reason: ClassVar[str] = "looks each record up in the table, where its data is"
+
+    @property
+    def bucket(self) -> str | None:
+        return self.table[3:] if self.table.startswith("kv:") else None
+
+    @property
+    def path(self) -> str | None:
+        return self.table[5:] if self.table.startswith("file:") else None

@@ -295,7 +295,7 @@ class BufferedValue(_Buffered):
 
     def _load(self) -> Any:
         if self._value is _MISSING:
-            row = self._spark.get() if self._spark.exists() else None
+            row = self._spark.get()  # one round trip; None when there is no value
             alive = row is not None and self._ttl.alive(tuple(row), self._txn)
             self._value = self._codec.decode(tuple(row)) if alive else None  # type: ignore[arg-type]
         return self._value
@@ -433,7 +433,7 @@ class BufferedMap(_Buffered):
         if self._cleared:
             return None
         if ekey not in self._cache:
-            row = self._spark.getValue(ekey) if self._spark.exists() else None
+            row = self._spark.getValue(ekey)  # None when the key has no entry
             alive = row is not None and self._ttl.alive(tuple(row), self._txn)
             self._cache[ekey] = self._codec.decode(tuple(row)) if alive else None  # type: ignore[arg-type]
         return self._cache[ekey]

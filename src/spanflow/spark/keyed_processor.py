@@ -23,8 +23,8 @@ from datetime import datetime
 from typing import Any
 
 import orjson
+import pandas as pd
 from pyspark import TaskContext
-from pyspark.sql import Row
 from pyspark.sql.streaming.stateful_processor import (
     ExpiredTimerInfo,
     StatefulProcessor,
@@ -69,6 +69,8 @@ class ProcessorSettings:
     nats_url: str = ""
     dead_letters: bool = True
     """Publish the records of failed calls (off in tests without a broker)."""
+    input_names: tuple[str, ...] = ()
+    """The input's column names, in order (Spark passes them positionally renamed)."""
     native_ttl: bool | None = None
     """Let Spark expire state (default: in processing-time processors, where Spark
     allows it); else entries carry their expiry and are dropped when read."""
@@ -138,9 +140,9 @@ class ProcessorAdapter(StatefulProcessor):
         self._user.init(self._declarations)
 
     def handleInputRows(
-        self, key: Any, rows: Iterator[Row], timerValues: TimerValues
-    ) -> Iterator[Row]:
-        records = [r.asDict(recursive=True) for r in rows]
+        self, key: Any, rows: Iterator[pd.DataFrame], timerValues: TimerValues
+    ) -> Iterator[pd.DataFrame]:
+        records = frames_to_records(rows, self.settings.input_names)
         if self.settings.order_by:
             records.sort(key=self._order)
         call = self._begin(key, timerValues, records)
@@ -151,11 +153,11 @@ class ProcessorAdapter(StatefulProcessor):
             self._dead_letter_records(records, exc)
             return iter(())
         self._txn.commit()
-        return iter(out)
+        return self._frames(out)
 
     def handleExpiredTimer(
         self, key: Any, timerValues: TimerValues, expiredTimerInfo: ExpiredTimerInfo
-    ) -> Iterator[Row]:
+    ) -> Iterator[pd.DataFrame]:
         call = self._begin(key, timerValues, [])
         when = from_millis(expiredTimerInfo.getExpiryTimeInMs())
         try:
@@ -166,7 +168,7 @@ class ProcessorAdapter(StatefulProcessor):
             self._failures.add(self.settings, payload, _reason(exc, "on_timer"), 0)
             return iter(())
         self._txn.commit()
-        return iter(out)
+        return self._frames(out)
 
     def close(self) -> None:
         try:
@@ -231,9 +233,15 @@ class ProcessorAdapter(StatefulProcessor):
     def _order(self, record: dict[str, Any]) -> tuple[Any, ...]:
         return tuple((record.get(f) is None, record.get(f)) for f in self.settings.order_by)
 
-    def _rows(self, produced: Iterable[dict[str, Any]] | None, key: Any) -> list[Row]:
-        """The call's output as Rows of the declared schema (raises on a mismatch)."""
-        out: list[Row] = []
+    def _frames(self, rows: list[dict[str, Any]]) -> Iterator[pd.DataFrame]:
+        if not rows:
+            return iter(())
+        return iter((records_to_frame(rows, self.settings.output),))
+
+    def _rows(self, produced: Iterable[dict[str, Any]] | None, key: Any) -> list[dict[str, Any]]:
+        """The call's output rows checked against the declared schema (raises on a
+        mismatch), in schema order."""
+        out: list[dict[str, Any]] = []
         fields = self.settings.key_fields
         keys = dict(zip(fields, key if len(fields) > 1 else (key,), strict=False))
         for item in produced or ():
@@ -255,7 +263,7 @@ class ProcessorAdapter(StatefulProcessor):
                     values[spec.name] = check(value)
                 except StateError as exc:
                     raise StateError(f"output field {spec.name!r}: {exc}") from None
-            out.append(Row(**values))
+            out.append(values)
         return out
 
     def _dead_letter_records(self, records: list[dict[str, Any]], exc: Exception) -> None:
@@ -265,6 +273,50 @@ class ProcessorAdapter(StatefulProcessor):
             self._failures.add(
                 self.settings, _json(record), reason, int(seq) if isinstance(seq, int) else 0
             )
+
+
+def frames_to_records(
+    frames: Iterable[pd.DataFrame], names: tuple[str, ...] = ()
+) -> list[dict[str, Any]]:
+    """One key's chunks of a batch as plain records: nulls as None (not NaN, NaT or
+    pd.NA), timestamps in UTC; columns named ``names`` by position when given."""
+    chunks = [f for f in frames if len(f)]
+    if not chunks:
+        return []
+    df = chunks[0] if len(chunks) == 1 else pd.concat(chunks, ignore_index=True)
+    if names and len(names) == len(df.columns):
+        df = df.set_axis(list(names), axis=1)
+    for i in range(len(df.columns)):
+        series = df.iloc[:, i]
+        changed = False
+        if pd.api.types.is_datetime64_any_dtype(series) and series.dt.tz is None:
+            series, changed = series.dt.tz_localize("UTC"), True
+        if series.hasnans:
+            series, changed = series.astype(object).where(series.notna(), None), True
+        if changed:
+            df.isetitem(i, series)
+    records: list[dict[str, Any]] = df.to_dict("records")
+    return records
+
+
+_DTYPES = {"long": "Int64", "boolean": "boolean", "double": "float64"}
+
+
+def records_to_frame(rows: list[dict[str, Any]], fields: tuple[OutputField, ...]) -> pd.DataFrame:
+    """Checked output rows as a DataFrame Spark converts to the declared schema."""
+    data: dict[str, Any] = {}
+    for spec in fields:
+        values = [row[spec.name] for row in rows]
+        if spec.kind == "timestamp":
+            data[spec.name] = pd.to_datetime(pd.Series(values, dtype=object), utc=True)
+        elif spec.kind in _DTYPES:
+            data[spec.name] = pd.array(
+                [float("nan") if v is None and spec.kind == "double" else v for v in values],
+                dtype=_DTYPES[spec.kind],
+            )
+        else:
+            data[spec.name] = pd.Series(values, dtype=object)
+    return pd.DataFrame(data)
 
 
 def _reason(exc: Exception, where: str) -> str:

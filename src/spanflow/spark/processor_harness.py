@@ -7,11 +7,11 @@ import functools
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from pyspark.sql import Row
+import pandas as pd
 from pyspark.sql.streaming.tws_tester import TwsTester
 
 from spanflow.api.processor import KeyedProcessor, When
-from spanflow.spark.keyed_processor import ProcessorAdapter, ProcessorSettings
+from spanflow.spark.keyed_processor import ProcessorAdapter, ProcessorSettings, frames_to_records
 from spanflow.spark.keyed_state import json_loads, to_millis
 
 _TIME_MODES = {"event_time": "EventTime", "processing_time": "ProcessingTime", "none": "None"}
@@ -82,12 +82,17 @@ class KeyedProcessorTest:
 
     def process(self, records: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
         """Run one micro-batch of ``records``; the output rows as dicts."""
-        groups: dict[Any, list[Row]] = {}
+        groups: dict[Any, list[Mapping[str, Any]]] = {}
         for record in records:
-            groups.setdefault(self._key_of(record), []).append(Row(**record))
-        out: list[Row] = []
+            groups.setdefault(self._key_of(record), []).append(record)
+        out: list[pd.DataFrame] = []
         for key, rows in groups.items():
-            out.extend(self._tester.test(key, rows))
+            names = list(dict.fromkeys(k for r in rows for k in r))
+            # Object columns keep each value as given (no numeric or time inference).
+            frame = pd.DataFrame(
+                {n: pd.Series([r.get(n) for r in rows], dtype=object) for n in names}
+            )
+            out.append(self._tester.testInPandas(key, frame))
         return self._collect(out)
 
     def advance_watermark(self, to: When) -> list[dict[str, Any]]:
@@ -113,7 +118,8 @@ class KeyedProcessorTest:
         values = tuple(record[f] for f in self.key_fields)
         return values[0] if len(values) == 1 else values
 
-    def _collect(self, rows: Iterable[Row]) -> list[dict[str, Any]]:
+    def _collect(self, produced: Any) -> list[dict[str, Any]]:
         for letter in self.adapter.take_dead_letters():
             self.dead_letters.append((json_loads(letter.data.decode()), letter.reason))
-        return [r.asDict(recursive=True) for r in rows]
+        frames = [produced] if isinstance(produced, pd.DataFrame) else list(produced)
+        return frames_to_records(f for f in frames if isinstance(f, pd.DataFrame))

@@ -21,6 +21,9 @@ DEFAULTS: dict[str, str] = {
     "spark.ui.enabled": "false",
     "spark.ui.showConsoleProgress": "false",
     "spark.sql.execution.arrow.pyspark.enabled": "true",
+    # Keyed processors get records through pandas: integer columns with nulls stay
+    # integers (pandas' Int64) instead of turning into floats.
+    "spark.sql.execution.pythonUDF.pandas.preferIntExtensionDtype": "true",
     "spark.scheduler.mode": "FAIR",
     "spark.driver.memory": "1g",
     "spark.sql.streaming.minBatchesToRetain": "20",

@@ -74,11 +74,14 @@ def transform_keyed(
     """``frame`` grouped by its key through a keyed processor (users' and built-ins').
 
     A key's records reach the processor sorted by ``order_by`` (default: event time,
-    then stream sequence)."""
+    then stream sequence). Spark hands them over as pandas frames
+    (``transformWithStateInPandas``): its row-based variant reads every cell of every
+    row on its own and was half as fast (benchmarks/node_throughput.py)."""
     if order_by is None:
         order_by = tuple(
             f for f in (frame.event_time, "_seq") if f is not None and f in frame.df.columns
         )
+    names = tuple(frame.df.columns)
     settings = ProcessorSettings(
         factory=factory,
         key_fields=frame.key,
@@ -88,8 +91,14 @@ def transform_keyed(
         pipeline=spec.instance,
         step=step_id,
         nats_url=ctx.nats_url,
+        input_names=names,
     )
-    return frame.df.groupBy(*frame.key).transformWithState(
+    # Spark regroups rows through namedtuples, which rename fields like '_seq' or
+    # 'class'; positional names survive, and the adapter puts the real ones back.
+    positional = [f"c{i}" for i in range(len(names))]
+    renamed = frame.df.toDF(*positional)
+    key = [positional[names.index(k)] for k in frame.key]
+    return renamed.groupBy(*key).transformWithStateInPandas(
         ProcessorAdapter(settings),
         user_schema(output),
         "Append" if mode == "append" else "Update",

@@ -77,6 +77,11 @@ def test_yaml_syntax_error_has_a_line():
     assert err.problems[0][0] is not None and "not valid YAML" in str(err)
 
 
+def test_optional_type_in_a_flow_mapping_gets_a_quoting_hint():
+    err = _error("name: x\nsources:\n  - {id: a, schema: {id: long?, v: double}}\n")
+    assert str(err).startswith("p.yaml:3:") and 'quote a type that ends in "?"' in str(err)
+
+
 def test_missing_required_field_of_a_sink():
     err = _error(
         GOOD.replace("{id: counts, type: console}", "{id: counts, type: jetstream, stream: C}")

@@ -105,3 +105,29 @@ class KeepsHistory(sf.KeyedProcessor):
 def keep_max(acc, record):
     """A reduce: the record with the largest v."""
     return acc if acc["v"] >= record["v"] else record
+
+
+class Alarm(sf.KeyedProcessor):
+    """Arms a processing-time timer ``delay`` seconds after a key's first record and
+    rings once; remembers ids for ``ttl`` (processing time) and drops repeats."""
+
+    def __init__(self, delay: float = 5.0, ttl: str = "10m") -> None:
+        self.delay, self.ttl = delay, ttl
+
+    def init(self, state):
+        self.armed = state.value("armed", "timestamp")
+        self.seen = state.map("seen", "long", "boolean", ttl=self.ttl)
+
+    def process(self, key, rows, ctx):
+        for row in rows:
+            if self.seen.contains(row["id"]):
+                continue
+            self.seen.put(row["id"], True)
+            yield {"kind": "record", "id": row["id"], "at": ctx.processing_time}
+        if self.armed.get() is None:
+            self.armed.set(ctx.processing_time)
+            ctx.timers.register_after(self.delay)
+            yield {"kind": "armed", "id": None, "at": ctx.processing_time}
+
+    def on_timer(self, key, timer, ctx):
+        yield {"kind": "ring", "id": None, "at": timer}

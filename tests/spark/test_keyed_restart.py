@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import signal
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from datetime import datetime
 
 import pytest
@@ -248,3 +249,84 @@ def test_keyed_state_timers_and_count_windows_exact_across_sigkill_restarts(
         enriched[r["id"]] += 1
         assert r["level"] == levels[r["id"]], r
     assert set(enriched) == set(levels) and max(enriched.values()) == 1
+
+
+def _processing_time_pipeline(uid: str) -> str:
+    return f"""
+name: alarm-{uid}
+trigger: 500ms
+sources:
+  - {{id: readings, stream: AL_{uid}, schema: {{id: long, device: string}}, key: device,
+     to: [alarm, per_3]}}
+processors:
+  - id: alarm
+    type: process
+    processor: tests.spark.processors:Alarm
+    timers: processing_time
+    params: {{delay: 4, ttl: 10m}}
+    output_schema: {{device: string, kind: string, id: "long?", at: timestamp}}
+    to: [alarm_out]
+  - {{id: per_3, type: count_window, size: 3, aggregates: {{n: count, ids: sum(id)}},
+     to: [cw_out]}}
+sinks:
+  - {{id: alarm_out, type: jetstream, stream: ALARM_{uid}, subject: "alarm{uid}"}}
+  - {{id: cw_out, type: jetstream, stream: TUMBLE_{uid}, subject: "tumble{uid}"}}
+"""
+
+
+def test_processing_time_timers_ttl_state_and_tumbling_count_windows_survive_sigkill(
+    nats_url, tmp_path, uid
+):
+    """A processing-time timer armed before a crash rings after the restart, once; state
+    with a TTL still drops repeats; a tumbling count window goes on counting."""
+    pipeline = tmp_path / "pipeline.yaml"
+    pipeline.write_text(_processing_time_pipeline(uid))
+    data_dir, log = tmp_path / "node", tmp_path / "run.log"
+    subject = f"al{uid}.r"
+
+    def rows(kind: str) -> list[dict]:
+        return [r for r in read_records(nats_url, f"ALARM_{uid}") if r["kind"] == kind]
+
+    def running(condition: Callable[[], bool]) -> Callable[[], bool]:
+        """The condition, failing at once if the pipeline process has died."""
+
+        def check() -> bool:
+            if proc.poll() is not None:
+                raise AssertionError(f"the pipeline exited with {proc.returncode}")
+            return condition()
+
+        return check
+
+    publish(nats_url, f"AL_{uid}", subject, [{"id": i, "device": "a"} for i in range(4)])
+    proc = _start(pipeline, nats_url, data_dir, log)
+    try:
+        wait_for(running(lambda: len(rows("armed")) == 1), timeout=240)
+    except AssertionError as error:
+        proc.kill()
+        raise AssertionError(f"{error}\n{log.read_text()[-3000:]}") from None
+    _crash(proc)  # the timer is due 4 s after arming: the process is gone by then
+    armed_at = _secs(rows("armed")[0]["at"])
+    publish(nats_url, f"AL_{uid}", subject, [{"id": i, "device": "a"} for i in (2, 3, 4, 5, 6)])
+    proc = _start(pipeline, nats_url, data_dir, log)
+    try:
+        wait_for(
+            running(
+                lambda: len(rows("ring")) == 1 and len(read_all(nats_url, f"TUMBLE_{uid}")) >= 3
+            ),
+            timeout=240,
+        )
+        wait_for(running(lambda: len(rows("record")) >= 7), timeout=60)
+    except AssertionError as error:
+        raise AssertionError(f"{error}\n{log.read_text()[-3000:]}") from None
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(60)
+    (ring,) = rows("ring")
+    assert _secs(ring["at"]) == pytest.approx(armed_at + 4, abs=0.01)
+    assert len(rows("armed")) == 1  # not armed again: the state survived
+    assert sorted(r["id"] for r in rows("record")) == list(range(7))  # repeats dropped
+    windows = sorted(
+        (r["window_index"], r["n"], r["ids"]) for r in read_records(nats_url, f"TUMBLE_{uid}")
+    )
+    # ids 0..3 then 2, 3, 4, 5, 6 again: records 0-2, 3-2-3, 4-5-6
+    assert windows == [(0, 3, 0 + 1 + 2), (1, 3, 3 + 2 + 3), (2, 3, 4 + 5 + 6)]

@@ -21,6 +21,13 @@ _SAFE_TAGS = {
 }
 
 
+def _hint(problem: str) -> str:
+    """The usual cause of a confusing parser message, when there is one."""
+    if "got '?'" in problem:
+        return ' (inside { } quote a type that ends in "?", e.g. id: "long?")'
+    return ""
+
+
 def compose_located(
     text: str, path: str, error: type[PipelineFileError] = PipelineFileError
 ) -> tuple[Any, dict[Path_, int]]:
@@ -31,7 +38,7 @@ def compose_located(
         mark = getattr(exc, "problem_mark", None)
         line = mark.line + 1 if mark is not None else None
         problem = getattr(exc, "problem", None) or str(exc)
-        raise error(path, [(line, "", f"not valid YAML: {problem}")]) from None
+        raise error(path, [(line, "", f"not valid YAML: {problem}{_hint(problem)}")]) from None
     lines: dict[Path_, int] = {}
     scalars = yaml.SafeLoader("")
 

@@ -162,3 +162,11 @@ def test_spanflow_plan_refuses_a_budget_it_cannot_meet(monkeypatch: pytest.Monke
     assert result.exit_code == 2
     (text,) = [b for b in blocks("planner.md", "text") if "2430 ms" in b]
     assert text.strip().splitlines()[-1] in " ".join(result.output.split())
+
+
+def test_ml_examples_load_and_run() -> None:
+    (text,) = blocks("ml.md", "yaml ml")
+    spec = load_pipeline_text(text, "ml.md")
+    assert spec.step("detect").type_name == "detect_anomalies"
+    for body in blocks("ml.md", "python run"):
+        exec(compile(body, "ml.md", "exec"), {})

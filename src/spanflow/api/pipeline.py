@@ -52,6 +52,7 @@ from spanflow.spec import (
     WindowStep,
     format_validation_error,
 )
+from spanflow.spec.steps.models import DetectAnomaliesStep, LearnStep
 
 UserFunction = Callable[..., Any]
 
@@ -292,6 +293,66 @@ class Stream:
             timers=timers,
             output_event_time=output_event_time,
             params=dict(params or {}),
+        )
+
+    def detect_anomalies(
+        self,
+        fields: str | Sequence[str],
+        *,
+        method: str = "robust",
+        threshold: float | str | None = None,
+        warmup: int = 100,
+        emit: str = "all",
+        seasonality: str | None = None,
+        params: Mapping[str, Any] | None = None,
+        id: str | None = None,
+    ) -> Stream:
+        """Score each record for how anomalous it is — per key after ``key_by``, over
+        the whole stream without — adding ``anomaly_score`` (0 to 1), ``is_anomaly`` and
+        ``anomaly_field``.
+
+        ``method``: ``"robust"`` (default), ``"hst"`` or ``"river:<module>.<Class>"``;
+        ``threshold``: a score, ``"quantile(0.99)"`` or ``"adaptive"``; the first
+        ``warmup`` records of a key are never anomalies; ``emit="anomalies"`` keeps
+        only anomalies. See docs/ml.md.
+        """
+        return self._then(
+            DetectAnomaliesStep,
+            "detect_anomalies",
+            id,
+            fields=(fields,) if isinstance(fields, str) else tuple(fields),
+            method=method,
+            threshold=threshold,
+            warmup=warmup,
+            emit=emit,
+            seasonality=seasonality,
+            params=dict(params or {}),
+        )
+
+    def learn(
+        self,
+        model: str,
+        *,
+        features: str | Sequence[str],
+        target: str,
+        params: Mapping[str, Any] | None = None,
+        scale: str = "standard",
+        id: str | None = None,
+    ) -> Stream:
+        """Online learning with a River model — per key after ``key_by``, one model
+        without: each record is predicted, then learnt from when ``target`` is set.
+        Adds ``prediction``, ``probability`` (classifiers), running metrics and
+        ``learned``: ``learn("river:linear_model.LogisticRegression",
+        features=["t", "v"], target="failed")``. See docs/ml.md."""
+        return self._then(
+            LearnStep,
+            "learn",
+            id,
+            model=model,
+            features=(features,) if isinstance(features, str) else tuple(features),
+            target=target,
+            params=dict(params or {}),
+            scale=scale,
         )
 
     def count(self, *, key: str | None = None, id: str | None = None) -> Stream:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StructType
 
@@ -64,6 +65,18 @@ def watermarked(frame: Frame, step_id: str) -> Frame:
             step_id, "needs event time: set event_time on the source or add with_event_time()"
         )
     return frame
+
+
+ALL = "_all"
+"""The constant key column of a keyed step over a stream without a key."""
+
+
+def keyed_or_whole(frame: Frame) -> Frame:
+    """``frame`` if it has a key; else keyed by a constant, so that a keyed step runs
+    over the whole stream as one key (one model, one running aggregate)."""
+    if frame.key:
+        return frame
+    return replace(frame, df=frame.df.withColumn(ALL, F.lit(0)), key=(ALL,))
 
 
 def keyed(frame: Frame, step_id: str, what: str) -> Frame:

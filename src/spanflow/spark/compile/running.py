@@ -3,17 +3,13 @@
 from __future__ import annotations
 
 import functools
-from dataclasses import replace
-
-from pyspark.sql import functions as F
 
 from spanflow.errors import CompileError
 from spanflow.spark.builtin_processors import RunningAggregate
 from spanflow.spark.compile.count_windows import aggregate_types
-from spanflow.spark.compile.frame import CompileContext, Frame, spanflow_schema
+from spanflow.spark.compile.frame import CompileContext, Frame, keyed_or_whole, spanflow_schema
 from spanflow.spark.compile.process import transform_keyed
 from spanflow.spark.compile.registry import compiles
-from spanflow.spark.compile.windows import ALL
 from spanflow.spec.pipeline import PipelineSpec
 from spanflow.spec.steps.keyed import RunningStep
 
@@ -23,7 +19,7 @@ def compile_running(
     ctx: CompileContext, spec: PipelineSpec, step: RunningStep, inputs: list[Frame]
 ) -> Frame:
     (up,) = inputs
-    frame = up if up.key else replace(up, df=up.df.withColumn(ALL, F.lit(0)), key=(ALL,))
+    frame = keyed_or_whole(up)
     fields = spanflow_schema(step.id, frame.df.schema)
     if step.fn != "count" and step.field not in fields:
         raise CompileError(

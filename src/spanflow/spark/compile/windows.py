@@ -4,7 +4,6 @@ merge of per-site partial window aggregates."""
 from __future__ import annotations
 
 import functools
-from dataclasses import replace
 
 from pyspark.sql import Column, DataFrame, GroupedData
 from pyspark.sql import functions as F
@@ -14,9 +13,11 @@ from pyspark.sql.types import StructType
 from spanflow.errors import CompileError
 from spanflow.spark.builtin_processors import TimeWindowReduce
 from spanflow.spark.compile.frame import (
+    ALL,
     CompileContext,
     Frame,
     OutputMode,
+    keyed_or_whole,
     spanflow_schema,
     watermarked,
 )
@@ -30,7 +31,6 @@ from spanflow.spec.steps.windows import MergeStep, WindowStep
 
 WINDOW_TIME = "_window_time"
 """The event time of a window's result (its end, less a microsecond)."""
-ALL = "_all"
 """The one key of an unkeyed stream folded with reduce."""
 
 
@@ -139,8 +139,7 @@ def _incremental_reduce(
 ) -> Frame:
     """Tumbling and sliding windows fold records into one accumulator per window as
     they arrive (keyed state), instead of collecting each window's records."""
-    if not frame.key:  # one group for the whole stream
-        frame = replace(frame, df=frame.df.withColumn(ALL, F.lit(0)), key=(ALL,))
+    frame = keyed_or_whole(frame)  # one group for the whole stream without a key
     assert frame.event_time is not None and step.size is not None
     fields = spanflow_schema(step.id, frame.df.schema)
     output = {k: fields[k] for k in frame.key if k in fields}

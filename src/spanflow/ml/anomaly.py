@@ -1,0 +1,92 @@
+"""The ``detect_anomalies`` step as a keyed processor: a detector and a threshold per
+key (or one for the whole stream), kept as keyed state.
+
+Each record is scored, then learnt from, in event-time order (arrival order without
+event time); the threshold then decides, and learns the score. During a key's first
+``warmup`` records scores are emitted but nothing is called an anomaly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+import orjson
+
+from spanflow.api.processor import Context, KeyedProcessor, Record, StateDeclarations
+from spanflow.ml.detectors import Detector
+from spanflow.ml.thresholds import Threshold
+
+SCORE, FLAG, FIELD = "anomaly_score", "is_anomaly", "anomaly_field"
+ADDED = {SCORE: "double", FLAG: "boolean", FIELD: "string?"}
+
+
+class AnomalyDetection(KeyedProcessor):
+    """Adds ``anomaly_score``, ``is_anomaly`` and ``anomaly_field`` to each record."""
+
+    def __init__(
+        self,
+        *,
+        detector: Callable[[], Detector],
+        threshold: Callable[[], Threshold],
+        warmup: int,
+        only_anomalies: bool,
+        event_time: str | None,
+        hidden: tuple[str, ...] = (),
+    ) -> None:
+        self.detector = detector()
+        self.threshold = threshold()
+        self.warmup = warmup
+        self.only_anomalies = only_anomalies
+        self.event_time = event_time
+        self.hidden = frozenset(hidden)
+
+    def init(self, state: StateDeclarations) -> None:
+        # One JSON blob: a detector's state is nested plain data, read and written
+        # once per key and batch
+        self.state = state.value("detector", "binary")
+
+    def process(self, key: Any, rows: list[Record], ctx: Context) -> Iterator[Record]:
+        blob = self.state.get()
+        saved: dict[str, Any] = orjson.loads(blob) if blob else {"n": 0, "d": None, "t": None}
+        live = self.detector.load(saved["d"])
+        limits = saved["t"] if saved["t"] is not None else self.threshold.empty()
+        times = [row.get(self.event_time) for row in rows] if self.event_time else None
+        verdicts = judge(
+            self.detector, live, self.threshold, limits, rows, times, self.warmup, saved["n"]
+        )
+        out = []
+        for row, (score, anomalous, field) in zip(rows, verdicts, strict=True):
+            if anomalous or not self.only_anomalies:
+                record = {k: v for k, v in row.items() if k not in self.hidden}
+                record[SCORE], record[FLAG], record[FIELD] = score, anomalous, field
+                out.append(record)
+        state = {"n": saved["n"] + len(rows), "d": self.detector.save(live), "t": limits}
+        self.state.set(orjson.dumps(state))
+        yield from out
+
+
+def judge(
+    detector: Detector,
+    live: Any,
+    threshold: Threshold,
+    limits: dict[str, Any],
+    records: Sequence[Mapping[str, Any]],
+    times: Sequence[datetime | None] | None,
+    warmup: int,
+    seen: int = 0,
+) -> list[tuple[float, bool, str | None]]:
+    """(score, anomalous, field) of each record, in order: the detector scores then
+    learns; the threshold decides, then learns the score (from the second half of the
+    warm-up on). ``seen`` records of the key
+    came before these (for the warm-up)."""
+    out = []
+    for i, record in enumerate(records):
+        score, field = detector.step(live, record, times[i] if times is not None else None)
+        n = seen + i + 1
+        # The first half of the warm-up trains the detector only: its first scores
+        # (before it has seen the data) would set the threshold's bar too high
+        flagged = threshold.step(limits, score) if n > warmup // 2 else False
+        out.append((score, flagged and n > warmup, field))
+    return out

@@ -1,0 +1,134 @@
+"""Online learning as keyed state: a River model per key (or one for the stream) that
+predicts each event, then learns from it when it has a label (prequential
+evaluation), with running River metrics.
+
+The model and metrics are kept as :mod:`snapshot` text in Spark state and written
+with the batch's output, so a batch that Spark replays after a crash starts from the
+state before it: an event is never learnt twice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import orjson
+
+from spanflow.api.processor import Context, KeyedProcessor, Record, StateDeclarations
+from spanflow.ml import snapshot
+from spanflow.ml.river_classes import river_class
+
+PREDICTION, PROBABILITY, LEARNED = "prediction", "probability", "learned"
+CLASSIFICATION_METRICS = ("accuracy", "f1")
+REGRESSION_METRICS = ("mae", "rmse")
+
+
+class Learner:
+    """Builds the model and metrics of a ``learn`` step; predicts then learns."""
+
+    def __init__(
+        self,
+        model: str,
+        features: tuple[str, ...],
+        target: str,
+        params: Mapping[str, Any],
+        scale: str,
+        binary: bool,
+    ) -> None:
+        from river import base
+
+        self.cls = river_class(model)
+        self.features, self.target = features, target
+        self.params, self.scale, self.binary = dict(params), scale, binary
+        probe = self.cls(**self.params)  # a bad parameter fails here, at pipeline start
+        if isinstance(probe, base.Classifier):
+            self.task = "classification"
+        elif isinstance(probe, base.Regressor):
+            self.task = "regression"
+        else:
+            raise ValueError(f"{model} is neither a River classifier nor a regressor")
+
+    @property
+    def metric_names(self) -> tuple[str, ...]:
+        return CLASSIFICATION_METRICS if self.task == "classification" else REGRESSION_METRICS
+
+    def build_model(self) -> Any:
+        from river import preprocessing
+
+        model = self.cls(**self.params)
+        if self.scale == "standard":
+            return preprocessing.StandardScaler() | model
+        if self.scale == "minmax":
+            return preprocessing.MinMaxScaler() | model
+        return model
+
+    def build_metrics(self) -> list[Any]:
+        from river import metrics
+
+        if self.task == "regression":
+            return [metrics.MAE(), metrics.RMSE()]
+        return [metrics.Accuracy(), metrics.F1() if self.binary else metrics.MacroF1()]
+
+    def load(self, state: Any) -> tuple[Any, list[Any], int]:
+        if state is None:
+            return self.build_model(), self.build_metrics(), 0
+        model = snapshot.restore(state["model"], self.build_model())
+        kept = snapshot.restore(state["metrics"], self.build_metrics())
+        return model, kept, state["n"]
+
+    def save(self, model: Any, kept: list[Any], n: int) -> Any:
+        return {"model": snapshot.dump(model), "metrics": snapshot.dump(kept), "n": n}
+
+    def step(
+        self, model: Any, kept: list[Any], record: Mapping[str, Any]
+    ) -> tuple[Any, float | None, bool]:
+        """(prediction, probability of it, learnt?) — predicted before learning."""
+        x = {f: float(record[f]) for f in self.features if record.get(f) is not None}
+        probability = None
+        if self.task == "classification":
+            probabilities = model.predict_proba_one(x)
+            prediction = model.predict_one(x)
+            if prediction is not None:
+                probability = float(probabilities.get(prediction, 0.0))
+        else:
+            prediction = model.predict_one(x)
+        y = record.get(self.target)
+        if y is None:
+            return prediction, probability, False
+        if self.task == "regression":
+            y = float(y)
+        if prediction is not None:
+            for metric in kept:
+                metric.update(y, prediction)
+        model.learn_one(x, y)
+        return prediction, probability, True
+
+
+class OnlineLearning(KeyedProcessor):
+    """Adds ``prediction``, ``probability`` (classifiers), the running metrics and
+    ``learned`` (events learnt so far by this key's model) to every record."""
+
+    def __init__(self, *, learner: Callable[[], Learner], hidden: tuple[str, ...] = ()) -> None:
+        self.learner = learner()
+        self.hidden = frozenset(hidden)
+
+    def init(self, state: StateDeclarations) -> None:
+        self.state = state.value("model", "binary")
+
+    def process(self, key: Any, rows: list[Record], ctx: Context) -> Iterator[Record]:
+        blob = self.state.get()
+        model, kept, n = self.learner.load(orjson.loads(blob) if blob else None)
+        out = []
+        for row in rows:
+            prediction, probability, learnt = self.learner.step(model, kept, row)
+            n += learnt
+            record = {k: v for k, v in row.items() if k not in self.hidden}
+            record[PREDICTION] = prediction
+            if self.learner.task == "classification":
+                record[PROBABILITY] = probability
+            for name, metric in zip(self.learner.metric_names, kept, strict=True):
+                record[name] = float(metric.get())
+            record[LEARNED] = n
+            out.append(record)
+        self.state.set(orjson.dumps(self.learner.save(model, kept, n)))
+        yield from out

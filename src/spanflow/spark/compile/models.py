@@ -1,0 +1,102 @@
+"""Steps whose state is a model (:mod:`spanflow.ml`), run as built-in keyed processors:
+the model of each key is Spark state, checkpointed with the query."""
+
+from __future__ import annotations
+
+import functools
+
+from spanflow.errors import CompileError
+from spanflow.ml.anomaly import ADDED, AnomalyDetection
+from spanflow.ml.detectors import make_detector
+from spanflow.ml.learning import LEARNED, PREDICTION, PROBABILITY, Learner, OnlineLearning
+from spanflow.ml.thresholds import make_threshold
+from spanflow.spark.compile.frame import CompileContext, Frame, keyed_or_whole, spanflow_schema
+from spanflow.spark.compile.process import transform_keyed
+from spanflow.spark.compile.registry import compiles
+from spanflow.spec.pipeline import PipelineSpec
+from spanflow.spec.steps.models import LEARN_FIELDS, DetectAnomaliesStep, LearnStep
+
+NUMERIC = ("long", "double")
+
+
+def _check_numeric(step_id: str, fields: dict[str, str], names: tuple[str, ...], what: str) -> None:
+    """A CompileError unless every one of ``names`` is a numeric field."""
+    for name in names:
+        declared = fields.get(name)
+        if declared is None:
+            raise CompileError(step_id, f"no {what} {name!r}; fields: {sorted(fields)}")
+        if declared.rstrip("?") not in NUMERIC:
+            raise CompileError(step_id, f"{what} {name!r} is {declared}, not a number")
+
+
+@compiles(DetectAnomaliesStep)
+def compile_detect_anomalies(
+    ctx: CompileContext, spec: PipelineSpec, step: DetectAnomaliesStep, inputs: list[Frame]
+) -> Frame:
+    (up,) = inputs
+    frame = keyed_or_whole(up)
+    fields = spanflow_schema(step.id, up.df.schema)
+    _check_numeric(step.id, fields, step.fields, "field")
+    season = step.season_seconds(has_event_time=up.event_time is not None)
+    detector = functools.partial(make_detector, step.method, step.fields, step.params, season)
+    try:
+        detector()  # an unknown River class or a bad parameter fails now, not in a worker
+    except (TypeError, ValueError) as exc:
+        raise CompileError(step.id, f"method {step.method}: {exc}") from None
+    output = {k: v for k, v in fields.items() if k not in ADDED}
+    output.update(ADDED)
+    factory = functools.partial(
+        AnomalyDetection,
+        detector=detector,
+        threshold=functools.partial(make_threshold, step.threshold_or_default),
+        warmup=step.warmup,
+        only_anomalies=step.emit == "anomalies",
+        event_time=up.event_time,
+        hidden=tuple(c for c in frame.df.columns if c not in output),
+    )
+    df = transform_keyed(ctx, spec, step.id, frame, factory=factory, output=output, clock="none")
+    return Frame(df, key=up.key, mode="append")
+
+
+@compiles(LearnStep)
+def compile_learn(
+    ctx: CompileContext, spec: PipelineSpec, step: LearnStep, inputs: list[Frame]
+) -> Frame:
+    (up,) = inputs
+    frame = keyed_or_whole(up)
+    fields = spanflow_schema(step.id, up.df.schema)
+    _check_numeric(step.id, fields, step.features, "feature")
+    target = fields.get(step.target)
+    if target is None:
+        raise CompileError(step.id, f"no target field {step.target!r}; fields: {sorted(fields)}")
+    kind = target.rstrip("?")
+    learner = functools.partial(
+        Learner,
+        step.model,
+        step.features,
+        step.target,
+        step.params,
+        step.scale,
+        kind == "boolean",
+    )
+    try:
+        probe = learner()
+    except (TypeError, ValueError) as exc:
+        raise CompileError(step.id, f"model {step.model}: {exc}") from None
+    if probe.task == "regression" and kind not in NUMERIC:
+        raise CompileError(
+            step.id, f"a regressor needs a numeric target; {step.target!r} is {target}"
+        )
+    output = {k: v for k, v in fields.items() if k not in LEARN_FIELDS}
+    output[PREDICTION] = ("double" if probe.task == "regression" else kind) + "?"
+    if probe.task == "classification":
+        output[PROBABILITY] = "double?"
+    output.update(dict.fromkeys(probe.metric_names, "double"))
+    output[LEARNED] = "long"
+    factory = functools.partial(
+        OnlineLearning,
+        learner=learner,
+        hidden=tuple(c for c in frame.df.columns if c not in output),
+    )
+    df = transform_keyed(ctx, spec, step.id, frame, factory=factory, output=output, clock="none")
+    return Frame(df, key=up.key, mode="append")

@@ -1,0 +1,183 @@
+"""Steps whose state is a model: anomaly detection and online learning. A model is
+keyed engine state — per key, or one for the whole stream when the stream has no key
+(then the step needs every site's data: a global step)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any, ClassVar, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from spanflow.spec.durations import parse_duration
+from spanflow.spec.steps.base import Placement, StepBase, StreamFacts, one_or_many
+
+METHOD = r"^(robust|hst|river:[A-Za-z_][\w]*(\.[A-Za-z_]\w*)+)$"
+_CALL = re.compile(r"^\s*(quantile|adaptive)\s*\(\s*([0-9.eE+-]+)\s*\)\s*$")
+ADDED_FIELDS = ("anomaly_score", "is_anomaly", "anomaly_field")
+
+
+def _with_added(up: StreamFacts, added: Sequence[str]) -> StreamFacts:
+    """The facts of a stream that passes its records on with ``added`` fields set."""
+    return StreamFacts(
+        key=up.key if not set(added) & set(up.key) else (),
+        entity=frozenset(up.entity - set(added)),
+        event_time=up.event_time,
+    )
+
+
+def parse_threshold(value: float | str) -> tuple[str, float]:
+    """A threshold as (kind, number): ``0.7`` → static, ``"quantile(0.99)"``,
+    ``"adaptive"`` or ``"adaptive(3)"`` (k standard deviations).
+
+    >>> parse_threshold("quantile(0.99)")
+    ('quantile', 0.99)
+    """
+    if isinstance(value, bool):
+        raise ValueError("a threshold is a score, 'quantile(q)' or 'adaptive(k)'")
+    if isinstance(value, str) and value.strip() == "adaptive":
+        return "adaptive", 3.0
+    if isinstance(value, str):
+        match = _CALL.match(value)
+        if match is None:
+            try:
+                value = float(value)
+            except ValueError:
+                raise ValueError(
+                    f"unknown threshold {value!r}: give a score like 0.7, 'quantile(0.99)', "
+                    "'adaptive' or 'adaptive(3)'"
+                ) from None
+        else:
+            kind, number = match.group(1), float(match.group(2))
+            if kind == "quantile" and not 0 < number < 1:
+                raise ValueError(f"quantile(q) needs 0 < q < 1, not {number}")
+            if kind == "adaptive" and number <= 0:
+                raise ValueError(f"adaptive(k) needs k > 0, not {number}")
+            return kind, number
+    if not 0 < value <= 1:
+        raise ValueError(f"a static threshold is a score in (0, 1], not {value}")
+    return "static", float(value)
+
+
+class DetectAnomaliesStep(StepBase):
+    """Scores every record for how anomalous it is, per key (or over the whole stream
+    when it has no key), and adds ``anomaly_score`` (0 to 1), ``is_anomaly`` and
+    ``anomaly_field`` (the field that contributed most).
+
+    ``method``: ``robust`` (a streaming baseline that follows drift and learns a daily
+    profile; the default), ``hst`` (River's Half-Space Trees) or any River detector as
+    ``river:<module>.<Class>``; ``params`` go to it. ``threshold``: a score (static),
+    ``quantile(q)`` of the key's scores so far, or ``adaptive``/``adaptive(k)`` (mean +
+    k standard deviations of recent scores). The first ``warmup`` records of a key get
+    scores but are never anomalies. ``emit: anomalies`` keeps only the anomalies.
+    """
+
+    placement: ClassVar[Placement] = Placement.KEYED
+
+    type: Literal["detect_anomalies"] = "detect_anomalies"
+    fields: tuple[str, ...] = Field(min_length=1, description="Numeric fields to watch.")
+    method: str = Field(
+        default="robust", pattern=METHOD, description="robust, hst or river:<module>.<Class>."
+    )
+    params: dict[str, Any] = Field(
+        default_factory=dict, description="Parameters of the method (plain data)."
+    )
+    threshold: float | str | None = Field(
+        default=None,
+        description="A score, 'quantile(q)' or 'adaptive(k)' (default: 0.5 for robust, "
+        "quantile(0.99) for the others).",
+    )
+    warmup: int = Field(default=100, ge=0, description="Records per key before any anomaly.")
+    emit: Literal["all", "anomalies"] = Field(default="all")
+    seasonality: str | None = Field(
+        default=None,
+        description="Period of the robust method's profile: a duration such as '1d', or "
+        "'none' (default: 1d when the stream has event time).",
+    )
+
+    @field_validator("fields", mode="before")
+    @classmethod
+    def _one_or_many(cls, v: Any) -> Any:
+        return one_or_many(v)
+
+    @model_validator(mode="after")
+    def _valid(self) -> DetectAnomaliesStep:
+        if self.threshold is not None:
+            parse_threshold(self.threshold)
+        if self.seasonality not in (None, "none"):
+            if self.method != "robust":
+                raise ValueError("seasonality applies to the robust method only")
+            parse_duration(self.seasonality)
+        clash = set(self.fields) & set(ADDED_FIELDS)
+        if clash:
+            raise ValueError(f"{sorted(clash)} are fields this step adds, not inputs")
+        return self
+
+    @property
+    def threshold_or_default(self) -> float | str:
+        if self.threshold is not None:
+            return self.threshold
+        return 0.5 if self.method == "robust" else "quantile(0.99)"
+
+    def season_seconds(self, has_event_time: bool) -> float | None:
+        """The robust profile's period, or None for no profile."""
+        if self.method != "robust" or self.seasonality == "none":
+            return None
+        if self.seasonality is None:
+            return 86400.0 if has_event_time else None
+        return parse_duration(self.seasonality)
+
+    def check_inputs(self, inputs: Sequence[StreamFacts]) -> None:
+        if self.seasonality not in (None, "none") and inputs[0].event_time is None:
+            raise ValueError(
+                f"detect_anomalies {self.id!r} has seasonality but its input has no event "
+                "time: set event_time on the source, or seasonality: none"
+            )
+
+    def facts(self, inputs: Sequence[StreamFacts]) -> StreamFacts:
+        return _with_added(inputs[0], ADDED_FIELDS)
+
+
+MODEL_REF = r"^river:[A-Za-z_]\w*(\.[A-Za-z_]\w*)+$"
+LEARN_FIELDS = ("prediction", "probability", "learned", "accuracy", "f1", "mae", "rmse")
+
+
+class LearnStep(StepBase):
+    """Online learning: a River model per key (or one for the whole stream) predicts
+    each record, then learns from it when ``target`` is set (prequential), and emits
+    the record with ``prediction``, ``probability`` (classifiers), running metrics —
+    ``accuracy`` and ``f1`` for classifiers, ``mae`` and ``rmse`` for regressors —
+    and ``learned``, the number of records its model has learnt from.
+
+    ``model`` is a River class, ``river:<module>.<Class>``, built with ``params``;
+    ``scale`` puts a StandardScaler (default), a MinMaxScaler or nothing before it.
+    Model and metrics are keyed state, checkpointed with the output: a record is
+    never learnt twice, even when Spark replays a batch after a crash.
+    """
+
+    placement: ClassVar[Placement] = Placement.KEYED
+
+    type: Literal["learn"] = "learn"
+    model: str = Field(pattern=MODEL_REF, description="river:<module>.<Class>.")
+    features: tuple[str, ...] = Field(min_length=1, description="Numeric input fields.")
+    target: str = Field(description="The label field (null: predict only).")
+    params: dict[str, Any] = Field(default_factory=dict, description="Model parameters.")
+    scale: Literal["standard", "minmax", "none"] = "standard"
+
+    @field_validator("features", mode="before")
+    @classmethod
+    def _many(cls, v: Any) -> Any:
+        return one_or_many(v)
+
+    @model_validator(mode="after")
+    def _valid(self) -> LearnStep:
+        if self.target in self.features:
+            raise ValueError(f"the target {self.target!r} cannot also be a feature")
+        clash = (set(self.features) | {self.target}) & set(LEARN_FIELDS)
+        if clash:
+            raise ValueError(f"{sorted(clash)} are fields this step adds, not inputs")
+        return self
+
+    def facts(self, inputs: Sequence[StreamFacts]) -> StreamFacts:
+        return _with_added(inputs[0], LEARN_FIELDS)

@@ -1,0 +1,119 @@
+"""Online learning without Spark: predictions and metrics equal a plain River loop,
+however the records are cut into batches; unlabelled records are only predicted."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from river import linear_model, metrics, preprocessing
+
+import spanflow as sf
+from spanflow.errors import SpecError
+from spanflow.ml.learning import Learner, OnlineLearning
+from spanflow.testing import KeyedProcessorTest
+
+FEATURES = ("x1", "x2")
+
+
+def _records(n: int) -> list[dict]:
+    rng = random.Random(11)
+    out = []
+    for i in range(n):
+        x1, x2 = rng.gauss(0, 1), rng.gauss(5, 2)
+        label = (x1 + 0.3 * (x2 - 5) + rng.gauss(0, 0.3)) > 0
+        out.append(
+            {
+                "id": i,
+                "device": "ab"[i % 2],
+                "x1": x1,
+                "x2": x2,
+                "label": None if i % 10 == 9 else label,  # every tenth has no label yet
+                "y": 3 * x1 - x2 + rng.gauss(0, 0.1),
+            }
+        )
+    return out
+
+
+def _river_classifier(records: list[dict]) -> list[tuple]:
+    model = preprocessing.StandardScaler() | linear_model.LogisticRegression()
+    accuracy, f1, learned, out = metrics.Accuracy(), metrics.F1(), 0, []
+    for r in records:
+        x = {f: r[f] for f in FEATURES}
+        prediction = model.predict_one(x)
+        probability = model.predict_proba_one(x)[prediction]
+        if r["label"] is not None:
+            accuracy.update(r["label"], prediction)
+            f1.update(r["label"], prediction)
+            model.learn_one(x, r["label"])
+            learned += 1
+        out.append((prediction, probability, accuracy.get(), f1.get(), learned))
+    return out
+
+
+def _learner(target: str = "label", model: str = "river:linear_model.LogisticRegression"):
+    return lambda: Learner(model, FEATURES, target, {}, "standard", target == "label")
+
+
+def _test() -> KeyedProcessorTest:
+    return KeyedProcessorTest(
+        OnlineLearning,
+        key="device",
+        output_schema={
+            "id": "long",
+            "device": "string",
+            "prediction": "boolean?",
+            "probability": "double?",
+            "accuracy": "double",
+            "f1": "double",
+            "learned": "long",
+        },
+        params={"learner": _learner(), "hidden": ("x1", "x2", "label", "y")},
+    )
+
+
+def test_predictions_and_metrics_equal_a_plain_river_loop_however_batches_are_cut():
+    records = _records(400)
+    out = []
+    t = _test()
+    for lo in range(0, len(records), 23):
+        out += t.process(records[lo : lo + 23])
+    for device in "ab":
+        mine = [r for r in records if r["device"] == device]
+        got = sorted((r for r in out if r["device"] == device), key=lambda r: r["id"])
+        expected = _river_classifier(mine)
+        assert [
+            (r["prediction"], r["probability"], r["accuracy"], r["f1"], r["learned"]) for r in got
+        ] == expected
+    assert got[-1]["accuracy"] > 0.8  # it did learn
+    assert got[-1]["learned"] == sum(1 for r in mine if r["label"] is not None)
+
+
+def test_a_regressor_reports_mae_and_rmse_like_river():
+    records = _records(300)
+    learner = Learner("river:linear_model.LinearRegression", FEATURES, "y", {}, "standard", False)
+    model, kept, _ = learner.load(None)
+    model = learner.load(learner.save(model, kept, 0))[0]  # a round trip on the way
+    river_model = preprocessing.StandardScaler() | linear_model.LinearRegression()
+    mae = metrics.MAE()
+    for r in records:
+        prediction, _, learnt = learner.step(model, kept, r)
+        x = {f: r[f] for f in FEATURES}
+        expected = river_model.predict_one(x)
+        mae.update(r["y"], expected)
+        river_model.learn_one(x, r["y"])
+        assert learnt and prediction == expected
+    assert kept[0].get() == mae.get() and learner.metric_names == ("mae", "rmse")
+
+
+def test_learn_errors_are_clear():
+    p = sf.Pipeline("bad")
+    s = p.source("S", schema={"device": "string", "x1": "double", "label": "boolean"})
+    with pytest.raises(SpecError, match="model"):
+        s.learn("sklearn:LogisticRegression", features=["x1"], target="label")
+    with pytest.raises(SpecError, match="cannot also be a feature"):
+        s.learn("river:linear_model.LogisticRegression", features=["x1", "label"], target="label")
+    with pytest.raises(ValueError, match=r"River has no linear_model\.Nope"):
+        _learner(model="river:linear_model.Nope")()
+    with pytest.raises(ValueError, match="neither a River classifier nor a regressor"):
+        _learner(model="river:preprocessing.StandardScaler")()

@@ -55,3 +55,21 @@ class NatsError(SpanflowError):
     """The NATS server could not be started or reached."""
 
     code = "nats_error"
+
+
+class ModelError(SpanflowError):
+    """A model registry request cannot be met (the message says why)."""
+
+    code = "model_error"
+
+
+class ModelNotFound(ModelError):
+    """No such model, or no such version of it."""
+
+    code = "model_not_found"
+
+
+class InvalidModel(ModelError):
+    """A model file is not what it claims to be, or does not fit the stream."""
+
+    code = "invalid_model"

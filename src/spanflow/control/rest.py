@@ -20,6 +20,7 @@ from pydantic import BaseModel, Field, ValidationError
 from spanflow.api.yaml_loader import load_pipeline_text
 from spanflow.control.coordinator import Coordinator, Registration, RequestError, Submission
 from spanflow.control.metrics import render_metrics
+from spanflow.control.model_routes import add_model_routes
 from spanflow.errors import PipelineFileError
 from spanflow.spec.durations import Duration
 from spanflow.spec.pipeline import PipelineSpec, format_validation_error
@@ -205,6 +206,7 @@ def create_app(coordinator: Coordinator) -> FastAPI:
         await coordinator.resume(name, body.savepoint if body else None)
         return coordinator.pipeline_status(name)
 
+    add_model_routes(app, coordinator, guarded)
     return app
 
 

@@ -1,0 +1,128 @@
+"""``spanflow model push/list/promote/rollback``: the model registry from the shell."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from spanflow.cli.common import DataDirOption, NatsOption, _data_dir, app, console, nats_url
+
+model_app = typer.Typer(
+    no_args_is_help=True,
+    help="The model registry: versions, stages (staging, production, archived), rollback.",
+)
+app.add_typer(model_app, name="model")
+
+
+def _run(url: str | None, data_dir: Path | None, work: Any) -> Any:
+    from spanflow.ml.model_store import with_store
+
+    with nats_url(url, _data_dir(data_dir)) as resolved:
+        return asyncio.run(with_store(resolved, work))
+
+
+@model_app.command("push")
+def push(
+    file: Annotated[Path, typer.Argument(help="The model file (.onnx, or a pickled River model).")],
+    name: Annotated[str, typer.Option("--name", help="Model name.")],
+    features: Annotated[
+        str, typer.Option("--features", help="The input fields, in the model's order: a,b,c.")
+    ],
+    format: Annotated[
+        str | None, typer.Option("--format", help="onnx or river (default: by file suffix).")
+    ] = None,
+    note: Annotated[str, typer.Option(help="A note kept with the version.")] = "",
+    nats: NatsOption = None,
+    data_dir: DataDirOption = None,
+) -> None:
+    """Store a model file as the next version of NAME, in staging.
+
+    A River model is a pickle, which is code: push only files you would run."""
+    from spanflow.errors import InvalidModel
+
+    if not file.is_file():
+        raise InvalidModel(f"no model file {file}")
+    kind = format or ("onnx" if file.suffix == ".onnx" else "river")
+    if kind not in ("onnx", "river"):
+        raise InvalidModel(f"--format {kind!r}: use onnx or river")
+    data = file.read_bytes()
+    names = [f.strip() for f in features.split(",") if f.strip()]
+    version = _run(
+        nats,
+        data_dir,
+        lambda store: store.push(name, data, format=kind, features=names, note=note),
+    )
+    console.print(
+        f"pushed {name} version {version.version} ({kind}, {version.size:,} bytes, "
+        f"sha256 {version.sha256[:12]}…) — stage: staging"
+    )
+
+
+@model_app.command("list")
+def list_models(
+    name: Annotated[str | None, typer.Argument(help="One model's versions.")] = None,
+    nats: NatsOption = None,
+    data_dir: DataDirOption = None,
+) -> None:
+    """Models and their versions, stages and digests."""
+
+    async def work(store: Any) -> list[Any]:
+        names = [name] if name else await store.names()
+        return [(await store.manifest(n))[0] for n in names]
+
+    manifests = _run(nats, data_dir, work)
+    if not manifests:
+        console.print("no models in the registry")
+        return
+    table = Table()
+    for column in ("model", "version", "stage", "format", "inputs", "sha256", "pushed", "note"):
+        table.add_column(column, no_wrap=column in ("model", "version", "stage", "format"))
+    for manifest in manifests:
+        for v in manifest.versions:
+            pushed = datetime.fromtimestamp(v.created, UTC).strftime("%Y-%m-%d %H:%M:%S")
+            table.add_row(
+                manifest.name,
+                str(v.version),
+                v.stage,
+                v.format,
+                ", ".join(v.inputs),
+                v.sha256[:12],
+                pushed,
+                v.note,
+            )
+    console.print(table)
+
+
+@model_app.command("promote")
+def promote(
+    name: Annotated[str, typer.Argument(help="Model name.")],
+    version: Annotated[int, typer.Argument(help="Version to promote.")],
+    stage: Annotated[
+        str, typer.Option(help="production (default), staging or archived.")
+    ] = "production",
+    nats: NatsOption = None,
+    data_dir: DataDirOption = None,
+) -> None:
+    """Move a version to a stage; to production archives the version there before."""
+    from spanflow.errors import ModelError
+
+    if stage not in ("production", "staging", "archived"):
+        raise ModelError(f"--stage {stage!r}: use production, staging or archived")
+    manifest = _run(nats, data_dir, lambda store: store.promote(name, version, stage))
+    console.print(f"{name} version {version} → {stage} (production: {manifest.production})")
+
+
+@model_app.command("rollback")
+def rollback(
+    name: Annotated[str, typer.Argument(help="Model name.")],
+    nats: NatsOption = None,
+    data_dir: DataDirOption = None,
+) -> None:
+    """Put the previous production version of NAME back in production."""
+    manifest = _run(nats, data_dir, lambda store: store.rollback(name))
+    console.print(f"{name}: production is version {manifest.production} again")

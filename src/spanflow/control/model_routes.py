@@ -1,0 +1,87 @@
+"""REST endpoints of the model registry (``/api/v1/models``), token-protected like the
+rest of the API. A model file is uploaded as the raw request body; a River model is
+a pickle, i.e. code, so the upload is accepted only from a caller holding the token
+(see docs/ml.md, "the trust boundary")."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import FastAPI, Query, Request
+from pydantic import BaseModel, Field
+
+from spanflow.control.coordinator import Coordinator, RequestError
+from spanflow.errors import InvalidModel, ModelError, ModelNotFound
+from spanflow.ml.model_store import MAX_FILE, ModelStore
+from spanflow.ml.registry import Stage
+
+API = "/api/v1/models"
+
+
+class PromoteBody(BaseModel):
+    version: int = Field(ge=1)
+    stage: Stage = "production"
+
+
+def _status_of(exc: ModelError) -> int:
+    if isinstance(exc, ModelNotFound):
+        return 404
+    if isinstance(exc, InvalidModel):
+        return 422
+    return 409
+
+
+def add_model_routes(app: FastAPI, coordinator: Coordinator, guarded: list[Any]) -> None:
+    def store() -> ModelStore:
+        if coordinator.nc is None:
+            raise RequestError(503, "the coordinator is not connected to NATS yet")
+        return ModelStore(coordinator.nc.jetstream())
+
+    async def call(work: Any) -> Any:
+        try:
+            return await work
+        except ModelError as exc:
+            raise RequestError(_status_of(exc), str(exc)) from None
+
+    @app.get(API, tags=["models"], dependencies=guarded)
+    async def list_models() -> list[dict[str, Any]]:
+        models = store()
+        out = []
+        for name in await call(models.names()):
+            manifest, _ = await call(models.manifest(name))
+            out.append(manifest.model_dump(mode="json") | {"production": manifest.production})
+        return out
+
+    @app.get(f"{API}/{{name}}", tags=["models"], dependencies=guarded)
+    async def get_model(name: str) -> dict[str, Any]:
+        manifest, _ = await call(store().manifest(name))
+        return manifest.model_dump(mode="json") | {"production": manifest.production}
+
+    @app.post(f"{API}/{{name}}/versions", tags=["models"], dependencies=guarded, status_code=201)
+    async def push(
+        name: str,
+        request: Request,
+        format: Annotated[str, Query(pattern="^(onnx|river)$")],
+        features: Annotated[str, Query(description="Input fields, in order: a,b,c")],
+        note: str = "",
+    ) -> dict[str, Any]:
+        data = await request.body()
+        if not data:
+            raise RequestError(422, "send the model file as the request body")
+        if len(data) > MAX_FILE:
+            raise RequestError(413, f"model file is {len(data):,} bytes; at most {MAX_FILE:,}")
+        names = [f.strip() for f in features.split(",") if f.strip()]
+        version = await call(
+            store().push(name, data, format=format, features=names, note=note)  # type: ignore[arg-type]
+        )
+        return dict(version.model_dump(mode="json"))
+
+    @app.post(f"{API}/{{name}}/promote", tags=["models"], dependencies=guarded)
+    async def promote(name: str, body: PromoteBody) -> dict[str, Any]:
+        manifest = await call(store().promote(name, body.version, body.stage))
+        return manifest.model_dump(mode="json") | {"production": manifest.production}
+
+    @app.post(f"{API}/{{name}}/rollback", tags=["models"], dependencies=guarded)
+    async def rollback(name: str) -> dict[str, Any]:
+        manifest = await call(store().rollback(name))
+        return manifest.model_dump(mode="json") | {"production": manifest.production}

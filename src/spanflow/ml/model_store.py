@@ -1,0 +1,162 @@
+"""The model registry on JetStream: manifests in a key-value bucket, files in an
+object store. A thin shell over the pure decisions of :mod:`spanflow.ml.registry`.
+
+Every manifest change is a compare-and-set on the manifest's KV revision, retried
+when someone else changed it first, so two pushes never get the same version number
+and a promotion never overwrites a concurrent one. Files are stored under
+``<name>/<version>`` before the manifest names them: a version in a manifest always
+has its file.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+
+from nats.js.client import JetStreamContext
+from nats.js.errors import (
+    BucketNotFoundError,
+    KeyNotFoundError,
+    KeyWrongLastSequenceError,
+    NoKeysError,
+)
+from nats.js.errors import NotFoundError as ObjectNotFoundError
+
+from spanflow.errors import ModelError, ModelNotFound
+from spanflow.ml import registry
+from spanflow.ml.artifacts import LoadedModel, describe, load, sha256_of
+from spanflow.ml.registry import Format, ModelManifest, ModelVersion, Stage
+
+MANIFESTS = "SPANFLOW_MODEL_INDEX"
+FILES = "SPANFLOW_MODELS"
+MAX_FILE = 256 * 1024 * 1024
+
+
+@dataclass
+class ModelStore:
+    """The registry over one JetStream context."""
+
+    js: JetStreamContext
+
+    async def _kv(self):  # type: ignore[no-untyped-def]
+        try:
+            return await self.js.key_value(MANIFESTS)
+        except BucketNotFoundError:
+            return await self.js.create_key_value(bucket=MANIFESTS, history=16)
+
+    async def _files(self):  # type: ignore[no-untyped-def]
+        try:
+            return await self.js.object_store(FILES)
+        except BucketNotFoundError:
+            return await self.js.create_object_store(FILES)
+
+    async def manifest(self, name: str) -> tuple[ModelManifest, int]:
+        """A model's manifest and its KV revision (ModelNotFound when unknown)."""
+        registry.check_name(name)
+        kv = await self._kv()
+        try:
+            entry = await kv.get(name)
+        except KeyNotFoundError:
+            raise ModelNotFound(f"no model {name!r} in the registry") from None
+        if entry.value is None:
+            raise ModelNotFound(f"no model {name!r} in the registry")
+        return ModelManifest.model_validate_json(entry.value), entry.revision or 0
+
+    async def names(self) -> list[str]:
+        kv = await self._kv()
+        try:
+            return sorted(await kv.keys())
+        except NoKeysError:
+            return []
+
+    async def _change(
+        self, name: str, change: Callable[[ModelManifest | None], ModelManifest]
+    ) -> ModelManifest:
+        kv = await self._kv()
+        for _ in range(20):
+            try:
+                current, revision = await self.manifest(name)
+            except ModelNotFound:
+                current, revision = None, 0
+            updated = change(current)
+            data = updated.model_dump_json().encode()
+            try:
+                if revision:
+                    await kv.update(name, data, last=revision)
+                else:
+                    await kv.create(name, data)
+                return updated
+            except KeyWrongLastSequenceError:
+                continue  # changed (or created) meanwhile: decide again on the new manifest
+        raise ModelError(f"model {name!r} kept changing under this request; try again")
+
+    async def push(
+        self,
+        name: str,
+        data: bytes,
+        *,
+        format: Format,
+        features: Sequence[str],
+        note: str = "",
+    ) -> ModelVersion:
+        """Store a model file as the next version of ``name`` (in staging)."""
+        registry.check_name(name)
+        if len(data) > MAX_FILE:
+            raise ModelError(f"model file is {len(data):,} bytes; at most {MAX_FILE:,}")
+        inputs = describe(data, format, features)
+        digest = sha256_of(data)
+        files = await self._files()
+        # The file goes in under its digest first; the manifest names it by version.
+        await files.put(f"{name}/sha256-{digest}", data)
+        manifest = await self._change(
+            name,
+            lambda current: registry.add_version(
+                current,
+                name,
+                sha256=digest,
+                format=format,
+                inputs=inputs,
+                size=len(data),
+                now=time.time(),
+                note=note,
+            ),
+        )
+        return manifest.versions[-1]
+
+    async def promote(self, name: str, version: int, stage: Stage = "production") -> ModelManifest:
+        return await self._change(name, lambda m: registry.promote(_known(m, name), version, stage))
+
+    async def rollback(self, name: str) -> ModelManifest:
+        return await self._change(name, lambda m: registry.rollback(_known(m, name)))
+
+    async def file(self, name: str, version: ModelVersion) -> bytes:
+        files = await self._files()
+        try:
+            result = await files.get(f"{name}/sha256-{version.sha256}")
+        except ObjectNotFoundError:
+            raise ModelNotFound(
+                f"the file of {name} version {version.version} is missing"
+            ) from None
+        return bytes(result.data or b"")
+
+    async def load(self, name: str, version: ModelVersion) -> LoadedModel:
+        """The version's file, verified against its sha256, loaded."""
+        return load(version, await self.file(name, version))
+
+
+def _known(manifest: ModelManifest | None, name: str) -> ModelManifest:
+    if manifest is None:
+        raise ModelNotFound(f"no model {name!r} in the registry")
+    return manifest
+
+
+async def with_store(url: str, work: Callable[[ModelStore], Awaitable[object]]) -> object:
+    """Run ``work`` with a store over a fresh connection to ``url``."""
+    from spanflow.nats.streams import connect
+
+    nc = await connect(url)
+    try:
+        return await work(ModelStore(nc.jetstream()))
+    finally:
+        await nc.close()

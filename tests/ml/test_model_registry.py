@@ -1,0 +1,195 @@
+"""The model registry end to end on a real NATS server, through the CLI: push, list,
+promote, rollback; files verified by sha256 when loaded; clear errors."""
+
+from __future__ import annotations
+
+import asyncio
+import pickle
+from pathlib import Path
+
+import numpy as np
+import pytest
+from river import linear_model
+from skl2onnx import to_onnx
+from sklearn.linear_model import LogisticRegression
+from typer.testing import CliRunner
+
+from spanflow.cli import app
+from spanflow.errors import InvalidModel, ModelError, ModelNotFound
+from spanflow.ml import registry
+from spanflow.ml.model_store import ModelStore, with_store
+
+runner = CliRunner()
+
+
+def _onnx_model(path: Path, flip: bool = False) -> Path:
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(200, 2)).astype(np.float32)
+    y = (x[:, 0] + x[:, 1] > 0) ^ flip
+    model = LogisticRegression().fit(x, y)
+    path.write_bytes(to_onnx(model, x[:1]).SerializeToString())
+    return path
+
+
+def _cli(*args: str) -> str:
+    result = runner.invoke(app, list(args), catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def _manifest(url: str, name: str) -> registry.ModelManifest:
+    async def work(store: ModelStore) -> registry.ModelManifest:
+        return (await store.manifest(name))[0]
+
+    return asyncio.run(with_store(url, work))  # type: ignore[return-value]
+
+
+def test_push_list_promote_rollback_and_load(nats_url, tmp_path, uid):
+    name = f"pump-{uid}"
+    first = _onnx_model(tmp_path / "a.onnx")
+    second = _onnx_model(tmp_path / "b.onnx", flip=True)
+    assert "version 1" in _cli(
+        "model", "push", str(first), "--name", name, "--features", "t,v", "--nats", nats_url
+    )
+    assert "version 2" in _cli(
+        "model", "push", str(second), "--name", name, "--features", "t,v", "--nats", nats_url
+    )
+    _cli("model", "promote", name, "1", "--nats", nats_url)
+    _cli("model", "promote", name, "2", "--nats", nats_url)
+    manifest = _manifest(nats_url, name)
+    assert [(v.version, v.stage) for v in manifest.versions] == [(1, "archived"), (2, "production")]
+    assert manifest.version(1).inputs == {"t": "double", "v": "double"}
+    listing = _cli("model", "list", name, "--nats", nats_url)
+    assert "production" in listing and "archived" in listing
+    assert "version 1 again" in _cli("model", "rollback", name, "--nats", nats_url)
+    manifest = _manifest(nats_url, name)
+    assert manifest.production == 1 and manifest.version(2).stage == "archived"
+
+    async def score(store: ModelStore) -> list:
+        loaded = [await store.load(name, manifest.version(n)) for n in (1, 2)]
+        records = [{"t": 2.0, "v": 1.0}, {"t": -2.0, "v": -1.0}]
+        return [m.predict(records) for m in loaded]
+
+    one, two = asyncio.run(with_store(nats_url, score))
+    assert [label for label, _ in one] == [True, False]  # x0 + x1 > 0
+    assert [label for label, _ in two] == [False, True]  # the flipped model
+    assert all(0.5 <= p <= 1 for _, p in one + two)
+
+
+def test_a_river_model_round_trips_and_a_changed_file_is_refused(nats_url, tmp_path, uid):
+    name = f"river-{uid}"
+    model = linear_model.LinearRegression()
+    for i in range(50):
+        model.learn_one({"t": float(i)}, 2.0 * i)
+    path = tmp_path / "model.pkl"
+    path.write_bytes(pickle.dumps(model))
+    _cli("model", "push", str(path), "--name", name, "--features", "t", "--nats", nats_url)
+    version = _manifest(nats_url, name).version(1)
+
+    async def load(store: ModelStore):  # type: ignore[no-untyped-def]
+        return await store.load(name, version)
+
+    loaded = asyncio.run(with_store(nats_url, load))
+    assert loaded.predict([{"t": 10.0}])[0][0] == model.predict_one({"t": 10.0})
+    tampered = version.model_copy(update={"sha256": "0" * 64})
+
+    async def load_tampered(store: ModelStore):  # type: ignore[no-untyped-def]
+        data = await store.file(name, version)
+        from spanflow.ml.artifacts import load as load_file
+
+        return load_file(tampered, data)
+
+    with pytest.raises(InvalidModel, match="sha256"):
+        asyncio.run(with_store(nats_url, load_tampered))
+
+
+def test_bad_files_and_unknown_versions_give_clear_errors(nats_url, tmp_path, uid):
+    name = f"bad-{uid}"
+    junk = tmp_path / "junk.onnx"
+    junk.write_bytes(b"not a model at all")
+    with pytest.raises(InvalidModel, match="not a valid ONNX model"):
+        runner.invoke(
+            app,
+            ["model", "push", str(junk), "--name", name, "--features", "t", "--nats", nats_url],
+            catch_exceptions=False,
+        )
+    good = _onnx_model(tmp_path / "m.onnx")
+    with pytest.raises(InvalidModel, match="reads 2 columns but 3 features"):
+        runner.invoke(
+            app,
+            ["model", "push", str(good), "--name", name, "--features", "a,b,c", "--nats", nats_url],
+            catch_exceptions=False,
+        )
+    with pytest.raises(ModelNotFound, match=f"no model '{name}'"):
+        runner.invoke(
+            app, ["model", "promote", name, "1", "--nats", nats_url], catch_exceptions=False
+        )
+    _cli("model", "push", str(good), "--name", name, "--features", "a,b", "--nats", nats_url)
+    with pytest.raises(ModelNotFound, match=r"has no version 7 \(versions: 1\)"):
+        runner.invoke(
+            app, ["model", "promote", name, "7", "--nats", nats_url], catch_exceptions=False
+        )
+    _cli("model", "promote", name, "1", "--nats", nats_url)
+    with pytest.raises(ModelError, match="nothing to roll back to"):
+        runner.invoke(app, ["model", "rollback", name, "--nats", nats_url], catch_exceptions=False)
+
+
+def test_registry_decisions():
+    m = None
+    for i in range(3):
+        m = registry.add_version(
+            m, "m", sha256=f"{i:064x}", format="onnx", inputs={"t": "double"}, size=1, now=i
+        )
+    assert [v.version for v in m.versions] == [1, 2, 3]
+    assert all(v.stage == "staging" for v in m.versions)
+    m = registry.promote(registry.promote(registry.promote(m, 1), 2), 3)
+    assert (m.production, m.history) == (3, (1, 2))
+    m = registry.rollback(m)
+    assert (m.production, m.history, m.version(3).stage) == (2, (1,), "archived")
+    m = registry.rollback(m)
+    assert (m.production, m.history) == (1, ())
+    with pytest.raises(ModelError):
+        registry.rollback(m)
+    with pytest.raises(ModelError, match="model name"):
+        registry.check_name("no spaces please")
+
+
+def test_rest_endpoints_need_the_token_and_work_end_to_end(tmp_path):
+    import warnings
+
+    from spanflow.control.rest import create_app
+    from spanflow.nats.server import EmbeddedNats
+    from tests.cluster.test_coordinator_api import AUTH, coordinator
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from fastapi.testclient import TestClient
+
+    data = _onnx_model(tmp_path / "m.onnx").read_bytes()
+    with (
+        EmbeddedNats(tmp_path / "nats") as server,
+        TestClient(create_app(coordinator(server, tmp_path))) as api,
+    ):
+        url = "/api/v1/models/pump/versions?format=onnx&features=t,v"
+        assert api.post(url, content=data).status_code == 401  # no token, no upload
+        assert api.get("/api/v1/models").status_code == 401
+        for _ in range(2):
+            r = api.post(url, content=data, headers=AUTH)
+            assert r.status_code == 201, r.text
+        assert r.json()["version"] == 2 and r.json()["stage"] == "staging"
+        r = api.post("/api/v1/models/pump/promote", json={"version": 2}, headers=AUTH)
+        assert r.status_code == 200 and r.json()["production"] == 2
+        r = api.post("/api/v1/models/pump/promote", json={"version": 1}, headers=AUTH)
+        assert r.json()["production"] == 1
+        r = api.post("/api/v1/models/pump/rollback", headers=AUTH)
+        assert r.json()["production"] == 2
+        listed = api.get("/api/v1/models", headers=AUTH).json()
+        assert [(m["name"], m["production"]) for m in listed] == [("pump", 2)]
+        # errors: a missing version, an unknown model, a bad file, a bad format
+        r = api.post("/api/v1/models/pump/promote", json={"version": 9}, headers=AUTH)
+        assert r.status_code == 404 and "has no version 9" in r.json()["detail"]
+        assert api.get("/api/v1/models/nope", headers=AUTH).status_code == 404
+        r = api.post(url, content=b"junk", headers=AUTH)
+        assert r.status_code == 422 and "not a valid ONNX model" in r.json()["detail"]
+        bad = "/api/v1/models/pump/versions?format=pickle&features=t"
+        assert api.post(bad, content=data, headers=AUTH).status_code == 422

@@ -117,3 +117,33 @@ def test_learn_errors_are_clear():
         _learner(model="river:linear_model.Nope")()
     with pytest.raises(ValueError, match="neither a River classifier nor a regressor"):
         _learner(model="river:preprocessing.StandardScaler")()
+
+
+def test_a_learnt_model_is_published_to_the_registry_once_per_change(nats_url, uid):
+    import asyncio
+
+    from spanflow.ml.artifacts import load
+    from spanflow.ml.learning import Publishing, publish_model
+    from spanflow.ml.model_store import ModelStore, with_store
+
+    learner = Learner("river:linear_model.LinearRegression", FEATURES, "y", {}, "standard", False)
+    model, kept, n = learner.load(None)
+    for r in _records(100):
+        n += learner.step(model, kept, r)[2]
+    settings = Publishing(url=nats_url, name=f"edge-{uid}", every=0, per_key=True, origin="p/s")
+    assert publish_model(settings, "dev/1", model, FEATURES, n) == 1
+    assert publish_model(settings, "dev/1", model, FEATURES, n) is None  # same file: no new version
+    learner.step(model, kept, _records(101)[-1])
+    assert publish_model(settings, "dev/1", model, FEATURES, n + 1) == 2
+
+    async def fetch(store: ModelStore):  # type: ignore[no-untyped-def]
+        manifest, _ = await store.manifest(f"edge-{uid}-dev_1")
+        version = manifest.version(2)
+        return version, await store.file(manifest.name, version)
+
+    version, data = asyncio.run(with_store(nats_url, fetch))
+    assert (version.stage, version.format) == ("staging", "river")
+    assert "101 records" in version.note
+    loaded = load(version, data)
+    x = {"x1": 0.5, "x2": 4.0}
+    assert loaded.predict([x])[0][0] == model.predict_one(x)

@@ -52,7 +52,7 @@ from spanflow.spec import (
     WindowStep,
     format_validation_error,
 )
-from spanflow.spec.steps.models import DetectAnomaliesStep, LearnStep
+from spanflow.spec.steps.models import DetectAnomaliesStep, LearnStep, ScoreStep
 
 UserFunction = Callable[..., Any]
 
@@ -337,13 +337,16 @@ class Stream:
         target: str,
         params: Mapping[str, Any] | None = None,
         scale: str = "standard",
+        publish_as: str | None = None,
+        publish_every: str | float = "10m",
         id: str | None = None,
     ) -> Stream:
         """Online learning with a River model — per key after ``key_by``, one model
         without: each record is predicted, then learnt from when ``target`` is set.
         Adds ``prediction``, ``probability`` (classifiers), running metrics and
         ``learned``: ``learn("river:linear_model.LogisticRegression",
-        features=["t", "v"], target="failed")``. See docs/ml.md."""
+        features=["t", "v"], target="failed")``. ``publish_as="name"`` pushes the
+        learnt model to the registry every ``publish_every``. See docs/ml.md."""
         return self._then(
             LearnStep,
             "learn",
@@ -353,6 +356,35 @@ class Stream:
             target=target,
             params=dict(params or {}),
             scale=scale,
+            publish_as=publish_as,
+            publish_every=publish_every,
+        )
+
+    def score(
+        self,
+        model: str,
+        *,
+        stage: str = "production",
+        prediction_type: str = "double",
+        shadow: bool = False,
+        canary: float | None = None,
+        canary_key: str | None = None,
+        id: str | None = None,
+    ) -> Stream:
+        """Score each record with the registry's ``model`` at ``stage``, hot-swapped at a
+        batch boundary when the registry's pointer moves; adds ``prediction``,
+        ``probability`` and ``model_version`` (and ``shadow_*`` with ``shadow=True``).
+        ``canary=0.1`` sends a tenth of the keys to the staging version. See docs/ml.md."""
+        return self._then(
+            ScoreStep,
+            "score",
+            id,
+            model=model,
+            stage=stage,
+            prediction_type=prediction_type,
+            shadow=shadow,
+            canary=canary,
+            canary_key=canary_key,
         )
 
     def count(self, *, key: str | None = None, id: str | None = None) -> Stream:

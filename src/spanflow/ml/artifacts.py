@@ -87,11 +87,18 @@ class LoadedModel:
         for record in records:
             x = {f: float(record[f]) for f in self.features if record.get(f) is not None}
             prediction = self.model.predict_one(x)
-            probability = None
-            if hasattr(self.model, "predict_proba_one") and prediction is not None:
-                probability = float(self.model.predict_proba_one(x).get(prediction, 0.0))
-            out.append((prediction, probability))
+            out.append((prediction, self._probability(x, prediction)))
         return out
+
+    def _probability(self, x: dict[str, float], prediction: Any) -> float | None:
+        """A River classifier's probability of its prediction (None for regressors; a
+        River pipeline has ``predict_proba_one`` whatever its last step is)."""
+        if prediction is None or isinstance(prediction, float):
+            return None
+        try:
+            return float(self.model.predict_proba_one(x).get(prediction, 0.0))
+        except (AttributeError, NotImplementedError):
+            return None
 
     def _predict_onnx(self, records: Sequence[Mapping[str, Any]]) -> list[tuple[Any, float | None]]:
         import numpy as np

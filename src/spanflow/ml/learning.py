@@ -9,15 +9,21 @@ state before it: an event is never learnt twice.
 
 from __future__ import annotations
 
+import logging
+import pickle
+import time
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
 from spanflow.api.processor import Context, KeyedProcessor, Record, StateDeclarations
+from spanflow.errors import ModelNotFound
 from spanflow.ml import snapshot
 from spanflow.ml.river_classes import river_class
 
+log = logging.getLogger("spanflow.ml.learning")
 PREDICTION, PROBABILITY, LEARNED = "prediction", "probability", "learned"
 CLASSIFICATION_METRICS = ("accuracy", "f1")
 REGRESSION_METRICS = ("mae", "rmse")
@@ -104,20 +110,71 @@ class Learner:
         return prediction, probability, True
 
 
+@dataclass(frozen=True)
+class Publishing:
+    """Where and how often a learn step publishes its models to the registry."""
+
+    url: str
+    name: str
+    every: float
+    per_key: bool
+    origin: str  # pipeline/step, for the version's note
+
+
+def publish_model(
+    settings: Publishing, key: Any, model: Any, features: tuple[str, ...], learned: int
+) -> int | None:
+    """Push ``model`` (pickled: the River format) as a new staging version, unless the
+    newest version is the same file (a replayed batch publishes nothing new). The
+    version number, or None when nothing was pushed."""
+    from spanflow.ml.artifacts import sha256_of
+    from spanflow.ml.model_store import ModelStore, with_store
+    from spanflow.ml.scoring import run_sync
+
+    name = settings.name
+    if settings.per_key:
+        name = f"{name}-{''.join(c if c.isalnum() or c in '-_' else '_' for c in str(key))}"[:64]
+    data = pickle.dumps(model)
+    digest = sha256_of(data)
+
+    async def work(store: ModelStore) -> int | None:
+        try:
+            manifest, _ = await store.manifest(name)
+            if manifest.versions and manifest.versions[-1].sha256 == digest:
+                return None
+        except ModelNotFound:
+            pass
+        note = f"learnt by {settings.origin} from {learned} records"
+        version = await store.push(name, data, format="river", features=features, note=note)
+        return version.version
+
+    result = run_sync(with_store(settings.url, work))
+    return result if isinstance(result, int) else None
+
+
 class OnlineLearning(KeyedProcessor):
     """Adds ``prediction``, ``probability`` (classifiers), the running metrics and
-    ``learned`` (events learnt so far by this key's model) to every record."""
+    ``learned`` (events learnt so far by this key's model) to every record; publishes
+    each key's model to the registry every ``publish.every`` seconds when asked."""
 
-    def __init__(self, *, learner: Callable[[], Learner], hidden: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self,
+        *,
+        learner: Callable[[], Learner],
+        hidden: tuple[str, ...] = (),
+        publish: Publishing | None = None,
+    ) -> None:
         self.learner = learner()
         self.hidden = frozenset(hidden)
+        self.publish = publish
 
     def init(self, state: StateDeclarations) -> None:
         self.state = state.value("model", "binary")
 
     def process(self, key: Any, rows: list[Record], ctx: Context) -> Iterator[Record]:
         blob = self.state.get()
-        model, kept, n = self.learner.load(orjson.loads(blob) if blob else None)
+        last: dict[str, Any] = orjson.loads(blob) if blob else {}
+        model, kept, n = self.learner.load(last or None)
         out = []
         for row in rows:
             prediction, probability, learnt = self.learner.step(model, kept, row)
@@ -130,5 +187,20 @@ class OnlineLearning(KeyedProcessor):
                 record[name] = float(metric.get())
             record[LEARNED] = n
             out.append(record)
-        self.state.set(orjson.dumps(self.learner.save(model, kept, n)))
+        saved = self.learner.save(model, kept, n)
+        saved["published"] = self._maybe_publish(key, model, n, last.get("published", 0.0))
+        self.state.set(orjson.dumps(saved))
         yield from out
+
+    def _maybe_publish(self, key: Any, model: Any, n: int, last: float) -> float:
+        """Publish when due; the time of the last publication. A failure is logged and
+        tried again next batch: it never fails the batch."""
+        now = time.time()
+        if self.publish is None or now - last < self.publish.every or n == 0:
+            return last
+        try:
+            publish_model(self.publish, key, model, self.learner.features, n)
+        except Exception as exc:
+            log.error("publishing the model of key %r failed: %s", key, exc)
+            return last
+        return now

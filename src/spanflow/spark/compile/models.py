@@ -4,17 +4,41 @@ the model of each key is Spark state, checkpointed with the query."""
 from __future__ import annotations
 
 import functools
+from dataclasses import replace
 
-from spanflow.errors import CompileError
+from pyspark.sql.pandas.types import to_arrow_schema
+
+from spanflow.errors import CompileError, ModelError
 from spanflow.ml.anomaly import ADDED, AnomalyDetection
 from spanflow.ml.detectors import make_detector
-from spanflow.ml.learning import LEARNED, PREDICTION, PROBABILITY, Learner, OnlineLearning
+from spanflow.ml.learning import (
+    LEARNED,
+    PREDICTION,
+    PROBABILITY,
+    Learner,
+    OnlineLearning,
+    Publishing,
+)
+from spanflow.ml.scoring import Pinning, models_for_batch
 from spanflow.ml.thresholds import make_threshold
-from spanflow.spark.compile.frame import CompileContext, Frame, keyed_or_whole, spanflow_schema
+from spanflow.spark.compile.frame import (
+    CompileContext,
+    Frame,
+    keyed_or_whole,
+    spanflow_schema,
+    user_schema,
+)
 from spanflow.spark.compile.process import transform_keyed
 from spanflow.spark.compile.registry import compiles
+from spanflow.spark.scoring_udf import ScoreSettings, score_udf
 from spanflow.spec.pipeline import PipelineSpec
-from spanflow.spec.steps.models import LEARN_FIELDS, DetectAnomaliesStep, LearnStep
+from spanflow.spec.steps.models import (
+    LEARN_FIELDS,
+    SCORE_FIELDS,
+    DetectAnomaliesStep,
+    LearnStep,
+    ScoreStep,
+)
 
 NUMERIC = ("long", "double")
 
@@ -93,10 +117,59 @@ def compile_learn(
         output[PROBABILITY] = "double?"
     output.update(dict.fromkeys(probe.metric_names, "double"))
     output[LEARNED] = "long"
+    publish = None
+    if step.publish_as is not None:
+        publish = Publishing(
+            url=ctx.nats_url,
+            name=step.publish_as,
+            every=step.publish_every,
+            per_key=bool(up.key),
+            origin=f"{spec.instance}/{step.id}",
+        )
     factory = functools.partial(
         OnlineLearning,
         learner=learner,
         hidden=tuple(c for c in frame.df.columns if c not in output),
+        publish=publish,
     )
     df = transform_keyed(ctx, spec, step.id, frame, factory=factory, output=output, clock="none")
     return Frame(df, key=up.key, mode="append")
+
+
+@compiles(ScoreStep)
+def compile_score(
+    ctx: CompileContext, spec: PipelineSpec, step: ScoreStep, inputs: list[Frame]
+) -> Frame:
+    (up,) = inputs
+    fields = spanflow_schema(step.id, up.df.schema)
+    pin = Pinning(spec.instance, step.id, step.model, fields)
+    try:  # the model exists, has a version at the stage, loads and fits the stream
+        chosen = models_for_batch(ctx.nats_url, pin, [step.stage], "start")[step.stage]
+    except (ModelError, ValueError) as exc:
+        raise CompileError(step.id, str(exc)) from None
+    if chosen is None:
+        raise CompileError(step.id, f"model {step.model!r} has no {step.stage} version")
+    output = {k: v for k, v in fields.items() if k not in SCORE_FIELDS}
+    output.update(
+        prediction=step.prediction_type + "?", probability="double?", model_version="long?"
+    )
+    if step.shadow:
+        output.update(shadow_prediction=step.prediction_type + "?", shadow_version="long?")
+    out_struct = user_schema(output)
+    canary_key = step.canary_key or (up.key[0] if up.key else None)
+    udf = score_udf(
+        ScoreSettings(
+            url=ctx.nats_url,
+            pin=pin,
+            stage=step.stage,
+            shadow=step.shadow,
+            canary=step.canary,
+            canary_key=canary_key,
+            prediction_type=step.prediction_type,
+            columns=tuple(output),
+            pipeline=spec.instance,
+            step=step.id,
+        ),
+        to_arrow_schema(out_struct, timezone="UTC"),
+    )
+    return replace(up, df=up.df.mapInArrow(udf, out_struct))

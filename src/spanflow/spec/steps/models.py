@@ -1,5 +1,6 @@
-"""Steps whose state is a model: anomaly detection and online learning. A model is
-keyed engine state — per key, or one for the whole stream when the stream has no key
+"""Steps with a model: anomaly detection and online learning (the model is keyed
+engine state), and scoring with a model from the registry. A learnt model is keyed
+engine state — per key, or one for the whole stream when the stream has no key
 (then the step needs every site's data: a global step)."""
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from spanflow.spec.durations import parse_duration
+from spanflow.spec.durations import Duration, parse_duration
 from spanflow.spec.steps.base import Placement, StepBase, StreamFacts, one_or_many
 
 METHOD = r"^(robust|hst|river:[A-Za-z_][\w]*(\.[A-Za-z_]\w*)+)$"
@@ -164,6 +165,15 @@ class LearnStep(StepBase):
     target: str = Field(description="The label field (null: predict only).")
     params: dict[str, Any] = Field(default_factory=dict, description="Model parameters.")
     scale: Literal["standard", "minmax", "none"] = "standard"
+    publish_as: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z0-9_-]{1,48}$",
+        description="Publish the learnt model to the registry under this name "
+        "(per key: '<name>-<key>'), as a new staging version.",
+    )
+    publish_every: Duration = Field(
+        default=600.0, gt=0, description="How often a key's model is published."
+    )
 
     @field_validator("features", mode="before")
     @classmethod
@@ -181,3 +191,46 @@ class LearnStep(StepBase):
 
     def facts(self, inputs: Sequence[StreamFacts]) -> StreamFacts:
         return _with_added(inputs[0], LEARN_FIELDS)
+
+
+SCORE_FIELDS = ("prediction", "probability", "model_version", "shadow_prediction", "shadow_version")
+
+
+class ScoreStep(StepBase):
+    """Scores each record with a model from the registry, loaded where the step runs.
+
+    The version at ``stage`` (production by default) scores; when the registry's
+    pointer moves, the next micro-batch is scored by the new version — no restart,
+    one version per batch, the same version when a batch is replayed. A new version
+    that cannot be loaded or does not fit the stream is refused and the previous one
+    keeps scoring. ``shadow: true`` also scores every record with the staging version
+    (``shadow_prediction``, ``shadow_version``); ``canary: 0.1`` lets the staging
+    version score a tenth of the keys (by a hash of ``canary_key``, default the
+    stream's key) instead of production. ``model_version`` names the version that
+    made each ``prediction``.
+    """
+
+    type: Literal["score"] = "score"
+    model: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$", description="Registry model name.")
+    stage: Literal["production", "staging"] = "production"
+    prediction_type: Literal["double", "long", "string", "boolean"] = Field(
+        default="double", description="Type of the model's prediction."
+    )
+    shadow: bool = False
+    canary: float | None = Field(default=None, gt=0, lt=1)
+    canary_key: str | None = None
+
+    @model_validator(mode="after")
+    def _valid(self) -> ScoreStep:
+        if self.canary is not None and self.stage != "production":
+            raise ValueError("canary splits keys between production and staging: stage production")
+        return self
+
+    def check_inputs(self, inputs: Sequence[StreamFacts]) -> None:
+        if self.canary is not None and not (self.canary_key or inputs[0].key):
+            raise ValueError(
+                f"score {self.id!r}: a canary splits by key; add key_by(...) or canary_key"
+            )
+
+    def facts(self, inputs: Sequence[StreamFacts]) -> StreamFacts:
+        return _with_added(inputs[0], SCORE_FIELDS)

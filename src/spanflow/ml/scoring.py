@@ -1,0 +1,183 @@
+"""The ``score`` step's runtime: which registry version scores a micro-batch, and
+scoring records with it, in a Spark worker.
+
+**One version per batch, the same on replay.** The first task of micro-batch *N* to
+ask reads the model's manifest, takes the version at the step's stage and *pins*
+it: ``create`` on the key ``<pipeline>.<step>.<stage>.<N>`` in the
+``SPANFLOW_MODEL_PINS`` bucket, which only the first writer wins. Every other task
+of the batch, and the same batch replayed after a crash, reads the pin. So a
+promotion takes effect at the next batch boundary (hot swap, no restart), a batch
+is never scored by two versions, and a replay scores as the first run did.
+
+**A bad version never stops the query.** Before pinning a new version it is
+loaded (file checked against its sha256) and its inputs are checked against the
+stream's fields; when that fails the previous pinned version stays (the reason is
+logged and kept in the pin bucket under ``...<stage>.rejected``).
+
+Loaded models are cached per worker process by (model, version).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Coroutine, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import orjson
+from nats.js.api import KeyValueConfig
+from nats.js.client import JetStreamContext
+from nats.js.errors import BucketNotFoundError, KeyNotFoundError, KeyWrongLastSequenceError
+
+from spanflow.errors import InvalidModel, ModelError
+from spanflow.ml.artifacts import LoadedModel
+from spanflow.ml.model_store import ModelStore
+from spanflow.ml.registry import ModelVersion
+
+PINS = "SPANFLOW_MODEL_PINS"
+PIN_TTL = 7 * 86400.0
+log = logging.getLogger("spanflow.ml.scoring")
+T = TypeVar("T")
+
+_models: dict[tuple[str, int, str], LoadedModel] = {}
+_lock = threading.Lock()
+
+
+def run_sync(work: Coroutine[Any, Any, T]) -> T:
+    """Run a coroutine to completion from sync code, even inside a running loop."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(work)
+    out: list[T] = []
+    errors: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            out.append(asyncio.run(work))
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=target)
+    thread.start()
+    thread.join()
+    if errors:
+        raise errors[0]
+    return out[0]
+
+
+def check_fits(version: ModelVersion, fields: Mapping[str, str], name: str) -> None:
+    """InvalidModel unless the stream has every input of the version, as a number."""
+    missing = [f for f in version.inputs if f not in fields]
+    if missing:
+        raise InvalidModel(
+            f"model {name} version {version.version} reads {list(version.inputs)}; the stream "
+            f"has no {missing} (fields: {sorted(fields)})"
+        )
+    wrong = [f for f in version.inputs if fields[f].rstrip("?") not in ("long", "double")]
+    if wrong:
+        raise InvalidModel(
+            f"model {name} version {version.version}: inputs {wrong} are not numbers"
+        )
+
+
+@dataclass(frozen=True)
+class Pinning:
+    """Where a score step keeps its per-batch choices."""
+
+    pipeline: str
+    step: str
+    model: str
+    fields: Mapping[str, str]
+
+    def key(self, stage: str, batch: str) -> str:
+        return f"{_token(self.pipeline)}.{_token(self.step)}.{stage}.{batch}"
+
+
+def _token(text: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_" else "_" for c in text)
+
+
+async def _pins(js: JetStreamContext) -> Any:
+    try:
+        return await js.key_value(PINS)
+    except BucketNotFoundError:
+        return await js.create_key_value(KeyValueConfig(bucket=PINS, history=1, ttl=PIN_TTL))
+
+
+async def _get(kv: Any, key: str) -> Any:
+    try:
+        entry = await kv.get(key)
+    except KeyNotFoundError:
+        return None
+    return orjson.loads(entry.value) if entry.value else None
+
+
+async def _load(store: ModelStore, pin: Pinning, version: ModelVersion) -> LoadedModel:
+    cache_key = (pin.model, version.version, version.sha256)
+    with _lock:
+        cached = _models.get(cache_key)
+    if cached is not None:
+        return cached
+    check_fits(version, pin.fields, pin.model)
+    loaded = await store.load(pin.model, version)
+    with _lock:
+        _models[cache_key] = loaded
+    return loaded
+
+
+async def _choose(js: JetStreamContext, pin: Pinning, stage: str, batch: str) -> LoadedModel | None:
+    """The model version that scores ``batch`` at ``stage`` (pinned on first ask)."""
+    kv, store = await _pins(js), ModelStore(js)
+    key = pin.key(stage, batch)
+    pinned = await _get(kv, key)
+    if pinned is None:
+        pinned = await _decide(kv, store, pin, stage, key)
+    if pinned.get("version") is None:
+        return None
+    manifest, _ = await store.manifest(pin.model)
+    return await _load(store, pin, manifest.version(pinned["version"]))
+
+
+async def _decide(kv: Any, store: ModelStore, pin: Pinning, stage: str, key: str) -> dict[str, Any]:
+    last_key = pin.key(stage, "last")
+    last = await _get(kv, last_key) or {"version": None}
+    choice = dict(last)
+    try:
+        manifest, _ = await store.manifest(pin.model)
+        candidate = manifest.at_stage(stage)  # type: ignore[arg-type]
+        if candidate is not None and candidate.version != last.get("version"):
+            await _load(store, pin, candidate)  # refuses a bad file or a misfit
+            choice = {"version": candidate.version}
+        elif candidate is None and stage != "production":
+            choice = {"version": None}  # no staging version: no shadow, no canary
+    except ModelError as exc:
+        if key == pin.key(stage, "start"):
+            raise  # checked when the pipeline starts: say so now
+        log.error("score %s: keeping version %s: %s", pin.step, last.get("version"), exc)
+        await kv.put(pin.key(stage, "rejected"), orjson.dumps({"reason": str(exc)}))
+    try:
+        await kv.create(key, orjson.dumps(choice))
+    except KeyWrongLastSequenceError:
+        return await _get(kv, key) or choice  # another task pinned first: theirs counts
+    await kv.put(last_key, orjson.dumps(choice))
+    return choice
+
+
+def models_for_batch(
+    url: str, pin: Pinning, stages: Sequence[str], batch: str
+) -> dict[str, LoadedModel | None]:
+    """The model of each stage for one micro-batch (see the module doc)."""
+    from spanflow.nats.streams import connect
+
+    async def go() -> dict[str, LoadedModel | None]:
+        nc = await connect(url)
+        try:
+            js = nc.jetstream()
+            return {stage: await _choose(js, pin, stage, batch) for stage in stages}
+        finally:
+            await nc.close()
+
+    return run_sync(go())

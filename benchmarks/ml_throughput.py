@@ -8,7 +8,9 @@ JetStream, then read by one pipeline per case, each a keyed step per device:
   keyed case: the cost of Spark's transformWithState and the Python adapter);
 * ``detect_robust``: ``detect_anomalies`` with the default robust method;
 * ``detect_hst``: ``detect_anomalies(method="hst")`` (River's Half-Space Trees);
-* ``learn_logreg``: ``learn("river:linear_model.LogisticRegression")``.
+* ``learn_logreg``: ``learn("river:linear_model.LogisticRegression")``;
+* ``score_onnx``: ``score`` with a registry model (a scikit-learn logistic regression
+  as ONNX, run by onnxruntime once per Arrow batch).
 
 Events/s are taken over the batches after the first. The added cost per event of a
 case is ``1/rate(case) - 1/rate(baseline)``, in microseconds.
@@ -99,7 +101,30 @@ def pipelines(batch_rows: int) -> dict[str, sf.Flow]:
         "learn_logreg": keyed("learn")
         .learn("river:linear_model.LogisticRegression", features=fields, target="failed")
         .sink_jetstream("ML_LEARN", subject="ml.learn"),
+        "score_onnx": keyed("score")
+        .score("bench-model", prediction_type="boolean")
+        .sink_jetstream("ML_SCORE", subject="ml.score"),
     }
+
+
+def push_model(url: str) -> None:
+    """A scikit-learn classifier over the two fields, as ONNX, in production."""
+    import numpy as np
+    from skl2onnx import to_onnx
+    from sklearn.linear_model import LogisticRegression
+
+    from spanflow.ml.model_store import ModelStore, with_store
+
+    rng = np.random.default_rng(5)
+    x = np.column_stack([rng.uniform(20, 37, 1000), rng.uniform(0.5, 1.0, 1000)])
+    x = x.astype(np.float32)
+    data = to_onnx(LogisticRegression().fit(x, x[:, 0] > 33), x[:1]).SerializeToString()
+
+    async def work(store: ModelStore) -> None:
+        await store.push("bench-model", data, format="onnx", features=["temperature", "vibration"])
+        await store.promote("bench-model", 1)
+
+    asyncio.run(with_store(url, work))
 
 
 def main() -> None:
@@ -114,6 +139,7 @@ def main() -> None:
         spark = build_session(app_name="spanflow-ml-bench")
         print(f"pre-loading {args.events:,} events …", flush=True)
         asyncio.run(preload(server.url, "ML_IN", "ml.in", args.events))
+        push_model(server.url)
         for case, flow in pipelines(args.batch_rows).items():
             print(f"{case} …", flush=True)
             started = time.monotonic()

@@ -1,10 +1,20 @@
 """Realistic sensor readings for demos, tests and benchmarks.
 
-Each device has its own baseline and a slow daily-like drift. Event times carry
-jitter; a fraction of readings is held back and published late (out of order);
-occasional anomalies (temperature and vibration spikes) and malformed messages
-(broken JSON, missing fields, wrong types) are injected so that alerting and
-dead-lettering have something to do.
+Each device has its own baseline and a slow daily-like cycle (a period of about an
+hour, so that a demo sees it). Event times carry jitter; a fraction of readings is
+held back and published late (out of order); malformed messages (broken JSON,
+missing fields, wrong types) are injected so that dead-lettering has something to do.
+
+Anomalies come in episodes of five kinds, and every reading says whether it is part
+of one (``anomaly``: the kind, or null) so that detectors can be scored:
+
+* ``spike``: one reading far off (temperature +25 to +40, vibration 5 to 8 times);
+* ``level_shift``: 20 to 40 readings of the device shifted by 4 to 6 degrees;
+* ``drift``: 40 to 80 readings drifting away, up to 6 to 8 degrees;
+* ``stuck``: 20 to 40 readings repeating the values of the first;
+* ``broken_season``: 40 to 80 readings without the daily cycle.
+
+``anomaly_rate`` is the share of readings inside an episode, on average.
 """
 
 from __future__ import annotations
@@ -28,7 +38,23 @@ SENSOR_SCHEMA = {
     "temperature": "double",
     "vibration": "double",
     "humidity": "double?",
+    "anomaly": "string?",
 }
+ANOMALY_KINDS = ("spike", "level_shift", "drift", "stuck", "broken_season")
+_LENGTHS = {"spike": (1, 1), "level_shift": (20, 40), "drift": (40, 80), "stuck": (20, 40)}
+_LENGTHS["broken_season"] = (40, 80)
+_MEAN_LENGTH = sum((lo + hi) / 2 for lo, hi in _LENGTHS.values()) / len(_LENGTHS)
+
+
+@dataclass
+class _Episode:
+    """An anomaly under way on one device."""
+
+    kind: str
+    length: int
+    done: int = 0
+    size: float = 0.0
+    frozen: tuple[float, float] | None = None
 
 
 @dataclass(frozen=True)
@@ -71,6 +97,7 @@ class SensorSimulator:
         }
         self._held: list[tuple[float, int, str, bytes]] = []
         self._n = 0
+        self._episodes: dict[str, _Episode] = {}
 
     def device(self, i: int) -> str:
         return f"dev-{i:03d}"
@@ -81,11 +108,12 @@ class SensorSimulator:
         dev = self.device(self.rng.randrange(cfg.devices))
         base_t, base_v = self._baseline[dev]
         ts = now - abs(self.rng.gauss(0, cfg.jitter))
-        temperature = base_t + 3 * math.sin(ts / 600) + self.rng.gauss(0, 0.5)
+        cycle = 3 * math.sin(ts / 600)
+        temperature = base_t + cycle + self.rng.gauss(0, 0.5)
         vibration = max(0.0, base_v + self.rng.gauss(0, 0.1))
-        if self.rng.random() < cfg.anomaly_rate:
-            temperature += self.rng.uniform(25, 40)
-            vibration *= self.rng.uniform(5, 8)
+        episode = self._episode(dev)
+        if episode is not None:
+            temperature, vibration = self._apply(episode, temperature, vibration, cycle)
             self.stats.anomalies += 1
         record: dict[str, Any] = {
             "device": dev,
@@ -94,6 +122,7 @@ class SensorSimulator:
             "temperature": round(temperature, 3),
             "vibration": round(vibration, 4),
             "humidity": round(self.rng.uniform(30, 60), 1),
+            "anomaly": episode.kind if episode is not None else None,
         }
         subject = f"{cfg.subject_prefix}.{cfg.site}.{dev}"
         if self.rng.random() < cfg.malformed_rate:
@@ -106,6 +135,40 @@ class SensorSimulator:
             else:
                 record["temperature"] = "hot"
         return subject, orjson.dumps(record)
+
+    def _episode(self, dev: str) -> _Episode | None:
+        """The device's anomaly episode for this reading: one under way, or a new one
+        (started so that ``anomaly_rate`` of readings are anomalous on average)."""
+        episode = self._episodes.get(dev)
+        if episode is None:
+            if self.rng.random() >= self.config.anomaly_rate / _MEAN_LENGTH:
+                return None
+            kind = self.rng.choice(ANOMALY_KINDS)
+            lo, hi = _LENGTHS[kind]
+            sign = self.rng.choice((-1.0, 1.0))
+            size = sign * (
+                self.rng.uniform(4, 6) if kind == "level_shift" else self.rng.uniform(6, 8)
+            )
+            episode = self._episodes[dev] = _Episode(kind, self.rng.randint(lo, hi), size=size)
+        episode.done += 1
+        if episode.done >= episode.length:
+            del self._episodes[dev]
+        return episode
+
+    def _apply(
+        self, episode: _Episode, temperature: float, vibration: float, cycle: float
+    ) -> tuple[float, float]:
+        if episode.kind == "spike":
+            return temperature + self.rng.uniform(25, 40), vibration * self.rng.uniform(5, 8)
+        if episode.kind == "level_shift":
+            return temperature + episode.size, vibration
+        if episode.kind == "drift":
+            return temperature + episode.size * episode.done / episode.length, vibration
+        if episode.kind == "stuck":
+            if episode.frozen is None:
+                episode.frozen = (temperature, vibration)
+            return episode.frozen
+        return temperature - cycle, vibration  # broken_season: no daily cycle
 
     def due(self, now: float, count: int) -> list[tuple[str, bytes]]:
         """``count`` new readings plus held-back ones whose delay is over."""

@@ -1,5 +1,5 @@
-"""The planner places the steps of issue 13 from their declared traits alone: keyed
-processors, count windows, running aggregates, joins and enrichment."""
+"""The planner places steps from their declared traits alone: keyed processors, count
+windows, running aggregates, joins, enrichment and the model steps."""
 
 from __future__ import annotations
 
@@ -87,3 +87,31 @@ def test_enrichment_runs_where_the_records_are():
     compiled = compile_fragments(flow.spec(), two_sites())
     assert compiled.scopes["with_site"] == "local"
     assert compiled.reasons["with_site"].startswith("looks each record up in the table")
+
+
+def test_model_steps_are_local_per_device_and_global_for_one_model():
+    """Per-key detection, learning and scoring run at the site where the key is born;
+    one model for the whole stream needs every site's data."""
+    p = sf.Pipeline("ml")
+    base = readings(p)
+    per_device = (
+        base.detect_anomalies("temperature", id="detect")
+        .learn(
+            "river:linear_model.LogisticRegression",
+            features="temperature",
+            target="reading",
+            id="learn",
+        )
+        .score("pump", id="score")
+        .sink_console(id="o1")
+    )
+    one_model = (
+        base.key_by("reading", id="by_reading")
+        .detect_anomalies("temperature", id="detect_all")
+        .sink_console(id="o2")
+    )
+    compiled = compile_fragments(per_device.merge(one_model).spec(), two_sites())
+    assert compiled.scopes["detect"] == "local"
+    assert compiled.scopes["learn"] == "local"
+    assert compiled.scopes["score"] == "local"
+    assert compiled.scopes["detect_all"] == "global"

@@ -37,6 +37,9 @@ from spanflow.ml.model_store import ModelStore
 from spanflow.ml.registry import ModelVersion
 
 PINS = "SPANFLOW_MODEL_PINS"
+START = "start"
+"""Batch names beginning with this are the check made when a pipeline starts: a
+problem there is raised, not worked around."""
 PIN_TTL = 7 * 86400.0
 log = logging.getLogger("spanflow.ml.scoring")
 T = TypeVar("T")
@@ -154,7 +157,7 @@ async def _decide(kv: Any, store: ModelStore, pin: Pinning, stage: str, key: str
         elif candidate is None and stage != "production":
             choice = {"version": None}  # no staging version: no shadow, no canary
     except ModelError as exc:
-        if key == pin.key(stage, "start"):
+        if key.rsplit(".", 1)[-1].startswith(START):
             raise  # checked when the pipeline starts: say so now
         log.error("score %s: keeping version %s: %s", pin.step, last.get("version"), exc)
         await kv.put(pin.key(stage, "rejected"), orjson.dumps({"reason": str(exc)}))

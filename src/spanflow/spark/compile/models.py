@@ -4,6 +4,7 @@ the model of each key is Spark state, checkpointed with the query."""
 from __future__ import annotations
 
 import functools
+import uuid
 from dataclasses import replace
 
 from pyspark.sql.pandas.types import to_arrow_schema
@@ -19,7 +20,7 @@ from spanflow.ml.learning import (
     OnlineLearning,
     Publishing,
 )
-from spanflow.ml.scoring import Pinning, models_for_batch
+from spanflow.ml.scoring import START, Pinning, models_for_batch
 from spanflow.ml.thresholds import make_threshold
 from spanflow.spark.compile.frame import (
     CompileContext,
@@ -144,7 +145,8 @@ def compile_score(
     fields = spanflow_schema(step.id, up.df.schema)
     pin = Pinning(spec.instance, step.id, step.model, fields)
     try:  # the model exists, has a version at the stage, loads and fits the stream
-        chosen = models_for_batch(ctx.nats_url, pin, [step.stage], "start")[step.stage]
+        check = f"{START}-{uuid.uuid4().hex[:12]}"  # a fresh check at every start
+        chosen = models_for_batch(ctx.nats_url, pin, [step.stage], check)[step.stage]
     except (ModelError, ValueError) as exc:
         raise CompileError(step.id, str(exc)) from None
     if chosen is None:

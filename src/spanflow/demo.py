@@ -75,9 +75,10 @@ SITES = ("factory-a", "factory-b")
 
 
 def factory_monitoring() -> Flow:
-    """One pipeline for every factory. The planner runs validation, the 10 s window per
-    device, the alerts and the partial per-site summary at each factory, and merges the
-    summaries in the cloud. Same as ``examples/cluster/factory_monitoring.yaml``."""
+    """One pipeline for every factory. The planner runs validation, anomaly detection
+    per machine, the 10 s window per device, the alerts and the partial per-site
+    summary at each factory, and merges the summaries in the cloud. Same as
+    ``examples/cluster/factory_monitoring.yaml``."""
     p = Pipeline("factory-monitoring", trigger="1s")
     readings = p.source(
         "SENSORS",
@@ -88,9 +89,13 @@ def factory_monitoring() -> Flow:
         max_out_of_orderness="5s",
         id="readings",
     )
+    valid = readings.filter("temperature BETWEEN -40 AND 125 AND vibration >= 0", id="valid")
+    # Each machine scored against its own learnt baseline, at its factory
+    anomalies = valid.detect_anomalies(
+        ["temperature", "vibration"], warmup=50, emit="anomalies", id="anomalies"
+    ).sink_jetstream("SITE_ANOMALIES", subject="anomalies.{site}.{device}", id="anomalies_out")
     windows = (
-        readings.filter("temperature BETWEEN -40 AND 125 AND vibration >= 0", id="valid")
-        .key_by("site", "device", id="by_device")
+        valid.key_by("site", "device", id="by_device")
         .window(tumbling="10s")
         .aggregate(
             readings="count",
@@ -118,4 +123,4 @@ def factory_monitoring() -> Flow:
         )
         .sink_jetstream("GLOBAL_SUMMARY", subject="global.{site}", id="summary_out")
     )
-    return to_windows.merge(to_alerts, summary)
+    return to_windows.merge(to_alerts, summary, anomalies)

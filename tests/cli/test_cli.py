@@ -65,7 +65,7 @@ def test_cluster_demo_shows_site_and_global_results_and_exits_cleanly():
         assert re.search(rf"GLOBAL {site} window .* devices=\d+ readings=\d+", out), out[-3000:]
     summary = re.search(
         r"demo finished: ([\d,]+) readings, (\d+) site windows, (\d+) alerts, (\d+) global "
-        r"summaries; pipelines: (.*)",
+        r"summaries; pipelines: (.*); (\d+) anomalies detected",
         out,
     )
     assert summary, out[-2000:]

@@ -225,8 +225,9 @@ def demo(
     ] = None,
 ) -> None:
     """Two factories and a cloud on this machine, each factory with its own NATS server:
-    one pipeline, split by the planner into per-site windows and alerts at the edge and
-    a global summary in the cloud, with the cluster's status live."""
+    one pipeline, split by the planner into per-machine anomaly detection, per-site
+    windows and alerts at the edge and a global summary in the cloud, with the
+    cluster's status live."""
     if single_node:
         single_node_demo(duration=duration, rate=rate * 2, devices=devices, nats=nats)
         return
@@ -244,14 +245,15 @@ def demo(
     cluster = LocalCluster(topology, work, port=0, site_servers=True)
     sims = [
         SensorSimulator(
-            SimulatorConfig(devices=devices, rate=rate, site=site, anomaly_rate=0.001, seed=i)
+            SimulatorConfig(devices=devices, rate=rate, site=site, anomaly_rate=0.01, seed=i)
         )
         for i, site in enumerate(SITES)
     ]
     windows: dict[str, deque[dict[str, Any]]] = {s: deque(maxlen=4) for s in SITES}
     alerts: deque[dict[str, Any]] = deque(maxlen=5)
     summaries: dict[str, deque[dict[str, Any]]] = {s: deque(maxlen=3) for s in SITES}
-    counts = {"windows": 0, "alerts": 0, "global": 0}
+    anomalies: deque[dict[str, Any]] = deque(maxlen=6)
+    counts = {"windows": 0, "alerts": 0, "global": 0, "anomalies": 0, "labelled": 0}
     counts_by_site = dict.fromkeys(SITES, 0)
     printed: deque[str] = deque()
     sim_stop = asyncio.Event()
@@ -304,8 +306,20 @@ def demo(
                 f"max={r['max_temperature']:.1f}"
             )
 
+        async def on_anomaly(msg: Any) -> None:
+            r = json.loads(msg.data)
+            counts["anomalies"] += 1
+            counts["labelled"] += r.get("anomaly") is not None
+            anomalies.appendleft(r)
+            printed.append(
+                f"ANOMALY {r['site']}/{r['device']} score={r['anomaly_score']:.2f} "
+                f"field={r['anomaly_field']} temperature={r['temperature']:.1f} "
+                f"vibration={r['vibration']:.2f} injected={r.get('anomaly') or '-'}"
+            )
+
         async def subscribe() -> None:
             assert client is not None
+            await client.nc.subscribe("anomalies.>", cb=on_anomaly)
             await client.nc.subscribe("windows.>", cb=on_window)
             await client.nc.subscribe("alerts.>", cb=on_alert)
             await client.nc.subscribe("global.>", cb=on_global)
@@ -374,8 +388,29 @@ def demo(
                     f"{r['max_temperature']:.1f}",
                     f"{r['max_vibration']:.2f}",
                 )
+            d = Table(
+                title=f"anomalies detected at the edge ({counts['anomalies']} so far, "
+                f"{counts['labelled']} of them injected by the simulator)",
+                style="magenta",
+            )
+            for col in ("site", "device", "time", "score", "field", "°C", "vib", "injected"):
+                d.add_column(col)
+            for r in anomalies:
+                d.add_row(
+                    r["site"],
+                    r["device"],
+                    str(r["ts"])[11:19],
+                    f"{r['anomaly_score']:.2f}",
+                    str(r["anomaly_field"]),
+                    f"{r['temperature']:.1f}",
+                    f"{r['vibration']:.2f}",
+                    r.get("anomaly") or "-",
+                )
             sent = sum(s.stats.sent for s in sims)
-            return Group(status, f"simulators: {sent:,} readings sent", w, g, a)
+            injected = sum(s.stats.anomalies for s in sims)
+            return Group(
+                status, f"simulators: {sent:,} readings sent, {injected:,} anomalous", w, d, g, a
+            )
 
         deadline = time.monotonic() + duration if duration else None
         last_print = time.monotonic()
@@ -419,7 +454,8 @@ def demo(
     console.print(
         f"demo finished: {sum(s.stats.sent for s in sims):,} readings, "
         f"{counts['windows']} site windows, {counts['alerts']} alerts, "
-        f"{counts['global']} global summaries; pipelines: {states}"
+        f"{counts['global']} global summaries; pipelines: {states}; "
+        f"{counts['anomalies']} anomalies detected"
     )
 
 

@@ -12,8 +12,11 @@ JetStream, then read by one pipeline per case, each a keyed step per device:
 * ``score_onnx``: ``score`` with a registry model (a scikit-learn logistic regression
   as ONNX, run by onnxruntime once per Arrow batch).
 
-Events/s are taken over the batches after the first. The added cost per event of a
-case is ``1/rate(case) - 1/rate(baseline)``, in microseconds.
+Every case writes little (detection emits only anomalies; learning and scoring are
+followed by a filter that keeps nothing), so the figures are of the steps, not of
+publishing 400,000 results. Events/s are taken over the batches after the first.
+The added cost per event of a case is ``1/rate(case) - 1/rate(baseline)``, in
+microseconds.
 
 Figures are printed and written to ``benchmarks/results/ml_throughput.json``.
 Run: ``.venv/bin/python benchmarks/ml_throughput.py [--events 400000]``.
@@ -100,9 +103,11 @@ def pipelines(batch_rows: int) -> dict[str, sf.Flow]:
         .sink_jetstream("ML_HST", subject="ml.hst"),
         "learn_logreg": keyed("learn")
         .learn("river:linear_model.LogisticRegression", features=fields, target="failed")
+        .filter("learned < 0")  # keeps nothing: the sink would dominate, not the step
         .sink_jetstream("ML_LEARN", subject="ml.learn"),
         "score_onnx": keyed("score")
         .score("bench-model", prediction_type="boolean")
+        .filter("model_version < 0")  # keeps nothing, as above
         .sink_jetstream("ML_SCORE", subject="ml.score"),
     }
 
@@ -132,6 +137,11 @@ def main() -> None:
     ap.add_argument("--events", type=int, default=400_000)
     ap.add_argument("--batch-rows", type=int, default=100_000)
     ap.add_argument("--out", type=Path, default=RESULTS / "ml_throughput.json")
+    ap.add_argument(
+        "--cases",
+        default="",
+        help="comma-separated cases to run (default: all; the baseline always)",
+    )
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="spanflow-ml-bench-"))
     results: dict[str, dict[str, Any]] = {}
@@ -140,7 +150,10 @@ def main() -> None:
         print(f"pre-loading {args.events:,} events …", flush=True)
         asyncio.run(preload(server.url, "ML_IN", "ml.in", args.events))
         push_model(server.url)
+        chosen = {c for c in args.cases.split(",") if c} | {"keyed_baseline"}
         for case, flow in pipelines(args.batch_rows).items():
+            if args.cases and case not in chosen:
+                continue
             print(f"{case} …", flush=True)
             started = time.monotonic()
             results[case] = measure_throughput(
@@ -149,6 +162,8 @@ def main() -> None:
             rate = results[case]["events_per_s"]
             print(f"  {rate:,} events/s ({time.monotonic() - started:.0f} s)")
         spark.stop()
+    if args.cases:  # a partial run: print, keep the full run's file
+        args.out = args.out.with_name("ml_throughput_partial.json")
     base = results["keyed_baseline"]["events_per_s"]
     added = {
         case: round(1e6 / r["events_per_s"] - 1e6 / base, 1)
@@ -165,8 +180,7 @@ def main() -> None:
         "targets": {
             "detect_robust_events_per_s_at_least": GOAL,
             "detect_robust_met": bool(
-                results["detect_robust"]["events_per_s"]
-                and results["detect_robust"]["events_per_s"] >= GOAL
+                results.get("detect_robust", {}).get("events_per_s", 0) >= GOAL
             ),
         },
     }

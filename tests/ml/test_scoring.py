@@ -13,7 +13,7 @@ from spanflow.errors import InvalidModel
 from spanflow.ml.artifacts import LoadedModel
 from spanflow.ml.model_store import ModelStore, with_store
 from spanflow.ml.scoring import Pinning, models_for_batch
-from spanflow.spark.scoring_udf import ScoreSettings, in_canary, score_records
+from spanflow.spark.scoring_udf import ScoreSettings, in_canary, score_columns, score_records
 
 
 def _river(slope: float) -> bytes:
@@ -92,3 +92,53 @@ def test_canary_and_shadow_routing():
         assert (added["shadow_version"], added["shadow_prediction"]) == (2, 2.0)
     share = sum(a["model_version"] == 2 for a in out[:-1]) / 200
     assert 0.15 < share < 0.35
+
+
+def test_whole_arrow_batches_score_like_records_one_by_one():
+    import numpy as np
+    import pyarrow as pa
+    from skl2onnx import to_onnx
+    from sklearn.linear_model import LogisticRegression
+
+    from spanflow.ml.artifacts import _onnx_session
+
+    rng = np.random.default_rng(9)
+    x = rng.normal(size=(300, 2)).astype(np.float32)
+    data = to_onnx(LogisticRegression().fit(x, x[:, 0] > x[:, 1]), x[:1]).SerializeToString()
+    main = LoadedModel(3, ("t", "v"), "onnx", _onnx_session(data))
+    staging = LoadedModel(4, ("v", "t"), "onnx", _onnx_session(data))  # other feature order
+    schema = pa.schema(
+        [
+            ("id", pa.int64()),
+            ("t", pa.float64()),
+            ("v", pa.float64()),
+            ("prediction", pa.bool_()),
+            ("probability", pa.float64()),
+            ("model_version", pa.int64()),
+            ("shadow_prediction", pa.bool_()),
+            ("shadow_version", pa.int64()),
+        ]
+    )
+    settings = ScoreSettings(
+        url="",
+        pin=Pinning("p", "s", "m", {}),
+        stage="production",
+        shadow=True,
+        canary=None,
+        canary_key=None,
+        prediction_type="boolean",
+        columns=tuple(schema.names),
+        pipeline="p",
+        step="s",
+    )
+    records = [{"id": i, "t": float(a), "v": float(b)} for i, (a, b) in enumerate(x[:50])]
+    records[7]["v"] = None  # a missing value scores as NaN on both paths
+    batch = pa.RecordBatch.from_pylist(records, schema=pa.schema(list(schema)[:3]))
+    fast = score_columns(settings, batch, main, staging, schema)
+    assert fast is not None
+    slow = score_records(settings, records, main, staging)
+    expected = [{**r, **added} for r, added in zip(records, slow, strict=True)]
+    assert fast.to_pylist() == expected
+    assert {r["shadow_version"] for r in expected} == {4}
+    canary = ScoreSettings(**{**settings.__dict__, "canary": 0.5, "canary_key": "id"})
+    assert score_columns(canary, batch, main, staging, schema) is None  # per record instead

@@ -16,6 +16,7 @@ Two formats:
 from __future__ import annotations
 
 import hashlib
+import math
 import pickle
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -108,13 +109,20 @@ class LoadedModel:
         matrix = np.array(
             [[_number(r.get(f)) for f in self.features] for r in records], dtype=np.float32
         )
+        labels, probabilities = self.predict_matrix(matrix)
+        return list(zip(labels, probabilities, strict=True))
+
+    def predict_matrix(self, matrix: Any) -> tuple[list[Any], list[float | None]]:
+        """An ONNX model's labels and their probabilities for a [rows, features]
+        float32 matrix (NaN where a value is missing): one onnxruntime call."""
         session = self.model
         outputs = session.run(None, {session.get_inputs()[0].name: matrix})
-        labels = outputs[0].reshape(len(records), -1)[:, 0].tolist()
-        probabilities: list[float | None] = [None] * len(records)
+        rows = matrix.shape[0]
+        labels = outputs[0].reshape(rows, -1)[:, 0].tolist()
+        probabilities: list[float | None] = [None] * rows
         if len(outputs) > 1:
             probabilities = _probabilities(outputs[1], labels)
-        return list(zip(labels, probabilities, strict=True))
+        return labels, probabilities
 
 
 def _number(value: Any) -> float:
@@ -128,10 +136,8 @@ def _probabilities(raw: Any, labels: list[Any]) -> list[float | None]:
     out: list[float | None] = []
     for i, label in enumerate(labels):
         row = raw[i]
-        if isinstance(row, dict):
-            out.append(float(row.get(label, 0.0)))
-        else:
-            out.append(float(max(row)))
+        p = float(row.get(label, 0.0)) if isinstance(row, dict) else float(max(row))
+        out.append(None if math.isnan(p) else p)  # a missing input gives no probability
     return out
 
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import orjson
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark import TaskContext
 
 from spanflow.ml.artifacts import LoadedModel
@@ -114,6 +115,63 @@ def score_records(
     return results
 
 
+def _matrix(batch: pa.RecordBatch, features: tuple[str, ...]) -> Any:
+    """The features of a batch as a float32 matrix (NaN where missing)."""
+    import numpy as np
+
+    columns = []
+    for name in features:
+        column = pc.cast(batch.column(name), pa.float64())
+        columns.append(column.to_numpy(zero_copy_only=False))
+    return np.column_stack(columns).astype(np.float32)
+
+
+def score_columns(
+    s: ScoreSettings,
+    batch: pa.RecordBatch,
+    main: LoadedModel | None,
+    staging: LoadedModel | None,
+    out_schema: pa.Schema,
+) -> pa.RecordBatch | None:
+    """Score a whole Arrow batch with one onnxruntime call per model, without turning
+    records into Python objects. None when this path does not apply (a canary, a
+    River model) or the batch fails (then records are scored one by one, and only
+    those that fail go to the dead letters)."""
+    models = [m for m in (main, staging if s.shadow else None) if m is not None]
+    if s.canary is not None or any(m.format != "onnx" for m in models) or batch.num_rows == 0:
+        return None
+    cast = _CASTS[s.prediction_type]
+    added: dict[str, list[Any]] = {}
+    try:
+        for model, prefix in ((main, ""), (staging if s.shadow else None, "shadow_")):
+            if prefix and not s.shadow:
+                continue
+            if model is None:
+                labels: list[Any] = [None] * batch.num_rows
+                probabilities: list[Any] = [None] * batch.num_rows
+            else:
+                labels, probabilities = model.predict_matrix(_matrix(batch, model.features))
+                labels = [None if x is None else cast(x) for x in labels]
+            version = model.version if model is not None else None
+            if prefix:
+                added["shadow_prediction"], added["shadow_version"] = (
+                    labels,
+                    [version] * len(labels),
+                )
+            else:
+                added["prediction"], added["probability"] = labels, probabilities
+                added["model_version"] = [version] * len(labels)
+    except Exception:
+        return None
+    arrays = []
+    for field in out_schema:
+        if field.name in added:
+            arrays.append(pa.array(added[field.name], type=field.type))
+        else:
+            arrays.append(batch.column(field.name).cast(field.type))
+    return pa.RecordBatch.from_arrays(arrays, schema=out_schema)
+
+
 def score_udf(
     s: ScoreSettings, out_schema: pa.Schema
 ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
@@ -129,6 +187,10 @@ def score_udf(
         main, staging = models[s.stage], models.get("staging")
         failed: list[DeadLetter] = []
         for batch in batches:
+            fast = score_columns(s, batch, main, staging, out_schema)
+            if fast is not None:
+                yield fast
+                continue
             records = batch.to_pylist()
             out = []
             for record, scored in zip(

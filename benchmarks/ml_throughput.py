@@ -18,6 +18,15 @@ publishing 400,000 results. Events/s are taken over the batches after the first.
 The added cost per event of a case is ``1/rate(case) - 1/rate(baseline)``, in
 microseconds.
 
+Then the *added latency* of each step at a steady ``--rate`` (2,000 events/s): the
+time from an event's publication to its output being visible (both JetStream store
+times, one clock), per event, for a stateless per-event pipeline (filter → sink: the
+baseline) and for the same pipeline with the model step before the sink (every event
+out: detection emits all, learning and scoring keep every row). Added latency =
+case percentile - baseline percentile, same run. ``keyed_passthrough`` (a keyed
+processor passing every record on) separates the cost of keyed state from the
+model's.
+
 Figures are printed and written to ``benchmarks/results/ml_throughput.json``.
 Run: ``.venv/bin/python benchmarks/ml_throughput.py [--events 400000]``.
 """
@@ -40,11 +49,23 @@ import orjson
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from node_throughput import RunningMean, measure_throughput
+import threading
+
+from node_throughput import (
+    KeyedPassThrough,
+    RunningMean,
+    _iso_us,
+    _outputs,
+    measure_throughput,
+    progress_of,
+    publish_at_rate,
+    summary,
+)
 
 import spanflow as sf
 from spanflow.nats import EmbeddedNats
 from spanflow.nats.streams import connect, ensure_stream
+from spanflow.spark.runner import PipelineRunner
 from spanflow.spark.session import build_session
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -132,6 +153,84 @@ def push_model(url: str) -> None:
     asyncio.run(with_store(url, work))
 
 
+# -- added latency at a steady rate ----------------------------------------------------
+def ml_reading(n: int) -> dict[str, Any]:
+    """The n-th reading of the latency runs, stamped now (labels as in preload)."""
+    temperature = 20.0 + (n * 7 % 170) / 10.0
+    return {
+        "device": f"dev-{n % DEVICES:03d}",
+        "ts": datetime.now(UTC).isoformat(timespec="milliseconds"),
+        "temperature": temperature,
+        "vibration": 0.5 + (n * 13 % 50) / 100.0,
+        "failed": temperature > 33.0,
+    }
+
+
+def latency_pipelines(stream: str) -> dict[str, sf.Flow]:
+    fields = ["temperature", "vibration"]
+
+    def head(name: str) -> sf.Stream:
+        p = sf.Pipeline(f"lat-{name}", trigger=0)
+        return (
+            p.source(stream, schema=SCHEMA, event_time="ts", start="latest")
+            .filter("temperature > -50")
+            .map(published="_published")
+        )
+
+    def out(s: sf.Stream, name: str) -> sf.Flow:
+        return s.sink_jetstream(f"LAT_{name.upper()}", subject=f"lat.{name}")
+
+    return {
+        "baseline": out(head("baseline"), "baseline"),
+        "keyed_passthrough": out(
+            head("keyed")
+            .key_by("device")
+            .process(
+                KeyedPassThrough, output_schema={"device": "string", "published": "timestamp"}
+            ),
+            "keyed",
+        ),
+        "detect_robust": out(
+            head("detect").key_by("device").detect_anomalies(fields, warmup=20), "detect"
+        ),
+        "learn_logreg": out(
+            head("learn")
+            .key_by("device")
+            .learn("river:linear_model.LogisticRegression", features=fields, target="failed"),
+            "learn",
+        ),
+        "score_onnx": out(head("score").score("bench-model", prediction_type="boolean"), "score"),
+    }
+
+
+def measure_latency(
+    spark: Any, url: str, flow: sf.Flow, rate: int, seconds: float, warmup: float, work: Path
+) -> dict[str, Any]:
+    """Per-event publish → visible latency (ms) after ``warmup`` seconds."""
+    sink = flow.spec().sinks()[0].stream
+    runner = PipelineRunner(spark, flow.spec(), nats_url=url, checkpoint_dir=str(work)).start()
+    publisher = threading.Thread(
+        target=publish_at_rate,
+        args=(url, "lat.in", rate, warmup + seconds, threading.Event(), ml_reading),
+    )
+    try:
+        publisher.start()
+        publisher.join()
+        runner.await_idle()
+        progress = progress_of(runner)
+    finally:
+        runner.stop()
+    outputs = asyncio.run(_outputs(url, sink))
+    first = outputs[0][0] if outputs else 0
+    latencies = [
+        (visible - _iso_us(row["published"])) / 1000.0
+        for visible, row in outputs
+        if visible - first >= warmup * 1_000_000
+    ]
+    batch = [float(q["durationMs"]["triggerExecution"]) for q in progress[3:]]
+    return {"latency_ms": summary(latencies), "batch_ms": summary(batch)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--events", type=int, default=400_000)
@@ -142,17 +241,24 @@ def main() -> None:
         default="",
         help="comma-separated cases to run (default: all; the baseline always)",
     )
+    ap.add_argument("--rate", type=int, default=2000, help="events/s of the latency runs")
+    ap.add_argument("--seconds", type=float, default=20.0, help="measured seconds per case")
+    ap.add_argument("--warmup", type=float, default=10.0)
+    ap.add_argument("--skip-latency", action="store_true")
+    ap.add_argument("--skip-throughput", action="store_true")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="spanflow-ml-bench-"))
+    latency: dict[str, dict[str, Any]] = {}
     results: dict[str, dict[str, Any]] = {}
     with EmbeddedNats(work / "nats", sync_always=False) as server:
         spark = build_session(app_name="spanflow-ml-bench")
-        print(f"pre-loading {args.events:,} events …", flush=True)
-        asyncio.run(preload(server.url, "ML_IN", "ml.in", args.events))
         push_model(server.url)
-        chosen = {c for c in args.cases.split(",") if c} | {"keyed_baseline"}
+        if not args.skip_throughput:
+            print(f"pre-loading {args.events:,} events …", flush=True)
+            asyncio.run(preload(server.url, "ML_IN", "ml.in", args.events))
+        chosen = {c for c in args.cases.split(",") if c} | {"keyed_baseline", "baseline"}
         for case, flow in pipelines(args.batch_rows).items():
-            if args.cases and case not in chosen:
+            if (args.cases and case not in chosen) or args.skip_throughput:
                 continue
             print(f"{case} …", flush=True)
             started = time.monotonic()
@@ -161,10 +267,27 @@ def main() -> None:
             )
             rate = results[case]["events_per_s"]
             print(f"  {rate:,} events/s ({time.monotonic() - started:.0f} s)")
+        if not args.skip_latency:
+            asyncio.run(ensure(server.url, "LAT_IN", "lat.in"))
+            for case, flow in latency_pipelines("LAT_IN").items():
+                if args.cases and case not in chosen:
+                    continue
+                print(f"latency of {case} at {args.rate:,} events/s …", flush=True)
+                latency[case] = measure_latency(
+                    spark,
+                    server.url,
+                    flow,
+                    args.rate,
+                    args.seconds,
+                    args.warmup,
+                    work / f"lat-{case}",
+                )
+                ms = latency[case]["latency_ms"]
+                print(f"  p50 {ms['p50']:.0f} ms, p99 {ms['p99']:.0f} ms")
         spark.stop()
-    if args.cases:  # a partial run: print, keep the full run's file
+    if args.cases or args.skip_latency or args.skip_throughput:
         args.out = args.out.with_name("ml_throughput_partial.json")
-    base = results["keyed_baseline"]["events_per_s"]
+    base = results.get("keyed_baseline", {}).get("events_per_s")
     added = {
         case: round(1e6 / r["events_per_s"] - 1e6 / base, 1)
         for case, r in results.items()
@@ -177,6 +300,9 @@ def main() -> None:
         "max_rows_per_batch": args.batch_rows,
         "throughput": results,
         "added_us_per_event_over_keyed_baseline": added,
+        "latency_rate": args.rate,
+        "latency": latency,
+        "added_latency_ms_over_baseline": added_latency(latency),
         "targets": {
             "detect_robust_events_per_s_at_least": GOAL,
             "detect_robust_met": bool(
@@ -187,9 +313,37 @@ def main() -> None:
     print(f"{'case':16} {'events/s':>10} {'µs/event over baseline':>24}")
     for case, r in results.items():
         print(f"{case:16} {r['events_per_s'] or 0:>10,} {added.get(case, 0.0):>24}")
+    if latency:
+        print(f"{'case':16} {'p50 ms':>8} {'p99 ms':>8} {'added p50':>10} {'added p99':>10}")
+        extra = out["added_latency_ms_over_baseline"]
+        for case, r in latency.items():
+            more = extra.get(case, {"p50": 0.0, "p99": 0.0})
+            print(
+                f"{case:16} {r['latency_ms']['p50']:>8.0f} {r['latency_ms']['p99']:>8.0f}"
+                f" {more['p50']:>10.0f} {more['p99']:>10.0f}"
+            )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=2) + "\n")
     print(f"written to {args.out}")
+
+
+def added_latency(latency: dict[str, dict[str, Any]]) -> dict[str, dict[str, float]]:
+    base = latency.get("baseline")
+    if base is None:
+        return {}
+    return {
+        case: {
+            q: round(r["latency_ms"][q] - base["latency_ms"][q], 1) for q in ("p50", "p95", "p99")
+        }
+        for case, r in latency.items()
+        if case != "baseline"
+    }
+
+
+async def ensure(url: str, stream: str, subject: str) -> None:
+    nc = await connect(url)
+    await ensure_stream(nc.jetstream(), stream, [subject])
+    await nc.close()
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ import statistics
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -153,6 +154,19 @@ class RunningMean(sf.KeyedProcessor):
         yield {"n": n, "mean": mean}
 
 
+class KeyedPassThrough(sf.KeyedProcessor):
+    """Every record out as it came, with a per-key count in a ValueState: the cost of
+    keyed state (transformWithState) alone, without a model."""
+
+    def init(self, state: Any) -> None:
+        self.n = state.value("n", "long")
+
+    def process(self, key: Any, rows: list[dict[str, Any]], ctx: Any) -> Any:
+        self.n.set(self.n.get(0) + len(rows))
+        for row in rows:
+            yield {"device": row["device"], "published": row["published"]}
+
+
 def keyed_pipeline(name: str, stream: str, out: str, *, batch_rows: int) -> sf.Flow:
     p = sf.Pipeline(name, trigger=0)
     return (
@@ -204,9 +218,22 @@ def _end_time(progress: dict[str, Any]) -> float:
 
 
 # -- 3. latency ----------------------------------------------------------------------
+def reading(n: int) -> dict[str, Any]:
+    """The n-th reading of a steady publisher, stamped now."""
+    now = datetime.now(UTC).isoformat(timespec="milliseconds")
+    return {"device": f"dev-{n % DEVICES:03d}", "ts": now, "temperature": 21.0}
+
+
 def publish_at_rate(
-    url: str, subject: str, rate: int, seconds: float, stop: threading.Event
+    url: str,
+    subject: str,
+    rate: int,
+    seconds: float,
+    stop: threading.Event,
+    make: Callable[[int], dict[str, Any]] = reading,
 ) -> None:
+    """Publish ``make(n)`` for n = 0, 1, ... at ``rate`` per second for ``seconds``."""
+
     async def go() -> None:
         nc = await connect(url)
         js = nc.jetstream()
@@ -216,9 +243,7 @@ def publish_at_rate(
             due = int((time.monotonic() - start) * rate) - sent
             futures = []
             for _ in range(max(0, due)):
-                now = datetime.now(UTC).isoformat(timespec="milliseconds")
-                record = {"device": f"dev-{sent % DEVICES:03d}", "ts": now, "temperature": 21.0}
-                futures.append(await js.publish_async(subject, orjson.dumps(record)))
+                futures.append(await js.publish_async(subject, orjson.dumps(make(sent))))
                 sent += 1
             if futures:
                 await asyncio.wait_for(asyncio.gather(*futures), 30)

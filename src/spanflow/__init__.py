@@ -12,6 +12,7 @@ if TYPE_CHECKING:
     from spanflow.api import (
         Flow,
         KeyedProcessor,
+        Pattern,
         Pipeline,
         Stream,
         load_pipeline,
@@ -23,6 +24,7 @@ if TYPE_CHECKING:
 _EXPORTS = {
     "Flow": "spanflow.api",
     "KeyedProcessor": "spanflow.api",
+    "Pattern": "spanflow.api",
     "Pipeline": "spanflow.api",
     "Stream": "spanflow.api",
     "load_pipeline": "spanflow.api",
@@ -44,6 +46,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Flow",
     "KeyedProcessor",
+    "Pattern",
     "Pipeline",
     "PipelineSpec",
     "SpanflowError",

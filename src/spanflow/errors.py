@@ -70,6 +70,7 @@ class ModelNotFound(ModelError):
 
 
 class InvalidModel(ModelError):
-    """A model file is not what it claims to be, or does not fit the stream."""
+    """A model file is not what it claims to be, does not fit the stream, or a request
+    names a model, tag or accelerator badly."""
 
     code = "invalid_model"

@@ -170,3 +170,14 @@ def test_ml_examples_load_and_run() -> None:
     assert spec.step("detect").type_name == "detect_anomalies"
     for body in blocks("ml.md", "python run"):
         exec(compile(body, "ml.md", "exec"), {})
+
+
+def test_pattern_examples_load_and_run() -> None:
+    (text,) = blocks("patterns.md", "yaml patterns")
+    spec = load_pipeline_text(text, "patterns.md")
+    step = spec.step("overheat")
+    assert [s.name for s in step.pattern.stages] == ["hot", "drop"]  # type: ignore[attr-defined]
+    for body in blocks("patterns.md", "python run"):
+        exec(compile(body, "patterns.md", "exec"), {})
+    first = FENCE.findall((DOCS / "patterns.md").read_text())[0][1]
+    exec(compile(first, "patterns.md", "exec"), {})  # the opening example builds

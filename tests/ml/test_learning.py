@@ -9,7 +9,7 @@ import pytest
 from river import linear_model, metrics, preprocessing
 
 import spanflow as sf
-from spanflow.errors import SpecError
+from spanflow.errors import ModelNotFound, SpecError
 from spanflow.ml.learning import Learner, OnlineLearning
 from spanflow.testing import KeyedProcessorTest
 
@@ -55,7 +55,7 @@ def _learner(target: str = "label", model: str = "river:linear_model.LogisticReg
     return lambda: Learner(model, FEATURES, target, {}, "standard", target == "label")
 
 
-def _test() -> KeyedProcessorTest:
+def _test(publish: object = None) -> KeyedProcessorTest:
     return KeyedProcessorTest(
         OnlineLearning,
         key="device",
@@ -68,7 +68,7 @@ def _test() -> KeyedProcessorTest:
             "f1": "double",
             "learned": "long",
         },
-        params={"learner": _learner(), "hidden": ("x1", "x2", "label", "y")},
+        params={"learner": _learner(), "hidden": ("x1", "x2", "label", "y"), "publish": publish},
     )
 
 
@@ -147,3 +147,49 @@ def test_a_learnt_model_is_published_to_the_registry_once_per_change(nats_url, u
     loaded = load(version, data)
     x = {"x1": 0.5, "x2": 4.0}
     assert loaded.predict([x])[0][0] == model.predict_one(x)
+
+
+def test_models_are_published_on_demand_once_per_request(nats_url, uid, monkeypatch):
+    """``publish_every: null`` publishes only when asked: ``spanflow model publish``
+    makes every key's model a new staging version at its next batch, once."""
+    import asyncio
+
+    from typer.testing import CliRunner
+
+    from spanflow.cli import app
+    from spanflow.ml import learning
+    from spanflow.ml.model_store import ModelStore, with_store
+
+    monkeypatch.setattr(learning, "REQUEST_CACHE_SECONDS", 0.0)
+    name = f"edge-{uid}"
+    settings = learning.Publishing(url=nats_url, name=name, every=None, per_key=True, origin="p/s")
+    t = _test(publish=settings)
+    records = _records(120)
+
+    async def versions(store: ModelStore) -> dict[str, int]:
+        out = {}
+        for key in ("a", "b"):
+            try:
+                manifest, _ = await store.manifest(f"{name}-{key}")
+                out[key] = len(manifest.versions)
+            except ModelNotFound:
+                out[key] = 0
+        return out
+
+    def published() -> dict[str, int]:
+        return asyncio.run(with_store(nats_url, versions))  # type: ignore[return-value]
+
+    def ask() -> None:
+        result = CliRunner().invoke(app, ["model", "publish", name, "--nats", nats_url])
+        assert result.exit_code == 0 and "publish request" in result.output, result.output
+
+    t.process(records[:30])
+    assert published() == {"a": 0, "b": 0}  # not by time, not asked
+    ask()
+    t.process(records[30:60])
+    assert published() == {"a": 1, "b": 1}
+    t.process(records[60:90])
+    assert published() == {"a": 1, "b": 1}  # the request is handled once
+    ask()
+    t.process(records[90:])
+    assert published() == {"a": 2, "b": 2}

@@ -14,6 +14,7 @@ from skl2onnx import to_onnx
 from sklearn.linear_model import LogisticRegression
 from typer.testing import CliRunner
 
+import spanflow as sf
 from spanflow.cli import app
 from spanflow.errors import InvalidModel, ModelError, ModelNotFound
 from spanflow.ml import registry
@@ -193,3 +194,79 @@ def test_rest_endpoints_need_the_token_and_work_end_to_end(tmp_path):
         assert r.status_code == 422 and "not a valid ONNX model" in r.json()["detail"]
         bad = "/api/v1/models/pump/versions?format=pickle&features=t"
         assert api.post(bad, content=data, headers=AUTH).status_code == 422
+        # "publish now" requests for learn steps: numbered, increasing, token-protected
+        assert api.post("/api/v1/models/edge/publish").status_code == 401
+        first = api.post("/api/v1/models/edge/publish", headers=AUTH)
+        second = api.post("/api/v1/models/edge/publish", headers=AUTH)
+        assert first.status_code == 202 and second.json()["request"] > first.json()["request"]
+        assert api.post("/api/v1/models/no%20good/publish", headers=AUTH).status_code == 422
+
+
+def test_a_models_needs_pin_the_pipelines_that_score_with_it(tmp_path):
+    """What a model needs (accelerators, tags) is declared at push; a pipeline scoring
+    with it is pinned to such nodes when submitted, and refused when none exists; a
+    pipeline scoring with a model the registry lacks is refused with the reason."""
+    import warnings
+
+    from spanflow.control.rest import create_app
+    from spanflow.nats.server import EmbeddedNats
+    from tests.cluster.test_coordinator_api import AUTH, coordinator
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from fastapi.testclient import TestClient
+
+    pipeline = (
+        "name: {name}\nsources:\n  - {{id: src, stream: IN_A, schema: {{t: double, v: double}}, "
+        "to: [s]}}\nprocessors:\n  - {{id: s, type: score, model: {model}, to: [out]}}\n"
+        "sinks:\n  - {{id: out, type: jetstream, stream: OUT_P, subject: out.p}}\n"
+    )
+    data = _onnx_model(tmp_path / "m.onnx").read_bytes()
+    with (
+        EmbeddedNats(tmp_path / "nats") as server,
+        TestClient(create_app(coordinator(server, tmp_path))) as api,
+    ):
+        push = "/api/v1/models/pump/versions?format=onnx&features=t,v"
+        r = api.post(push + "&accelerators=gpu&tags=line-a", content=data, headers=AUTH)
+        assert r.status_code == 201, r.text
+        manifest = api.get("/api/v1/models/pump", headers=AUTH).json()
+        assert (manifest["accelerators"], manifest["tags"]) == (["gpu"], ["line-a"])
+
+        body = {"yaml": pipeline.format(name="p1", model="pump")}
+        r = api.post("/api/v1/pipelines", json=body, headers=AUTH)
+        assert r.status_code == 422
+        assert (
+            "no node at site edge-a has tags ['line-a'] and accelerators ['gpu']"
+            in (r.json()["detail"])
+        )
+        # A version pushed without needs keeps them; one pushed with empty lists clears them.
+        assert api.post(push, content=data, headers=AUTH).status_code == 201
+        assert api.get("/api/v1/models/pump", headers=AUTH).json()["accelerators"] == ["gpu"]
+        r = api.post(push + "&accelerators=&tags=", content=data, headers=AUTH)
+        assert r.status_code == 201
+        r = api.post("/api/v1/pipelines", json=body, headers=AUTH)
+        assert r.status_code in (200, 201), r.text
+
+        body = {"yaml": pipeline.format(name="p2", model="nope")}
+        r = api.post("/api/v1/pipelines", json=body, headers=AUTH)
+        assert r.status_code == 422
+        assert "scores with model 'nope', which is not in the registry" in r.json()["detail"]
+
+
+def test_pin_to_model_needs_adds_to_the_steps_own_pins():
+    spec = (
+        sf.Pipeline("p")
+        .source("S", schema={"t": "double"}, key="t")
+        .score("m", id="scored")
+        .on(tags=["site-x"])
+        .sink_console()
+        .spec()
+    )
+    needs = registry.ModelManifest(name="m", accelerators=("gpu",), tags=("site-x", "fast"))
+    step = registry.pin_to_model_needs(spec, {"m": needs}).step("scored")
+    assert (step.node_tags, step.node_accelerators) == (("site-x", "fast"), ("gpu",))
+    assert registry.pin_to_model_needs(spec, {}).step("scored") == spec.step("scored")
+    with pytest.raises(ModelError, match="a tag or accelerator"):
+        registry.add_version(
+            None, "m", sha256="ab" * 32, format="onnx", inputs={}, size=1, now=0, tags=["a b"]
+        )

@@ -9,6 +9,7 @@ import pytest
 import spanflow as sf
 from spanflow.api import load_pipeline
 from spanflow.api.topology_loader import load_topology, load_topology_text
+from spanflow.errors import SpecError
 from spanflow.plan.explain import explain_dict, explain_text
 from spanflow.plan.fragments import compile_fragments
 from spanflow.plan.placement import PlacementError
@@ -93,6 +94,39 @@ def test_tags_pin_a_global_fragment_and_a_missing_tag_is_named():
     tpu = overall().on(tags=["tpu"]).sink_jetstream("OUT", subject="out", id="out")
     with pytest.raises(PlacementError, match=r"fragment p.global: no node has tags \['tpu'\]$"):
         plan_pipeline(compile_fragments(tpu.spec(), topo), offline_view(topo))
+
+
+ACCELERATED = """
+name: accelerated
+sites: [{name: a}, {name: cloud, kind: cloud}]
+nodes:
+  - {name: a-cpu, site: a, capabilities: {cores: 4}, streams: [{name: S, subjects: [s.a.>]}]}
+  - {name: a-gpu, site: a, capabilities: {cores: 2, accelerators: [gpu]}}
+  - {name: c-cpu, site: cloud, capabilities: {cores: 8}}
+  - {name: c-gpu, site: cloud, capabilities: {cores: 8, accelerators: [gpu]}}
+links: [{between: [a, cloud], latency: 40ms}]
+"""
+
+
+def test_accelerator_pins_choose_a_node_that_has_one_locally_and_globally():
+    topo = load_topology_text(ACCELERATED)
+    source = sf.Pipeline("p").source(
+        "S", schema={"device": "string", "v": "double"}, key="device", id="in"
+    )
+    local = source.map(w="v * 2", id="m").on(accelerators="gpu").sink_console(id="out")
+    plan = plan_pipeline(compile_fragments(local.spec(), topo), offline_view(topo))
+    assert plan.placement == {"p.f0": "a-gpu"}
+    assert "accelerators ['gpu']" in plan.decisions[0].why
+
+    cloud = source.in_cloud().on(accelerators=["gpu"]).sink_console(id="out")
+    plan = plan_pipeline(compile_fragments(cloud.spec(), topo), offline_view(topo))
+    assert list(plan.placement.values()) == ["c-gpu"]
+
+    tpu = source.map(w="v", id="m").on(accelerators="tpu").sink_console(id="out")
+    with pytest.raises(PlacementError, match=r"no node at site a has accelerators \['tpu'\]"):
+        plan_pipeline(compile_fragments(tpu.spec(), topo), offline_view(topo))
+    with pytest.raises(SpecError, match="at least one tag or accelerator"):
+        source.on()
 
 
 def test_latency_budget_errors_say_which_part_is_short_and_by_how_much():

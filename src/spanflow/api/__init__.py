@@ -9,6 +9,7 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from spanflow.api.patterns import Pattern
     from spanflow.api.pipeline import Flow, Pipeline, Stream, WindowedStream
     from spanflow.api.processor import KeyedProcessor
     from spanflow.api.yaml_loader import load_pipeline, load_pipeline_text
@@ -19,6 +20,7 @@ _EXPORTS = {
     "Stream": "spanflow.api.pipeline",
     "WindowedStream": "spanflow.api.pipeline",
     "KeyedProcessor": "spanflow.api.processor",
+    "Pattern": "spanflow.api.patterns",
     "load_pipeline": "spanflow.api.yaml_loader",
     "load_pipeline_text": "spanflow.api.yaml_loader",
 }
@@ -33,6 +35,7 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "Flow",
     "KeyedProcessor",
+    "Pattern",
     "Pipeline",
     "Stream",
     "WindowedStream",

@@ -25,6 +25,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from spanflow.api.patterns import Pattern
 from spanflow.api.processor import KeyedProcessor
 from spanflow.errors import SpecError
 from spanflow.spec import (
@@ -53,6 +54,7 @@ from spanflow.spec import (
     format_validation_error,
 )
 from spanflow.spec.steps.models import DetectAnomaliesStep, LearnStep, ScoreStep
+from spanflow.spec.steps.patterns import PatternStep
 
 UserFunction = Callable[..., Any]
 
@@ -338,7 +340,7 @@ class Stream:
         params: Mapping[str, Any] | None = None,
         scale: str = "standard",
         publish_as: str | None = None,
-        publish_every: str | float = "10m",
+        publish_every: str | float | None = "10m",
         id: str | None = None,
     ) -> Stream:
         """Online learning with a River model — per key after ``key_by``, one model
@@ -346,7 +348,8 @@ class Stream:
         Adds ``prediction``, ``probability`` (classifiers), running metrics and
         ``learned``: ``learn("river:linear_model.LogisticRegression",
         features=["t", "v"], target="failed")``. ``publish_as="name"`` pushes the
-        learnt model to the registry every ``publish_every``. See docs/ml.md."""
+        learnt model to the registry every ``publish_every`` (None: never by time) and
+        when asked (``spanflow model publish name``). See docs/ml.md."""
         return self._then(
             LearnStep,
             "learn",
@@ -385,6 +388,32 @@ class Stream:
             shadow=shadow,
             canary=canary,
             canary_key=canary_key,
+        )
+
+    def match(
+        self,
+        pattern: Pattern,
+        *,
+        select: Mapping[str, str] | None = None,
+        timeouts: bool = False,
+        rule: str | None = None,
+        id: str | None = None,
+    ) -> Stream:
+        """One row per match of ``pattern`` in each key's events (FlinkCEP semantics, in
+        event-time order): the key, ``rule``, ``match_start``, ``match_end`` and the
+        ``select`` fields (SQL over the match: ``{"peak": "max(hot.temperature)"}``).
+        ``timeouts=True`` adds partial matches that ran out of ``within``
+        (``timed_out`` true). See docs/patterns.md."""
+        if not isinstance(pattern, Pattern):
+            raise SpecError(f"match(): expected a spanflow.Pattern, got {type(pattern).__name__}")
+        return self._then(
+            PatternStep,
+            "match",
+            id,
+            pattern=pattern.spec(),
+            select=dict(select or {}),
+            timeouts=timeouts,
+            rule=rule,
         )
 
     def count(self, *, key: str | None = None, id: str | None = None) -> Stream:
@@ -469,11 +498,20 @@ class Stream:
         """Run the last step, and everything after it, on a cloud node."""
         return self._pin(at="cloud")
 
-    def on(self, *, tags: Sequence[str]) -> Stream:
-        """Run the last step on a node that has all of ``tags`` (e.g. ``["gpu"]``)."""
+    def on(self, *, tags: Sequence[str] = (), accelerators: Sequence[str] = ()) -> Stream:
+        """Run the last step on a node that has all of ``tags`` (e.g. ``["line-a"]``) and
+        all of ``accelerators`` (e.g. ``["gpu"]``), as the topology declares them."""
         if isinstance(tags, str):
             tags = [tags]
-        return self._pin(node_tags=tuple(tags))
+        if isinstance(accelerators, str):
+            accelerators = [accelerators]
+        if not tags and not accelerators:
+            raise SpecError("on(): name at least one tag or accelerator")
+        step = next(s for s in self._steps if s.id == self.head)
+        return self._pin(
+            node_tags=tuple(dict.fromkeys((*step.node_tags, *tags))),
+            node_accelerators=tuple(dict.fromkeys((*step.node_accelerators, *accelerators))),
+        )
 
     def _pin(self, **update: Any) -> Stream:
         steps = tuple(

@@ -171,6 +171,11 @@ class Context(Protocol):
     @property
     def timers(self) -> Timers: ...
 
+    def reject(self, record: Record, reason: str) -> None:
+        """Send ``record`` to the dead-letter stream with ``reason`` (e.g. too late)
+        and go on; it takes effect only if the call succeeds."""
+        ...
+
 
 class KeyedProcessor:
     """Base class of keyed process functions (see the module documentation).

@@ -37,11 +37,23 @@ def push(
         str | None, typer.Option("--format", help="onnx or river (default: by file suffix).")
     ] = None,
     note: Annotated[str, typer.Option(help="A note kept with the version.")] = "",
+    accelerator: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--accelerator", help="The model needs a node with this accelerator (repeatable)."
+        ),
+    ] = None,
+    tag: Annotated[
+        list[str] | None,
+        typer.Option("--tag", help="The model needs a node with this tag (repeatable)."),
+    ] = None,
     nats: NatsOption = None,
     data_dir: DataDirOption = None,
 ) -> None:
     """Store a model file as the next version of NAME, in staging.
 
+    --accelerator/--tag say what a node needs to run the model (for every version):
+    pipelines that score with it are placed on such nodes when submitted.
     A River model is a pickle, which is code: push only files you would run."""
     from spanflow.errors import InvalidModel
 
@@ -55,7 +67,15 @@ def push(
     version = _run(
         nats,
         data_dir,
-        lambda store: store.push(name, data, format=kind, features=names, note=note),
+        lambda store: store.push(
+            name,
+            data,
+            format=kind,
+            features=names,
+            note=note,
+            accelerators=accelerator,
+            tags=tag,
+        ),
     )
     console.print(
         f"pushed {name} version {version.version} ({kind}, {version.size:,} bytes, "
@@ -126,3 +146,19 @@ def rollback(
     """Put the previous production version of NAME back in production."""
     manifest = _run(nats, data_dir, lambda store: store.rollback(name))
     console.print(f"{name}: production is version {manifest.production} again")
+
+
+@model_app.command("publish")
+def publish(
+    name: Annotated[str, typer.Argument(help="The name learn steps publish as (publish_as).")],
+    nats: NatsOption = None,
+    data_dir: DataDirOption = None,
+) -> None:
+    """Ask every learn step publishing as NAME to push its learnt models now.
+
+    Each key's model is pushed as a staging version at that key's next batch (an
+    unchanged model is not pushed again); promote it centrally when it is good."""
+    number = _run(nats, data_dir, lambda store: store.request_publication(name))
+    console.print(
+        f"publish request {number} for {name}: each key's model is pushed at its next batch"
+    )

@@ -29,6 +29,9 @@ from nats.js.errors import NotFoundError
 from pydantic import BaseModel, Field, ValidationError
 
 from spanflow.control.store import ClusterStore, ControlRecord, KVWrite, delete, put
+from spanflow.errors import ModelNotFound
+from spanflow.ml.model_store import ModelStore
+from spanflow.ml.registry import ModelManifest, pin_to_model_needs, scored_models
 from spanflow.nats.cluster import (
     ACTIVITY_PREFIX,
     ACTIVITY_STREAM,
@@ -431,7 +434,7 @@ class Coordinator:
                     409, f"pipeline {name!r} is {old.state.value}; cancel it before resubmitting"
                 )
             record = PipelineRecord(
-                spec=sub.spec,
+                spec=await self._with_model_needs(sub.spec),
                 priority=sub.priority,
                 latency_budget=sub.latency_budget,
                 parallelism=sub.parallelism,
@@ -565,6 +568,28 @@ class Coordinator:
             return self._fragments(record)
         except PlanError:
             return []
+
+    async def _with_model_needs(self, spec: PipelineSpec) -> PipelineSpec:
+        """Pin each score step to nodes that have what its model needs (accelerators,
+        tags) as the registry declares; a model not in the registry is refused here
+        rather than failing the query where it is placed."""
+        names = scored_models(spec)
+        if not names:
+            return spec
+        if self.nc is None:
+            raise RequestError(503, "the coordinator is not connected to NATS yet")
+        store = ModelStore(self.nc.jetstream())
+        manifests: dict[str, ModelManifest] = {}
+        for name in names:
+            try:
+                manifests[name], _ = await store.manifest(name)
+            except ModelNotFound:
+                raise RequestError(
+                    422,
+                    f"pipeline {spec.name!r} scores with model {name!r}, which is not in "
+                    "the registry: push it first (spanflow model push)",
+                ) from None
+        return pin_to_model_needs(spec, manifests)
 
     def _check_plannable(self, record: PipelineRecord) -> None:
         """Refuse a pipeline no placement could ever fit (a bad pin, a latency budget or

@@ -31,6 +31,10 @@ def _status_of(exc: ModelError) -> int:
     return 409
 
 
+def _list(text: str | None) -> list[str] | None:
+    return None if text is None else [t.strip() for t in text.split(",") if t.strip()]
+
+
 def add_model_routes(app: FastAPI, coordinator: Coordinator, guarded: list[Any]) -> None:
     def store() -> ModelStore:
         if coordinator.nc is None:
@@ -64,6 +68,10 @@ def add_model_routes(app: FastAPI, coordinator: Coordinator, guarded: list[Any])
         format: Annotated[str, Query(pattern="^(onnx|river)$")],
         features: Annotated[str, Query(description="Input fields, in order: a,b,c")],
         note: str = "",
+        accelerators: Annotated[
+            str | None, Query(description="Accelerators a node needs to run the model: gpu,tpu")
+        ] = None,
+        tags: Annotated[str | None, Query(description="Tags a node needs to run it: a,b")] = None,
     ) -> dict[str, Any]:
         data = await request.body()
         if not data:
@@ -72,7 +80,15 @@ def add_model_routes(app: FastAPI, coordinator: Coordinator, guarded: list[Any])
             raise RequestError(413, f"model file is {len(data):,} bytes; at most {MAX_FILE:,}")
         names = [f.strip() for f in features.split(",") if f.strip()]
         version = await call(
-            store().push(name, data, format=format, features=names, note=note)  # type: ignore[arg-type]
+            store().push(
+                name,
+                data,
+                format=format,  # type: ignore[arg-type]
+                features=names,
+                note=note,
+                accelerators=_list(accelerators),
+                tags=_list(tags),
+            )
         )
         return dict(version.model_dump(mode="json"))
 
@@ -80,6 +96,11 @@ def add_model_routes(app: FastAPI, coordinator: Coordinator, guarded: list[Any])
     async def promote(name: str, body: PromoteBody) -> dict[str, Any]:
         manifest = await call(store().promote(name, body.version, body.stage))
         return manifest.model_dump(mode="json") | {"production": manifest.production}
+
+    @app.post(f"{API}/{{name}}/publish", tags=["models"], dependencies=guarded, status_code=202)
+    async def request_publication(name: str) -> dict[str, Any]:
+        """Ask every learn step publishing as ``name`` to push its models at its next batch."""
+        return {"name": name, "request": await call(store().request_publication(name))}
 
     @app.post(f"{API}/{{name}}/rollback", tags=["models"], dependencies=guarded)
     async def rollback(name: str) -> dict[str, Any]:

@@ -116,9 +116,36 @@ class Publishing:
 
     url: str
     name: str
-    every: float
+    every: float | None
+    """Seconds between publications; None: only when asked."""
     per_key: bool
     origin: str  # pipeline/step, for the version's note
+
+
+_REQUESTS: dict[tuple[str, str], tuple[float, int]] = {}
+"""(url, name) → (when read, request number): one registry read per second per worker."""
+REQUEST_CACHE_SECONDS = 1.0
+
+
+def publication_request(settings: Publishing) -> int:
+    """The latest "publish now" request for ``settings.name`` (0: none), read at most
+    once a second per Python worker (every key of every batch asks)."""
+    from spanflow.ml.model_store import ModelStore, with_store
+    from spanflow.ml.scoring import run_sync
+
+    cache_key = (settings.url, settings.name)
+    now = time.monotonic()
+    cached = _REQUESTS.get(cache_key)
+    if cached is not None and now - cached[0] < REQUEST_CACHE_SECONDS:
+        return cached[1]
+
+    async def work(store: ModelStore) -> int:
+        return await store.publication_request(settings.name)
+
+    number = run_sync(with_store(settings.url, work))
+    request = number if isinstance(number, int) else 0
+    _REQUESTS[cache_key] = (now, request)
+    return request
 
 
 def publish_model(
@@ -188,19 +215,33 @@ class OnlineLearning(KeyedProcessor):
             record[LEARNED] = n
             out.append(record)
         saved = self.learner.save(model, kept, n)
-        saved["published"] = self._maybe_publish(key, model, n, last.get("published", 0.0))
+        published = last.get("published", 0.0), last.get("request", 0)
+        saved["published"], saved["request"] = self._maybe_publish(key, model, n, *published)
         self.state.set(orjson.dumps(saved))
         yield from out
 
-    def _maybe_publish(self, key: Any, model: Any, n: int, last: float) -> float:
-        """Publish when due; the time of the last publication. A failure is logged and
-        tried again next batch: it never fails the batch."""
+    def _maybe_publish(
+        self, key: Any, model: Any, n: int, last: float, handled: int
+    ) -> tuple[float, int]:
+        """Publish when due (``every`` seconds since the last publication, or a "publish
+        now" request not handled yet); the time of the last publication and the last
+        request handled. A failure is logged and tried again next batch: it never
+        fails the batch."""
+        if self.publish is None or n == 0:
+            return last, handled
         now = time.time()
-        if self.publish is None or now - last < self.publish.every or n == 0:
-            return last
+        try:
+            request = publication_request(self.publish)
+        except Exception as exc:
+            log.error("reading publish requests for %r failed: %s", self.publish.name, exc)
+            request = handled
+        every = self.publish.every
+        due = every is not None and now - last >= every
+        if not due and request <= handled:
+            return last, handled
         try:
             publish_model(self.publish, key, model, self.learner.features, n)
         except Exception as exc:
             log.error("publishing the model of key %r failed: %s", key, exc)
-            return last
-        return now
+            return last, handled
+        return now, max(request, handled)

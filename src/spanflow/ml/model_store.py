@@ -29,6 +29,8 @@ from spanflow.ml.artifacts import LoadedModel, describe, load, sha256_of
 from spanflow.ml.registry import Format, ModelManifest, ModelVersion, Stage
 
 MANIFESTS = "SPANFLOW_MODEL_INDEX"
+PUBLISH_REQUESTS = "SPANFLOW_PUBLISH_REQUESTS"
+"""KV: per ``publish_as`` name, the latest "publish now" request (its revision counts)."""
 FILES = "SPANFLOW_MODELS"
 MAX_FILE = 256 * 1024 * 1024
 
@@ -50,6 +52,28 @@ class ModelStore:
             return await self.js.object_store(FILES)
         except BucketNotFoundError:
             return await self.js.create_object_store(FILES)
+
+    async def _requests(self):  # type: ignore[no-untyped-def]
+        try:
+            return await self.js.key_value(PUBLISH_REQUESTS)
+        except BucketNotFoundError:
+            return await self.js.create_key_value(bucket=PUBLISH_REQUESTS, history=1)
+
+    async def request_publication(self, name: str) -> int:
+        """Ask every learn step that publishes as ``name`` to publish its models at
+        its next batch. The request's number (a KV revision, increasing)."""
+        registry.check_name(name)
+        kv = await self._requests()
+        return int(await kv.put(name, str(time.time()).encode()))
+
+    async def publication_request(self, name: str) -> int:
+        """The number of the latest publish request for ``name`` (0: none)."""
+        kv = await self._requests()
+        try:
+            entry = await kv.get(name)
+        except KeyNotFoundError:
+            return 0
+        return entry.revision or 0
 
     async def manifest(self, name: str) -> tuple[ModelManifest, int]:
         """A model's manifest and its KV revision (ModelNotFound when unknown)."""
@@ -99,8 +123,11 @@ class ModelStore:
         format: Format,
         features: Sequence[str],
         note: str = "",
+        accelerators: Sequence[str] | None = None,
+        tags: Sequence[str] | None = None,
     ) -> ModelVersion:
-        """Store a model file as the next version of ``name`` (in staging)."""
+        """Store a model file as the next version of ``name`` (in staging);
+        ``accelerators``/``tags``, when given, set what the model's nodes need."""
         registry.check_name(name)
         if len(data) > MAX_FILE:
             raise ModelError(f"model file is {len(data):,} bytes; at most {MAX_FILE:,}")
@@ -120,6 +147,8 @@ class ModelStore:
                 size=len(data),
                 now=time.time(),
                 note=note,
+                accelerators=accelerators,
+                tags=tags,
             ),
         )
         return manifest.versions[-1]

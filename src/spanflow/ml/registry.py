@@ -8,6 +8,11 @@ an input schema (the fields it reads, in order) and a stage: ``staging`` when pu
 production archives the one before and remembers it, so ``rollback`` can bring it
 back.
 
+A model can declare what the node that runs it needs (``accelerators`` and ``tags``,
+as the topology names them): they hold for every version, and a pipeline that scores
+with the model is pinned to such nodes when it is submitted
+(:func:`pin_to_model_needs`).
+
 >>> m = add_version(None, "pump", sha256="ab" * 32, format="onnx",
 ...                 inputs={"t": "double"}, size=10, now=0.0)
 >>> m = add_version(m, "pump", sha256="cd" * 32, format="onnx",
@@ -22,11 +27,14 @@ back.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping, Sequence
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from spanflow.errors import ModelError, ModelNotFound
+from spanflow.errors import InvalidModel, ModelError, ModelNotFound
+from spanflow.spec.pipeline import PipelineSpec
+from spanflow.spec.steps.models import ScoreStep
 
 Format = Literal["onnx", "river"]
 Stage = Literal["staging", "production", "archived"]
@@ -55,6 +63,10 @@ class ModelManifest(BaseModel):
     history: tuple[int, ...] = Field(
         default=(), description="Versions that were in production, oldest first."
     )
+    accelerators: tuple[str, ...] = Field(
+        default=(), description="Accelerators a node needs to run this model (e.g. gpu)."
+    )
+    tags: tuple[str, ...] = Field(default=(), description="Tags a node needs to run it.")
 
     @property
     def production(self) -> int | None:
@@ -75,7 +87,7 @@ class ModelManifest(BaseModel):
 
 def check_name(name: str) -> str:
     if not _NAME.match(name):
-        raise ModelError(f"model name {name!r}: use 1 to 64 letters, digits, '-' or '_'")
+        raise InvalidModel(f"model name {name!r}: use 1 to 64 letters, digits, '-' or '_'")
     return name
 
 
@@ -89,10 +101,17 @@ def add_version(
     size: int,
     now: float,
     note: str = "",
+    accelerators: Sequence[str] | None = None,
+    tags: Sequence[str] | None = None,
 ) -> ModelManifest:
-    """A new version, numbered one past the newest, in staging."""
+    """A new version, numbered one past the newest, in staging. ``accelerators`` and
+    ``tags``, when given, replace what the model's nodes need (None keeps them)."""
     check_name(name)
     current = manifest or ModelManifest(name=name)
+    if accelerators is not None:
+        current = current.model_copy(update={"accelerators": _names(accelerators)})
+    if tags is not None:
+        current = current.model_copy(update={"tags": _names(tags)})
     number = max((v.version for v in current.versions), default=0) + 1
     added = ModelVersion(
         version=number,
@@ -145,3 +164,47 @@ def rollback(manifest: ModelManifest) -> ModelManifest:
     previous = manifest.history[-1]
     out = _with_stages(manifest, {current: "archived", previous: "production"})
     return out.model_copy(update={"history": manifest.history[:-1]})
+
+
+def _names(values: Sequence[str]) -> tuple[str, ...]:
+    out = tuple(dict.fromkeys(v.strip() for v in values if v.strip()))
+    for v in out:
+        if not _NAME.match(v):
+            raise InvalidModel(
+                f"{v!r}: a tag or accelerator is 1 to 64 letters, digits, '-' or '_'"
+            )
+    return out
+
+
+def scored_models(spec: PipelineSpec) -> list[str]:
+    """The registry models a pipeline's score steps load."""
+    return sorted({s.model for s in spec.steps if isinstance(s, ScoreStep)})
+
+
+def pin_to_model_needs(spec: PipelineSpec, manifests: Mapping[str, ModelManifest]) -> PipelineSpec:
+    """``spec`` with each score step pinned to nodes that have what its model needs
+    (the model's accelerators and tags added to the step's own pins).
+
+    >>> from spanflow.spec import PipelineSpec
+    >>> spec = PipelineSpec.model_validate({"name": "p", "steps": [
+    ...   {"id": "in", "type": "source", "stream": "S", "schema": {"x": "double"}},
+    ...   {"id": "s", "type": "score", "model": "m", "inputs": ["in"]},
+    ...   {"id": "out", "type": "sink", "kind": "console", "inputs": ["s"]}]})
+    >>> m = ModelManifest(name="m", accelerators=("gpu",))
+    >>> pin_to_model_needs(spec, {"m": m}).step("s").node_accelerators
+    ('gpu',)
+    """
+    steps = []
+    for step in spec.steps:
+        manifest = manifests.get(step.model) if isinstance(step, ScoreStep) else None
+        if manifest is not None and (manifest.accelerators or manifest.tags):
+            step = step.model_copy(
+                update={
+                    "node_accelerators": tuple(
+                        dict.fromkeys((*step.node_accelerators, *manifest.accelerators))
+                    ),
+                    "node_tags": tuple(dict.fromkeys((*step.node_tags, *manifest.tags))),
+                }
+            )
+        steps.append(step)
+    return spec.model_copy(update={"steps": tuple(steps)})

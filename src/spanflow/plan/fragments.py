@@ -224,11 +224,16 @@ def _whole(
         steps=tuple(s.id for s in spec.steps),
         cloud=any(s.at == "cloud" for s in spec.steps),
         node_tags=_tags(spec.steps),
+        node_accelerators=_accelerators(spec.steps),
     )
 
 
 def _tags(steps: tuple[Step, ...] | list[Step]) -> tuple[str, ...]:
     return tuple(sorted({t for s in steps for t in s.node_tags}))
+
+
+def _accelerators(steps: tuple[Step, ...] | list[Step]) -> tuple[str, ...]:
+    return tuple(sorted({a for s in steps for a in s.node_accelerators}))
 
 
 def cut_stream(pipeline: str, step_id: str) -> str:
@@ -287,6 +292,7 @@ def _local(plan: PipelineSpec, facts: dict[str, _Facts], site: str, topo: Topolo
         input_sites=(site,),
         steps=own,
         node_tags=_tags(steps),
+        node_accelerators=_accelerators(steps),
     )
 
 
@@ -377,6 +383,7 @@ def _global(plan: PipelineSpec, facts: dict[str, _Facts], topo: Topology) -> Fra
         steps=tuple(s.id for s in plan.steps if facts[s.id].scope == "global"),
         cloud=any(s.at == "cloud" for s in steps),
         node_tags=_tags(steps),
+        node_accelerators=_accelerators(steps),
         plan=plan,
     )
 

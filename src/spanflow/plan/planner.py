@@ -166,9 +166,8 @@ def _place_local(fragment: Fragment, view: ClusterView, skip: set[str]) -> Decis
             f"fragment {fragment.id}: waiting for {', '.join(sorted(waiting))} "
             "(hosts its input) to register"
         )
-    tags = set(fragment.node_tags)
     live = [n for n in at_site if n.state == NodeState.ALIVE]
-    capable = [n for n in live if tags <= set(n.spec.capabilities.tags)]
+    capable = [n for n in live if _fits(fragment, n)]
     free = [n for n in capable if view.free_slots(n.name) > 0]
     streams = ", ".join(fragment.input_streams) or "its input"
     if free:
@@ -182,8 +181,8 @@ def _place_local(fragment: Fragment, view: ClusterView, skip: set[str]) -> Decis
         if not live:
             problem = f"no live node at site {site}"
         elif not capable:
-            have = ", ".join(f"{n.name} {list(n.spec.capabilities.tags)}" for n in live)
-            problem = f"no node at site {site} has tags {sorted(tags)} (nodes there: {have})"
+            have = ", ".join(f"{n.name} {_has(n)}" for n in live)
+            problem = f"no node at site {site} has {_needs(fragment)} (nodes there: {have})"
         else:
             usage = ", ".join(
                 f"{n.name} {view.used_slots.get(n.name, 0)}/{view.slots(n.name)}" for n in capable
@@ -198,9 +197,34 @@ def _place_local(fragment: Fragment, view: ClusterView, skip: set[str]) -> Decis
         best, latency = _nearest_elsewhere(fragment, view, skip, problem)
         why = f"fallback: {problem}; nearest capable node is {_ms(latency)} from {site}"
     view.used_slots[best.name] = view.used_slots.get(best.name, 0) + 1
-    if tags:
-        why += f" (tags {sorted(tags)})"
+    if fragment.node_tags or fragment.node_accelerators:
+        why += f" ({_needs(fragment)})"
     return Decision(fragment, best.name, why)
+
+
+def _fits(fragment: Fragment, n: NodeRecord) -> bool:
+    """Has the node every tag and accelerator the fragment's steps are pinned to?"""
+    caps = n.spec.capabilities
+    return set(fragment.node_tags) <= set(caps.tags) and set(fragment.node_accelerators) <= set(
+        caps.accelerators
+    )
+
+
+def _needs(fragment: Fragment) -> str:
+    parts = []
+    if fragment.node_tags:
+        parts.append(f"tags {sorted(fragment.node_tags)}")
+    if fragment.node_accelerators:
+        parts.append(f"accelerators {sorted(fragment.node_accelerators)}")
+    return " and ".join(parts)
+
+
+def _has(n: NodeRecord) -> str:
+    caps = n.spec.capabilities
+    have = f"tags {list(caps.tags)}"
+    if caps.accelerators:
+        have += f", accelerators {list(caps.accelerators)}"
+    return have
 
 
 def _load_key(view: ClusterView, n: NodeRecord) -> tuple[float, int, str]:
@@ -212,10 +236,9 @@ def _nearest_elsewhere(
 ) -> tuple[NodeRecord, float]:
     site = fragment.site
     assert site is not None
-    tags = set(fragment.node_tags)
     options: list[tuple[float, tuple[float, int, str], NodeRecord]] = []
     for n in view.schedulable(skip):
-        if n.spec.site == site or not tags <= set(n.spec.capabilities.tags):
+        if n.spec.site == site or not _fits(fragment, n):
             continue
         latency = view.topology.latency(site, n.spec.site)
         if latency is None or view.free_slots(n.name) <= 0:
@@ -260,6 +283,7 @@ def _place_global(
             input_sites=f.input_sites,
             priority=priority,
             tags=frozenset(f.node_tags),
+            accelerators=frozenset(f.node_accelerators),
             latency_budget=budget,
             sites=cloud_sites if f.cloud else None,
         )
@@ -324,7 +348,7 @@ def _alternatives(
     for o in offers:
         if o.name == chosen or (demand.sites is not None and o.site not in demand.sites):
             continue
-        if not demand.tags <= o.tags:
+        if not (demand.tags <= o.tags and demand.accelerators <= o.accelerators):
             continue
         worst = _worst(topo, o.site, demand.input_sites)
         if worst is not None:
@@ -345,8 +369,8 @@ def _global_why(
     )
     if fragment.cloud:
         why += "; pinned to the cloud"
-    if fragment.node_tags:
-        why += f"; tags {list(fragment.node_tags)}"
+    if fragment.node_tags or fragment.node_accelerators:
+        why += f"; {_needs(fragment)}"
     return why
 
 

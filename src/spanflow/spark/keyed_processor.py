@@ -84,6 +84,7 @@ class _Call:
         self._watermark = from_millis(watermark_ms) if watermark_ms > 0 else None
         self._now = from_millis(now_ms)
         self._timers = timers
+        self.rejected: list[tuple[dict[str, Any], str]] = []
 
     @property
     def key(self) -> Any:
@@ -100,6 +101,9 @@ class _Call:
     @property
     def timers(self) -> BufferedTimers:
         return self._timers
+
+    def reject(self, record: dict[str, Any], reason: str) -> None:
+        self.rejected.append((record, reason))
 
 
 @dataclass
@@ -153,6 +157,7 @@ class ProcessorAdapter(StatefulProcessor):
             self._dead_letter_records(records, exc)
             return iter(())
         self._txn.commit()
+        self._dead_letter_rejected(call)
         return self._frames(out)
 
     def handleExpiredTimer(
@@ -168,6 +173,7 @@ class ProcessorAdapter(StatefulProcessor):
             self._failures.add(self.settings, payload, _reason(exc, "on_timer"), 0)
             return iter(())
         self._txn.commit()
+        self._dead_letter_rejected(call)
         return self._frames(out)
 
     def close(self) -> None:
@@ -265,6 +271,13 @@ class ProcessorAdapter(StatefulProcessor):
                     raise StateError(f"output field {spec.name!r}: {exc}") from None
             out.append(values)
         return out
+
+    def _dead_letter_rejected(self, call: _Call) -> None:
+        for record, reason in call.rejected:
+            seq = record.get("_seq")
+            self._failures.add(
+                self.settings, _json(record), reason, int(seq) if isinstance(seq, int) else 0
+            )
 
     def _dead_letter_records(self, records: list[dict[str, Any]], exc: Exception) -> None:
         reason = _reason(exc, "process")

@@ -113,6 +113,9 @@ class Fragment(BaseModel):
     steps: tuple[str, ...] = Field(default=(), description="The pipeline steps it runs.")
     cloud: bool = Field(default=False, description="Pinned to a cloud site.")
     node_tags: tuple[str, ...] = Field(default=(), description="Tags its node must have.")
+    node_accelerators: tuple[str, ...] = Field(
+        default=(), description="Accelerators its node must have."
+    )
     plan: PipelineSpec | None = Field(
         default=None,
         description="The planned pipeline it was cut from, where sources read another "

@@ -146,6 +146,17 @@ def spanflow_schema(step_id: str, struct: StructType) -> dict[str, str]:
     return out
 
 
+def field_types(struct: StructType) -> dict[str, str]:
+    """The spanflow type of each user column of ``struct`` that has one (metadata
+    columns and nested types left out)."""
+    out: dict[str, str] = {}
+    for f in struct.fields:
+        name = _CROSSING_TYPES.get(type(f.dataType).__name__)
+        if name is not None and not f.name.startswith("_"):
+            out[f.name] = name + ("?" if f.nullable else "")
+    return out
+
+
 _CROSSING_TYPES = {
     "StringType": "string",
     "LongType": "long",

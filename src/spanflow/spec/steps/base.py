@@ -99,6 +99,10 @@ class StepBase(BaseModel):
     node_tags: tuple[str, ...] = Field(
         default=(), description="Pin: the step runs on a node with all of these tags."
     )
+    node_accelerators: tuple[str, ...] = Field(
+        default=(),
+        description="Pin: the step runs on a node with all of these accelerators (e.g. gpu).",
+    )
 
     @classmethod
     def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
@@ -111,6 +115,14 @@ class StepBase(BaseModel):
         if known is not None and known.__qualname__ != cls.__qualname__:
             raise TypeError(f"step type {name!r} is declared twice: {known} and {cls}")
         _REGISTRY[name] = cls
+
+    def pins(self) -> dict[str, Any]:
+        """The placement pins, for a step that expands into others which keep them."""
+        return {
+            "at": self.at,
+            "node_tags": self.node_tags,
+            "node_accelerators": self.node_accelerators,
+        }
 
     @property
     def type_name(self) -> str:

@@ -32,11 +32,7 @@ class ForwardStep(StepBase):
     type: Literal["forward"] = "forward"
 
     def expand(self) -> tuple[StepBase, ...]:
-        return (
-            SelectStep(
-                id=self.id, inputs=self.inputs, columns=("*",), at=self.at, node_tags=self.node_tags
-            ),
-        )
+        return (SelectStep(id=self.id, inputs=self.inputs, columns=("*",), **self.pins()),)
 
 
 class SumStep(StepBase):
@@ -56,8 +52,7 @@ class SumStep(StepBase):
                 id=self.id,
                 inputs=self.inputs,
                 columns=columns,
-                at=self.at,
-                node_tags=self.node_tags,
+                **self.pins(),
             ),
         )
 
@@ -74,8 +69,7 @@ class CountStep(StepBase):
             id=self.id,
             inputs=inputs,
             aggregates={"count": "count"},
-            at=self.at,
-            node_tags=self.node_tags,
+            **self.pins(),
         )
         return (*before, count)
 
@@ -96,7 +90,6 @@ class AverageStep(StepBase):
             kind="tumbling",
             size=self.window,
             aggregates={"average": f"avg({self.field})"},
-            at=self.at,
-            node_tags=self.node_tags,
+            **self.pins(),
         )
         return (*before, window)

@@ -169,10 +169,13 @@ class LearnStep(StepBase):
         default=None,
         pattern=r"^[A-Za-z0-9_-]{1,48}$",
         description="Publish the learnt model to the registry under this name "
-        "(per key: '<name>-<key>'), as a new staging version.",
+        "(per key: '<name>-<key>'), as a new staging version: every publish_every, and "
+        "at the next batch after 'spanflow model publish <name>'.",
     )
-    publish_every: Duration = Field(
-        default=600.0, gt=0, description="How often a key's model is published."
+    publish_every: Duration | None = Field(
+        default=600.0,
+        gt=0,
+        description="How often a key's model is published (null: only when asked).",
     )
 
     @field_validator("features", mode="before")

@@ -111,7 +111,13 @@ class WindowStep(StepBase):
         # Pins on a split window hold for its merge; the partial is a cheap
         # pre-aggregation that runs wherever the site's data is.
         partial = self.model_copy(
-            update={"id": partial_id, "partial": True, "at": None, "node_tags": ()}
+            update={
+                "id": partial_id,
+                "partial": True,
+                "at": None,
+                "node_tags": (),
+                "node_accelerators": (),
+            }
         )
         merge = MergeStep(
             id=self.id,
@@ -119,6 +125,7 @@ class WindowStep(StepBase):
             key=inputs[0].key,
             aggregates=dict(self.aggregates),
             node_tags=self.node_tags,
+            node_accelerators=self.node_accelerators,
         )
         return Split(partial=partial, merge=merge)
 

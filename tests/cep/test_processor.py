@@ -25,22 +25,34 @@ def at(seconds: float) -> datetime:
     return T0 + timedelta(seconds=seconds)
 
 
-def harness(pattern: Pattern, **params: object) -> KeyedProcessorTest:
-    schema = {"device": "string", "rule": "string", "match_start": "timestamp",
-              "match_end": "timestamp", "hot_count": "long?", "drop_count": "long?",
-              "peak": "double?", "timed_out": "boolean?"}  # fmt: skip
+SCHEMA = {
+    "device": "string",
+    "rule": "string",
+    "match_start": "timestamp",
+    "match_end": "timestamp",
+    "timed_out": "boolean",
+    "hot_count": "long?",
+    "drop_count": "long?",
+    "cool_count": "long?",
+    "hotter_count": "long?",
+    "peak": "double?",
+}
+
+
+def harness(
+    pattern: Pattern,
+    select: dict[str, str] | None = None,
+    timeouts: bool = False,
+    schema: dict[str, str] = SCHEMA,
+    **params: object,
+) -> KeyedProcessorTest:
+    rule = pattern.rule("overheat", select=select, timeouts=timeouts)
     return KeyedProcessorTest(
         PatternMatcher,
         key="device",
         event_time="ts",
         output_schema=schema,
-        params={
-            "pattern": pattern.spec().model_dump(mode="json"),
-            "event_time": "ts",
-            "rule": "overheat",
-            "timestamps": ("ts",),
-            **params,
-        },
+        params={"event_time": "ts", "rules": [rule], "timestamps": ("ts",), **params},
     )
 
 
@@ -143,8 +155,8 @@ class _Value:
 
 
 def test_late_events_are_rejected_with_the_reason():
-    spec = HOT_THEN_DROP.spec().model_dump(mode="json")
-    matcher = PatternMatcher(pattern=spec, event_time="ts", rule="overheat", timestamps=("ts",))
+    rules = [HOT_THEN_DROP.rule("overheat")]
+    matcher = PatternMatcher(event_time="ts", rules=rules, timestamps=("ts",))
     matcher.state = _Value()  # type: ignore[assignment]
     ctx = _Ctx(watermark=at(20))
     late = {"device": "a", "ts": at(15), "temperature": 70.0, "pressure": 1.0}
@@ -178,3 +190,47 @@ def test_trailing_not_followed_by_matches_when_within_runs_out():
     assert t.advance_watermark(at(9)) == []
     rows = t.advance_watermark(at(10))
     assert [(r["device"], r["peak"]) for r in rows] == [("a", 90.0)]  # b cooled down in time
+
+
+GATED = [
+    Pattern.begin("hot").where("temperature > 80").followed_by("drop").where("pressure < 2"),
+    Pattern.begin("hot").where("temperature > 80").optional()
+    .followed_by("drop").where("pressure < 2").within("20s"),
+    Pattern.begin("hot").where("temperature > 80").one_or_more().until("pressure < 2")
+    .followed_by("cool").where("temperature < 65").within("30s").skip_past_last_event(),
+    Pattern.begin("hot").where("temperature > 80").not_followed_by("cool")
+    .where("temperature < 65").within("10s"),
+    Pattern.begin("hot").where("temperature > 80").next("hotter")
+    .where("temperature > first(hot.temperature)").skip_to_next(),
+]  # fmt: skip
+
+
+def test_feeding_only_events_that_pass_the_start_gate_changes_no_match():
+    """An idle rule skips events that cannot start a match (spanflow.spec.patterns.gate):
+    the processor's matches equal the plain NFA's over every event."""
+    events = [e for e in readings(400, seed=9) if e["device"] == "a"]
+    for i, pattern in enumerate(GATED):
+        t = harness(pattern, timeouts=True)
+        rows = []
+        for lo in range(0, len(events), 25):
+            rows += t.process(events[lo : lo + 25])
+        rows += t.advance_watermark(at(10_000))
+        got = sorted((r["match_start"], r["match_end"], r["timed_out"]) for r in rows)
+        nfa = NFA(pattern.spec())
+        state = nfa.initial_state()
+        found = []
+        for e in events:
+            ms = round(e["ts"].timestamp() * 1000)
+            done, late = nfa.advance_time(state, ms)
+            found += done + late + nfa.process(state, dict(e), ms)
+        done, late = nfa.advance_time(state, round(at(10_000).timestamp() * 1000))
+        found += done + late
+        want = sorted(
+            (
+                datetime.fromtimestamp(m.start_ts / 1000, UTC),
+                datetime.fromtimestamp(m.end_ts / 1000, UTC),
+                m.timed_out_at is not None,
+            )
+            for m in found
+        )
+        assert got == want and want, i

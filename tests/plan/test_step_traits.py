@@ -115,3 +115,17 @@ def test_model_steps_are_local_per_device_and_global_for_one_model():
     assert compiled.scopes["learn"] == "local"
     assert compiled.scopes["score"] == "local"
     assert compiled.scopes["detect_all"] == "global"
+
+
+def test_patterns_are_local_per_device_and_global_for_a_key_that_spans_sites():
+    """A pattern per device runs at the device's site; keyed by something several
+    sites share (a line across two factories) it needs every site's data."""
+    p = sf.Pipeline("cep")
+    hot = sf.Pattern.begin("hot").where("temperature > 80").followed_by("again").within("1m")
+    per_device = readings(p).match(hot, id="per_device").sink_console(id="o1")
+    per_line = (
+        readings(p).key_by("reading", id="by_line").match(hot, id="per_line").sink_console(id="o2")
+    )
+    compiled = compile_fragments(per_device.merge(per_line).spec(), two_sites())
+    assert compiled.scopes["per_device"] == "local"
+    assert compiled.scopes["per_line"] == "global"

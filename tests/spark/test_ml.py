@@ -1,19 +1,21 @@
 """detect_anomalies and learn on real Spark: per key and global outputs equal a plain
 run of the same detector or River model over the same records, split over many
 micro-batches; only anomalies when asked; the same after a SIGKILL and a restart
-from the checkpoint (so no record was learnt twice)."""
+from the checkpoint (so no record was learnt twice) — and, in the same pipeline, an
+event pattern's matches with partial matches open at the crash."""
 
 from __future__ import annotations
 
 import random
 import signal
-from collections import defaultdict
+from collections import Counter, defaultdict
 from datetime import UTC, datetime
 
 import pytest
 from river import anomaly, linear_model, metrics, preprocessing
 
 import spanflow as sf
+from spanflow.cep.nfa import NFA
 from spanflow.ml.anomaly import judge
 from spanflow.ml.detectors import make_detector
 from spanflow.ml.scaling import UnitScaler
@@ -21,6 +23,7 @@ from spanflow.ml.thresholds import make_threshold
 from spanflow.spark.runner import PipelineRunner
 from tests.helpers import publish, read_all, read_records, wait_for
 from tests.spark.test_exactly_once import _crash, _start
+from tests.spark.test_patterns import _seconds
 
 BASE = 1_800_000_000
 SCHEMA = {
@@ -174,8 +177,8 @@ sources:
     schema: {{id: long, device: string, ts: timestamp, t: double, v: double, hot: "boolean?"}}
     key: device
     event_time: ts
-    max_rows_per_batch: 40
-    to: [scores, model]
+    max_rows_per_batch: 75
+    to: [scores, model, episodes]
 processors:
   - id: scores
     type: detect_anomalies
@@ -189,10 +192,50 @@ processors:
     features: [t, v]
     target: hot
     to: [learnt]
+  - id: episodes
+    type: pattern
+    pattern:
+      within: 10m
+      skip: skip_past_last_event
+      stages:
+        - {{stage: warm, where: "t > 20.3", one_or_more: true}}
+        - {{stage: low, where: "v < 0.46"}}
+    select: {{warmest: "max(warm.t)"}}
+    timeouts: true
+    to: [matched]
 sinks:
   - {{id: out, type: jetstream, stream: SCORES_{uid}, subject: "scores{uid}"}}
   - {{id: learnt, type: jetstream, stream: LEARNT_{uid}, subject: "learnt{uid}"}}
+  - {{id: matched, type: jetstream, stream: MATCHED_{uid}, subject: "matched{uid}"}}
 """
+
+
+EPISODES = (
+    sf.Pattern.begin("warm").where("t > 20.3").one_or_more()
+    .followed_by("low").where("v < 0.46")
+    .within("10m").skip_past_last_event()
+)  # fmt: skip
+
+
+def _expected_episodes(records: list[dict]) -> Counter:
+    """(device, start, end, timed out, warmest) of each match and time-out: the pure
+    NFA over each device's events, time moved to the last event at the end."""
+    nfa = NFA(EPISODES.spec())
+    out: Counter = Counter()
+    end = max(r["ts"] for r in records) * 1000
+    for device in "ab":
+        state = nfa.initial_state()
+        found = []
+        for r in (r for r in records if r["device"] == device):
+            done, late = nfa.advance_time(state, r["ts"] * 1000)
+            found += done + late + nfa.process(state, dict(r), r["ts"] * 1000)
+        done, late = nfa.advance_time(state, end)
+        found += done + late
+        for m in found:
+            warmest = max(e["t"] for e in m.stages["warm"])
+            key = (device, m.start_ts // 1000, m.end_ts // 1000, m.timed_out_at is not None)
+            out[(*key, warmest)] += 1
+    return out
 
 
 @pytest.mark.slow
@@ -213,12 +256,14 @@ def test_scores_and_learning_after_a_sigkill_and_restart_equal_an_uninterrupted_
     _crash(proc)  # mid-stream: some batches written, the rest not
     assert len(read_all(nats_url, f"SCORES_{uid}")) < 600
     publish(nats_url, f"AD_{uid}", f"ad{uid}.r", records[600:])
+    episodes = _expected_episodes(records)
     proc = _start(pipeline, nats_url, data_dir, log)
     try:
         wait_for(
             lambda: (
                 len(read_all(nats_url, f"SCORES_{uid}")) >= len(records)
                 and len(read_all(nats_url, f"LEARNT_{uid}")) >= len(records)
+                and len(read_all(nats_url, f"MATCHED_{uid}")) >= sum(episodes.values())
             ),
             timeout=240,
         )
@@ -237,3 +282,16 @@ def test_scores_and_learning_after_a_sigkill_and_restart_equal_an_uninterrupted_
     expected_learning = _expected_learning(records)  # a record learnt twice would differ
     for r in learnt:
         assert (r["prediction"], r["accuracy"], r["f1"], r["learned"]) == expected_learning[r["id"]]
+    # Partial matches open at the crash were restored: matches and time-outs are the
+    # NFA's, none lost, none twice.
+    matched = Counter(
+        (
+            r["device"],
+            _seconds(r["match_start"]),
+            _seconds(r["match_end"]),
+            r["timed_out"],
+            r["warmest"],
+        )
+        for r in read_records(nats_url, f"MATCHED_{uid}")
+    )
+    assert matched == episodes and any(k[3] for k in episodes) and not all(k[3] for k in episodes)

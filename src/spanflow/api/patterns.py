@@ -19,7 +19,7 @@ from pydantic import ValidationError
 
 from spanflow.errors import SpecError
 from spanflow.spec.durations import parse_duration
-from spanflow.spec.patterns import Contiguity, PatternSpec
+from spanflow.spec.patterns import Contiguity, PatternSpec, RuleSpec
 
 
 class Pattern:
@@ -144,6 +144,17 @@ class Pattern:
             return PatternSpec.model_validate(data)
         except ValidationError as exc:
             raise SpecError(f"pattern: {_message(exc)}") from None
+
+    def rule(
+        self, name: str, *, select: dict[str, str] | None = None, timeouts: bool = False
+    ) -> RuleSpec:
+        """This pattern as a named rule (for ``match(rules=...)`` and rule sets)."""
+        try:
+            return RuleSpec(
+                name=name, pattern=self.spec(), select=dict(select or {}), timeouts=timeouts
+            )
+        except ValidationError as exc:
+            raise SpecError(f"rule {name!r}: {_message(exc)}") from None
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"stages": [dict(s) for s in self._stages], "skip": self._skip}

@@ -53,6 +53,7 @@ from spanflow.spec import (
     WindowStep,
     format_validation_error,
 )
+from spanflow.spec.patterns import RuleSpec
 from spanflow.spec.steps.models import DetectAnomaliesStep, LearnStep, ScoreStep
 from spanflow.spec.steps.patterns import PatternStep
 
@@ -392,29 +393,32 @@ class Stream:
 
     def match(
         self,
-        pattern: Pattern,
+        pattern: Pattern | None = None,
         *,
         select: Mapping[str, str] | None = None,
         timeouts: bool = False,
         rule: str | None = None,
+        rules: Sequence[RuleSpec] | None = None,
+        rule_set: str | None = None,
         id: str | None = None,
     ) -> Stream:
-        """One row per match of ``pattern`` in each key's events (FlinkCEP semantics, in
-        event-time order): the key, ``rule``, ``match_start``, ``match_end`` and the
-        ``select`` fields (SQL over the match: ``{"peak": "max(hot.temperature)"}``).
-        ``timeouts=True`` adds partial matches that ran out of ``within``
-        (``timed_out`` true). See docs/patterns.md."""
-        if not isinstance(pattern, Pattern):
+        """One row per match of an event pattern in each key's events (FlinkCEP
+        semantics, in event-time order): the key, ``rule``, ``match_start``,
+        ``match_end``, ``timed_out`` and the ``select`` fields (SQL over the match:
+        ``{"peak": "max(hot.temperature)"}``). ``timeouts=True`` adds partial matches
+        that ran out of ``within``. Several patterns: ``rules=[p.rule("name", ...)]``;
+        rules that change while running: ``rule_set="name"`` (``spanflow rules push``).
+        See docs/patterns.md."""
+        if pattern is not None and not isinstance(pattern, Pattern):
             raise SpecError(f"match(): expected a spanflow.Pattern, got {type(pattern).__name__}")
-        return self._then(
-            PatternStep,
-            "match",
-            id,
-            pattern=pattern.spec(),
-            select=dict(select or {}),
-            timeouts=timeouts,
-            rule=rule,
-        )
+        params: dict[str, Any] = {"select": dict(select or {}), "timeouts": timeouts, "rule": rule}
+        if pattern is not None:
+            params["pattern"] = pattern.spec()
+        if rules:
+            params["rules"] = tuple(rules)
+        if rule_set is not None:
+            params["rule_set"] = rule_set
+        return self._then(PatternStep, "match", id, **params)
 
     def count(self, *, key: str | None = None, id: str | None = None) -> Stream:
         """Running count per key (the classic 'count' processor); emits updates."""

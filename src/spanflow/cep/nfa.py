@@ -22,7 +22,7 @@ then :meth:`NFA.process` for each event with that time.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -53,30 +53,51 @@ class _Context:
         return self._matched
 
 
-Condition = Callable[[Event, _Context], bool]
+class Condition:
+    """A transition's condition. One that reads only the event (not what stages
+    matched) is ``plain``: it is evaluated once per event however many partial
+    matches ask (:meth:`NFA.process` keeps a per-event cache)."""
+
+    __slots__ = ("fn", "plain")
+
+    def __init__(self, fn: Callable[[Event, _Context], bool], plain: bool) -> None:
+        self.fn = fn
+        self.plain = plain
+
+    def holds(self, event: Event, ctx: _Context, cache: dict[int, bool]) -> bool:
+        if not self.plain:
+            return self.fn(event, ctx)
+        key = id(self)
+        value = cache.get(key)
+        if value is None:
+            value = cache[key] = self.fn(event, ctx)
+        return value
 
 
-def _true(event: Event, ctx: _Context) -> bool:
-    return True
+_TRUE = Condition(lambda e, x: True, True)
 
 
 def _not(c: Condition) -> Condition:
-    return lambda e, x: not c(e, x)
+    fn = c.fn
+    return Condition(lambda e, x: not fn(e, x), c.plain)
 
 
 def _and(a: Condition, b: Condition) -> Condition:
-    return lambda e, x: a(e, x) and b(e, x)
+    fa, fb = a.fn, b.fn
+    return Condition(lambda e, x: fa(e, x) and fb(e, x), a.plain and b.plain)
 
 
 def _or(a: Condition, b: Condition) -> Condition:
-    return lambda e, x: a(e, x) or b(e, x)
+    fa, fb = a.fn, b.fn
+    return Condition(lambda e, x: fa(e, x) or fb(e, x), a.plain and b.plain)
 
 
 def _from_expression(compiled: Compiled) -> Condition:
+    fn = compiled.fn
     if compiled.stages:
-        return lambda e, x: compiled.fn(e, x.matched) is True
+        return Condition(lambda e, x: fn(e, x.matched) is True, False)
     empty: dict[str, list[Event]] = {}
-    return lambda e, x: compiled.fn(e, empty) is True
+    return Condition(lambda e, x: fn(e, empty) is True, True)
 
 
 @dataclass(eq=False)
@@ -190,11 +211,21 @@ class NFA:
     """A compiled pattern. Stateless itself: every call takes the key's
     :class:`NFAState`, so one NFA serves every key."""
 
-    def __init__(self, pattern: PatternSpec) -> None:
+    def __init__(self, pattern: PatternSpec, columns: Mapping[str, str] | None = None) -> None:
+        """``columns``: condition text → the event field that already holds its value
+        (Spark evaluates a pattern's plain conditions in the JVM; see
+        spanflow.spark.compile.patterns); other conditions are evaluated here."""
         self.pattern = pattern
+        self.columns = dict(columns or {})
         self.window = round(pattern.within * 1000) if pattern.within else 0
         self.states: dict[str, State] = {}
         self.start = _Compiler(self).compile()
+
+    def idle(self, st: NFAState) -> bool:
+        """Nothing open: only the start state (an event that fails the start gate then
+        changes nothing, see spanflow.spec.patterns.gate)."""
+        partials = st.partials
+        return len(partials) == 1 and partials[0].start is None and not st.completed
 
     def initial_state(self) -> NFAState:
         return NFAState([Partial(self.start.name)])
@@ -207,7 +238,7 @@ class NFA:
         """No event earlier than ``timestamp`` (ms) will come: partial matches older
         than ``within`` time out; pending ones (a trailing not_followed_by) match.
         Returns (matches, timed-out partial matches)."""
-        if not self.window:
+        if not self.window or (len(st.partials) == 1 and st.partials[0].start is None):
             return [], []
         timed_out: list[Match] = []
         keep: list[Partial] = []
@@ -232,76 +263,100 @@ class NFA:
         """Feed one event (in event-time order); the matches it completes."""
         seq = st.next_seq
         st.next_seq += 1
+        partials = st.partials
+        if len(partials) == 1 and partials[0].start is None and not st.completed:
+            # Nothing open: most events of most keys stop here, at the start state.
+            only = partials[0]
+            if not self._decision_graph(self.start, event, _Context(st, only), {}):
+                return []
         st.events[seq] = (timestamp, event)
         keep: list[Partial] = []
         potential: list[Partial] = []
         dropped = False  # a partial match ended: the events only it held can go
+        taken = False
+        cache: dict[int, bool] = {}
+        states = self.states
         for p in st.partials:
             retain: list[Partial] = []
             discard = False
-            for q in self._next(st, p, event, seq, timestamp):
-                kind = self.kind(q)
+            for q in self._next(st, p, event, seq, timestamp, cache):
+                kind = states[q.state].kind
                 if kind == "final":
                     potential.append(q)
                 elif kind == "stop":
                     discard = True
                 else:
                     retain.append(q)
+                    taken = taken or bool(q.path and q.path[-1][1] == seq)
             if not discard:
                 keep.extend(retain)
             dropped = dropped or discard or not retain
-        keep.sort(key=_order)
+        # Successors keep their partial match's start and the start state stays last,
+        # so ``keep`` is in FlinkCEP's order already.
         matches: list[Match] = []
-        if self.pattern.skip == "no_skip":
+        if potential:
             potential.sort(key=_order)
-            matches = [self._match(st, m) for m in potential]
-        else:
-            self._emit(st, potential, keep, matches)
+            if self.pattern.skip == "no_skip":
+                matches = [self._match(st, m) for m in potential]
+            else:
+                self._emit(st, potential, keep, matches)
+        elif st.completed:
+            self._emit(st, [], keep, matches)
         st.partials = keep
         if dropped or potential:
             st.compact()
-        elif not any(q == seq for p in keep for _, q in p.path[-1:]):
+        elif not taken:
             del st.events[seq]  # no partial match took it
         return matches
 
-    def _next(self, st: NFAState, p: Partial, event: Event, seq: int, ts: int) -> Iterator[Partial]:
+    def _next(
+        self, st: NFAState, p: Partial, event: Event, seq: int, ts: int, cache: dict[int, bool]
+    ) -> list[Partial]:
         ctx = _Context(st, p)
         state = self.states[p.state]
         is_start = state.kind == "start"
-        for edge in self._decision_graph(state, event, ctx):
+        out: list[Partial] = []
+        for edge in self._decision_graph(state, event, ctx, cache):
             if edge.action == "ignore":
                 if not is_start:
-                    yield Partial(edge.target.name, p.path, p.start, p.start_ts)
+                    out.append(Partial(edge.target.name, p.path, p.start, p.start_ts))
             else:  # take
                 path = (*p.path, (edge.source.stage, seq))
                 start, start_ts = (seq, ts) if is_start else (p.start, p.start_ts)
-                yield Partial(edge.target.name, path, start, start_ts)
-                final = self._final_after_proceed(edge.target, event, ctx)
+                out.append(Partial(edge.target.name, path, start, start_ts))
+                final = self._final_after_proceed(edge.target, event, ctx, cache)
                 if final is not None:
-                    yield Partial(final.name, path, start, start_ts)
+                    out.append(Partial(final.name, path, start, start_ts))
         if is_start:
-            yield p
+            out.append(p)
+        return out
 
-    def _decision_graph(self, state: State, event: Event, ctx: _Context) -> list[Edge]:
+    def _decision_graph(
+        self, state: State, event: Event, ctx: _Context, cache: dict[int, bool]
+    ) -> list[Edge]:
         out: list[Edge] = []
         stack = [state]
         while stack:
             current = stack.pop()
             for edge in current.edges:
-                if edge.condition is None or edge.condition(event, ctx):
+                condition = edge.condition
+                if condition is None or condition.holds(event, ctx, cache):
                     if edge.action == "proceed":
                         stack.append(edge.target)
                     else:
                         out.append(edge)
         return out
 
-    def _final_after_proceed(self, state: State, event: Event, ctx: _Context) -> State | None:
+    def _final_after_proceed(
+        self, state: State, event: Event, ctx: _Context, cache: dict[int, bool]
+    ) -> State | None:
         stack = [state]
         while stack:
             current = stack.pop()
             for edge in current.edges:
+                condition = edge.condition
                 if edge.action == "proceed" and (
-                    edge.condition is None or edge.condition(event, ctx)
+                    condition is None or condition.holds(event, ctx, cache)
                 ):
                     if edge.target.kind == "final":
                         return edge.target
@@ -383,9 +438,10 @@ class _Compiler:
         pattern = self.nfa.pattern
         for i, stage in enumerate(self.stages):
             visible = visible_stages(pattern, i)
-            self.conditions[stage.name] = _condition(stage.where, visible)
+            columns = self.nfa.columns
+            self.conditions[stage.name] = _condition(stage.where, visible, columns)
             if stage.until is not None:
-                self.untils[stage.name] = _condition(stage.until, visible)
+                self.untils[stage.name] = _condition(stage.until, visible, columns)
 
     @property
     def current(self) -> StageSpec:
@@ -548,7 +604,7 @@ class _Compiler:
         single = self.state(stage.name)
         target = self._copy_without_transitive_nots(sink)
         single.add("take", target, take)
-        proceed_condition: Condition = _true
+        proceed_condition: Condition = _TRUE
         if optional:
             if stage.greedy:
                 proceed_condition = self._greedy_condition(take, ignore)
@@ -575,7 +631,7 @@ class _Compiler:
         ignore = _with_until(self._inner_ignore_condition(stage), until, take=False)
         take = _with_until(self.take_condition(stage), until, take=True)
         assert take is not None
-        proceed_condition: Condition = _true
+        proceed_condition: Condition = _TRUE
         if stage.greedy:
             proceed_condition = self._greedy_condition(take, ignore)
         looping = self.state(stage.name)
@@ -594,7 +650,7 @@ class _Compiler:
         return looping
 
     def _greedy_condition(self, take: Condition, ignore: Condition | None) -> Condition:
-        greedy = _and(_true, _not(take))
+        greedy = _and(_TRUE, _not(take))
         if self.following_take is not None:
             greedy = _and(greedy, self.following_take)
         if ignore is not None:
@@ -616,10 +672,14 @@ class _Compiler:
         return _ignore_for(strategy, self.take_condition(stage))
 
 
-def _condition(text: str | None, visible: set[str]) -> Condition:
-    """A stage's condition (validated with the pattern: see spanflow.spec.patterns)."""
+def _condition(text: str | None, visible: set[str], columns: Mapping[str, str]) -> Condition:
+    """A stage's condition (validated with the pattern: see spanflow.spec.patterns):
+    read from the event when Spark computed it, else evaluated here."""
     if text is None:
-        return _true
+        return _TRUE
+    column = columns.get(text)
+    if column is not None:
+        return Condition(lambda e, x: e.get(column) is True, True)
     return _from_expression(compile_expression(text, stages=visible))
 
 
@@ -628,7 +688,7 @@ def _ignore_for(strategy: str, take: Condition) -> Condition | None:
         return None
     if strategy == "relaxed":
         return _not(take)
-    return _true
+    return _TRUE
 
 
 def _with_until(

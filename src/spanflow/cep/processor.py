@@ -1,19 +1,27 @@
-"""An event pattern as a keyed processor: per key, events are buffered until the
-watermark passes them, then fed to the NFA in event-time order (as FlinkCEP does for
-event time); ``within`` deadlines and trailing ``not_followed_by`` stages complete on
-event-time timers. The key's NFA state and buffer are one keyed state value, so
-partial matches are checkpointed with the query, restored after a crash and moved
-with their fragment.
+"""Event patterns as a keyed processor: per key, events are buffered until the
+watermark passes them, then fed to each rule's NFA in event-time order (as FlinkCEP
+does for event time); ``within`` deadlines and trailing ``not_followed_by`` stages
+complete on event-time timers. A key's buffer and the NFA state of each rule are one
+keyed state value, so partial matches are checkpointed with the query, restored
+after a crash and moved with their fragment.
 
 One output row per match: the key, ``rule``, ``match_start`` and ``match_end`` (event
-times of its first and last events), the selections; with ``timeouts``, timed-out
-partial matches too (``timed_out`` true, ``match_end`` their last event). An event at
-or before the watermark when it arrives is dead-lettered with the reason.
+times of its first and last events) and the rule's selections; with ``timeouts``,
+timed-out partial matches too (``timed_out`` true). An event at or before the
+watermark when it arrives is dead-lettered with the reason.
+
+**Rules that change.** With a rule set (:mod:`spanflow.cep.rule_store`) the rules are
+the version pinned for the micro-batch; rows then carry ``version`` and the
+selections as a JSON object in ``values``. When a key meets a new version, rules
+whose definition is unchanged keep their partial matches; changed or removed rules
+lose theirs, new rules start empty; buffered events not yet matched go to the new
+rules. Events are then kept whole (a new rule may read any field).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -22,14 +30,7 @@ import orjson
 from spanflow.api.processor import Context, KeyedProcessor, Record, StateDeclarations
 from spanflow.cep.nfa import NFA, Match, NFAState
 from spanflow.spec.expressions import Compiled, compile_expression
-from spanflow.spec.patterns import PatternSpec
-
-MATCH_FIELDS = ("rule", "match_start", "match_end")
-
-
-def default_select(pattern: PatternSpec) -> dict[str, str]:
-    """How many events each stage matched: ``<stage>_count``."""
-    return {f"{name}_count": f"count({name})" for name in pattern.positive_names}
+from spanflow.spec.patterns import RuleSpec, gate
 
 
 def _ms(value: Any) -> int | None:
@@ -55,62 +56,113 @@ def _datetime(ms: int) -> datetime:
     return datetime.fromtimestamp(ms / 1000, UTC)
 
 
+@dataclass(frozen=True)
+class CompiledRule:
+    """A rule ready to run: its NFA and compiled selections."""
+
+    spec: RuleSpec
+    nfa: NFA
+    select: dict[str, Compiled]
+    fingerprint: str
+    gate: Compiled | None
+    """What an event must meet to start a match (None: any event may)."""
+
+    @staticmethod
+    def of(spec: RuleSpec) -> CompiledRule:
+        stages = set(spec.pattern.positive_names)
+        select = {
+            out: compile_expression(text, stages=stages, selection=True)
+            for out, text in spec.selections.items()
+        }
+        start = gate(spec.pattern)
+        gate_fn = compile_expression(start) if start is not None else None
+        return CompiledRule(spec, NFA(spec.pattern), select, spec.fingerprint(), gate_fn)
+
+    def admits(self, st: NFAState, event: Mapping[str, Any]) -> bool:
+        """Whether ``event`` can change the rule's state: it always can while a match
+        is open; an idle rule only moves for an event that passes the start gate."""
+        if self.gate is None or not self.nfa.idle(st):
+            return True
+        return self.gate.fn(event, _NO_STAGES) is True
+
+    def fields(self) -> set[str]:
+        """The event fields its conditions and selections read."""
+        needed: set[str] = set()
+        names = set(self.spec.pattern.positive_names)
+        for stage in self.spec.pattern.stages:
+            for text in (stage.where, stage.until):
+                if text is not None:
+                    needed |= compile_expression(text, stages=names).fields
+        for compiled in self.select.values():
+            needed |= compiled.fields
+        return needed
+
+
+_NO_STAGES: dict[str, list[Any]] = {}
+_compiled: dict[str, CompiledRule] = {}
+
+
+def compiled_rule(spec: RuleSpec) -> CompiledRule:
+    """Compiled once per worker process per rule definition."""
+    key = spec.fingerprint()
+    rule = _compiled.get(key)
+    if rule is None:
+        if len(_compiled) > 10_000:
+            _compiled.clear()
+        rule = _compiled[key] = CompiledRule.of(spec)
+    return rule
+
+
 class PatternMatcher(KeyedProcessor):
-    """Runs one compiled pattern per key (see the module documentation)."""
+    """Runs rules per key (see the module documentation)."""
 
     def __init__(
         self,
         *,
-        pattern: Mapping[str, Any],
         event_time: str,
-        rule: str,
-        select: Mapping[str, str] | None = None,
-        timeouts: bool = False,
+        rules: Sequence[Mapping[str, Any] | RuleSpec] = (),
+        version: int | None = None,
         timestamps: tuple[str, ...] = (),
     ) -> None:
-        self.spec = PatternSpec.model_validate(pattern)
-        self.nfa = NFA(self.spec)
+        """``rules`` fixed in the spec, or (``version`` set) a rule-set version's: then
+        rows carry ``version`` and ``values``, and events are kept whole."""
         self.event_time = event_time
-        self.rule = rule
-        self.timeouts = timeouts
         self.timestamps = frozenset(timestamps)
-        names = set(self.spec.positive_names)
-        chosen = dict(select) if select else default_select(self.spec)
-        self.select: dict[str, Compiled] = {
-            out: compile_expression(text, stages=names, selection=True)
-            for out, text in chosen.items()
-        }
-        self.kept = self._kept_fields()
-
-    def _kept_fields(self) -> frozenset[str] | None:
-        """The event fields conditions and selections read: all a partial match keeps
-        of an event (None: keep all)."""
-        needed: set[str] = {self.event_time}
-        for stage in self.spec.stages:
-            for text in (stage.where, stage.until):
-                if text is not None:
-                    visible = set(self.spec.positive_names)
-                    needed |= compile_expression(text, stages=visible).fields
-        for compiled in self.select.values():
-            needed |= compiled.fields
-        return frozenset(needed)
+        self.version = version
+        specs = [r if isinstance(r, RuleSpec) else RuleSpec.model_validate(r) for r in rules]
+        self.rules = [compiled_rule(s) for s in specs]
+        self.kept: frozenset[str] | None = None
+        if version is None:
+            needed = {event_time}
+            for rule in self.rules:
+                needed |= rule.fields()
+            self.kept = frozenset(needed)
 
     # -- state ---------------------------------------------------------------------------
     def init(self, state: StateDeclarations) -> None:
         self.state = state.value("cep", "binary")
 
-    def _load(self) -> tuple[NFAState, list[list[Any]], int]:
+    def _load(self) -> tuple[dict[str, NFAState], list[list[Any]], int]:
+        """Each rule's NFA state (kept when its fingerprint is unchanged), the buffer
+        and the arrival counter."""
         blob = self.state.get()
-        if not blob:
-            return self.nfa.initial_state(), [], 0
-        data = orjson.loads(blob)
-        st = NFAState.from_json(data["nfa"])
-        for _, event in st.events.values():
-            self._restore_times(event)
+        data: dict[str, Any] = (
+            orjson.loads(blob) if blob else {"rules": {}, "buffer": [], "arrivals": 0}
+        )
+        states: dict[str, NFAState] = {}
+        for rule in self.rules:
+            saved = data["rules"].get(rule.spec.name)
+            if saved is not None and saved["fp"] == rule.fingerprint:
+                st = NFAState.from_json(saved["nfa"])
+                for _, event in st.events.values():
+                    self._restore_times(event)
+            else:
+                st = rule.nfa.initial_state()
+            states[rule.spec.name] = st
         buffer = data["buffer"]
         for entry in buffer:
             self._restore_times(entry[2])
-        return st, buffer, int(data["arrivals"])
+        return states, buffer, int(data["arrivals"])
 
     def _restore_times(self, event: dict[str, Any]) -> None:
         for name in self.timestamps & event.keys():
@@ -118,92 +170,122 @@ class PatternMatcher(KeyedProcessor):
             if isinstance(value, str):
                 event[name] = datetime.fromisoformat(value)
 
-    def _save(self, st: NFAState, buffer: list[list[Any]], arrivals: int) -> None:
-        if not buffer and not st.completed and st.open_matches == 0 and not st.events:
+    def _save(self, states: dict[str, NFAState], buffer: list[list[Any]], arrivals: int) -> None:
+        live = {
+            rule.spec.name: {"fp": rule.fingerprint, "nfa": states[rule.spec.name].to_json()}
+            for rule in self.rules
+            if _busy(states[rule.spec.name])
+        }
+        if not buffer and not live:
             self.state.clear()
             return
-        data = {"nfa": st.to_json(), "buffer": buffer, "arrivals": arrivals}
+        data = {"rules": live, "buffer": buffer, "arrivals": arrivals}
         self.state.set(orjson.dumps(data, default=_encode))
 
     # -- calls ---------------------------------------------------------------------------
     def process(self, key: Any, rows: list[Record], ctx: Context) -> Iterator[Record]:
-        st, buffer, arrivals = self._load()
+        states, buffer, arrivals = self._load()
         watermark = _ms(ctx.watermark) if ctx.watermark is not None else None
         for row in rows:
             ts = _ms(row.get(self.event_time))
             if ts is None:
-                ctx.reject(row, f"pattern {self.rule}: no event time in {self.event_time!r}")
+                ctx.reject(row, f"pattern: no event time in {self.event_time!r}")
                 continue
             if watermark is not None and ts <= watermark:
                 ctx.reject(
                     row,
-                    f"pattern {self.rule}: event time {_datetime(ts).isoformat()} is not after "
-                    f"the watermark {_datetime(watermark).isoformat()} (late)",
+                    f"pattern: event time {_datetime(ts).isoformat()} is not after the "
+                    f"watermark {_datetime(watermark).isoformat()} (late)",
                 )
                 continue
-            kept = row if self.kept is None else {k: row.get(k) for k in self.kept}
+            if not self.rules:
+                continue
+            kept = (
+                {k: v for k, v in row.items() if not k.startswith("_")}
+                if self.kept is None
+                else {k: row.get(k) for k in self.kept}
+            )
             buffer.append([ts, arrivals, kept])
             arrivals += 1
-        self._schedule(st, buffer, ctx)
-        self._save(st, buffer, arrivals)
+        self._schedule(states, buffer, ctx)
+        self._save(states, buffer, arrivals)
         return iter(())
 
     def on_timer(self, key: Any, timer: datetime, ctx: Context) -> Iterator[Record]:
         watermark = _ms(ctx.watermark) if ctx.watermark is not None else _ms(timer)
         assert watermark is not None
-        st, buffer, arrivals = self._load()
-        out = self._run(st, buffer, watermark)
+        states, buffer, arrivals = self._load()
+        due = sorted((e for e in buffer if e[0] <= watermark), key=lambda e: (e[0], e[1]))
+        out: list[Record] = []
+        for rule in self.rules:
+            out += self._run(rule, states[rule.spec.name], due, watermark)
         buffer = [e for e in buffer if e[0] > watermark]
-        self._schedule(st, buffer, ctx)
-        self._save(st, buffer, arrivals)
+        self._schedule(states, buffer, ctx)
+        self._save(states, buffer, arrivals)
         return iter(out)
 
-    def _run(self, st: NFAState, buffer: list[list[Any]], watermark: int) -> list[Record]:
-        """Feed the buffered events up to the watermark in event-time order, then move
-        time to the watermark; the rows of the matches and time-outs."""
-        due = sorted((e for e in buffer if e[0] <= watermark), key=lambda e: (e[0], e[1]))
+    def _run(
+        self, rule: CompiledRule, st: NFAState, due: list[list[Any]], watermark: int
+    ) -> list[Record]:
+        """Feed ``due`` events to one rule in event-time order, then move its time to
+        the watermark; the rows of its matches and time-outs."""
         rows: list[Record] = []
+        nfa = rule.nfa
         for ts, _, event in due:
-            self._emit(self.nfa.advance_time(st, ts), rows)
-            rows.extend(self._row(m) for m in self.nfa.process(st, event, ts))
-        self._emit(self.nfa.advance_time(st, watermark), rows)
+            if not rule.admits(st, event):
+                continue  # idle, and the event cannot start a match
+            self._emit(rule, nfa.advance_time(st, ts), rows)
+            rows.extend(self._row(rule, m) for m in nfa.process(st, dict(event), ts))
+        self._emit(rule, nfa.advance_time(st, watermark), rows)
         return rows
 
-    def _emit(self, done: tuple[list[Match], list[Match]], rows: list[Record]) -> None:
+    def _emit(
+        self, rule: CompiledRule, done: tuple[list[Match], list[Match]], rows: list[Record]
+    ) -> None:
         matches, timed_out = done
-        rows.extend(self._row(m) for m in matches)
-        if self.timeouts:
-            rows.extend(self._row(m) for m in timed_out)
+        rows.extend(self._row(rule, m) for m in matches)
+        if rule.spec.timeouts:
+            rows.extend(self._row(rule, m) for m in timed_out)
 
-    def _schedule(self, st: NFAState, buffer: list[list[Any]], ctx: Context) -> None:
+    def _schedule(self, states: dict[str, NFAState], buffer: list[list[Any]], ctx: Context) -> None:
         """A timer at the earliest buffered event and at the earliest ``within``
         deadline: when the watermark passes either, there is work to do."""
         wanted: set[int] = set()
         if buffer:
             wanted.add(min(e[0] for e in buffer))
-        if self.nfa.window:
-            starts = [p.start_ts for p in st.partials if p.start is not None]
-            if starts:
-                wanted.add(min(starts) + self.nfa.window)
+        for rule in self.rules:
+            window = rule.nfa.window
+            starts = [p.start_ts for p in states[rule.spec.name].partials if p.start is not None]
+            if window and starts:
+                wanted.add(min(starts) + window)
         if not wanted:
             return
         have = {_ms(t) for t in ctx.timers.list()}
         for when in wanted - have:
             ctx.timers.register(_datetime(when))
 
-    def _row(self, match: Match) -> Record:
+    def _row(self, rule: CompiledRule, match: Match) -> Record:
         events = [e for stage in match.stages.values() for e in stage]
         last = max(events, key=lambda e: _ms(e.get(self.event_time)) or 0) if events else {}
         row: Record = {
-            "rule": self.rule,
+            "rule": rule.spec.name,
             "match_start": _datetime(match.start_ts),
             "match_end": _datetime(match.end_ts),
+            "timed_out": match.timed_out_at is not None,
         }
-        if self.timeouts:
-            row["timed_out"] = match.timed_out_at is not None
-        for name, compiled in self.select.items():
+        values = {}
+        for name, compiled in rule.select.items():
             value = compiled.evaluate(last, match.stages)
             if isinstance(value, list):
-                value = orjson.dumps(value, default=str).decode()
-            row[name] = value
+                value = orjson.dumps(value, default=_encode).decode()
+            values[name] = value
+        if self.version is not None:
+            row["version"] = self.version
+            row["values"] = orjson.dumps(values, default=_encode).decode()
+        else:
+            row.update(values)
         return row
+
+
+def _busy(st: NFAState) -> bool:
+    return bool(st.completed) or st.open_matches > 0

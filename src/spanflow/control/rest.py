@@ -21,6 +21,7 @@ from spanflow.api.yaml_loader import load_pipeline_text
 from spanflow.control.coordinator import Coordinator, Registration, RequestError, Submission
 from spanflow.control.metrics import render_metrics
 from spanflow.control.model_routes import add_model_routes
+from spanflow.control.rule_routes import add_rule_routes
 from spanflow.errors import PipelineFileError
 from spanflow.spec.durations import Duration
 from spanflow.spec.pipeline import PipelineSpec, format_validation_error
@@ -207,6 +208,7 @@ def create_app(coordinator: Coordinator) -> FastAPI:
         return coordinator.pipeline_status(name)
 
     add_model_routes(app, coordinator, guarded)
+    add_rule_routes(app, coordinator, guarded)
     return app
 
 

@@ -18,7 +18,6 @@ from nats.js.client import JetStreamContext
 from nats.js.errors import (
     BucketNotFoundError,
     KeyNotFoundError,
-    KeyWrongLastSequenceError,
     NoKeysError,
 )
 from nats.js.errors import NotFoundError as ObjectNotFoundError
@@ -27,6 +26,7 @@ from spanflow.errors import ModelError, ModelNotFound
 from spanflow.ml import registry
 from spanflow.ml.artifacts import LoadedModel, describe, load, sha256_of
 from spanflow.ml.registry import Format, ModelManifest, ModelVersion, Stage
+from spanflow.nats.manifests import change_manifest, read_manifest
 
 MANIFESTS = "SPANFLOW_MODEL_INDEX"
 PUBLISH_REQUESTS = "SPANFLOW_PUBLISH_REQUESTS"
@@ -78,14 +78,10 @@ class ModelStore:
     async def manifest(self, name: str) -> tuple[ModelManifest, int]:
         """A model's manifest and its KV revision (ModelNotFound when unknown)."""
         registry.check_name(name)
-        kv = await self._kv()
-        try:
-            entry = await kv.get(name)
-        except KeyNotFoundError:
-            raise ModelNotFound(f"no model {name!r} in the registry") from None
-        if entry.value is None:
+        found = await read_manifest(await self._kv(), name, ModelManifest)
+        if found is None:
             raise ModelNotFound(f"no model {name!r} in the registry")
-        return ModelManifest.model_validate_json(entry.value), entry.revision or 0
+        return found
 
     async def names(self) -> list[str]:
         kv = await self._kv()
@@ -97,23 +93,13 @@ class ModelStore:
     async def _change(
         self, name: str, change: Callable[[ModelManifest | None], ModelManifest]
     ) -> ModelManifest:
-        kv = await self._kv()
-        for _ in range(20):
-            try:
-                current, revision = await self.manifest(name)
-            except ModelNotFound:
-                current, revision = None, 0
-            updated = change(current)
-            data = updated.model_dump_json().encode()
-            try:
-                if revision:
-                    await kv.update(name, data, last=revision)
-                else:
-                    await kv.create(name, data)
-                return updated
-            except KeyWrongLastSequenceError:
-                continue  # changed (or created) meanwhile: decide again on the new manifest
-        raise ModelError(f"model {name!r} kept changing under this request; try again")
+        return await change_manifest(
+            await self._kv(),
+            name,
+            ModelManifest,
+            change,
+            lambda: ModelError(f"model {name!r} kept changing under this request; try again"),
+        )
 
     async def push(
         self,

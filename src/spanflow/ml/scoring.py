@@ -19,10 +19,9 @@ Loaded models are cached per worker process by (model, version).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import threading
-from collections.abc import Coroutine, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -35,6 +34,7 @@ from spanflow.errors import InvalidModel, ModelError
 from spanflow.ml.artifacts import LoadedModel
 from spanflow.ml.model_store import ModelStore
 from spanflow.ml.registry import ModelVersion
+from spanflow.nats.sync import run_sync
 
 PINS = "SPANFLOW_MODEL_PINS"
 START = "start"
@@ -46,29 +46,6 @@ T = TypeVar("T")
 
 _models: dict[tuple[str, int, str], LoadedModel] = {}
 _lock = threading.Lock()
-
-
-def run_sync(work: Coroutine[Any, Any, T]) -> T:
-    """Run a coroutine to completion from sync code, even inside a running loop."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(work)
-    out: list[T] = []
-    errors: list[BaseException] = []
-
-    def target() -> None:
-        try:
-            out.append(asyncio.run(work))
-        except BaseException as exc:
-            errors.append(exc)
-
-    thread = threading.Thread(target=target)
-    thread.start()
-    thread.join()
-    if errors:
-        raise errors[0]
-    return out[0]
 
 
 def check_fits(version: ModelVersion, fields: Mapping[str, str], name: str) -> None:

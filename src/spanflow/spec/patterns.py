@@ -248,5 +248,98 @@ def _check_conditions(pattern: PatternSpec, index: int, stage: StageSpec) -> Non
             raise PatternError(f"stage {stage.name!r}, {what}: {exc}") from None
 
 
+def plain_conditions(pattern: PatternSpec) -> list[str]:
+    """The conditions that read only the event (no stage): Spark can compute them
+    for every event before the NFA runs."""
+    out: list[str] = []
+    for i, stage in enumerate(pattern.stages):
+        visible = visible_stages(pattern, i)
+        for text in (stage.where, stage.until):
+            if text is None or text in out:
+                continue
+            if not compile_expression(text, stages=visible).stages:
+                out.append(text)
+    return out
+
+
+def gate(pattern: PatternSpec) -> str | None:
+    """A SQL condition an event must meet to start a match (None: any event may):
+    the OR of what the stages reachable from the start take — the first stage, and
+    the next ones while those before are optional. An event that fails it leaves an
+    idle NFA unchanged, so it need not be fed to it.
+
+    >>> spec = PatternSpec.model_validate({"stages": [
+    ...     {"name": "a", "where": "t > 1", "optional": True},
+    ...     {"name": "b", "where": "t < 0"}, {"name": "c"}]})
+    >>> gate(spec)
+    '((t > 1)) OR ((t < 0))'
+    """
+    parts: list[str] = []
+    for i, stage in enumerate(pattern.stages):
+        if stage.negative:
+            break
+        if stage.where is None:
+            return None
+        if compile_expression(stage.where, stages=visible_stages(pattern, i)).stages:
+            return None  # reads what it matched: cannot be decided from the event alone
+        take = f"({stage.where})"
+        if stage.until is not None:
+            take = f"{take} AND NOT ({stage.until})"
+        parts.append(f"({take})")
+        if not stage.optional:
+            break
+    return " OR ".join(parts) if parts else None
+
+
 def _inner_name(inner: Inner) -> str:
     return {"strict": "consecutive", "any": "allow_combinations", "relaxed": "followed_by"}[inner]
+
+
+RULE_NAME = r"^[A-Za-z0-9_.-]{1,64}$"
+RESERVED_FIELDS = ("rule", "version", "match_start", "match_end", "timed_out", "values")
+"""Fields every match row may have: a selection cannot take these names."""
+
+
+class RuleSpec(BaseModel):
+    """A named pattern with what its match rows carry: one rule of a pattern step or
+    of a versioned rule set."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(pattern=RULE_NAME)
+    pattern: PatternSpec
+    select: dict[str, str] = Field(
+        default_factory=dict,
+        description="Output field → Spark SQL over the match (default: each stage's count).",
+    )
+    timeouts: bool = Field(default=False, description="Also emit timed-out partial matches.")
+
+    @model_validator(mode="after")
+    def _valid(self) -> RuleSpec:
+        taken = [n for n in self.select if n in RESERVED_FIELDS]
+        if taken:
+            raise PatternError(
+                f"rule {self.name!r}, select: {taken} are fields every match row has; "
+                "pick other names"
+            )
+        stages = set(self.pattern.positive_names)
+        for out, text in self.select.items():
+            try:
+                compile_expression(text, stages=stages, selection=True)
+            except ExpressionError as exc:
+                raise PatternError(f"rule {self.name!r}, select {out!r}: {exc}") from None
+        return self
+
+    @property
+    def selections(self) -> dict[str, str]:
+        """``select``, or each stage's event count when it is empty."""
+        if self.select:
+            return dict(self.select)
+        return {f"{n}_count": f"count({n})" for n in self.pattern.positive_names}
+
+    def fingerprint(self) -> str:
+        """Equal for equal rules: a rule set's new version keeps the partial matches of
+        rules whose fingerprint did not change."""
+        import hashlib
+
+        return hashlib.sha256(self.model_dump_json().encode()).hexdigest()[:16]

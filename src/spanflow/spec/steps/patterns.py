@@ -3,55 +3,98 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
-from spanflow.spec.expressions import ExpressionError, compile_expression
-from spanflow.spec.patterns import PatternSpec
+from spanflow.spec.patterns import RULE_NAME, PatternSpec, RuleSpec
 from spanflow.spec.steps.base import Placement, StepBase, StreamFacts
 
 MATCH_FIELDS = ("rule", "match_start", "match_end", "timed_out")
+RULE_SET_FIELDS = ("rule", "version", "match_start", "match_end", "timed_out", "values")
 
 
 class PatternStep(StepBase):
-    """Finds ``pattern`` in each key's events (FlinkCEP semantics, event-time order)
-    and emits one row per match: the key, ``rule`` (the step's ``rule`` name),
-    ``match_start``/``match_end`` (event times of its first and last events) and
-    ``select`` — output field → Spark SQL over the match (``max(hot.temperature)``,
-    ``count(hot)``, ``last(drop.pressure)``; default: each stage's event count).
-    ``timeouts: true`` also emits partial matches that ran out of ``within``, with
-    ``timed_out`` true. Late events (not after the watermark) are dead-lettered."""
+    """Finds event patterns in each key's events (FlinkCEP semantics, event-time order)
+    and emits one row per match: the key, ``rule``, ``match_start``/``match_end``
+    (event times of its first and last events) and the rule's selections.
+
+    Three forms, one of them:
+
+    * ``pattern`` (with ``select``, ``timeouts``, ``rule``): one pattern; ``select``
+      maps output fields to Spark SQL over the match (``max(hot.temperature)``;
+      default: each stage's event count); ``timeouts: true`` also emits partial
+      matches that ran out of ``within`` (``timed_out`` true);
+    * ``rules``: several such patterns at once (their selections share the output);
+    * ``rule_set``: the name of a versioned rule set in the registry
+      (``spanflow rules push``): a new version applies at the next micro-batch
+      without a restart, and rows carry ``version`` and the selections as JSON in
+      ``values``.
+
+    Late events (not after the watermark) are dead-lettered with the reason."""
 
     placement: ClassVar[Placement] = Placement.KEYED
     local_reason: ClassVar[str] = "a pattern per key, where the key's events are born"
 
     type: Literal["pattern"] = "pattern"
-    pattern: PatternSpec
+    pattern: PatternSpec | None = None
     select: dict[str, str] = Field(default_factory=dict, description="Output field → SQL.")
     timeouts: bool = False
     rule: str | None = Field(
         default=None,
-        pattern=r"^[A-Za-z0-9_.-]{1,64}$",
+        pattern=RULE_NAME,
         description="The name in each row's 'rule' (default: the step id).",
     )
+    rules: tuple[RuleSpec, ...] = Field(default=(), description="Several named patterns.")
+    rule_set: str | None = Field(
+        default=None, pattern=RULE_NAME, description="A versioned rule set in the registry."
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_form(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        forms = [f for f in ("pattern", "rules", "rule_set") if data.get(f)]
+        if len(forms) != 1:
+            raise ValueError(
+                "a pattern step takes exactly one of pattern, rules or rule_set"
+                + (f" (got {', '.join(forms)})" if forms else "")
+            )
+        if forms != ["pattern"] and any(data.get(f) for f in ("select", "timeouts", "rule")):
+            raise ValueError(
+                "select, timeouts and rule belong to the pattern form; give each rule its own"
+            )
+        return data
 
     @model_validator(mode="after")
     def _valid(self) -> PatternStep:
-        taken = [n for n in self.select if n in MATCH_FIELDS]
-        if taken:
-            raise ValueError(f"select: {taken} are fields every match row has; pick other names")
-        stages = set(self.pattern.positive_names)
-        for name, text in self.select.items():
-            try:
-                compile_expression(text, stages=stages, selection=True)
-            except ExpressionError as exc:
-                raise ValueError(f"select {name!r}: {exc}") from None
+        names = [r.name for r in self.static_rules()]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"rules {twice} are named twice")
+        self._check_shared_selections()
         return self
 
-    @property
-    def rule_name(self) -> str:
-        return self.rule or self.id
+    def _check_shared_selections(self) -> None:
+        """Rules of one step share output columns: a field they both select must mean
+        the same kind of value (checked by name here, by type when compiled)."""
+        for rule in self.static_rules():
+            taken = [n for n in rule.selections if n in RULE_SET_FIELDS]
+            if taken:
+                raise ValueError(f"rule {rule.name!r}: {taken} are fields every match row has")
+
+    def static_rules(self) -> tuple[RuleSpec, ...]:
+        """The rules fixed in the spec (none for a rule set)."""
+        if self.pattern is not None:
+            rule = RuleSpec(
+                name=self.rule or self.id,
+                pattern=self.pattern,
+                select=self.select,
+                timeouts=self.timeouts,
+            )
+            return (rule,)
+        return self.rules
 
     def check_inputs(self, inputs: Sequence[StreamFacts]) -> None:
         if not inputs[0].key:

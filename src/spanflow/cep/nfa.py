@@ -319,7 +319,9 @@ class NFA:
         for edge in self._decision_graph(state, event, ctx, cache):
             if edge.action == "ignore":
                 if not is_start:
-                    out.append(Partial(edge.target.name, p.path, p.start, p.start_ts))
+                    target = edge.target.name
+                    same = target == p.state  # the commonest case: wait in place
+                    out.append(p if same else Partial(target, p.path, p.start, p.start_ts))
             else:  # take
                 path = (*p.path, (edge.source.stage, seq))
                 start, start_ts = (seq, ts) if is_start else (p.start, p.start_ts)

@@ -81,8 +81,11 @@ class CompiledRule:
     def admits(self, st: NFAState, event: Mapping[str, Any]) -> bool:
         """Whether ``event`` can change the rule's state: it always can while a match
         is open; an idle rule only moves for an event that passes the start gate."""
-        if self.gate is None or not self.nfa.idle(st):
+        if self.gate is None:
             return True
+        partials = st.partials
+        if len(partials) != 1 or partials[0].start is not None or st.completed:
+            return True  # a match is open: every event counts
         return self.gate.fn(event, _NO_STAGES) is True
 
     def fields(self) -> set[str]:

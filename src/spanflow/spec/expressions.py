@@ -159,6 +159,16 @@ _BINARY: dict[type[exp.Expression], Callable[[Any, Any], Any]] = {
 }
 
 
+_COMPARE: dict[type[exp.Expression], Callable[[Any, Any], bool]] = {
+    exp.EQ: operator.eq,
+    exp.NEQ: operator.ne,
+    exp.GT: operator.gt,
+    exp.GTE: operator.ge,
+    exp.LT: operator.lt,
+    exp.LTE: operator.le,
+}
+
+
 def _like(pattern: str) -> re.Pattern[str]:
     out = []
     for ch in pattern:
@@ -225,6 +235,9 @@ class _Builder:
             return lambda e, m: _or(left(e, m), right(e, m))
         op = _BINARY.get(type(node))
         if op is not None:
+            fast = self._field_against_literal(node)
+            if fast is not None:
+                return fast
             left, right = self.build(node.this), self.build(node.expression)
             return lambda e, m: op(left(e, m), right(e, m))
         if isinstance(node, exp.Is):
@@ -271,6 +284,29 @@ class _Builder:
         return self._function(node)
 
     # -- pieces ----------------------------------------------------------------------------
+    def _field_against_literal(self, node: exp.Expression) -> Fn | None:
+        """``temperature > 80``, the commonest condition, in one call (same result as
+        the general path: NULL when the field is NULL or the types do not compare)."""
+        field, literal = node.this, node.expression
+        compare = _COMPARE.get(type(node))
+        if compare is None or not isinstance(field, exp.Column) or field.table:
+            return None
+        if not isinstance(literal, exp.Literal) or field.name in self.stages:
+            return None
+        name, value = field.name, _literal(literal)
+        self.fields_read.add(name)
+
+        def check(e: Event, m: Matched) -> Any:
+            v = e.get(name)
+            if v is None:
+                return None
+            try:
+                return compare(v, value)
+            except TypeError:
+                return None
+
+        return check
+
     def _column(self, node: exp.Column) -> Fn:
         name = node.name
         table = node.table

@@ -211,21 +211,11 @@ class NFA:
     """A compiled pattern. Stateless itself: every call takes the key's
     :class:`NFAState`, so one NFA serves every key."""
 
-    def __init__(self, pattern: PatternSpec, columns: Mapping[str, str] | None = None) -> None:
-        """``columns``: condition text → the event field that already holds its value
-        (Spark evaluates a pattern's plain conditions in the JVM; see
-        spanflow.spark.compile.patterns); other conditions are evaluated here."""
+    def __init__(self, pattern: PatternSpec) -> None:
         self.pattern = pattern
-        self.columns = dict(columns or {})
         self.window = round(pattern.within * 1000) if pattern.within else 0
         self.states: dict[str, State] = {}
         self.start = _Compiler(self).compile()
-
-    def idle(self, st: NFAState) -> bool:
-        """Nothing open: only the start state (an event that fails the start gate then
-        changes nothing, see spanflow.spec.patterns.gate)."""
-        partials = st.partials
-        return len(partials) == 1 and partials[0].start is None and not st.completed
 
     def initial_state(self) -> NFAState:
         return NFAState([Partial(self.start.name)])
@@ -440,10 +430,9 @@ class _Compiler:
         pattern = self.nfa.pattern
         for i, stage in enumerate(self.stages):
             visible = visible_stages(pattern, i)
-            columns = self.nfa.columns
-            self.conditions[stage.name] = _condition(stage.where, visible, columns)
+            self.conditions[stage.name] = _condition(stage.where, visible)
             if stage.until is not None:
-                self.untils[stage.name] = _condition(stage.until, visible, columns)
+                self.untils[stage.name] = _condition(stage.until, visible)
 
     @property
     def current(self) -> StageSpec:
@@ -674,14 +663,10 @@ class _Compiler:
         return _ignore_for(strategy, self.take_condition(stage))
 
 
-def _condition(text: str | None, visible: set[str], columns: Mapping[str, str]) -> Condition:
-    """A stage's condition (validated with the pattern: see spanflow.spec.patterns):
-    read from the event when Spark computed it, else evaluated here."""
+def _condition(text: str | None, visible: set[str]) -> Condition:
+    """A stage's condition (validated with the pattern: see spanflow.spec.patterns)."""
     if text is None:
         return _TRUE
-    column = columns.get(text)
-    if column is not None:
-        return Condition(lambda e, x: e.get(column) is True, True)
     return _from_expression(compile_expression(text, stages=visible))
 
 

@@ -248,20 +248,6 @@ def _check_conditions(pattern: PatternSpec, index: int, stage: StageSpec) -> Non
             raise PatternError(f"stage {stage.name!r}, {what}: {exc}") from None
 
 
-def plain_conditions(pattern: PatternSpec) -> list[str]:
-    """The conditions that read only the event (no stage): Spark can compute them
-    for every event before the NFA runs."""
-    out: list[str] = []
-    for i, stage in enumerate(pattern.stages):
-        visible = visible_stages(pattern, i)
-        for text in (stage.where, stage.until):
-            if text is None or text in out:
-                continue
-            if not compile_expression(text, stages=visible).stages:
-                out.append(text)
-    return out
-
-
 def gate(pattern: PatternSpec) -> str | None:
     """A SQL condition an event must meet to start a match (None: any event may):
     the OR of what the stages reachable from the start take — the first stage, and

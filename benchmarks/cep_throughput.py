@@ -50,10 +50,10 @@ from node_throughput import (
     RunningMean,
     _iso_us,
     _outputs,
+    ensure,
+    latency_run,
     measure_throughput,
-    progress_of,
     publish_at_rate,
-    summary,
 )
 
 import spanflow as sf
@@ -164,33 +164,6 @@ def latency_flows() -> dict[str, sf.Flow]:
     }
 
 
-def measure_latency(
-    spark: Any, url: str, flow: sf.Flow, rate: int, seconds: float, warmup: float, work: Path
-) -> dict[str, Any]:
-    sink = flow.spec().sinks()[0].stream
-    runner = PipelineRunner(spark, flow.spec(), nats_url=url, checkpoint_dir=str(work)).start()
-    publisher = threading.Thread(
-        target=publish_at_rate,
-        args=(url, "cep.lat", rate, warmup + seconds, threading.Event(), live_reading),
-    )
-    try:
-        publisher.start()
-        publisher.join()
-        runner.await_idle()
-        progress = progress_of(runner)
-    finally:
-        runner.stop()
-    outputs = asyncio.run(_outputs(url, sink))
-    first = outputs[0][0] if outputs else 0
-    latencies = [
-        (visible - _iso_us(row["published"])) / 1000.0
-        for visible, row in outputs
-        if visible - first >= warmup * 1_000_000 and row.get("published")
-    ]
-    batch = [float(q["durationMs"]["triggerExecution"]) for q in progress[3:]]
-    return {"latency_ms": summary(latencies), "batch_ms": summary(batch), "rows": len(outputs)}
-
-
 # -- 3. live rule change ------------------------------------------------------------------
 def rule_change(
     spark: Any, url: str, rate: int, seconds: float, change_after: float, work: Path
@@ -276,12 +249,6 @@ def _nfa_matches(rule: RuleSpec, inputs: list[dict[str, Any]]) -> Counter[tuple[
     return out
 
 
-async def ensure(url: str, stream: str, subject: str) -> None:
-    nc = await connect(url)
-    await ensure_stream(nc.jetstream(), stream, [subject])
-    await nc.close()
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--events", type=int, default=200_000)
@@ -319,9 +286,10 @@ def main() -> None:
             latency = {}
             for case, flow in latency_flows().items():
                 print(f"latency of {case} at {args.rate:,} events/s …", flush=True)
-                latency[case] = measure_latency(
-                    spark, url, flow, args.rate, args.seconds, args.warmup, work / f"lat-{case}"
-                )
+                latency[case] = latency_run(
+                    spark, url, flow, "cep.lat", args.rate, args.seconds, args.warmup,
+                    work / f"lat-{case}", make=live_reading,
+                )  # fmt: skip
                 ms = latency[case]["latency_ms"]
                 print(f"  p50 {ms['p50']:.0f} ms, p99 {ms['p99']:.0f} ms", flush=True)
             base = latency["filter"]["latency_ms"]

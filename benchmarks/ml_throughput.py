@@ -49,23 +49,18 @@ import orjson
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import threading
 
 from node_throughput import (
     KeyedPassThrough,
     RunningMean,
-    _iso_us,
-    _outputs,
+    ensure,
+    latency_run,
     measure_throughput,
-    progress_of,
-    publish_at_rate,
-    summary,
 )
 
 import spanflow as sf
 from spanflow.nats import EmbeddedNats
 from spanflow.nats.streams import connect, ensure_stream
-from spanflow.spark.runner import PipelineRunner
 from spanflow.spark.session import build_session
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -203,34 +198,6 @@ def latency_pipelines(stream: str) -> dict[str, sf.Flow]:
     }
 
 
-def measure_latency(
-    spark: Any, url: str, flow: sf.Flow, rate: int, seconds: float, warmup: float, work: Path
-) -> dict[str, Any]:
-    """Per-event publish → visible latency (ms) after ``warmup`` seconds."""
-    sink = flow.spec().sinks()[0].stream
-    runner = PipelineRunner(spark, flow.spec(), nats_url=url, checkpoint_dir=str(work)).start()
-    publisher = threading.Thread(
-        target=publish_at_rate,
-        args=(url, "lat.in", rate, warmup + seconds, threading.Event(), ml_reading),
-    )
-    try:
-        publisher.start()
-        publisher.join()
-        runner.await_idle()
-        progress = progress_of(runner)
-    finally:
-        runner.stop()
-    outputs = asyncio.run(_outputs(url, sink))
-    first = outputs[0][0] if outputs else 0
-    latencies = [
-        (visible - _iso_us(row["published"])) / 1000.0
-        for visible, row in outputs
-        if visible - first >= warmup * 1_000_000
-    ]
-    batch = [float(q["durationMs"]["triggerExecution"]) for q in progress[3:]]
-    return {"latency_ms": summary(latencies), "batch_ms": summary(batch)}
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--events", type=int, default=400_000)
@@ -273,14 +240,16 @@ def main() -> None:
                 if args.cases and case not in chosen:
                     continue
                 print(f"latency of {case} at {args.rate:,} events/s …", flush=True)
-                latency[case] = measure_latency(
+                latency[case] = latency_run(
                     spark,
                     server.url,
                     flow,
+                    "lat.in",
                     args.rate,
                     args.seconds,
                     args.warmup,
                     work / f"lat-{case}",
+                    make=ml_reading,
                 )
                 ms = latency[case]["latency_ms"]
                 print(f"  p50 {ms['p50']:.0f} ms, p99 {ms['p99']:.0f} ms")
@@ -338,12 +307,6 @@ def added_latency(latency: dict[str, dict[str, Any]]) -> dict[str, dict[str, flo
         for case, r in latency.items()
         if case != "baseline"
     }
-
-
-async def ensure(url: str, stream: str, subject: str) -> None:
-    nc = await connect(url)
-    await ensure_stream(nc.jetstream(), stream, [subject])
-    await nc.close()
 
 
 if __name__ == "__main__":

@@ -270,7 +270,7 @@ def measure_latency(
     spark: Any, url: str, rate: int, seconds: float, warmup: float, work: Path, kind: str
 ) -> dict[str, Any]:
     stream_in, out = f"LAT_{kind.upper()}_IN", f"LAT_{kind.upper()}_OUT"
-    asyncio.run(_ensure(url, stream_in, f"lat{kind}.in"))
+    asyncio.run(ensure(url, stream_in, f"lat{kind}.in"))
     if kind == "window":
         flow = window_pipeline("bench-lat-window", stream_in, out, emit="updates", partitions=1)
     else:
@@ -281,10 +281,31 @@ def measure_latency(
             .select("device", "temperature", "_published AS published")
             .sink_jetstream(out, subject=out.lower())
         )
-    runner = PipelineRunner(spark, flow.spec(), nats_url=url, checkpoint_dir=work).start()
+    field = "newest" if kind == "window" else "published"
+    run = latency_run(spark, url, flow, f"lat{kind}.in", rate, seconds, warmup, work, field=field)
+    return {"rate": rate, "latency_ms": run["latency_ms"], "batch_ms": run["batch_ms"]}
+
+
+def latency_run(
+    spark: Any,
+    url: str,
+    flow: sf.Flow,
+    subject: str,
+    rate: int,
+    seconds: float,
+    warmup: float,
+    work: Path | str,
+    make: Callable[[int], dict[str, Any]] = reading,
+    field: str = "published",
+) -> dict[str, Any]:
+    """Run ``flow`` while ``make(n)`` is published to ``subject`` at ``rate``; each
+    output's latency from the time in its ``field`` to its own store time, over the
+    outputs after ``warmup`` seconds, and the batch durations."""
+    sink = flow.spec().sinks()[0].stream
+    runner = PipelineRunner(spark, flow.spec(), nats_url=url, checkpoint_dir=str(work)).start()
     stop = threading.Event()
     publisher = threading.Thread(
-        target=publish_at_rate, args=(url, f"lat{kind}.in", rate, warmup + seconds, stop)
+        target=publish_at_rate, args=(url, subject, rate, warmup + seconds, stop, make)
     )
     try:
         publisher.start()
@@ -294,19 +315,18 @@ def measure_latency(
     finally:
         stop.set()
         runner.stop()
-    outputs = asyncio.run(_outputs(url, out))
-    field = "newest" if kind == "window" else "published"
+    outputs = asyncio.run(_outputs(url, sink))
     first_out = outputs[0][0] if outputs else 0
     latencies = [
         (visible - _iso_us(row[field])) / 1000.0
         for visible, row in outputs
-        if visible - first_out >= warmup * 1_000_000
+        if visible - first_out >= warmup * 1_000_000 and row.get(field)
     ]
     batch = [float(p["durationMs"]["triggerExecution"]) for p in progress[3:]]
-    return {"rate": rate, "latency_ms": summary(latencies), "batch_ms": summary(batch)}
+    return {"latency_ms": summary(latencies), "batch_ms": summary(batch), "rows": len(outputs)}
 
 
-async def _ensure(url: str, stream: str, subject: str) -> None:
+async def ensure(url: str, stream: str, subject: str) -> None:
     nc = await connect(url)
     await ensure_stream(nc.jetstream(), stream, [subject])
     await nc.close()

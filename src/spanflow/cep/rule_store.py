@@ -17,10 +17,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
-from nats.js.api import KeyValueConfig
 from nats.js.client import JetStreamContext
 from nats.js.errors import (
-    BucketNotFoundError,
     KeyNotFoundError,
     KeyWrongLastSequenceError,
     NoKeysError,
@@ -28,8 +26,9 @@ from nats.js.errors import (
 
 from spanflow.cep import rules
 from spanflow.cep.rules import RuleSetError, RuleSetManifest, RuleSetNotFound, RuleSetVersion
+from spanflow.nats.cluster import ensure_kv
 from spanflow.nats.manifests import change_manifest, read_manifest
-from spanflow.nats.streams import connect
+from spanflow.nats.streams import connect, token
 from spanflow.nats.sync import run_sync
 from spanflow.spec.patterns import RuleSpec
 
@@ -44,10 +43,7 @@ class RuleStore:
     js: JetStreamContext
 
     async def _kv(self):  # type: ignore[no-untyped-def]
-        try:
-            return await self.js.key_value(MANIFESTS)
-        except BucketNotFoundError:
-            return await self.js.create_key_value(bucket=MANIFESTS, history=16)
+        return await ensure_kv(self.js, MANIFESTS, history=16)
 
     async def manifest(self, name: str) -> tuple[RuleSetManifest, int]:
         rules.check_name(name)
@@ -115,15 +111,11 @@ def _known(manifest: RuleSetManifest | None, name: str) -> RuleSetManifest:
 
 
 async def _pins(js: JetStreamContext) -> Any:
-    try:
-        return await js.key_value(PINS)
-    except BucketNotFoundError:
-        return await js.create_key_value(KeyValueConfig(bucket=PINS, history=1, ttl=PIN_TTL))
+    return await ensure_kv(js, PINS, ttl=PIN_TTL)
 
 
 def pin_key(pipeline: str, step: str, batch: str) -> str:
-    token = "".join(c if c.isalnum() or c in "-_" else "_" for c in f"{pipeline}.{step}")
-    return f"{token}.{batch}"
+    return f"{token(f'{pipeline}.{step}')}.{batch}"
 
 
 _versions: dict[tuple[str, str, str], RuleSetVersion] = {}

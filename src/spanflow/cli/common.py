@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import importlib
 import logging
@@ -9,7 +10,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -138,3 +139,15 @@ def fail(exc: Exception, code: int = 2) -> typer.Exit:
     """Print an error and return the Exit to raise."""
     _error(exc)
     return typer.Exit(code)
+
+
+def run_with_store(
+    url: str | None,
+    data_dir: Path | None,
+    with_store: Callable[[str, Any], Coroutine[Any, Any, Any]],
+    work: Any,
+) -> Any:
+    """Run ``work(store)`` on a registry store (models, rule sets) over the node's NATS
+    (started for the call when there is none)."""
+    with nats_url(url, _data_dir(data_dir)) as resolved:
+        return asyncio.run(with_store(resolved, work))

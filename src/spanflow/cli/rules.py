@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any
@@ -10,7 +9,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from spanflow.cli.common import DataDirOption, NatsOption, _data_dir, app, console, nats_url
+from spanflow.cli.common import DataDirOption, NatsOption, app, console, run_with_store
 
 rules_app = typer.Typer(
     no_args_is_help=True,
@@ -22,8 +21,7 @@ app.add_typer(rules_app, name="rules")
 def _run(url: str | None, data_dir: Path | None, work: Any) -> Any:
     from spanflow.cep.rule_store import with_store
 
-    with nats_url(url, _data_dir(data_dir)) as resolved:
-        return asyncio.run(with_store(resolved, work))
+    return run_with_store(url, data_dir, with_store, work)
 
 
 @rules_app.command("push")

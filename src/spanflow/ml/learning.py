@@ -22,6 +22,7 @@ from spanflow.api.processor import Context, KeyedProcessor, Record, StateDeclara
 from spanflow.errors import ModelNotFound
 from spanflow.ml import snapshot
 from spanflow.ml.river_classes import river_class
+from spanflow.nats.streams import token
 
 log = logging.getLogger("spanflow.ml.learning")
 PREDICTION, PROBABILITY, LEARNED = "prediction", "probability", "learned"
@@ -160,7 +161,7 @@ def publish_model(
 
     name = settings.name
     if settings.per_key:
-        name = f"{name}-{''.join(c if c.isalnum() or c in '-_' else '_' for c in str(key))}"[:64]
+        name = f"{name}-{token(key)}"[:64]
     data = pickle.dumps(model)
     digest = sha256_of(data)
 

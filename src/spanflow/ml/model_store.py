@@ -26,6 +26,7 @@ from spanflow.errors import ModelError, ModelNotFound
 from spanflow.ml import registry
 from spanflow.ml.artifacts import LoadedModel, describe, load, sha256_of
 from spanflow.ml.registry import Format, ModelManifest, ModelVersion, Stage
+from spanflow.nats.cluster import ensure_kv
 from spanflow.nats.manifests import change_manifest, read_manifest
 
 MANIFESTS = "SPANFLOW_MODEL_INDEX"
@@ -42,10 +43,7 @@ class ModelStore:
     js: JetStreamContext
 
     async def _kv(self):  # type: ignore[no-untyped-def]
-        try:
-            return await self.js.key_value(MANIFESTS)
-        except BucketNotFoundError:
-            return await self.js.create_key_value(bucket=MANIFESTS, history=16)
+        return await ensure_kv(self.js, MANIFESTS, history=16)
 
     async def _files(self):  # type: ignore[no-untyped-def]
         try:
@@ -54,10 +52,7 @@ class ModelStore:
             return await self.js.create_object_store(FILES)
 
     async def _requests(self):  # type: ignore[no-untyped-def]
-        try:
-            return await self.js.key_value(PUBLISH_REQUESTS)
-        except BucketNotFoundError:
-            return await self.js.create_key_value(bucket=PUBLISH_REQUESTS, history=1)
+        return await ensure_kv(self.js, PUBLISH_REQUESTS)
 
     async def request_publication(self, name: str) -> int:
         """Ask every learn step that publishes as ``name`` to publish its models at

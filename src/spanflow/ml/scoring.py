@@ -26,14 +26,15 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import orjson
-from nats.js.api import KeyValueConfig
 from nats.js.client import JetStreamContext
-from nats.js.errors import BucketNotFoundError, KeyNotFoundError, KeyWrongLastSequenceError
+from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 
 from spanflow.errors import InvalidModel, ModelError
 from spanflow.ml.artifacts import LoadedModel
 from spanflow.ml.model_store import ModelStore
 from spanflow.ml.registry import ModelVersion
+from spanflow.nats.cluster import ensure_kv
+from spanflow.nats.streams import token
 from spanflow.nats.sync import run_sync
 
 PINS = "SPANFLOW_MODEL_PINS"
@@ -73,18 +74,11 @@ class Pinning:
     fields: Mapping[str, str]
 
     def key(self, stage: str, batch: str) -> str:
-        return f"{_token(self.pipeline)}.{_token(self.step)}.{stage}.{batch}"
-
-
-def _token(text: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_" else "_" for c in text)
+        return f"{token(self.pipeline)}.{token(self.step)}.{stage}.{batch}"
 
 
 async def _pins(js: JetStreamContext) -> Any:
-    try:
-        return await js.key_value(PINS)
-    except BucketNotFoundError:
-        return await js.create_key_value(KeyValueConfig(bucket=PINS, history=1, ttl=PIN_TTL))
+    return await ensure_kv(js, PINS, ttl=PIN_TTL)
 
 
 async def _get(kv: Any, key: str) -> Any:

@@ -35,12 +35,15 @@ def activity_subject(node: str, fragment_id: str, event: str) -> str:
     return f"{ACTIVITY_PREFIX}.{node}.{fragment_id}.{event}"
 
 
-async def ensure_kv(js: JetStreamContext, bucket: str, *, history: int = 1) -> KeyValue:
+async def ensure_kv(
+    js: JetStreamContext, bucket: str, *, history: int = 1, ttl: float | None = None
+) -> KeyValue:
+    """The key-value bucket, created on first use (``ttl``: seconds an entry lives)."""
     try:
         return await js.key_value(bucket)
     except BucketNotFoundError:
         return await js.create_key_value(
-            KeyValueConfig(bucket=bucket, history=history, storage=StorageType.FILE)
+            KeyValueConfig(bucket=bucket, history=history, ttl=ttl, storage=StorageType.FILE)
         )
 
 

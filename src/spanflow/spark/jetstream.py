@@ -52,7 +52,7 @@ from pyspark.sql.types import StructType
 
 from spanflow.nats.fastread import read_range_fast
 from spanflow.nats.ranges import last_before
-from spanflow.nats.streams import SyncNats, connect
+from spanflow.nats.streams import SyncNats, connect, token
 from spanflow.spark.deadletter import DeadLetter, publish_dead_letters
 from spanflow.spark.formats import Decoder
 from spanflow.spark.stagger import wait_for_slot
@@ -345,5 +345,4 @@ class _Fields(dict[str, Any]):
 
 
 def _subject_token(value: Any) -> str:
-    text = str(value)
-    return "".join(ch if ch.isalnum() or ch in "-_" else "_" for ch in text) or "_"
+    return token(value)

@@ -66,6 +66,8 @@ class CompiledRule:
     fingerprint: str
     gate: Compiled | None
     """What an event must meet to start a match (None: any event may)."""
+    fields: frozenset[str]
+    """The event fields its conditions and selections read."""
 
     @staticmethod
     def of(spec: RuleSpec) -> CompiledRule:
@@ -76,7 +78,15 @@ class CompiledRule:
         }
         start = gate(spec.pattern)
         gate_fn = compile_expression(start) if start is not None else None
-        return CompiledRule(spec, NFA(spec.pattern), select, spec.fingerprint(), gate_fn)
+        fields: set[str] = set()
+        for stage in spec.pattern.stages:
+            for text in (stage.where, stage.until):
+                if text is not None:
+                    fields |= compile_expression(text, stages=stages).fields
+        for compiled in select.values():
+            fields |= compiled.fields
+        nfa = NFA(spec.pattern)
+        return CompiledRule(spec, nfa, select, spec.fingerprint(), gate_fn, frozenset(fields))
 
     def admits(self, st: NFAState, event: Mapping[str, Any]) -> bool:
         """Whether ``event`` can change the rule's state: it always can while a match
@@ -88,32 +98,25 @@ class CompiledRule:
             return True  # a match is open: every event counts
         return self.gate.fn(event, _NO_STAGES) is True
 
-    def fields(self) -> set[str]:
-        """The event fields its conditions and selections read."""
-        needed: set[str] = set()
-        names = set(self.spec.pattern.positive_names)
-        for stage in self.spec.pattern.stages:
-            for text in (stage.where, stage.until):
-                if text is not None:
-                    needed |= compile_expression(text, stages=names).fields
-        for compiled in self.select.values():
-            needed |= compiled.fields
-        return needed
-
 
 _NO_STAGES: dict[str, list[Any]] = {}
 _compiled: dict[str, CompiledRule] = {}
 
 
-def compiled_rule(spec: RuleSpec) -> CompiledRule:
-    """Compiled once per worker process per rule definition."""
-    key = spec.fingerprint()
-    rule = _compiled.get(key)
-    if rule is None:
+def compiled_rule(rule: RuleSpec | Mapping[str, Any]) -> CompiledRule:
+    """Compiled once per worker process per rule definition: Spark builds a processor
+    per task and micro-batch, and validating and compiling a rule parses its SQL."""
+    if isinstance(rule, RuleSpec):
+        key = rule.fingerprint()
+    else:
+        key = orjson.dumps(rule, option=orjson.OPT_SORT_KEYS).decode()
+    compiled = _compiled.get(key)
+    if compiled is None:
         if len(_compiled) > 10_000:
             _compiled.clear()
-        rule = _compiled[key] = CompiledRule.of(spec)
-    return rule
+        spec = rule if isinstance(rule, RuleSpec) else RuleSpec.model_validate(rule)
+        compiled = _compiled[key] = CompiledRule.of(spec)
+    return compiled
 
 
 class PatternMatcher(KeyedProcessor):
@@ -132,13 +135,12 @@ class PatternMatcher(KeyedProcessor):
         self.event_time = event_time
         self.timestamps = frozenset(timestamps)
         self.version = version
-        specs = [r if isinstance(r, RuleSpec) else RuleSpec.model_validate(r) for r in rules]
-        self.rules = [compiled_rule(s) for s in specs]
+        self.rules = [compiled_rule(r) for r in rules]
         self.kept: frozenset[str] | None = None
         if version is None:
             needed = {event_time}
             for rule in self.rules:
-                needed |= rule.fields()
+                needed |= rule.fields
             self.kept = frozenset(needed)
 
     # -- state ---------------------------------------------------------------------------

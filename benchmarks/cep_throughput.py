@@ -22,7 +22,7 @@ within 30 s — k distinct rules per key, as a rule set of many alerts would be.
    and duplicated matches are counted.
 
 Figures are printed and written to ``benchmarks/results/cep_throughput.json``.
-Run: ``.venv/bin/python benchmarks/cep_throughput.py [--events 200000]``.
+Run: ``.venv/bin/python benchmarks/cep_throughput.py [--events 400000]``.
 """
 
 from __future__ import annotations
@@ -251,7 +251,7 @@ def _nfa_matches(rule: RuleSpec, inputs: list[dict[str, Any]]) -> Counter[tuple[
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--events", type=int, default=200_000)
+    ap.add_argument("--events", type=int, default=400_000)
     ap.add_argument("--batch-rows", type=int, default=100_000)
     ap.add_argument("--patterns", default="1,10,100", help="patterns per key, comma-separated")
     ap.add_argument("--rate", type=int, default=2000)

@@ -7,6 +7,7 @@ ends produce the same spec.
 from __future__ import annotations
 
 from spanflow.api import Flow, Pipeline, Stream
+from spanflow.api.patterns import Pattern
 from spanflow.simulator import SENSOR_SCHEMA
 
 TEMPERATURE_LIMIT = 45.0
@@ -74,11 +75,22 @@ SITES = ("factory-a", "factory-b")
 """Edge sites of the cluster demo; both publish to ``SENSORS`` on ``sensors.<site>.>``."""
 
 
+def overheat_then_vibration() -> Pattern:
+    """A machine that overheats and then vibrates within 30 s (a seizing bearing):
+    one match per episode (the next one starts after its last event)."""
+    return (
+        Pattern.begin("overheat").where(f"temperature > {TEMPERATURE_LIMIT}")
+        .followed_by("spike").where(f"vibration > {VIBRATION_LIMIT}")
+        .within("30s")
+        .skip_past_last_event()
+    )  # fmt: skip
+
+
 def factory_monitoring() -> Flow:
     """One pipeline for every factory. The planner runs validation, anomaly detection
-    per machine, the 10 s window per device, the alerts and the partial per-site
-    summary at each factory, and merges the summaries in the cloud. Same as
-    ``examples/cluster/factory_monitoring.yaml``."""
+    per machine, the overheat-then-vibration pattern per machine, the 10 s window per
+    device, the alerts and the partial per-site summary at each factory, and merges
+    the summaries in the cloud. Same as ``examples/cluster/factory_monitoring.yaml``."""
     p = Pipeline("factory-monitoring", trigger="1s")
     readings = p.source(
         "SENSORS",
@@ -94,16 +106,23 @@ def factory_monitoring() -> Flow:
     anomalies = valid.detect_anomalies(
         ["temperature", "vibration"], warmup=50, emit="anomalies", id="anomalies"
     ).sink_jetstream("SITE_ANOMALIES", subject="anomalies.{site}.{device}", id="anomalies_out")
-    windows = (
-        valid.key_by("site", "device", id="by_device")
-        .window(tumbling="10s")
-        .aggregate(
-            readings="count",
-            avg_temperature="avg(temperature)",
-            max_temperature="max(temperature)",
-            max_vibration="max(vibration)",
-            id="per_device_10s",
-        )
+    by_device = valid.key_by("site", "device", id="by_device")
+    # Each machine's events, in event-time order, matched against a failure pattern
+    seizing = by_device.match(
+        overheat_then_vibration(),
+        select={
+            "peak_temperature": "max(overheat.temperature)",
+            "vibration": "first(spike.vibration)",
+        },
+        rule="overheat_then_vibration",
+        id="seizing",
+    ).sink_jetstream("SITE_PATTERNS", subject="patterns.{site}.{device}", id="patterns_out")
+    windows = by_device.window(tumbling="10s").aggregate(
+        readings="count",
+        avg_temperature="avg(temperature)",
+        max_temperature="max(temperature)",
+        max_vibration="max(vibration)",
+        id="per_device_10s",
     )
     to_windows = windows.sink_jetstream(
         "SITE_WINDOWS", subject="windows.{site}.{device}", id="windows_out"
@@ -123,4 +142,4 @@ def factory_monitoring() -> Flow:
         )
         .sink_jetstream("GLOBAL_SUMMARY", subject="global.{site}", id="summary_out")
     )
-    return to_windows.merge(to_alerts, summary, anomalies)
+    return to_windows.merge(to_alerts, summary, anomalies, seizing)

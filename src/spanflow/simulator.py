@@ -15,6 +15,11 @@ of one (``anomaly``: the kind, or null) so that detectors can be scored:
 * ``broken_season``: 40 to 80 readings without the daily cycle.
 
 ``anomaly_rate`` is the share of readings inside an episode, on average.
+
+With ``overheat_rate`` (off by default), devices also fail the way a seizing bearing
+does, which the cluster demo's event pattern looks for: an ``overheat`` episode of 40
+to 80 readings whose temperature climbs by 32 to 40 degrees over its first 60 %, and
+whose last 20 % vibrate harder, by 3 to 5 (mm/s) above normal.
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ ANOMALY_KINDS = ("spike", "level_shift", "drift", "stuck", "broken_season")
 _LENGTHS = {"spike": (1, 1), "level_shift": (20, 40), "drift": (40, 80), "stuck": (20, 40)}
 _LENGTHS["broken_season"] = (40, 80)
 _MEAN_LENGTH = sum((lo + hi) / 2 for lo, hi in _LENGTHS.values()) / len(_LENGTHS)
+_OVERHEAT_LENGTH = (40, 80)
 
 
 @dataclass
@@ -68,6 +74,9 @@ class SimulatorConfig:
     max_delay: float = 3.0  # seconds a late reading is held back
     anomaly_rate: float = 0.01
     malformed_rate: float = 0.005
+    overheat_rate: float = 0.0
+    """Share of readings inside an ``overheat`` episode, on average (0: none, and the
+    random stream is the one it always was for a seed)."""
     seed: int | None = None
 
 
@@ -140,6 +149,8 @@ class SensorSimulator:
         """The device's anomaly episode for this reading: one under way, or a new one
         (started so that ``anomaly_rate`` of readings are anomalous on average)."""
         episode = self._episodes.get(dev)
+        if episode is None and self.config.overheat_rate > 0:
+            episode = self._overheat(dev)
         if episode is None:
             if self.rng.random() >= self.config.anomaly_rate / _MEAN_LENGTH:
                 return None
@@ -155,9 +166,24 @@ class SensorSimulator:
             del self._episodes[dev]
         return episode
 
+    def _overheat(self, dev: str) -> _Episode | None:
+        lo, hi = _OVERHEAT_LENGTH
+        if self.rng.random() >= self.config.overheat_rate / ((lo + hi) / 2):
+            return None
+        size = self.rng.uniform(32, 40)
+        return self._episodes.setdefault(
+            dev, _Episode("overheat", self.rng.randint(lo, hi), size=size)
+        )
+
     def _apply(
         self, episode: _Episode, temperature: float, vibration: float, cycle: float
     ) -> tuple[float, float]:
+        if episode.kind == "overheat":
+            progress = episode.done / episode.length
+            temperature += episode.size * min(1.0, progress / 0.6)
+            if progress > 0.8:
+                vibration += self.rng.uniform(3, 5)
+            return temperature, vibration
         if episode.kind == "spike":
             return temperature + self.rng.uniform(25, 40), vibration * self.rng.uniform(5, 8)
         if episode.kind == "level_shift":

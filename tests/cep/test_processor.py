@@ -216,21 +216,74 @@ def test_feeding_only_events_that_pass_the_start_gate_changes_no_match():
             rows += t.process(events[lo : lo + 25])
         rows += t.advance_watermark(at(10_000))
         got = sorted((r["match_start"], r["match_end"], r["timed_out"]) for r in rows)
-        nfa = NFA(pattern.spec())
-        state = nfa.initial_state()
-        found = []
-        for e in events:
-            ms = round(e["ts"].timestamp() * 1000)
-            done, late = nfa.advance_time(state, ms)
-            found += done + late + nfa.process(state, dict(e), ms)
-        done, late = nfa.advance_time(state, round(at(10_000).timestamp() * 1000))
-        found += done + late
-        want = sorted(
-            (
-                datetime.fromtimestamp(m.start_ts / 1000, UTC),
-                datetime.fromtimestamp(m.end_ts / 1000, UTC),
-                m.timed_out_at is not None,
-            )
-            for m in found
+        want = nfa_matches(pattern, events, at(10_000))
+        assert got == want and want, i
+
+
+MANY = [
+    *GATED,
+    Pattern.begin("hot").where("temperature > 70").followed_by_any("drop").where("pressure < 2")
+    .within("15s"),
+    Pattern.begin("hot").where("temperature >= 85").times(2).consecutive()
+    .followed_by("drop").where("pressure <= 1"),
+    Pattern.begin("low").where("pressure < 3").followed_by("hot").where("temperature > 85")
+    .within("10s").skip_to_first("hot"),
+    Pattern.begin("any").where("temperature > 80 OR pressure < 2").next("calm")
+    .where("pressure > 4"),
+    Pattern.begin("first").followed_by("hot").where("temperature > 85").within("6s")
+    .skip_past_last_event(),
+]  # fmt: skip
+
+
+def nfa_matches(pattern: Pattern, events: list[dict], end: datetime) -> list[tuple]:
+    """(start, end, timed out) of every match: the pure NFA fed every event."""
+    nfa = NFA(pattern.spec())
+    state = nfa.initial_state()
+    found = []
+    for e in events:
+        ms = round(e["ts"].timestamp() * 1000)
+        done, late = nfa.advance_time(state, ms)
+        found += done + late + nfa.process(state, dict(e), ms)
+    done, late = nfa.advance_time(state, round(end.timestamp() * 1000))
+    found += done + late
+    return sorted(
+        (
+            datetime.fromtimestamp(m.start_ts / 1000, UTC),
+            datetime.fromtimestamp(m.end_ts / 1000, UTC),
+            m.timed_out_at is not None,
         )
+        for m in found
+    )
+
+
+def test_many_rules_in_one_step_find_what_each_nfa_finds_alone():
+    """Rules share a step: each event goes only to the rules it can change (the filter
+    index of start gates, the NFA's unchanged check) — the matches of every rule are
+    still those of its NFA fed every event."""
+    events = [e for e in readings(600, seed=5) if e["device"] == "a"]
+    t = KeyedProcessorTest(
+        PatternMatcher,
+        key="device",
+        event_time="ts",
+        output_schema={
+            **SCHEMA,
+            **{f"{s}_count": "long?" for s in ("low", "any", "calm", "first")},
+        },
+        params={
+            "event_time": "ts",
+            "rules": [p.rule(f"r{i}", timeouts=True) for i, p in enumerate(MANY)],
+            "timestamps": ("ts",),
+        },
+    )
+    rows = []
+    for lo in range(0, len(events), 40):
+        rows += t.process(events[lo : lo + 40])
+    end = at(100_000)
+    rows += t.advance_watermark(end)
+    assert not t.dead_letters
+    for i, pattern in enumerate(MANY):
+        got = sorted(
+            (r["match_start"], r["match_end"], r["timed_out"]) for r in rows if r["rule"] == f"r{i}"
+        )
+        want = nfa_matches(pattern, events, end)
         assert got == want and want, i

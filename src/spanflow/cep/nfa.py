@@ -58,11 +58,22 @@ class Condition:
     matched) is ``plain``: it is evaluated once per event however many partial
     matches ask (:meth:`NFA.process` keeps a per-event cache)."""
 
-    __slots__ = ("fn", "plain")
+    __slots__ = ("expression", "fn", "negates", "plain")
 
-    def __init__(self, fn: Callable[[Event, _Context], bool], plain: bool) -> None:
+    def __init__(
+        self,
+        fn: Callable[[Event, Any], bool],
+        plain: bool,
+        negates: Condition | None = None,
+        expression: Callable[[Event, Any], Any] | None = None,
+    ) -> None:
         self.fn = fn
+        """Called with the event and a :class:`_Context` (None for a plain condition)."""
         self.plain = plain
+        self.negates = negates
+        """The condition this one is the negation of, if it is."""
+        self.expression = expression
+        """A plain condition's compiled expression (it holds when that is True)."""
 
     def holds(self, event: Event, ctx: _Context, cache: dict[int, bool]) -> bool:
         if not self.plain:
@@ -79,7 +90,7 @@ _TRUE = Condition(lambda e, x: True, True)
 
 def _not(c: Condition) -> Condition:
     fn = c.fn
-    return Condition(lambda e, x: not fn(e, x), c.plain)
+    return Condition(lambda e, x: not fn(e, x), c.plain, negates=c)
 
 
 def _and(a: Condition, b: Condition) -> Condition:
@@ -92,12 +103,14 @@ def _or(a: Condition, b: Condition) -> Condition:
     return Condition(lambda e, x: fa(e, x) or fb(e, x), a.plain and b.plain)
 
 
+_EMPTY: dict[str, list[Event]] = {}
+
+
 def _from_expression(compiled: Compiled) -> Condition:
     fn = compiled.fn
     if compiled.stages:
         return Condition(lambda e, x: fn(e, x.matched) is True, False)
-    empty: dict[str, list[Event]] = {}
-    return Condition(lambda e, x: fn(e, empty) is True, True)
+    return Condition(lambda e, x: fn(e, _EMPTY) is True, True, expression=fn)
 
 
 @dataclass(eq=False)
@@ -216,6 +229,7 @@ class NFA:
         self.window = round(pattern.within * 1000) if pattern.within else 0
         self.states: dict[str, State] = {}
         self.start = _Compiler(self).compile()
+        self._quiet = {name: _quiet_check(state) for name, state in self.states.items()}
 
     def initial_state(self) -> NFAState:
         return NFAState([Partial(self.start.name)])
@@ -249,6 +263,27 @@ class NFA:
         return matches, timed_out
 
     # -- events ---------------------------------------------------------------------------
+    def unchanged_by(self, st: NFAState, event: Event, *, start_unchanged: bool = False) -> bool:
+        """Whether feeding ``event`` would leave ``st`` as it is — every partial match
+        waits in place and none starts — so the caller may skip it. Only decided for
+        states whose conditions read the event alone; False when unsure. Skipping
+        also defers time-outs to the next event fed or :meth:`advance_time`, which
+        emits the same rows: a partial match an event does not touch is the same
+        before and after it. ``start_unchanged``: the caller knows the event starts
+        no match (it failed the pattern's start gate)."""
+        if st.completed:
+            return False
+        quiet = self._quiet
+        last = ""
+        for p in st.partials:
+            if p.state == last or (start_unchanged and p.start is None):
+                continue  # partial matches waiting at one state: one check
+            last = p.state
+            check = quiet[last]
+            if check is None or not check(event):
+                return False
+        return True
+
     def process(self, st: NFAState, event: dict[str, Any], timestamp: int) -> list[Match]:
         """Feed one event (in event-time order); the matches it completes."""
         seq = st.next_seq
@@ -402,6 +437,35 @@ class NFA:
             path=p.path,
             timed_out_at=timed_out_at,
         )
+
+
+def _quiet_check(state: State) -> Callable[[Event], bool] | None:
+    """For a state without proceed edges whose conditions read only the event: a check
+    that an event moves no partial match waiting there (no take edge holds; a
+    non-start state's one ignore edge loops back to it and holds)."""
+    edges = state.edges
+    if any(e.action == "proceed" or (e.condition and not e.condition.plain) for e in edges):
+        return None
+    takes = [e.condition for e in edges if e.action == "take"]
+    ignores = [e for e in edges if e.action == "ignore"]
+    if not takes or any(c is None for c in takes):
+        return None
+    conditions = [c for c in takes if c is not None]
+    fns = [c.fn for c in conditions]
+    if state.kind != "start":
+        if state.kind != "normal" or len(ignores) != 1 or ignores[0].target is not state:
+            return None
+        stay = ignores[0].condition
+        if stay is not None and not (stay.negates is not None and stay.negates in takes):
+            # an ignore condition of its own (followed_by_any's is None: always)
+            fns.append(_not(stay).fn)
+    if len(fns) == 1:
+        expression = conditions[0].expression if len(conditions) == 1 else None
+        if expression is not None:  # the commonest: one call
+            return lambda event: expression(event, _EMPTY) is not True
+        only = fns[0]
+        return lambda event: not only(event, None)
+    return lambda event: not any(fn(event, None) for fn in fns)
 
 
 def _pruned(p: Partial, pruning: int, strict: bool) -> bool:

@@ -28,12 +28,16 @@ from typing import Any
 import orjson
 
 from spanflow.api.processor import Context, KeyedProcessor, Record, StateDeclarations
+from spanflow.cep.filter_index import FilterIndex
 from spanflow.cep.nfa import NFA, Match, NFAState
 from spanflow.spec.expressions import Compiled, compile_expression
 from spanflow.spec.patterns import RuleSpec, gate
 
 
 def _ms(value: Any) -> int | None:
+    ns = getattr(value, "value", None)
+    if isinstance(ns, int) and isinstance(value, datetime):
+        return round(ns / 1_000_000)  # pandas' Timestamp (how Spark hands them over): cheap
     if isinstance(value, datetime):
         aware = value if value.tzinfo else value.replace(tzinfo=UTC)
         return round(aware.timestamp() * 1000)
@@ -88,16 +92,6 @@ class CompiledRule:
         nfa = NFA(spec.pattern)
         return CompiledRule(spec, nfa, select, spec.fingerprint(), gate_fn, frozenset(fields))
 
-    def admits(self, st: NFAState, event: Mapping[str, Any]) -> bool:
-        """Whether ``event`` can change the rule's state: it always can while a match
-        is open; an idle rule only moves for an event that passes the start gate."""
-        if self.gate is None:
-            return True
-        partials = st.partials
-        if len(partials) != 1 or partials[0].start is not None or st.completed:
-            return True  # a match is open: every event counts
-        return self.gate.fn(event, _NO_STAGES) is True
-
 
 _NO_STAGES: dict[str, list[Any]] = {}
 _compiled: dict[str, CompiledRule] = {}
@@ -119,6 +113,20 @@ def compiled_rule(rule: RuleSpec | Mapping[str, Any]) -> CompiledRule:
     return compiled
 
 
+_indexes: dict[tuple[str, ...], FilterIndex] = {}
+
+
+def filter_index(rules: Sequence[CompiledRule]) -> FilterIndex:
+    """The start gates' index, built once per worker per set of rules."""
+    key = tuple(rule.fingerprint for rule in rules)
+    index = _indexes.get(key)
+    if index is None:
+        if len(_indexes) > 1_000:
+            _indexes.clear()
+        index = _indexes[key] = FilterIndex([rule.gate for rule in rules])
+    return index
+
+
 class PatternMatcher(KeyedProcessor):
     """Runs rules per key (see the module documentation)."""
 
@@ -136,6 +144,7 @@ class PatternMatcher(KeyedProcessor):
         self.timestamps = frozenset(timestamps)
         self.version = version
         self.rules = [compiled_rule(r) for r in rules]
+        self.index = filter_index(self.rules)
         self.kept: frozenset[str] | None = None
         if version is None:
             needed = {event_time}
@@ -191,6 +200,7 @@ class PatternMatcher(KeyedProcessor):
     def process(self, key: Any, rows: list[Record], ctx: Context) -> Iterator[Record]:
         states, buffer, arrivals = self._load()
         watermark = _ms(ctx.watermark) if ctx.watermark is not None else None
+        times = self.timestamps
         for row in rows:
             ts = _ms(row.get(self.event_time))
             if ts is None:
@@ -210,6 +220,11 @@ class PatternMatcher(KeyedProcessor):
                 if self.kept is None
                 else {k: row.get(k) for k in self.kept}
             )
+            for name in times & kept.keys():
+                # a plain datetime: JSON-encoded natively, not through _encode
+                to_plain = getattr(kept[name], "to_pydatetime", None)
+                if to_plain is not None:
+                    kept[name] = to_plain()
             buffer.append([ts, arrivals, kept])
             arrivals += 1
         self._schedule(states, buffer, ctx)
@@ -221,27 +236,46 @@ class PatternMatcher(KeyedProcessor):
         assert watermark is not None
         states, buffer, arrivals = self._load()
         due = sorted((e for e in buffer if e[0] <= watermark), key=lambda e: (e[0], e[1]))
-        out: list[Record] = []
-        for rule in self.rules:
-            out += self._run(rule, states[rule.spec.name], due, watermark)
+        out = self._run([states[rule.spec.name] for rule in self.rules], due, watermark)
         buffer = [e for e in buffer if e[0] > watermark]
         self._schedule(states, buffer, ctx)
         self._save(states, buffer, arrivals)
         return iter(out)
 
-    def _run(
-        self, rule: CompiledRule, st: NFAState, due: list[list[Any]], watermark: int
-    ) -> list[Record]:
-        """Feed ``due`` events to one rule in event-time order, then move its time to
-        the watermark; the rows of its matches and time-outs."""
+    def _run(self, states: list[NFAState], due: list[list[Any]], watermark: int) -> list[Record]:
+        """Feed ``due`` events to the rules in event-time order, then move their time
+        to the watermark; the rows of their matches and time-outs. An event goes only
+        to the rules it can change: those with a match open (unless their NFA says it
+        changes nothing) and the idle ones whose start gate it passes (the filter
+        index finds them without asking each rule)."""
         rows: list[Record] = []
-        nfa = rule.nfa
+        rules = self.rules
+        busy = {i for i, st in enumerate(states) if not _idle(st)}
+        starts = self.index.starts
+        gated = [rule.gate is not None for rule in rules]
         for ts, _, event in due:
-            if not rule.admits(st, event):
-                continue  # idle, and the event cannot start a match
-            self._emit(rule, nfa.advance_time(st, ts), rows)
-            rows.extend(self._row(rule, m) for m in nfa.process(st, dict(event), ts))
-        self._emit(rule, nfa.advance_time(st, watermark), rows)
+            admitted = starts(event)
+            if busy:
+                todo = sorted(busy.union(admitted))
+            elif admitted:
+                todo = admitted
+            else:
+                continue  # starts nothing, and nothing is open
+            for i in todo:
+                st = states[i]
+                nfa = rules[i].nfa
+                if i in busy and nfa.unchanged_by(
+                    st, event, start_unchanged=gated[i] and i not in admitted
+                ):
+                    continue
+                self._emit(rules[i], nfa.advance_time(st, ts), rows)
+                rows.extend(self._row(rules[i], m) for m in nfa.process(st, dict(event), ts))
+                if _idle(st):
+                    busy.discard(i)
+                else:
+                    busy.add(i)
+        for rule, st in zip(rules, states, strict=True):
+            self._emit(rule, rule.nfa.advance_time(st, watermark), rows)
         return rows
 
     def _emit(
@@ -290,6 +324,12 @@ class PatternMatcher(KeyedProcessor):
         else:
             row.update(values)
         return row
+
+
+def _idle(st: NFAState) -> bool:
+    """Only the start state: an event that passes no start gate changes nothing."""
+    partials = st.partials
+    return len(partials) == 1 and partials[0].start is None and not st.completed
 
 
 def _busy(st: NFAState) -> bool:

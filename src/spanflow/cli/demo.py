@@ -225,7 +225,8 @@ def demo(
     ] = None,
 ) -> None:
     """Two factories and a cloud on this machine, each factory with its own NATS server:
-    one pipeline, split by the planner into per-machine anomaly detection, per-site
+    one pipeline, split by the planner into per-machine anomaly detection and an
+    overheat-then-vibration event pattern, per-site
     windows and alerts at the edge and a global summary in the cloud, with the
     cluster's status live."""
     if single_node:
@@ -245,7 +246,14 @@ def demo(
     cluster = LocalCluster(topology, work, port=0, site_servers=True)
     sims = [
         SensorSimulator(
-            SimulatorConfig(devices=devices, rate=rate, site=site, anomaly_rate=0.01, seed=i)
+            SimulatorConfig(
+                devices=devices,
+                rate=rate,
+                site=site,
+                anomaly_rate=0.01,
+                overheat_rate=0.01,  # machines that overheat, then vibrate: the pattern
+                seed=i,
+            )
         )
         for i, site in enumerate(SITES)
     ]
@@ -253,7 +261,15 @@ def demo(
     alerts: deque[dict[str, Any]] = deque(maxlen=5)
     summaries: dict[str, deque[dict[str, Any]]] = {s: deque(maxlen=3) for s in SITES}
     anomalies: deque[dict[str, Any]] = deque(maxlen=6)
-    counts = {"windows": 0, "alerts": 0, "global": 0, "anomalies": 0, "labelled": 0}
+    seizures: deque[dict[str, Any]] = deque(maxlen=5)
+    counts = {
+        "windows": 0,
+        "alerts": 0,
+        "global": 0,
+        "anomalies": 0,
+        "labelled": 0,
+        "patterns": 0,
+    }
     counts_by_site = dict.fromkeys(SITES, 0)
     printed: deque[str] = deque()
     sim_stop = asyncio.Event()
@@ -317,8 +333,19 @@ def demo(
                 f"vibration={r['vibration']:.2f} injected={r.get('anomaly') or '-'}"
             )
 
+        async def on_pattern(msg: Any) -> None:
+            r = json.loads(msg.data)
+            counts["patterns"] += 1
+            seizures.appendleft(r)
+            printed.append(
+                f"PATTERN {r['site']}/{r['device']} {r['rule']} "
+                f"{str(r['match_start'])[11:19]}–{str(r['match_end'])[11:19]} "
+                f"peak={r['peak_temperature']:.1f} vibration={r['vibration']:.2f}"
+            )
+
         async def subscribe() -> None:
             assert client is not None
+            await client.nc.subscribe("patterns.>", cb=on_pattern)
             await client.nc.subscribe("anomalies.>", cb=on_anomaly)
             await client.nc.subscribe("windows.>", cb=on_window)
             await client.nc.subscribe("alerts.>", cb=on_alert)
@@ -406,10 +433,26 @@ def demo(
                     f"{r['vibration']:.2f}",
                     r.get("anomaly") or "-",
                 )
+            m = Table(
+                title=f"overheat, then vibration within 30 s — event pattern per machine "
+                f"({counts['patterns']} so far)",
+                style="yellow",
+            )
+            for col in ("site", "device", "from", "to", "peak °C", "vib"):
+                m.add_column(col)
+            for r in seizures:
+                m.add_row(
+                    r["site"],
+                    r["device"],
+                    str(r["match_start"])[11:19],
+                    str(r["match_end"])[11:19],
+                    f"{r['peak_temperature']:.1f}",
+                    f"{r['vibration']:.2f}",
+                )
             sent = sum(s.stats.sent for s in sims)
             injected = sum(s.stats.anomalies for s in sims)
             return Group(
-                status, f"simulators: {sent:,} readings sent, {injected:,} anomalous", w, d, g, a
+                status, f"simulators: {sent:,} readings sent, {injected:,} anomalous", w, d, m, g, a
             )
 
         deadline = time.monotonic() + duration if duration else None
@@ -455,7 +498,7 @@ def demo(
         f"demo finished: {sum(s.stats.sent for s in sims):,} readings, "
         f"{counts['windows']} site windows, {counts['alerts']} alerts, "
         f"{counts['global']} global summaries; pipelines: {states}; "
-        f"{counts['anomalies']} anomalies detected"
+        f"{counts['anomalies']} anomalies detected, {counts['patterns']} pattern matches"
     )
 
 

@@ -59,6 +59,9 @@ class Compiled:
     """The stages it reads."""
     fields: frozenset[str] = field(default_factory=frozenset)
     """The event fields it reads (unqualified and qualified)."""
+    comparison: tuple[str, str, float] | None = None
+    """(field, operator, number) when the whole expression is ``field op number`` with
+    op one of ``> >= < <=``: what a filter index can decide without calling it."""
 
     def evaluate(self, event: Event, matched: Matched) -> Any:
         return self.fn(event, matched)
@@ -78,7 +81,38 @@ def compile_expression(
         raise ExpressionError(f"{text!r} is not an expression")
     builder = _Builder(frozenset(stages), selection)
     fn = builder.build(tree)
-    return Compiled(text, fn, frozenset(builder.stages_read), frozenset(builder.fields_read))
+    return Compiled(
+        text,
+        fn,
+        frozenset(builder.stages_read),
+        frozenset(builder.fields_read),
+        _numeric_comparison(tree, stages),
+    )
+
+
+_ORDERING: dict[type[exp.Expression], str] = {
+    exp.GT: ">",
+    exp.GTE: ">=",
+    exp.LT: "<",
+    exp.LTE: "<=",
+}
+
+
+def _numeric_comparison(
+    tree: exp.Expression, stages: set[str] | frozenset[str]
+) -> tuple[str, str, float] | None:
+    while isinstance(tree, exp.Paren):
+        tree = tree.this
+    op = _ORDERING.get(type(tree))
+    column, literal = tree.this, tree.expression
+    if op is None or not isinstance(column, exp.Column) or column.table:
+        return None
+    sign = 1
+    if isinstance(literal, exp.Neg):
+        sign, literal = -1, literal.this
+    if not isinstance(literal, exp.Literal) or literal.is_string or column.name in stages:
+        return None
+    return column.name, op, sign * _literal(literal)
 
 
 _QUOTED = re.compile(r"('(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"|`[^`]*`)")

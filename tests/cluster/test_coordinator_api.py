@@ -23,7 +23,7 @@ with warnings.catch_warnings():
 TOKEN = "t0ken-for-tests"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 TOPOLOGY = """
-sites: [{name: edge-a}, {name: cloud, kind: cloud}]
+sites: [{name: edge-a, retention: {max_bytes: 64MiB, discard: old}}, {name: cloud, kind: cloud}]
 nodes:
   - {name: a1, site: edge-a, streams: [{name: IN_A, subjects: ["in.a.>"]}]}
   - {name: c1, site: cloud, capabilities: {cores: 1}}
@@ -187,6 +187,42 @@ def test_drain_moves_fragments_and_full_cluster_waits(api: TestClient) -> None:
     caps = api.put("/api/v1/nodes/c1/capabilities", json={"cores": 2}, headers=AUTH)
     assert caps.status_code == 200
     assert api.get("/api/v1/pipelines/p2", headers=AUTH).json()["state"] == "planned"
+
+
+def test_nodes_get_their_sites_limits_and_report_streams_near_them(
+    api: TestClient, server: EmbeddedNats
+) -> None:
+    import asyncio
+
+    from spanflow.nats.cluster import HEARTBEAT_PREFIX
+    from spanflow.nats.streams import connect
+    from spanflow.spec.cluster import Heartbeat, StreamUsage
+
+    answer = register(api, "a1", "edge-a").json()
+    assert answer["retention"]["max_bytes"] == 64 * 1024**2
+    assert answer["retention"]["discard"] == "old"
+    assert register(api, "c1", "cloud").json()["retention"]["discard"] == "new"  # the default
+    usage = [
+        StreamUsage(stream="IN_A", messages=10, bytes=60 * 1024**2, max_bytes=64 * 1024**2),
+        StreamUsage(stream="OUT", messages=1, bytes=10, max_bytes=64 * 1024**2),
+    ]
+    hb = Heartbeat(node="a1", agent_id="agent-a1", seq=1, streams=usage)
+
+    async def send() -> None:
+        nc = await connect(server.url)
+        await nc.publish(f"{HEARTBEAT_PREFIX}.a1", hb.model_dump_json().encode())
+        await nc.flush()
+        await nc.close()
+
+    asyncio.run(send())
+    wait_for(lambda: api.get("/api/v1/nodes/a1", headers=AUTH).json()["streams"] != [])
+    a1 = api.get("/api/v1/nodes/a1", headers=AUTH).json()
+    assert a1["warnings"] == [
+        "stream IN_A is 94 % full (60.0 MiB of 64.0 MiB); when full it refuses new messages"
+    ]
+    text = api.get("/metrics", headers=AUTH).text
+    assert 'spanflow_stream_usage_ratio{node="a1",stream="IN_A"} 0.9375' in text
+    assert 'spanflow_stream_bytes{node="a1",stream="OUT"} 10.0' in text
 
 
 def test_metrics_and_log(api: TestClient) -> None:

@@ -298,7 +298,8 @@ def cluster_view(nodes: list[Any], pipelines: list[Any], metrics: dict[str, Any]
         f"({metrics['utilisation']:.0%}), cpu {metrics['cpu_percent']:.0f}%, "
         f"throughput {metrics['throughput_rows_per_s']:,.0f} rows/s"
     )
-    return Group(nt, pt, summary)
+    warnings = [f"[yellow]⚠ {n['name']}: {w}[/]" for n in nodes for w in n.get("warnings", ())]
+    return Group(nt, pt, summary, *warnings)
 
 
 def _pipeline_action(action: str, name: str, url: str, token: str | None) -> None:

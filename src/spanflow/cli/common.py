@@ -87,8 +87,16 @@ SinkStreamOption = Annotated[
 
 
 @contextlib.contextmanager
-def nats_url(url: str | None, data_dir: Path, *, mqtt: bool = False) -> Iterator[str]:
-    """The given URL, or an embedded server's for the duration of the block."""
+def nats_url(
+    url: str | None,
+    data_dir: Path,
+    *,
+    mqtt: bool = False,
+    prepare: Callable[[str], str] | None = None,
+) -> Iterator[str]:
+    """The given URL, or an embedded server's for the duration of the block.
+    ``prepare(url)`` runs before the MQTT listener is announced (it creates the
+    streams that capture what devices publish) and returns what to say is ready."""
     if url:
         yield url
         return
@@ -96,8 +104,9 @@ def nats_url(url: str | None, data_dir: Path, *, mqtt: bool = False) -> Iterator
 
     with EmbeddedNats(data_dir / "nats", mqtt=mqtt) as server:
         err.print(f"[dim]embedded NATS at {server.url} (data in {data_dir / 'nats'})[/dim]")
+        ready = prepare(server.url) if prepare is not None else ""
         if server.mqtt_port:
-            err.print(f"[dim]MQTT listener on 127.0.0.1:{server.mqtt_port}[/dim]")
+            err.print(f"MQTT listener on 127.0.0.1:{server.mqtt_port}{ready}")
         yield server.url
 
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
+from functools import partial
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -28,10 +30,15 @@ from spanflow.cli.common import (
     nats_url,
 )
 from spanflow.errors import SpanflowError
+from spanflow.spec.cluster import StreamUsage
 from spanflow.spec.pipeline import PipelineSpec
 
+log = logging.getLogger("spanflow.run")
+USAGE_EVERY = 10.0
+"""Seconds between looks at how full the pipeline's streams are."""
 
-def status_table(runner: Any, title: str) -> Table:
+
+def status_table(runner: Any, title: str, usage: list[StreamUsage] | None = None) -> Table:
     table = Table(title=title, expand=False)
     for col in (
         "query",
@@ -60,7 +67,10 @@ def status_table(runner: Any, title: str) -> Table:
             (st.watermark or "-")[:19],
             str(st.restarts),
         )
-    table.caption = f"dead letters: {runner.dead_letters():,}"
+    caption = f"dead letters: {runner.dead_letters():,}"
+    for u in usage or ():
+        caption += f"\n[yellow]⚠ {u.warning}[/]" if u.warning else ""
+    table.caption = caption
     return table
 
 
@@ -97,7 +107,7 @@ def run(
 
     stop = _Interrupted()
     directory = _data_dir(data_dir)
-    with nats_url(nats, directory, mqtt=mqtt) as url:
+    with nats_url(nats, directory, mqtt=mqtt, prepare=partial(_source_streams, spec)) as url:
         err.print(f"starting Spark for pipeline [bold]{spec.name}[/bold] …")
         spark = build_session(master=master, app_name=f"spanflow-{spec.name}")
         stop.install()
@@ -119,13 +129,21 @@ def run(
                 if live_ok
                 else contextlib.nullcontext() as live
             ):
-                last_print = 0.0
+                last_print = last_usage = 0.0
+                usage: list[StreamUsage] = []
+                warned: set[str] = set()
                 while not stop.event.is_set() and (deadline is None or time.monotonic() < deadline):
                     runner.supervise()
+                    if time.monotonic() - last_usage > USAGE_EVERY:
+                        usage, last_usage = runner.stream_usage(), time.monotonic()
+                        for u in usage:  # logged once each time it crosses the mark
+                            if u.warning and u.stream not in warned:
+                                log.warning("%s", u.warning)
+                        warned = {u.stream for u in usage if u.warning}
                     if live is not None:
-                        live.update(status_table(runner, spec.name))
+                        live.update(status_table(runner, spec.name, usage))
                     elif time.monotonic() - last_print > 10:
-                        console.print(status_table(runner, spec.name))
+                        console.print(status_table(runner, spec.name, usage))
                         last_print = time.monotonic()
                     stop.event.wait(1.0)
         except SpanflowError as exc:
@@ -135,6 +153,21 @@ def run(
             err.print("stopping …")
             runner.stop()
             spark.stop()
+
+
+def _source_streams(spec: PipelineSpec, url: str) -> str:
+    """Create the streams the pipeline reads before devices are told where to publish."""
+    from spanflow.nats.streams import connect, ensure_source_streams
+
+    async def go() -> list[str]:
+        nc = await connect(url)
+        try:
+            return await ensure_source_streams(nc.jetstream(), spec)
+        finally:
+            await nc.close()
+
+    names = asyncio.run(go())
+    return f" (stream {', '.join(names)} ready)" if names else ""
 
 
 def _feed(spec: PipelineSpec, given: str) -> tuple[str, Path]:

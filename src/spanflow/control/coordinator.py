@@ -61,6 +61,7 @@ from spanflow.spec.cluster import (
 )
 from spanflow.spec.durations import Duration
 from spanflow.spec.pipeline import PipelineSpec
+from spanflow.spec.retention import DEFAULT_RETENTION
 from spanflow.spec.topology import Capabilities, HostedStream, Link, NodeSpec, Site, Topology
 
 log = logging.getLogger(__name__)
@@ -295,7 +296,8 @@ class Coordinator:
 
     def connection_for(self, node: str) -> dict[str, Any]:
         """Which NATS server a node uses and where the control plane's JetStream is: the
-        site's own server (a leaf node) with the hub's domain, or the cluster's."""
+        site's own server (a leaf node) with the hub's domain, or the cluster's; and
+        the limits of the streams it creates (its site's)."""
         record = self.node(node)
         site = self.topology().site(record.spec.site)
         own = site.nats_url if site is not None else None
@@ -303,6 +305,7 @@ class Coordinator:
             "nats_url": own or self.settings.nats_url,
             "control_domain": self.settings.hub_domain if own else None,
             "site_domain": record.spec.site if own else None,
+            "retention": (site.retention if site is not None else DEFAULT_RETENTION).model_dump(),
         }
 
     # -- nodes ----------------------------------------------------------------------
@@ -1086,6 +1089,8 @@ class Coordinator:
             "cpu_percent": hb.cpu_percent if hb else None,
             "memory_percent": hb.memory_percent if hb else None,
             "last_heartbeat_s": round(time.monotonic() - seen, 2) if seen is not None else None,
+            "streams": [u.model_dump() for u in hb.streams] if hb else [],
+            "warnings": [u.warning for u in hb.streams if u.warning] if hb else [],
         }
 
     def cluster_metrics(self) -> dict[str, Any]:

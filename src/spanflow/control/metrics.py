@@ -6,7 +6,7 @@ every change: nothing can drift, and a restarted coordinator exports the same se
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -16,6 +16,7 @@ from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
     from spanflow.control.coordinator import Coordinator
+    from spanflow.spec.cluster import Heartbeat
 
 
 class _ClusterCollector(Collector):
@@ -73,6 +74,29 @@ class _ClusterCollector(Collector):
             dead.add_metric(values, rt.dead_letters)
             batch.add_metric(values, rt.last_batch_ms)
         yield from (rate, rows, lag, dead, batch)
+        yield from _stream_metrics(view.heartbeats.values())
+
+
+def _stream_metrics(heartbeats: Iterable[Heartbeat]) -> Iterator[Metric]:
+    """How full the streams each node uses are, against their limits."""
+    labels = ["node", "stream"]
+    size = GaugeMetricFamily("spanflow_stream_bytes", "Bytes held by a stream", labels=labels)
+    limit = GaugeMetricFamily(
+        "spanflow_stream_max_bytes", "A stream's size limit (absent: none)", labels=labels
+    )
+    messages = GaugeMetricFamily("spanflow_stream_messages", "Messages in a stream", labels=labels)
+    full = GaugeMetricFamily(
+        "spanflow_stream_usage_ratio", "bytes / max_bytes of a stream", labels=labels
+    )
+    for hb in heartbeats:
+        for u in hb.streams:
+            values = [hb.node, u.stream]
+            size.add_metric(values, u.bytes)
+            messages.add_metric(values, u.messages)
+            if u.max_bytes:
+                limit.add_metric(values, u.max_bytes)
+                full.add_metric(values, u.ratio or 0.0)
+    yield from (size, limit, messages, full)
 
 
 def render_metrics(coordinator: Coordinator) -> tuple[bytes, str]:

@@ -11,11 +11,14 @@ from typing import Any, TypeVar
 
 from nats.aio.client import Client
 from nats.js import JetStreamContext
-from nats.js.api import ExternalStream, StreamConfig, StreamSource
+from nats.js.api import DiscardPolicy, ExternalStream, StreamConfig, StreamSource
 from nats.js.errors import APIError, NotFoundError
 
 import nats
 from spanflow.errors import NatsError
+from spanflow.spec.cluster import StreamUsage
+from spanflow.spec.pipeline import PipelineSpec
+from spanflow.spec.retention import DEFAULT_RETENTION, Retention
 
 T = TypeVar("T")
 
@@ -52,20 +55,33 @@ def subject_covers(pattern: str, subject: str) -> bool:
     return len(p) == len(s)
 
 
+def _limits(retention: Retention) -> dict[str, Any]:
+    """A stream config's limit fields for ``retention``."""
+    return {
+        "max_age": retention.max_age or None,
+        "max_bytes": retention.max_bytes or -1,
+        "discard": DiscardPolicy.NEW if retention.discard == "new" else DiscardPolicy.OLD,
+    }
+
+
+def _unbounded(config: StreamConfig) -> bool:
+    return config.max_bytes in (None, -1) and not config.max_age and config.max_msgs in (None, -1)
+
+
 async def ensure_stream(
     js: JetStreamContext,
     name: str,
     subjects: list[str] | None,
     *,
     duplicate_window: float = DEFAULT_DUPLICATE_WINDOW,
-    max_age: float | None = None,
+    retention: Retention = DEFAULT_RETENTION,
 ) -> None:
     """Create a stream if it is missing, or add subjects it does not capture yet.
 
     Several pipelines may write one stream under different subjects (every site's
-    windows into one stream); each adds its own. Its other settings are left as they
-    are. ``max_age`` (seconds) bounds how long messages are kept when the stream is
-    created; None keeps them until other limits or an operator removes them.
+    windows into one stream); each adds its own. A new stream gets ``retention``'s
+    limits; an existing one keeps its own, unless it has none at all (made before
+    streams were bounded), which then get ``retention``'s.
     """
     for attempt in range(3):
         try:
@@ -77,7 +93,7 @@ async def ensure_stream(
                         name=name,
                         subjects=subjects,
                         duplicate_window=duplicate_window,
-                        max_age=max_age,
+                        **_limits(retention),
                     )
                 )
                 return
@@ -89,12 +105,16 @@ async def ensure_stream(
                 continue  # created meanwhile by someone else: look again
         have = list(info.config.subjects or [])
         missing = [x for x in subjects or [] if not any(subject_covers(h, x) for h in have)]
-        if not missing:
+        bound = _unbounded(info.config)
+        if not missing and not bound:
             return
         # A wider subject replaces the ones it covers (the server refuses overlaps).
         kept = [h for h in have if not any(subject_covers(m, h) for m in missing)]
+        config = replace(info.config, subjects=[*kept, *missing])
+        if bound:
+            config = replace(config, **_limits(retention))
         try:
-            await js.update_stream(replace(info.config, subjects=[*kept, *missing]))
+            await js.update_stream(config)
             return
         except APIError as exc:
             if attempt == 2:
@@ -103,7 +123,52 @@ async def ensure_stream(
                 ) from None
 
 
-async def ensure_sourced(js: JetStreamContext, name: str, domain: str) -> None:
+async def stream_usage(
+    js: JetStreamContext, name: str, *, warn_at: float = 0.8
+) -> StreamUsage | None:
+    """How full stream ``name`` is against its limits (None: no such stream)."""
+    try:
+        info = await js.stream_info(name)
+    except NotFoundError:
+        return None
+    config = info.config
+    max_bytes = config.max_bytes if config.max_bytes not in (None, -1) else None
+    return StreamUsage(
+        stream=name,
+        messages=int(info.state.messages),
+        bytes=int(info.state.bytes),
+        max_bytes=max_bytes,
+        max_age=config.max_age or None,
+        discard="old" if config.discard == DiscardPolicy.OLD else "new",
+        warn_at=warn_at,
+    )
+
+
+async def ensure_source_streams(
+    js: JetStreamContext,
+    spec: PipelineSpec,
+    domain: str | None = None,
+    retention: Retention = DEFAULT_RETENTION,
+) -> list[str]:
+    """The streams ``spec``'s sources read, created (or given their subjects) here; a
+    source of another JetStream domain is sourced from there. Called before anything
+    that feeds them is announced (an MQTT listener): a device told its reading is
+    stored must find it stored. Returns the streams' names."""
+    names: list[str] = []
+    for src in spec.sources():
+        if src.source_domain and src.source_domain != domain:
+            await ensure_sourced(js, src.stream, src.source_domain, retention=retention)
+        elif src.subjects:
+            await ensure_stream(js, src.stream, list(src.subjects), retention=retention)
+        else:
+            continue
+        names.append(src.stream)
+    return names
+
+
+async def ensure_sourced(
+    js: JetStreamContext, name: str, domain: str, *, retention: Retention = DEFAULT_RETENTION
+) -> None:
     """Make stream ``name`` here also source the stream of the same name in JetStream
     domain ``domain`` (another site's server, over the leaf-node link). The server keeps
     the source's position, so after a cut it resumes where it stopped: nothing is lost
@@ -115,7 +180,7 @@ async def ensure_sourced(js: JetStreamContext, name: str, domain: str) -> None:
             info = await js.stream_info(name)
         except NotFoundError:
             try:
-                await js.add_stream(StreamConfig(name=name, sources=[source]))
+                await js.add_stream(StreamConfig(name=name, sources=[source], **_limits(retention)))
                 return
             except APIError as exc:
                 if attempt == 2:

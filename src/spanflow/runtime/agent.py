@@ -39,15 +39,25 @@ from spanflow.nats.cluster import (
     activity_subject,
     ensure_kv,
 )
-from spanflow.nats.streams import SyncNats, ensure_stream
+from spanflow.nats.streams import SyncNats, ensure_stream, stream_usage
 from spanflow.runtime.executor import FragmentExecutor
-from spanflow.spec.cluster import Activity, ActivityEvent, Assignment, FragmentRuntime, Heartbeat
+from spanflow.spec.cluster import (
+    Activity,
+    ActivityEvent,
+    Assignment,
+    FragmentRuntime,
+    Heartbeat,
+    StreamUsage,
+)
+from spanflow.spec.retention import DEFAULT_RETENTION, Retention
 from spanflow.spec.topology import Capabilities
 
 log = logging.getLogger(__name__)
 
 PROGRESS_EVERY = 5.0
 RETRY_AFTER = 5.0
+USAGE_EVERY = 10.0
+"""Seconds between looks at how full the streams this node uses are (in heartbeats)."""
 
 
 class AgentError(SpanflowError):
@@ -84,6 +94,8 @@ class NodeAgent:
         """JetStream domain of the control plane (KV, activity log) when this node's
         site has its own server; None when both are the cluster's server."""
         self.site_domain: str | None = None
+        self.retention = DEFAULT_RETENTION
+        """Limits of the streams this node creates: its site's (from the topology)."""
         self.interval = 1.0
         self._client: SyncNats | None = None
         self._kv: KeyValue | None = None
@@ -94,6 +106,10 @@ class NodeAgent:
         self._savepointed: set[tuple[str, int, str]] = set()
         self._runtime: dict[str, FragmentRuntime] = {}
         self._hb_seq = 0
+        self._hosted: dict[str, float] = {}
+        """Streams born here → the share of their limit at which usage is a warning."""
+        self._usage: list[StreamUsage] = []
+        self._usage_at = 0.0
         self._executor: FragmentExecutor | None = None
         self._last_progress = 0.0
         self.ready = threading.Event()
@@ -132,6 +148,8 @@ class NodeAgent:
             self.nats_url = answer["nats_url"]
             self.control_domain = answer.get("control_domain")
             self.site_domain = answer.get("site_domain")
+            if answer.get("retention"):
+                self.retention = Retention.model_validate(answer["retention"])
             self.interval = float(answer["heartbeat_interval"])
             return answer
 
@@ -143,8 +161,11 @@ class NodeAgent:
         assert client is not None
         for stream in node["spec"].get("streams", []):
             name, subjects = str(stream["name"]), list(stream.get("subjects") or [])
+            own = stream.get("retention")
+            retention = Retention.model_validate(own) if own else self.retention
             if subjects:
-                client.run(partial(ensure_stream, client.js, name, subjects))
+                client.run(partial(ensure_stream, client.js, name, subjects, retention=retention))
+                self._hosted[name] = retention.warn_at
 
     def run(self, stop: threading.Event, after_spark: Callable[[], None] | None = None) -> None:
         """Register, start Spark, then run assignments until ``stop`` is set.
@@ -182,6 +203,7 @@ class NodeAgent:
             self.nats_url,
             domain=self.site_domain,
             batch_offset=self.settings.batch_offset,
+            retention=self.retention,
         )
         self.ready.set()
         try:
@@ -224,6 +246,7 @@ class NodeAgent:
                     memory_percent=psutil.virtual_memory().percent,
                     slots=len(self._desired),
                     fragments=dict(self._runtime),
+                    streams=await self._stream_usage(),
                 )
                 assert self._client is not None
                 try:
@@ -236,6 +259,31 @@ class NodeAgent:
 
         loop = asyncio.get_running_loop()
         self._bg = [loop.create_task(watch()), loop.create_task(heartbeat())]
+
+    async def _stream_usage(self) -> list[StreamUsage]:
+        """How full the streams this node hosts and its fragments use are; looked at
+        every USAGE_EVERY seconds (each look is a request per stream)."""
+        if time.monotonic() - self._usage_at < USAGE_EVERY or self._client is None:
+            return self._usage
+        self._usage_at = time.monotonic()
+        wanted = dict(self._hosted)
+        executor = self._executor
+        for running in list(executor.fragments.values()) if executor else []:
+            for name in running.runner.streams:
+                wanted.setdefault(name, self.retention.warn_at)
+        found = []
+        for name, warn_at in wanted.items():
+            try:
+                usage = await stream_usage(self._client.js, name, warn_at=warn_at)
+            except Exception as exc:  # the broker briefly unreachable: next time
+                log.debug("no usage of stream %s: %s", name, exc)
+                continue
+            if usage is not None:
+                if usage.warning and all(u.stream != name or not u.warning for u in self._usage):
+                    log.warning("%s", usage.warning)
+                found.append(usage)
+        self._usage = found
+        return found
 
     def _drain_changes(self, timeout: float) -> None:
         try:

@@ -19,6 +19,7 @@ from spanflow.spark.runner import PipelineRunner, StreamingQuery
 from spanflow.spark.session import SparkSession
 from spanflow.spark.stagger import BatchSlots
 from spanflow.spec.cluster import Assignment, FragmentRuntime
+from spanflow.spec.retention import DEFAULT_RETENTION, Retention
 
 log = logging.getLogger(__name__)
 
@@ -45,10 +46,12 @@ class FragmentExecutor:
         *,
         domain: str | None = None,
         batch_offset: float = 0.0,
+        retention: Retention = DEFAULT_RETENTION,
     ) -> None:
         self.spark = spark
         self.nats_url = nats_url
         self.domain = domain
+        self.retention = retention
         self.slots = BatchSlots(batch_offset)
         """One node's queries take their start slots in turn, whatever fragment they
         belong to (:mod:`spanflow.spark.stagger`)."""
@@ -76,6 +79,7 @@ class FragmentExecutor:
             plan=assignment.fragment.plan,
             domain=self.domain,
             slots=self.slots,
+            retention=self.retention,
         )
         try:
             runner.start()

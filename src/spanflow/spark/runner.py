@@ -22,14 +22,16 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
-from spanflow.nats.streams import SyncNats, ensure_sourced, ensure_stream
+from spanflow.nats.streams import SyncNats, ensure_source_streams, ensure_stream, stream_usage
 from spanflow.spark.compile.pipeline import CompiledSink, compile_pipeline
 from spanflow.spark.compile.udf import UserFunction
 from spanflow.spark.deadletter import DLQ_SUBJECT_PREFIX, dlq_subject
 from spanflow.spark.jetstream import SinkTarget, encode_rows, publish_encoded, register_isolated
 from spanflow.spark.stagger import BatchSlots, phase_ms
+from spanflow.spec.cluster import StreamUsage
 from spanflow.spec.durations import spark_interval
 from spanflow.spec.pipeline import PipelineSpec
+from spanflow.spec.retention import DEFAULT_RETENTION, Retention
 from spanflow.spec.steps.io import SinkStep
 
 log = logging.getLogger(__name__)
@@ -83,8 +85,13 @@ class PipelineRunner:
         plan: PipelineSpec | None = None,
         domain: str | None = None,
         slots: BatchSlots | None = None,
+        retention: Retention = DEFAULT_RETENTION,
     ) -> None:
         self.spark = spark
+        self.retention = retention
+        """Limits of the streams this runner creates (the site's, from the topology)."""
+        self.streams: list[str] = []
+        """The streams it reads and writes, once started."""
         self.slots = slots or BatchSlots()
         """Start slots, shared by every runner of a node (:mod:`spanflow.spark.stagger`)."""
         self.spec = spec
@@ -122,21 +129,36 @@ class PipelineRunner:
                 c.js,
                 self.spec.dead_letter_stream,
                 [f"{DLQ_SUBJECT_PREFIX}.>"],
-                max_age=self.spec.dead_letter_retention,
+                retention=self.retention.model_copy(
+                    update={"max_age": self.spec.dead_letter_retention}
+                ),
             )
         )
-        for src in self.spec.sources():
-            if src.source_domain and src.source_domain != self.domain:
-                c.run(lambda s=src: ensure_sourced(c.js, s.stream, s.source_domain or ""))  # type: ignore[misc]
-                continue
-            if src.subjects:
-                subjects = list(src.subjects)
-                c.run(lambda s=src, subj=subjects: ensure_stream(c.js, s.stream, subj))  # type: ignore[misc]
+        sources = c.run(lambda: ensure_source_streams(c.js, self.spec, self.domain, self.retention))
+        self.streams = [self.spec.dead_letter_stream, *sources]
         for sink in self.spec.sinks():
             if sink.kind == "jetstream":
                 assert sink.stream and sink.subject
+                self.streams.append(sink.stream)
                 wildcard = _subject_pattern(sink.subject)
-                c.run(lambda s=sink, w=wildcard: ensure_stream(c.js, s.stream, [w]))  # type: ignore[misc]
+                c.run(
+                    lambda s=sink, w=wildcard: ensure_stream(  # type: ignore[misc]
+                        c.js, s.stream, [w], retention=self.retention
+                    )
+                )
+
+    def stream_usage(self) -> list[StreamUsage]:
+        """How full the streams this pipeline reads and writes are (the dead letters'
+        too), against their limits."""
+        c = self._client
+        if c is None:
+            return []
+        warn_at = self.retention.warn_at
+        found = [
+            c.run(lambda n=name: stream_usage(c.js, n, warn_at=warn_at))  # type: ignore[misc]
+            for name in dict.fromkeys(self.streams)
+        ]
+        return [u for u in found if u is not None]
 
     def _compile(self, sup: _Supervised) -> CompiledSink:
         """One sink's plan, reading through a data source registered for this query alone

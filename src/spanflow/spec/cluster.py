@@ -207,6 +207,51 @@ class FragmentRuntime(BaseModel):
     error: str | None = None
 
 
+class StreamUsage(BaseModel):
+    """How full a stream a node uses is, against its limits (spanflow.spec.retention).
+
+    >>> u = StreamUsage(stream="SENSORS", messages=9, bytes=900, max_bytes=1000)
+    >>> u.warning
+    'stream SENSORS is 90 % full (900 B of 1000 B); when full it refuses new messages'
+    """
+
+    stream: str
+    messages: int = 0
+    bytes: int = 0
+    max_bytes: int | None = None
+    """None: no limit."""
+    max_age: float | None = None
+    discard: Literal["new", "old"] = "new"
+    warn_at: float = 0.8
+
+    @property
+    def ratio(self) -> float | None:
+        return self.bytes / self.max_bytes if self.max_bytes else None
+
+    @property
+    def warning(self) -> str | None:
+        """What to tell an operator when the stream is near its limit (None: fine)."""
+        ratio = self.ratio
+        if ratio is None or ratio < self.warn_at:
+            return None
+        when_full = "refuses new messages" if self.discard == "new" else "drops the oldest"
+        return (
+            f"stream {self.stream} is {ratio:.0%} full ({_size(self.bytes)} of "
+            f"{_size(self.max_bytes or 0)}); when full it {when_full}"
+        ).replace("%", " %")
+
+
+def _size(n: int) -> str:
+    if n < 1024:
+        return f"{n} B"
+    value, unit = float(n), "B"
+    for bigger in ("KiB", "MiB", "GiB"):
+        if value < 1024:
+            break
+        value, unit = value / 1024, bigger
+    return f"{value:.1f} {unit}"
+
+
 class Heartbeat(BaseModel):
     node: str
     agent_id: str
@@ -216,6 +261,9 @@ class Heartbeat(BaseModel):
     memory_percent: float = 0.0
     slots: int = 0
     fragments: dict[str, FragmentRuntime] = Field(default_factory=dict)
+    streams: list[StreamUsage] = Field(
+        default_factory=list, description="Usage of the streams this node hosts and writes."
+    )
 
 
 ActivityEvent = Literal["started", "progress", "stopped", "failed", "finished", "savepointed"]

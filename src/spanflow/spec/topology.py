@@ -24,6 +24,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from spanflow.spec.durations import Duration
+from spanflow.spec.retention import DEFAULT_RETENTION, Retention
 from spanflow.spec.schema import Schema, StreamFormat
 
 NAME = r"^[A-Za-z0-9][A-Za-z0-9_-]*$"
@@ -57,6 +58,11 @@ class Site(BaseModel):
         "domain = the site's name. Its nodes read and buffer their data there, so the "
         "site keeps working while its uplink is down. None: the cluster's server.",
     )
+    retention: Retention = Field(
+        default=DEFAULT_RETENTION,
+        description="Limits of every stream spanflow creates on this site's nodes "
+        "(see spanflow.spec.retention): max_age, max_bytes, discard (new or old).",
+    )
 
     @property
     def partition_name(self) -> str:
@@ -74,6 +80,9 @@ class HostedStream(BaseModel):
     schema_: Schema = Field(default_factory=dict, alias="schema")
     key: str | None = None
     event_time: str | None = None
+    retention: Retention | None = Field(
+        default=None, description="This stream's limits; default: its site's."
+    )
 
 
 class Capabilities(BaseModel):

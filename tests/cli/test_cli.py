@@ -65,12 +65,16 @@ def test_cluster_demo_shows_site_and_global_results_and_exits_cleanly():
         assert re.search(rf"GLOBAL {site} window .* devices=\d+ readings=\d+", out), out[-3000:]
     summary = re.search(
         r"demo finished: ([\d,]+) readings, (\d+) site windows, (\d+) alerts, (\d+) global "
-        r"summaries; pipelines: (.*); (\d+) anomalies detected",
+        r"summaries; pipelines: (.*); (\d+) anomalies detected, (\d+) pattern matches",
         out,
     )
     assert summary, out[-2000:]
     assert int(summary.group(2)) > 0 and int(summary.group(4)) >= 2
     assert summary.group(5).strip() == "factory-monitoring running"
+    # The simulators' machines overheat, then vibrate (≈ 8 a minute per factory): the
+    # event pattern at each factory finds them.
+    assert int(summary.group(7)) > 0, out[-2000:]
+    assert re.search(r"PATTERN factory-[ab]/dev-\d{3} overheat_then_vibration ", out)
     # One pipeline, split by the planner: each factory's part at home, the merge in the cloud.
     assert (
         "submitted factory-monitoring → at-factory-a on edge-a, at-factory-b on edge-b, "

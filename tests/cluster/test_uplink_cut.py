@@ -1,6 +1,8 @@
 """An edge site with its own NATS server loses its uplink for 30+ s mid-stream: the edge
 keeps processing (its results keep growing on its own server) and buffering what the
-cloud needs; when the link returns the cloud's results are complete and exactly-once.
+cloud needs — even when its node reboots during the cut, and starts its local fragment
+again from its site's last-known assignments; when the link returns the cloud's
+results are complete and exactly-once.
 Real processes: hub NATS, an edge NATS (leaf node) behind a cuttable relay, the
 coordinator and two agents with their own Spark."""
 
@@ -134,6 +136,17 @@ def test_edge_keeps_working_through_a_cut_uplink_and_the_cloud_catches_up_exactl
         "uplink.at-plant": ("edge-1", 1),
         "uplink.global": ("cloud-1", 1),
     }
+    # The edge node reboots while cut off: the control plane's assignments are out of
+    # reach, its site's server still has the last-known ones, and it runs them again.
+    cluster.kill("node-edge-1")
+    cluster.start_node("edge-1")
+    after_reboot = readings(2000, 2600)
+    publish(edge_url, "CUT_IN", "cutin.r", after_reboot)
+    during += after_reboot
+    valid_total += sum(r["v"] >= 0 for r in after_reboot)
+    wait_for(lambda: len(read_records(edge_url, "EDGE_SEEN")) >= valid_total, timeout=240)
+    assert len(read_records(edge_url, "EDGE_SEEN")) == valid_total  # nothing twice
+    # (Its heartbeats reach the coordinator only once the link is back; checked below.)
     # Hold the cut for its full length (the scenario's parameter, not a synchronisation).
     time.sleep(max(0.0, CUT_SECONDS - (time.monotonic() - cut_at)))
     assert got_windows(hub_url) == windows_during_cut  # nothing crossed while cut
@@ -152,6 +165,11 @@ def test_edge_keeps_working_through_a_cut_uplink_and_the_cloud_catches_up_exactl
     assert got_windows(hub_url) == expected  # complete, nothing twice
     caught_up = time.monotonic() - restored_at
     wait_for(lambda: _node_state(api, "edge-1") == "alive", timeout=60)
+    # The rebooted node reached the control plane again and watches its assignments.
+    wait_for(
+        lambda: not api.call("GET", "/api/v1/nodes/edge-1")["last_known_assignments"],
+        timeout=60,
+    )
     wait_for(lambda: api.call("GET", "/api/v1/pipelines/uplink")["state"] == "running", timeout=60)
     final = api.call("GET", "/api/v1/pipelines/uplink")
     assert [f["epoch"] for f in final["fragments"]] == [1, 1]  # never moved or restarted

@@ -141,8 +141,18 @@ def node(
             "interval; give nodes that share a machine different ones.",
         ),
     ] = 0.0,
+    state_dir: Annotated[
+        Path | None,
+        typer.Option(
+            help="Where the agent keeps its last registration, to start without the "
+            "coordinator (default: spanflow's data dir)."
+        ),
+    ] = None,
 ) -> None:
-    """Run a node agent: register, heartbeat, run assigned fragments as Spark queries."""
+    """Run a node agent: register (retrying for as long as it takes), heartbeat, run
+    assigned fragments as Spark queries. A node that registered before starts from its
+    saved registration and its site's last-known assignments when the coordinator
+    cannot be reached."""
     from spanflow.runtime.agent import AgentSettings, NodeAgent, detect_capabilities
     from spanflow.spec.topology import Capabilities
 
@@ -170,6 +180,7 @@ def node(
         capabilities=caps,
         master=master,
         batch_offset=batch_offset,
+        state_dir=state_dir,
     )
     stop = _Interrupted()
     try:
@@ -523,6 +534,8 @@ class LocalCluster:
                 self.url,
                 "--batch-offset",
                 f"{offset:.4f}",
+                "--state-dir",
+                str(self.data_dir / "agents"),
             ],
         )
 

@@ -1091,6 +1091,7 @@ class Coordinator:
             "last_heartbeat_s": round(time.monotonic() - seen, 2) if seen is not None else None,
             "streams": [u.model_dump() for u in hb.streams] if hb else [],
             "warnings": [u.warning for u in hb.streams if u.warning] if hb else [],
+            "last_known_assignments": hb.last_known if hb else False,
         }
 
     def cluster_metrics(self) -> dict[str, Any]:

@@ -14,6 +14,7 @@ thread only.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import queue
@@ -24,11 +25,13 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import httpx
 import psutil
 from nats.js import JetStreamContext
+from nats.js.errors import KeyNotFoundError, NoKeysError
 from nats.js.kv import KeyValue
 
 from spanflow.errors import SpanflowError
@@ -39,8 +42,10 @@ from spanflow.nats.cluster import (
     activity_subject,
     ensure_kv,
 )
+from spanflow.nats.server import default_data_dir
 from spanflow.nats.streams import SyncNats, ensure_stream, stream_usage
 from spanflow.runtime.executor import FragmentExecutor
+from spanflow.runtime.registration import LAST_ASSIGNMENTS_BUCKET, Backoff, RegistrationCache
 from spanflow.spec.cluster import (
     Activity,
     ActivityEvent,
@@ -57,6 +62,8 @@ log = logging.getLogger(__name__)
 PROGRESS_EVERY = 5.0
 RETRY_AFTER = 5.0
 USAGE_EVERY = 10.0
+REJOIN_EVERY = 10.0
+"""Longest wait between attempts to reach the control plane after starting without it."""
 """Seconds between looks at how full the streams this node uses are (in heartbeats)."""
 
 
@@ -72,7 +79,11 @@ class AgentSettings:
     token: str | None = None
     capabilities: Capabilities | None = None
     master: str | None = None
-    register_timeout: float = 120.0
+    offline_after: float = 10.0
+    """Seconds without an answer from the coordinator after which a node that has
+    registered before starts from its saved registration (it keeps trying)."""
+    state_dir: Path | None = None
+    """Where the agent keeps its last registration (default: spanflow's data dir)."""
     spark_conf: dict[str, str] = field(default_factory=dict)
     batch_offset: float = 0.0
     """Shift of this node's batch start slots, a fraction of the trigger interval: nodes
@@ -113,10 +124,21 @@ class NodeAgent:
         self._executor: FragmentExecutor | None = None
         self._last_progress = 0.0
         self.ready = threading.Event()
+        directory = settings.state_dir or default_data_dir() / "agents"
+        self._cache = RegistrationCache(directory, settings.name)
+        self.offline = False
+        """Started from the saved registration; not registered with a coordinator yet."""
+        self._site_kv: KeyValue | None = None
+        self._stop: threading.Event | None = None
+        self._bg: list[asyncio.Task[None]] = []
 
     # -- registration ----------------------------------------------------------------
-    def register(self) -> dict[str, Any]:
-        """Register (retrying while the coordinator is unreachable); 4xx answers are final."""
+    def register(self, *, once: bool = False) -> dict[str, Any] | None:
+        """Register, retrying with back-off for as long as it takes (4xx answers are
+        final). A node that registered before starts from its saved registration once
+        the coordinator has not answered for ``offline_after`` seconds (``offline``
+        is then set; registration goes on in the background). ``once``: one attempt,
+        None when the coordinator cannot be reached."""
         s = self.settings
         body = {
             "name": s.name,
@@ -127,31 +149,54 @@ class NodeAgent:
             "detected": detect_capabilities().model_dump(),
         }
         headers = {"Authorization": f"Bearer {s.token}"} if s.token else {}
-        deadline = time.monotonic() + s.register_timeout
         url = s.coordinator_url.rstrip("/") + "/api/v1/nodes"
+        backoff = Backoff()
+        offline_at = time.monotonic() + s.offline_after
         while True:
             try:
                 r = httpx.post(url, json=body, headers=headers, timeout=10)
+                problem = f"answered {r.status_code}" if r.status_code >= 500 else ""
             except httpx.HTTPError as exc:
-                if time.monotonic() > deadline:
-                    raise AgentError(
-                        f"coordinator {s.coordinator_url} unreachable: {exc}"
-                    ) from None
-                time.sleep(1.0)
-                continue
-            if r.status_code >= 500 and time.monotonic() < deadline:
-                time.sleep(1.0)
-                continue
-            if r.status_code >= 400:
-                raise AgentError(f"registration refused ({r.status_code}): {_detail(r)}")
-            answer: dict[str, Any] = r.json()
-            self.nats_url = answer["nats_url"]
-            self.control_domain = answer.get("control_domain")
-            self.site_domain = answer.get("site_domain")
-            if answer.get("retention"):
-                self.retention = Retention.model_validate(answer["retention"])
-            self.interval = float(answer["heartbeat_interval"])
-            return answer
+                problem = str(exc) or type(exc).__name__
+            if not problem:
+                break
+            if once:
+                return None
+            saved = self._cache.load()
+            if saved is not None and time.monotonic() >= offline_at:
+                log.warning(
+                    "coordinator %s unreachable (%s): starting from the registration saved "
+                    "in %s; registering again in the background",
+                    s.coordinator_url,
+                    problem,
+                    self._cache.path,
+                )
+                self.offline = True
+                self._apply(saved)
+                return saved
+            delay = backoff.next()
+            log.warning(
+                "coordinator %s unreachable (%s); retrying in %.1f s",
+                s.coordinator_url,
+                problem,
+                delay,
+            )
+            time.sleep(delay)
+        if r.status_code >= 400:
+            raise AgentError(f"registration refused ({r.status_code}): {_detail(r)}")
+        answer: dict[str, Any] = r.json()
+        self._apply(answer)
+        self._cache.save(answer)
+        self.offline = False
+        return answer
+
+    def _apply(self, answer: dict[str, Any]) -> None:
+        self.nats_url = answer["nats_url"]
+        self.control_domain = answer.get("control_domain")
+        self.site_domain = answer.get("site_domain")
+        if answer.get("retention"):
+            self.retention = Retention.model_validate(answer["retention"])
+        self.interval = float(answer["heartbeat_interval"])
 
     # -- main loop -------------------------------------------------------------------
     def _ensure_hosted_streams(self, node: dict[str, Any]) -> None:
@@ -172,19 +217,36 @@ class NodeAgent:
 
         ``after_spark`` runs once the SparkSession exists (PySpark replaces the process's
         SIGINT handler when it starts; the CLI puts its own back there)."""
+        self._stop = stop
         answer = self.register()
+        assert answer is not None
         log.info(
-            "node %s registered (agent %s); NATS %s",
+            "node %s %s (agent %s); NATS %s",
             self.settings.name,
+            "starting from its saved registration" if self.offline else "registered",
             self.agent_id,
             self.nats_url,
         )
         client = self._client = SyncNats(self.nats_url)
         self._control_js = client.nc.jetstream(domain=self.control_domain)
-        control = self._control_js
-        self._kv = client.run(lambda: ensure_kv(control, ASSIGNMENTS_BUCKET))
+        if self.site_domain is not None:
+            site = client.nc.jetstream(domain=self.site_domain)
+            self._site_kv = client.run(lambda: ensure_kv(site, LAST_ASSIGNMENTS_BUCKET))
         self._ensure_hosted_streams(answer["node"])
-        client.run(self._start_background)
+        if not self._connect_control():
+            if self._site_kv is None:
+                raise AgentError(f"the control plane at {self.nats_url} is unreachable")
+            self._desired = client.run(self._last_known)
+            log.warning(
+                "control plane unreachable: running the %d last-known assignment(s) of %s "
+                "from site %s; reconciling when it returns",
+                len(self._desired),
+                self.settings.name,
+                self.site_domain,
+            )
+        client.run(self._start_heartbeats)
+        if self.offline or self._kv is None:
+            threading.Thread(target=self._rejoin, name="rejoin", daemon=True).start()
         from spanflow.spark.session import build_session  # Spark only once registered
 
         cores = int(answer["node"]["spec"]["capabilities"]["cores"])
@@ -216,24 +278,115 @@ class NodeAgent:
             self._executor.stop_all()
             client.close()
 
-    async def _start_background(self) -> None:
-        import asyncio
+    def _connect_control(self) -> bool:
+        """Open the assignments bucket and watch this node's keys; False when the
+        control plane's JetStream cannot be reached (an edge site's uplink is down)."""
+        client, control = self._client, self._control_js
+        assert client is not None and control is not None
+        try:
+            self._kv = client.run(lambda: ensure_kv(control, ASSIGNMENTS_BUCKET), timeout=15)
+        except Exception as exc:
+            log.warning("assignments unreachable: %s", exc or type(exc).__name__)
+            return False
+        client.run(self._start_watch)
+        return True
 
-        assert self._kv is not None and self._client is not None
+    def _rejoin(self) -> None:
+        """In the background, with back-off: register with a coordinator and reach the
+        control plane's assignments; the main loop then reconciles with them."""
+        backoff = Backoff(initial=1.0, cap=REJOIN_EVERY)
+        stop = self._stop
+        while stop is None or not stop.is_set():
+            if self.offline:
+                try:
+                    self.register(once=True)
+                except AgentError as exc:
+                    log.error("registration refused: %s", exc)
+            if self._kv is None and self._connect_control():
+                log.info("control plane reachable again: reconciling with its assignments")
+            if not self.offline and self._kv is not None:
+                log.info("node %s registered (agent %s)", self.settings.name, self.agent_id)
+                return
+            delay = backoff.next()
+            if stop is not None:
+                stop.wait(delay)
+            else:  # pragma: no cover - run() always sets it
+                time.sleep(delay)
+
+    async def _last_known(self) -> dict[str, Assignment]:
+        """This node's assignments as its site's server last saw them."""
+        kv = self._site_kv
+        assert kv is not None
+        prefix = f"{self.settings.name}."
+        try:
+            keys = [k for k in await kv.keys() if k.startswith(prefix)]
+        except NoKeysError:
+            return {}
+        out: dict[str, Assignment] = {}
+        for key in keys:
+            try:
+                entry = await kv.get(key)
+                if entry.value:
+                    out[key.partition(".")[2]] = Assignment.model_validate_json(entry.value)
+            except (KeyNotFoundError, ValueError) as exc:
+                log.error("unreadable last-known assignment %s: %s", key, exc)
+        return out
+
+    async def _remember(self, key: str, value: bytes | None) -> None:
+        """Keep the site's copy of this node's assignments current."""
+        kv = self._site_kv
+        if kv is None:
+            return
+        try:
+            if value is None:
+                await kv.delete(key)
+            else:
+                await kv.put(key, value)
+        except Exception as exc:
+            log.warning("last-known assignment %s not kept: %s", key, exc)
+
+    async def _forget_others(self, current: set[str]) -> None:
+        """After the control plane's current assignments arrived: the site's copies of
+        any others are stale (removed while this node was away)."""
+        kv = self._site_kv
+        if kv is None:
+            return
+        prefix = f"{self.settings.name}."
+        try:
+            keys = [k for k in await kv.keys() if k.startswith(prefix)]
+        except NoKeysError:
+            return
+        for key in set(keys) - current:
+            await self._remember(key, None)
+
+    async def _start_watch(self) -> None:
+        assert self._kv is not None
         watcher = await self._kv.watch(f"{self.settings.name}.>")
 
         async def watch() -> None:
+            current: set[str] | None = set()  # keys of the initial values, until they end
             async for entry in watcher:
                 if entry is None:
+                    if current is not None:
+                        await self._forget_others(current)
+                        current = None
                     continue
                 if entry.operation in ("DEL", "PURGE") or not entry.value:
                     self._changes.put((entry.key, None))
-                else:
-                    try:
-                        self._changes.put((entry.key, Assignment.model_validate_json(entry.value)))
-                    except ValueError as exc:
-                        log.error("unreadable assignment %s: %s", entry.key, exc)
+                    await self._remember(entry.key, None)
+                    continue
+                try:
+                    self._changes.put((entry.key, Assignment.model_validate_json(entry.value)))
+                except ValueError as exc:
+                    log.error("unreadable assignment %s: %s", entry.key, exc)
+                    continue
+                await self._remember(entry.key, entry.value)
+                if current is not None:
+                    current.add(entry.key)
 
+        self._bg.append(asyncio.get_running_loop().create_task(watch()))
+
+    async def _start_heartbeats(self) -> None:
         async def heartbeat() -> None:
             psutil.cpu_percent(interval=None)
             while True:
@@ -247,6 +400,7 @@ class NodeAgent:
                     slots=len(self._desired),
                     fragments=dict(self._runtime),
                     streams=await self._stream_usage(),
+                    last_known=self._kv is None,
                 )
                 assert self._client is not None
                 try:
@@ -257,8 +411,7 @@ class NodeAgent:
                     log.warning("heartbeat not sent: %s", exc)
                 await asyncio.sleep(self.interval)
 
-        loop = asyncio.get_running_loop()
-        self._bg = [loop.create_task(watch()), loop.create_task(heartbeat())]
+        self._bg.append(asyncio.get_running_loop().create_task(heartbeat()))
 
     async def _stream_usage(self) -> list[StreamUsage]:
         """How full the streams this node hosts and its fragments use are; looked at

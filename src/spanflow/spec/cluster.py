@@ -264,6 +264,10 @@ class Heartbeat(BaseModel):
     streams: list[StreamUsage] = Field(
         default_factory=list, description="Usage of the streams this node hosts and writes."
     )
+    last_known: bool = Field(
+        default=False,
+        description="Running its last-known assignments: the control plane's are out of reach.",
+    )
 
 
 ActivityEvent = Literal["started", "progress", "stopped", "failed", "finished", "savepointed"]

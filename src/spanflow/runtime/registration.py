@@ -1,0 +1,89 @@
+"""How a node agent keeps trying to join its cluster, and what it remembers so that an
+edge node can restart alone.
+
+An edge node may reboot while its uplink is down: the coordinator is out of reach,
+but the node's site server, its streams and its fragments' checkpoints are local.
+The agent therefore never gives up registering (:class:`Backoff`, retries forever with
+capped exponential delays), and remembers its last registration on its own disk
+(:class:`RegistrationCache`): which NATS server and JetStream domains it uses, its
+site's stream limits. With that and the last-known assignments its site's server
+keeps (:data:`LAST_ASSIGNMENTS_BUCKET`), it runs its local fragments again and
+reconciles with the control plane when it returns.
+
+>>> b = Backoff(initial=1.0, cap=8.0, jitter=0.0)
+>>> [b.next() for _ in range(6)]
+[1.0, 2.0, 4.0, 8.0, 8.0, 8.0]
+>>> b.reset(); b.next()
+1.0
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+LAST_ASSIGNMENTS_BUCKET = "spanflow_last_assignments"
+"""On a site's own server: each node's assignments as it last saw them (``<node>.<fragment>``),
+so that the node can start them while the control plane is out of reach."""
+
+
+@dataclass
+class Backoff:
+    """Delays between attempts: ``initial``, doubling up to ``cap``, each spread by
+    ±``jitter`` so that the nodes of a site that lost the coordinator together do not
+    all retry at the same instant."""
+
+    initial: float = 0.5
+    factor: float = 2.0
+    cap: float = 30.0
+    jitter: float = 0.2
+    rng: random.Random = field(default_factory=random.Random)
+    _delay: float = field(default=0.0, init=False)
+
+    def next(self) -> float:
+        """The delay before the next attempt."""
+        delay = self._delay = (
+            self.initial if self._delay == 0.0 else min(self.cap, self._delay * self.factor)
+        )
+        return delay * (1 + self.jitter * (2 * self.rng.random() - 1))
+
+    def reset(self) -> None:
+        """After a success: the next failure starts from ``initial`` again."""
+        self._delay = 0.0
+
+
+class RegistrationCache:
+    """The node's last registration answer, in ``<directory>/<node>.registration.json``
+    (readable by its owner only: the NATS URL may carry credentials)."""
+
+    def __init__(self, directory: Path, node: str) -> None:
+        self.path = directory / f"{node}.registration.json"
+
+    def save(self, answer: dict[str, Any]) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump(answer, f)
+        os.replace(tmp, self.path)
+
+    def load(self) -> dict[str, Any] | None:
+        """The saved answer, or None (never saved, or unreadable: then say so)."""
+        try:
+            data = json.loads(self.path.read_text())
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as exc:
+            log.warning("ignoring the saved registration %s: %s", self.path, exc)
+            return None
+        if not isinstance(data, dict) or "nats_url" not in data or "node" not in data:
+            log.warning("ignoring the saved registration %s: not a registration", self.path)
+            return None
+        return data

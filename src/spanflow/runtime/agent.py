@@ -556,7 +556,8 @@ class NodeAgent:
                 lambda: control.publish(
                     subject, act.model_dump_json().encode(), stream=ACTIVITY_STREAM
                 ),
-                timeout=10,
+                # cut off from the control plane: do not hold the main loop for long
+                timeout=10 if self._kv is not None else 2,
             )
         except Exception as exc:
             log.warning("activity report %s for %s not sent: %s", event, rt.fragment_id, exc)

@@ -93,7 +93,6 @@ class CompiledRule:
         return CompiledRule(spec, nfa, select, spec.fingerprint(), gate_fn, frozenset(fields))
 
 
-_NO_STAGES: dict[str, list[Any]] = {}
 _compiled: dict[str, CompiledRule] = {}
 
 

@@ -317,13 +317,8 @@ class NodeAgent:
         """This node's assignments as its site's server last saw them."""
         kv = self._site_kv
         assert kv is not None
-        prefix = f"{self.settings.name}."
-        try:
-            keys = [k for k in await kv.keys() if k.startswith(prefix)]
-        except NoKeysError:
-            return {}
         out: dict[str, Assignment] = {}
-        for key in keys:
+        for key in await self._site_keys():
             try:
                 entry = await kv.get(key)
                 if entry.value:
@@ -331,6 +326,16 @@ class NodeAgent:
             except (KeyNotFoundError, ValueError) as exc:
                 log.error("unreadable last-known assignment %s: %s", key, exc)
         return out
+
+    async def _site_keys(self) -> list[str]:
+        """This node's keys in its site's copy of its assignments."""
+        kv = self._site_kv
+        assert kv is not None
+        prefix = f"{self.settings.name}."
+        try:
+            return [k for k in await kv.keys() if k.startswith(prefix)]
+        except NoKeysError:
+            return []
 
     async def _remember(self, key: str, value: bytes | None) -> None:
         """Keep the site's copy of this node's assignments current."""
@@ -351,12 +356,7 @@ class NodeAgent:
         kv = self._site_kv
         if kv is None:
             return
-        prefix = f"{self.settings.name}."
-        try:
-            keys = [k for k in await kv.keys() if k.startswith(prefix)]
-        except NoKeysError:
-            return
-        for key in set(keys) - current:
+        for key in set(await self._site_keys()) - current:
             await self._remember(key, None)
 
     async def _start_watch(self) -> None:

@@ -105,8 +105,8 @@ def test_rule_files_name_the_line_and_field():
 
 
 def test_rest_endpoints(tmp_path):
-    from spanflow.control.rest import create_app
     from spanflow.nats.server import EmbeddedNats
+    from spanflow.server.app import create_app
     from tests.cluster.test_coordinator_api import AUTH, coordinator
 
     with warnings.catch_warnings():

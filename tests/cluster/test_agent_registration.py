@@ -16,10 +16,10 @@ import pytest
 
 from spanflow.api.topology_loader import load_topology_text
 from spanflow.control.coordinator import Coordinator, CoordinatorSettings
-from spanflow.control.rest import create_app
 from spanflow.nats.server import EmbeddedNats
 from spanflow.runtime.agent import AgentSettings, NodeAgent
 from spanflow.runtime.registration import RegistrationCache
+from spanflow.server.app import create_app
 from tests.helpers import wait_for
 
 with warnings.catch_warnings():

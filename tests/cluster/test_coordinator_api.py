@@ -12,8 +12,8 @@ import pytest
 
 from spanflow.api.topology_loader import load_topology_text
 from spanflow.control.coordinator import Coordinator, CoordinatorSettings
-from spanflow.control.rest import create_app
 from spanflow.nats.server import EmbeddedNats
+from spanflow.server.app import create_app
 from tests.helpers import wait_for
 
 with warnings.catch_warnings():
@@ -235,7 +235,15 @@ def test_metrics_and_log(api: TestClient) -> None:
     assert 'spanflow_nodes{state="alive"} 1.0' in text
     assert "spanflow_slots_used 1.0" in text
     kinds = [r["kind"] for r in api.get("/api/v1/cluster/log", headers=AUTH).json()]
-    assert kinds == ["topology", "node-registered", "pipeline-submitted", "assign"]
+    assert kinds == [
+        "leader",  # the coordinator took office (epoch 1)
+        "topology",
+        "node-declared",  # a1 and c1, from the topology file
+        "node-declared",
+        "node-registered",
+        "pipeline-submitted",
+        "assign",
+    ]
     spec = api.get("/openapi.json").json()
     assert "/api/v1/pipelines/{name}/savepoint" in spec["paths"]
 
@@ -283,18 +291,19 @@ def test_log_records_are_applied_after_a_crash_between_append_and_apply(
     """A decision in the log whose KV writes never happened is applied on restart."""
     import asyncio
 
-    from spanflow.control.store import ClusterStore, ControlRecord, put
-    from spanflow.nats.cluster import NODES_BUCKET, WAL_PREFIX
+    from spanflow.control.log import ControlLog
+    from spanflow.control.records import NodeRegistered, encode
+    from spanflow.nats.cluster import WAL_PREFIX
     from spanflow.nats.streams import connect
     from spanflow.spec.cluster import NodeRecord, NodeState
     from spanflow.spec.topology import NodeSpec
 
     async def crash_mid_commit() -> None:
         nc = await connect(server.url)
-        await ClusterStore.open(nc)  # the buckets and log exist, as after a first start
+        await ControlLog.open(nc)  # the buckets and log exist, as after a first start
         record = NodeRecord(spec=NodeSpec(name="ghost", site="edge-a"), state=NodeState.ALIVE)
-        entry = ControlRecord(kind="node-registered", writes=[put(NODES_BUCKET, "ghost", record)])
-        await nc.jetstream().publish(f"{WAL_PREFIX}.{entry.kind}", entry.model_dump_json().encode())
+        entry = NodeRegistered(at=1.0, node=record)
+        await nc.jetstream().publish(f"{WAL_PREFIX}.{entry.kind}", encode(entry))
         await nc.close()  # "crash": appended, never applied
 
     asyncio.run(crash_mid_commit())
@@ -453,6 +462,6 @@ def _move_home(api: TestClient, server: EmbeddedNats, tmp_path: Path) -> None:
     wait_for(moved_home, timeout=10)
     log = api.get("/api/v1/cluster/log?limit=1000", headers=AUTH).json()
     start = next(r for r in log if r["kind"] == "move-start")
-    assert start["detail"]["from"] == "c1" and start["detail"]["to"] == "a1"
+    assert start["detail"]["node"] == "c1" and start["detail"]["to"] == "a1"
     assert "joined: at edge-a, where IN_A is born" in start["detail"]["reason"]
-    assert any(r["kind"] == "move-done" and r["detail"]["epoch"] == 3 for r in log)
+    assert any(r["kind"] == "move-done" and r["detail"]["fragment_epoch"] == 3 for r in log)

@@ -17,8 +17,8 @@ from spanflow.api import load_pipeline_text
 from spanflow.api.topology_loader import load_topology_text
 from spanflow.cli import app
 from spanflow.control.coordinator import Coordinator, CoordinatorSettings
-from spanflow.control.rest import create_app
 from spanflow.nats.server import EmbeddedNats
+from spanflow.server.app import create_app
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")

@@ -158,8 +158,8 @@ def test_registry_decisions():
 def test_rest_endpoints_need_the_token_and_work_end_to_end(tmp_path):
     import warnings
 
-    from spanflow.control.rest import create_app
     from spanflow.nats.server import EmbeddedNats
+    from spanflow.server.app import create_app
     from tests.cluster.test_coordinator_api import AUTH, coordinator
 
     with warnings.catch_warnings():
@@ -208,8 +208,8 @@ def test_a_models_needs_pin_the_pipelines_that_score_with_it(tmp_path):
     pipeline scoring with a model the registry lacks is refused with the reason."""
     import warnings
 
-    from spanflow.control.rest import create_app
     from spanflow.nats.server import EmbeddedNats
+    from spanflow.server.app import create_app
     from tests.cluster.test_coordinator_api import AUTH, coordinator
 
     with warnings.catch_warnings():

@@ -31,7 +31,8 @@ CoordinatorOption = Annotated[
     typer.Option(
         "--coordinator",
         envvar="SPANFLOW_COORDINATOR",
-        help="Coordinator URL (env SPANFLOW_COORDINATOR).",
+        help="Coordinator URL, or the URLs of all replicas comma-separated "
+        "(env SPANFLOW_COORDINATOR).",
     ),
 ]
 TokenOption = Annotated[
@@ -78,14 +79,26 @@ def coordinator(
         typer.Option(help="JetStream domain of the NATS server (needed by sites with their own)."),
     ] = None,
     token: TokenOption = None,
+    name: Annotated[
+        str, typer.Option(help="Replica name, unique among the coordinators.")
+    ] = "coordinator",
+    replicas: Annotated[
+        int, typer.Option(help="Copies of the control log and buckets (3 on a NATS cluster).")
+    ] = 1,
+    lease: Annotated[
+        float, typer.Option(help="Seconds a silent leader keeps the lease before a standby leads.")
+    ] = 3.0,
 ) -> None:
-    """Run the coordinator: REST API, registry, pipeline manager, failure detection."""
+    """Run a coordinator: REST API, registry, pipeline manager, failure detection.
+
+    Several coordinators on one NATS cluster (each with its own ``--name``) elect one
+    leader; the others answer reads, redirect writes to it and take over if it dies."""
     import uvicorn
 
     from spanflow.api.topology_loader import load_topology
     from spanflow.cli.common import nats_url
     from spanflow.control.coordinator import Coordinator, CoordinatorSettings
-    from spanflow.control.rest import create_app
+    from spanflow.server.app import create_app
 
     _logging()
     try:
@@ -101,6 +114,9 @@ def coordinator(
             hub_domain=hub_domain,
             token=token or None,
             topology=topo,
+            name=name,
+            replicas=replicas,
+            lease_seconds=lease,
         )
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -109,6 +125,8 @@ def coordinator(
         except OSError as exc:
             raise fail(SpanflowError(f"cannot listen on {host}:{port}: {exc.strerror}")) from None
         actual = sock.getsockname()[1]
+        shown = socket.gethostname() if host in ("0.0.0.0", "::") else host
+        settings.url = f"http://{shown}:{actual}"
         if port_file:
             port_file.write_text(str(actual))
         err.print(
@@ -148,6 +166,13 @@ def node(
             "coordinator (default: spanflow's data dir)."
         ),
     ] = None,
+    nats: Annotated[
+        str | None,
+        typer.Option(
+            help="Reach NATS at this URL instead of the one the coordinator names "
+            "(a proxy or another route to the same server)."
+        ),
+    ] = None,
 ) -> None:
     """Run a node agent: register (retrying for as long as it takes), heartbeat, run
     assigned fragments as Spark queries. A node that registered before starts from its
@@ -181,6 +206,7 @@ def node(
         master=master,
         batch_offset=batch_offset,
         state_dir=state_dir,
+        nats_url=nats,
     )
     stop = _Interrupted()
     try:
@@ -191,17 +217,25 @@ def node(
 
 # -- the REST client ---------------------------------------------------------------------
 class Api:
-    def __init__(self, url: str, token: str | None) -> None:
-        self.url = url.rstrip("/")
-        self.headers = {"Authorization": f"Bearer {token}"} if token else {}
+    """The coordinators' API for CLI commands: fails over along the URL list and waits
+    out an election (a few seconds) before giving up."""
+
+    def __init__(self, url: str, token: str | None, patience: float = 15.0) -> None:
+        from spanflow.protocol.client import CoordinatorClient
+
+        self.client = CoordinatorClient(url, token, patience=patience)
+
+    @property
+    def url(self) -> str:
+        return self.client.url
 
     def call(self, method: str, path: str, body: Any = None) -> Any:
+        from spanflow.protocol.client import CoordinatorUnreachable
+
         try:
-            r = httpx.request(
-                method, f"{self.url}{path}", json=body, headers=self.headers, timeout=30
-            )
-        except httpx.HTTPError as exc:
-            raise SpanflowError(f"coordinator {self.url} unreachable: {exc}") from None
+            r = self.client.request(method, path, body)
+        except CoordinatorUnreachable as exc:
+            raise SpanflowError(f"no coordinator answered: {exc}") from None
         if r.status_code >= 400:
             try:
                 detail = r.json().get("detail")
@@ -385,8 +419,15 @@ class LocalCluster:
         heartbeat: float = 1.0,
         site_servers: bool = False,
         wan_delay: float = 0.0,
+        ha: bool = False,
     ) -> None:
         from spanflow.api.topology_loader import load_topology
+
+        if ha and site_servers:
+            raise SpanflowError(
+                "--ha runs the hub as a three-server NATS cluster; give edge sites their own "
+                "servers without it (--shared-server with --ha)"
+            )
 
         self.topology_path = topology_path
         self.topology = load_topology(topology_path)
@@ -396,8 +437,13 @@ class LocalCluster:
         self.heartbeat = heartbeat
         self.site_servers = site_servers
         self.wan_delay = wan_delay
+        self.ha = ha
+        self.coordinators = (
+            ["coordinator-1", "coordinator-2", "coordinator-3"] if ha else ["coordinator"]
+        )
+        """Process names of the coordinator replicas (three with ``ha``)."""
+        self.coordinator_urls: dict[str, str] = {}
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
-        self.url = ""
         self.site_urls: dict[str, str] = {}
         """Edge site → its own NATS server's URL (with ``site_servers``)."""
         self.relays: dict[str, Any] = {}
@@ -407,44 +453,68 @@ class LocalCluster:
 
     def start(self) -> LocalCluster:
         from spanflow.nats import EmbeddedNats
+        from spanflow.nats.server import NatsCluster
 
         logs = self.data_dir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         edges = self._edge_sites() if self.site_servers else []
-        self._nats = EmbeddedNats(
-            self.data_dir / "nats",
-            name="hub",
-            domain=self.HUB_DOMAIN if edges else None,
-            leaf_listen=bool(edges),
-        ).start()
+        if self.ha:
+            self._nats = NatsCluster(self.data_dir / "nats-cluster", 3, name="hub").start()
+        else:
+            self._nats = EmbeddedNats(
+                self.data_dir / "nats",
+                name="hub",
+                domain=self.HUB_DOMAIN if edges else None,
+                leaf_listen=bool(edges),
+            ).start()
         self.nats_url = self._nats.url
-        topology_path = self.topology_path
+        self._topology_for_coordinator = self.topology_path
         if edges:
             self._start_site_servers(edges)
-            topology_path = self.data_dir / "topology.effective.json"
-            topology_path.write_text(self._effective_topology())
-        self._coordinator_args = [
-            "coordinator",
-            "--nats",
-            self.nats_url,
-            "--topology",
-            str(topology_path),
-            "--port",
-            str(self.port),
-            "--port-file",
-            str(self._port_file),
-            "--data-dir",
-            str(self.data_dir),
-            "--heartbeat",
-            str(self.heartbeat),
-        ]
-        if edges:
-            self._coordinator_args += ["--hub-domain", self.HUB_DOMAIN]
-        self.start_coordinator()
+            self._topology_for_coordinator = self.data_dir / "topology.effective.json"
+            self._topology_for_coordinator.write_text(self._effective_topology())
+        for name in self.coordinators:
+            self.start_coordinator(name)
         for n in self.topology.nodes:
             if n.local:
                 self.start_node(n.name)
         return self
+
+    @property
+    def url(self) -> str:
+        """Every coordinator's URL, comma-separated (what ``--coordinator`` takes)."""
+        return ",".join(self.coordinator_urls[n] for n in self.coordinators)
+
+    def _coordinator_port(self, name: str, index: int) -> int:
+        """A restarted replica keeps its port: clients hold the list of URLs."""
+        if name in self.coordinator_urls:
+            return int(self.coordinator_urls[name].rsplit(":", 1)[1])
+        return self.port + index if self.port else 0
+
+    def _coordinator_args(self, name: str) -> list[str]:
+        index = self.coordinators.index(name)
+        args = [
+            "coordinator",
+            "--nats",
+            self.nats_url,
+            "--topology",
+            str(self._topology_for_coordinator),
+            "--port",
+            str(self._coordinator_port(name, index)),
+            "--port-file",
+            str(self._port_file(name)),
+            "--data-dir",
+            str(self.data_dir),
+            "--heartbeat",
+            str(self.heartbeat),
+            "--name",
+            name,
+        ]
+        if self.ha:
+            args += ["--replicas", "3"]
+        if self.site_urls:
+            args += ["--hub-domain", self.HUB_DOMAIN]
+        return args
 
     def _edge_sites(self) -> list[str]:
         """Sites with local nodes, other than the cloud site that hosts the hub."""
@@ -497,30 +567,49 @@ class LocalCluster:
             by_alias=True, exclude_none=True
         )
 
-    @property
-    def _port_file(self) -> Path:
-        return self.data_dir / "coordinator.port"
+    def _port_file(self, name: str) -> Path:
+        return self.data_dir / f"{name}.port"
 
-    def start_coordinator(self) -> None:
-        """Start (or restart) the coordinator process and wait until it answers."""
-        port_file = self._port_file
+    def start_coordinator(self, name: str | None = None) -> None:
+        """Start (or restart) a coordinator process and wait until it answers."""
+        name = name or self.coordinators[0]
+        port_file = self._port_file(name)
         port_file.unlink(missing_ok=True)
-        self._spawn("coordinator", self._coordinator_args)
+        self._spawn(name, self._coordinator_args(name))
         deadline = time.monotonic() + 60
         while not port_file.exists() or not port_file.read_text().strip():
-            self._check_alive("coordinator")
+            self._check_alive(name)
             if time.monotonic() > deadline:
-                raise SpanflowError("the coordinator did not start within 60 s")
+                raise SpanflowError(f"{name} did not start within 60 s")
             time.sleep(0.1)
-        self.url = f"http://127.0.0.1:{port_file.read_text().strip()}"
-        self._wait_healthy(deadline)
+        self.coordinator_urls[name] = f"http://127.0.0.1:{port_file.read_text().strip()}"
+        self._wait_healthy(name, deadline)
 
-    def start_node(self, name: str) -> None:
-        """(Re)start one local node's agent process."""
+    def leader(self) -> str | None:
+        """The coordinator process that leads now (None during an election)."""
+        for name in self.coordinators:
+            proc = self.procs.get(name)
+            if proc is None or proc.poll() is not None:
+                continue
+            try:
+                health = httpx.get(f"{self.coordinator_urls[name]}/healthz", timeout=2).json()
+            except (httpx.HTTPError, ValueError):
+                continue
+            if health.get("role") == "leader":
+                return name
+        return None
+
+    def check_coordinators(self) -> None:
+        """Raise when no coordinator process is left running."""
+        if all(self.procs[n].poll() is not None for n in self.coordinators if n in self.procs):
+            self._check_alive(self.coordinators[0])
+
+    def start_node(self, name: str, nats: str | None = None) -> None:
+        """(Re)start one local node's agent process (``nats``: reach NATS there)."""
         spec = next(n for n in self.topology.nodes if n.name == name)
         # The local nodes share this machine's cores: spread their batch slots apart
         # over the first half of the interval (each node's own queries fill the rest).
-        local = [n.name for n in self.topology.nodes if n.local]
+        local = [n.name for n in self.topology.nodes if n.local or n.name == name]
         offset = local.index(name) / (2 * len(local))
         self._spawn(
             f"node-{name}",
@@ -536,6 +625,7 @@ class LocalCluster:
                 f"{offset:.4f}",
                 "--state-dir",
                 str(self.data_dir / "agents"),
+                *(["--nats", nats] if nats else []),
             ],
         )
 
@@ -585,16 +675,17 @@ class LocalCluster:
             tail = (self.data_dir / "logs" / f"{name}.log").read_text(errors="replace")[-2000:]
             raise SpanflowError(f"{name} exited with {proc.returncode}:\n{tail}")
 
-    def _wait_healthy(self, deadline: float) -> None:
+    def _wait_healthy(self, name: str, deadline: float) -> None:
         while True:
-            self._check_alive("coordinator")
+            self._check_alive(name)
             try:
-                if httpx.get(f"{self.url}/healthz", timeout=2).status_code == 200:
+                url = self.coordinator_urls[name]
+                if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
                     return
             except httpx.HTTPError:
                 pass
             if time.monotonic() > deadline:
-                raise SpanflowError("the coordinator did not answer within 60 s")
+                raise SpanflowError(f"{name} did not answer within 60 s")
             time.sleep(0.2)
 
     def api(self) -> Api:
@@ -646,6 +737,14 @@ def up(
         typer.Option(help="One-way delay added between each edge server and the hub, e.g. 30ms."),
     ] = "0s",
     token: TokenOption = None,
+    ha: Annotated[
+        bool,
+        typer.Option(
+            "--ha",
+            help="High availability: a three-server NATS cluster (control log and buckets "
+            "replicated three times) and three coordinators electing a leader.",
+        ),
+    ] = False,
 ) -> None:
     """Start NATS, the coordinator and every local node of a topology, with one status view.
 
@@ -665,18 +764,20 @@ def up(
             directory,
             port=port,
             token=token or None,
-            site_servers=site_servers,
+            site_servers=site_servers and not ha,
             wan_delay=delay,
+            ha=ha,
         )
     except SpanflowError as exc:
         raise fail(exc) from None
     try:
         local = sum(n.local for n in cluster.topology.nodes)
-        err.print(
-            f"starting NATS, the coordinator and {local} nodes (logs in {directory / 'logs'}) …"
-        )
+        what = "three NATS servers, three coordinators" if ha else "NATS, the coordinator"
+        err.print(f"starting {what} and {local} nodes (logs in {directory / 'logs'}) …")
         cluster.start()
         err.print(f"coordinator: {cluster.url}   (export SPANFLOW_COORDINATOR={cluster.url})")
+        if ha:
+            err.print(f"NATS cluster: {cluster.nats_url}; leader: {cluster.leader()}")
         for site, url in cluster.site_urls.items():
             err.print(f"site {site}: NATS {url} (JetStream domain {site})")
         if submit_:
@@ -711,7 +812,7 @@ def _watch(cluster: LocalCluster, stop: _Interrupted, duration: float | None) ->
         else _Null() as live
     ):
         while not stop.event.is_set() and (deadline is None or time.monotonic() < deadline):
-            cluster._check_alive("coordinator")
+            cluster.check_coordinators()
             if live is not None:
                 live.update(view())
             elif time.monotonic() - last > 10:

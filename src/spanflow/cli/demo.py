@@ -466,7 +466,7 @@ def demo(
             while not stop.event.is_set() and (deadline is None or time.monotonic() < deadline):
                 if until_global and all(counts_by_site[s] >= until_global for s in SITES):
                     break
-                cluster._check_alive("coordinator")
+                cluster.check_coordinators()
                 if live is not None:
                     live.update(view())
                     printed.clear()

@@ -15,7 +15,9 @@ PIPELINES_BUCKET = "spanflow_pipelines"
 ASSIGNMENTS_BUCKET = "spanflow_assignments"
 """Keys ``<node>.<fragment id>``: a node agent watches ``<node>.>``."""
 META_BUCKET = "spanflow_meta"
-"""``topology`` (sites and links) and ``applied`` (the last log entry applied)."""
+"""``topology`` (sites and links)."""
+LEADER_BUCKET = "spanflow_leader"
+"""``leader``: the coordinator holding the lease (it expires unless renewed)."""
 
 WAL_STREAM = "SPANFLOW_WAL"
 WAL_PREFIX = "spanflow.wal"
@@ -36,27 +38,45 @@ def activity_subject(node: str, fragment_id: str, event: str) -> str:
 
 
 async def ensure_kv(
-    js: JetStreamContext, bucket: str, *, history: int = 1, ttl: float | None = None
+    js: JetStreamContext,
+    bucket: str,
+    *,
+    history: int = 1,
+    ttl: float | None = None,
+    replicas: int = 1,
 ) -> KeyValue:
-    """The key-value bucket, created on first use (``ttl``: seconds an entry lives)."""
+    """The key-value bucket, created on first use (``ttl``: seconds an entry lives;
+    ``replicas``: copies on a clustered server, 3 to survive the loss of a server)."""
     try:
         return await js.key_value(bucket)
     except BucketNotFoundError:
         return await js.create_key_value(
-            KeyValueConfig(bucket=bucket, history=history, ttl=ttl, storage=StorageType.FILE)
+            KeyValueConfig(
+                bucket=bucket,
+                history=history,
+                ttl=ttl,
+                storage=StorageType.FILE,
+                replicas=replicas,
+            )
         )
 
 
-async def ensure_log_streams(js: JetStreamContext) -> None:
+async def ensure_log_streams(js: JetStreamContext, replicas: int = 1) -> None:
     """The control log (unbounded) and the activity log (bounded per fragment and event)."""
     for config in (
-        StreamConfig(name=WAL_STREAM, subjects=[f"{WAL_PREFIX}.>"], storage=StorageType.FILE),
+        StreamConfig(
+            name=WAL_STREAM,
+            subjects=[f"{WAL_PREFIX}.>"],
+            storage=StorageType.FILE,
+            num_replicas=replicas,
+        ),
         StreamConfig(
             name=ACTIVITY_STREAM,
             subjects=[f"{ACTIVITY_PREFIX}.>"],
             storage=StorageType.FILE,
             max_msgs_per_subject=ACTIVITY_PER_SUBJECT,
             max_age=ACTIVITY_MAX_AGE,
+            num_replicas=replicas,
         ),
     ):
         try:

@@ -40,7 +40,7 @@ _FLOW_CONTROL = b"NATS/1.0 100"
 
 
 def fast_path_supported(url: str) -> bool:
-    parsed = urlparse(url)
+    parsed = urlparse(url.split(",")[0])
     return parsed.scheme in ("nats", "") and not parsed.username and not parsed.password
 
 
@@ -88,7 +88,8 @@ async def read_range_fast(
         return []
     if not fast_path_supported(url):
         return await read_range(nc, stream, start, end, subjects=subjects, idle_check=idle_check)
-    parsed = urlparse(url)
+    # The server the client is connected to now (of a cluster's list, the live one).
+    parsed = nc.connected_url or urlparse(url.split(",")[0])
     reader, writer = await asyncio.open_connection(
         parsed.hostname or "127.0.0.1", parsed.port or 4222, limit=1 << 22
     )

@@ -84,6 +84,10 @@ class EmbeddedNats:
         leaf_listen: bool = False,
         leaf_remote: str | None = None,
         deny_exports: tuple[str, ...] = (),
+        cluster_name: str | None = None,
+        cluster_port: int | None = None,
+        routes: tuple[str, ...] = (),
+        port: int | None = None,
     ) -> None:
         self._own_dir = data_dir is None
         self.data_dir = Path(data_dir or tempfile.mkdtemp(prefix="spanflow-nats-"))
@@ -94,6 +98,12 @@ class EmbeddedNats:
         self.leaf_listen = leaf_listen
         self.leaf_remote = leaf_remote
         self.deny_exports = deny_exports
+        self.cluster_name = cluster_name
+        self.cluster_port = cluster_port
+        self.routes = routes
+        self.port = port
+        """Client port; None: one the server picks (a restart may get another)."""
+        """``nats-route://host:port`` of the cluster's other servers."""
         self.leaf_url = ""
         """``nats-leaf://...`` that other sites' servers connect to (when ``leaf_listen``)."""
         self.url = ""
@@ -109,7 +119,7 @@ class EmbeddedNats:
             js.append(f"domain: {self.domain}")
         lines = [
             f"server_name: {json.dumps(self.name)}",
-            "listen: 127.0.0.1:-1",
+            f"listen: 127.0.0.1:{self.port or -1}",
             f"ports_file_dir: {json.dumps(str(ports_dir))}",
             "max_payload: 8MB",
             "jetstream {\n  " + "\n  ".join(js) + "\n}",
@@ -127,6 +137,13 @@ class EmbeddedNats:
             if os.environ.get("SPANFLOW_LEAF_COMPRESSION"):  # "off" to read the WAN tally
                 remote["compression"] = os.environ["SPANFLOW_LEAF_COMPRESSION"]
             lines.append(f"leafnodes {{\n  remotes: [{json.dumps(remote)}]\n}}")
+        if self.cluster_name:
+            routes = ", ".join(json.dumps(r) for r in self.routes)
+            lines.append(
+                f"cluster {{\n  name: {json.dumps(self.cluster_name)}\n"
+                f"  listen: 127.0.0.1:{self.cluster_port or _free_port()}\n"
+                f"  routes: [{routes}]\n}}"
+            )
         if self.mqtt:
             self.mqtt_port = _free_port()
             lines.append(f"mqtt {{\n  listen: 127.0.0.1:{self.mqtt_port}\n}}")
@@ -175,6 +192,13 @@ class EmbeddedNats:
     def pid(self) -> int | None:
         return self._proc.pid if self._proc else None
 
+    def kill(self) -> None:
+        """SIGKILL the server, as a crash would (its data directory stays)."""
+        proc, self._proc = self._proc, None
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
     def stop(self, timeout: float = 10.0) -> None:
         """Stop the server (idempotent); escalate to SIGKILL if it does not exit."""
         proc, self._proc = self._proc, None
@@ -191,6 +215,62 @@ class EmbeddedNats:
             shutil.rmtree(self.data_dir, ignore_errors=True)
 
     def __enter__(self) -> EmbeddedNats:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+class NatsCluster:
+    """Several servers in one NATS cluster on this machine (JetStream clustered, so
+    streams and KV buckets can be replicated: R3 survives the loss of one server).
+
+    ``url`` lists every server's client URL, comma-separated, which spanflow's clients
+    accept and fail over between."""
+
+    def __init__(self, data_dir: str | Path, size: int = 3, *, name: str = "spanflow") -> None:
+        if size < 1:
+            raise ValueError("a cluster has at least one server")
+        self.data_dir = Path(data_dir)
+        ports = [_free_port() for _ in range(size)]
+        clients = [_free_port() for _ in range(size)]
+        self.servers = [
+            EmbeddedNats(
+                self.data_dir / f"n{i + 1}",
+                name=f"{name}-{i + 1}",
+                cluster_name=name,
+                cluster_port=ports[i],
+                routes=tuple(f"nats-route://127.0.0.1:{p}" for j, p in enumerate(ports) if j != i),
+                port=clients[i],
+            )
+            for i in range(size)
+        ]
+        self._urls: list[str] = []
+
+    @property
+    def url(self) -> str:
+        return ",".join(self._urls)
+
+    def start(self, timeout: float = 30.0) -> NatsCluster:
+        for server in self.servers:
+            server.start(timeout)
+        self._urls = [s.url for s in self.servers]
+        return self
+
+    def restart(self, index: int) -> None:
+        """Start a stopped or killed server again, on its data and its ports."""
+        self.servers[index].start()
+
+    def stop(self) -> None:
+        for server in self.servers:
+            server.stop()
+
+    def __enter__(self) -> NatsCluster:
         return self.start()
 
     def __exit__(

@@ -28,10 +28,16 @@ a pipeline that restarts from its checkpoint replays at most the batches since t
 last commit, within this window."""
 
 
+def server_list(url: str) -> list[str]:
+    """``"nats://a:4222,nats://b:4222"`` → each server of a cluster (one URL: itself)."""
+    return [u.strip() for u in url.split(",") if u.strip()]
+
+
 async def connect(url: str, **options: Any) -> Client:
-    """Connect with settings suited to a long-lived data-path client."""
+    """Connect with settings suited to a long-lived data-path client. ``url`` may list
+    the servers of a cluster, comma-separated: the client fails over between them."""
     return await nats.connect(
-        url,
+        server_list(url),
         connect_timeout=5,
         max_reconnect_attempts=-1,
         reconnect_time_wait=0.5,
@@ -61,6 +67,7 @@ def _limits(retention: Retention) -> dict[str, Any]:
         "max_age": retention.max_age or None,
         "max_bytes": retention.max_bytes or -1,
         "discard": DiscardPolicy.NEW if retention.discard == "new" else DiscardPolicy.OLD,
+        "num_replicas": retention.replicas,
     }
 
 

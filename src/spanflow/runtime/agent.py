@@ -44,6 +44,7 @@ from spanflow.nats.cluster import (
 )
 from spanflow.nats.server import default_data_dir
 from spanflow.nats.streams import SyncNats, ensure_stream, stream_usage
+from spanflow.protocol.client import parse_urls
 from spanflow.runtime.executor import FragmentExecutor
 from spanflow.runtime.registration import LAST_ASSIGNMENTS_BUCKET, Backoff, RegistrationCache
 from spanflow.spec.cluster import (
@@ -88,6 +89,9 @@ class AgentSettings:
     batch_offset: float = 0.0
     """Shift of this node's batch start slots, a fraction of the trigger interval: nodes
     sharing one machine take different ones (:mod:`spanflow.spark.stagger`)."""
+    nats_url: str | None = None
+    """Reach NATS here instead of at the URL the coordinator names (a proxy, a NAT, a
+    different route to the same server)."""
 
 
 def detect_capabilities() -> Capabilities:
@@ -126,6 +130,8 @@ class NodeAgent:
         self.ready = threading.Event()
         directory = settings.state_dir or default_data_dir() / "agents"
         self._cache = RegistrationCache(directory, settings.name)
+        self._next_coordinator = 0
+        """Index (modulo the list) of the coordinator URL to try next."""
         self.offline = False
         """Started from the saved registration; not registered with a coordinator yet."""
         self._site_kv: KeyValue | None = None
@@ -149,23 +155,34 @@ class NodeAgent:
             "detected": detect_capabilities().model_dump(),
         }
         headers = {"Authorization": f"Bearer {s.token}"} if s.token else {}
-        url = s.coordinator_url.rstrip("/") + "/api/v1/nodes"
+        urls = parse_urls(s.coordinator_url)
         backoff = Backoff()
         offline_at = time.monotonic() + s.offline_after
         while True:
+            # Each coordinator of the list in turn (a standby redirects to the leader).
+            url, problem = self._coordinator(urls), ""
             try:
-                r = httpx.post(url, json=body, headers=headers, timeout=10)
+                r = httpx.post(
+                    f"{url}/api/v1/nodes",
+                    json=body,
+                    headers=headers,
+                    timeout=10,
+                    follow_redirects=True,
+                )
                 problem = f"answered {r.status_code}" if r.status_code >= 500 else ""
             except httpx.HTTPError as exc:
                 problem = str(exc) or type(exc).__name__
             if not problem:
                 break
+            self._next_coordinator += 1
+            if self._next_coordinator % len(urls):
+                continue  # try the next coordinator of the list at once
             if once:
                 return None
             saved = self._cache.load()
             if saved is not None and time.monotonic() >= offline_at:
                 log.warning(
-                    "coordinator %s unreachable (%s): starting from the registration saved "
+                    "coordinators %s unreachable (%s): starting from the registration saved "
                     "in %s; registering again in the background",
                     s.coordinator_url,
                     problem,
@@ -176,7 +193,7 @@ class NodeAgent:
                 return saved
             delay = backoff.next()
             log.warning(
-                "coordinator %s unreachable (%s); retrying in %.1f s",
+                "coordinators %s unreachable (%s); retrying in %.1f s",
                 s.coordinator_url,
                 problem,
                 delay,
@@ -190,8 +207,11 @@ class NodeAgent:
         self.offline = False
         return answer
 
+    def _coordinator(self, urls: list[str]) -> str:
+        return urls[self._next_coordinator % len(urls)]
+
     def _apply(self, answer: dict[str, Any]) -> None:
-        self.nats_url = answer["nats_url"]
+        self.nats_url = self.settings.nats_url or answer["nats_url"]
         self.control_domain = answer.get("control_domain")
         self.site_domain = answer.get("site_domain")
         if answer.get("retention"):
@@ -266,6 +286,7 @@ class NodeAgent:
             domain=self.site_domain,
             batch_offset=self.settings.batch_offset,
             retention=self.retention,
+            node=self.settings.name,
         )
         self.ready.set()
         try:
@@ -401,6 +422,7 @@ class NodeAgent:
                     fragments=dict(self._runtime),
                     streams=await self._stream_usage(),
                     last_known=self._kv is None,
+                    ready=self.ready.is_set(),
                 )
                 assert self._client is not None
                 try:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from spanflow.nats.fences import Fence
 from spanflow.spark.runner import PipelineRunner, StreamingQuery
 from spanflow.spark.session import SparkSession
 from spanflow.spark.stagger import BatchSlots
@@ -47,8 +48,11 @@ class FragmentExecutor:
         domain: str | None = None,
         batch_offset: float = 0.0,
         retention: Retention = DEFAULT_RETENTION,
+        node: str | None = None,
     ) -> None:
         self.spark = spark
+        self.node = node
+        """This node's name: its fragments write under their assignment's fence."""
         self.nats_url = nats_url
         self.domain = domain
         self.retention = retention
@@ -80,6 +84,11 @@ class FragmentExecutor:
             domain=self.domain,
             slots=self.slots,
             retention=self.retention,
+            fence=(
+                Fence(fid, assignment.epoch, self.node, assignment.checkpoint_dir)
+                if self.node
+                else None
+            ),
         )
         try:
             runner.start()
@@ -144,7 +153,7 @@ class FragmentExecutor:
         return FragmentRuntime(
             fragment_id=fragment_id,
             epoch=running.assignment.epoch,
-            status="failing" if failing else "running",
+            status="fenced" if runner.fenced else ("failing" if failing else "running"),
             started_at=running.started_at,
             queries=queries,
             batches=batches,
@@ -157,7 +166,7 @@ class FragmentExecutor:
             restarts=sum(st.restarts for st in statuses),
             dead_letters=running.dead_letters,
             offsets=dict(running.offsets),
-            error=next((st.error for st in failing if st.error), None),
+            error=runner.fenced or next((st.error for st in failing if st.error), None),
         )
 
 

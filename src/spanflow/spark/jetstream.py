@@ -51,6 +51,7 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import StructType
 
 from spanflow.nats.fastread import read_range_fast
+from spanflow.nats.fences import EPOCH_HEADER
 from spanflow.nats.ranges import last_before
 from spanflow.nats.streams import SyncNats, connect, token
 from spanflow.spark.deadletter import DeadLetter, publish_dead_letters
@@ -320,13 +321,17 @@ def encode_rows(
     return out
 
 
-async def publish_encoded(nc: Client, out: list[tuple[str, bytes, str]]) -> int:
-    """Publish with acks, 2,000 in flight; returns how many JetStream flagged duplicate."""
+async def publish_encoded(
+    nc: Client, out: list[tuple[str, bytes, str]], epoch: int | None = None
+) -> int:
+    """Publish with acks, 2,000 in flight; returns how many JetStream flagged duplicate.
+    ``epoch``: the writing fragment's, carried in a header (see :mod:`spanflow.nats.fences`)."""
     js = nc.jetstream()
     duplicates = 0
+    extra = {EPOCH_HEADER: str(epoch)} if epoch is not None else {}
     for lo in range(0, len(out), 2000):
         futures = [
-            await js.publish_async(s, p, headers={"Nats-Msg-Id": mid})
+            await js.publish_async(s, p, headers={"Nats-Msg-Id": mid, **extra})
             for s, p, mid in out[lo : lo + 2000]
         ]
         for ack in await asyncio.wait_for(asyncio.gather(*futures), 60):

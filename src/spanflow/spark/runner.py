@@ -19,9 +19,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from nats.js.kv import KeyValue
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
+from spanflow.nats.fences import Fence, Fenced, check, claim, fences
 from spanflow.nats.streams import SyncNats, ensure_source_streams, ensure_stream, stream_usage
 from spanflow.spark.compile.pipeline import CompiledSink, compile_pipeline
 from spanflow.spark.compile.udf import UserFunction
@@ -86,8 +88,14 @@ class PipelineRunner:
         domain: str | None = None,
         slots: BatchSlots | None = None,
         retention: Retention = DEFAULT_RETENTION,
+        fence: Fence | None = None,
     ) -> None:
         self.spark = spark
+        self.fence = fence
+        """Write only while this fragment's epoch holds its fence (cluster nodes)."""
+        self.fenced: str | None = None
+        """Why the fence stopped this runner's writes, once it has."""
+        self._fences: KeyValue | None = None
         self.retention = retention
         """Limits of the streams this runner creates (the site's, from the topology)."""
         self.streams: list[str] = []
@@ -117,9 +125,30 @@ class PipelineRunner:
             compiled[sink.id] = self._compile(sup)
         self._client = SyncNats(self.nats_url)
         self._ensure_streams()
+        self._claim_fence()
         for sink_id, plan in compiled.items():
             self._launch(self._queries[sink_id], plan)
         return self
+
+    def _claim_fence(self) -> None:
+        """Hold this fragment's fence before any query runs (raises Fenced if a newer
+        epoch holds it: the fragment was moved on)."""
+        c, fence = self._client, self.fence
+        if fence is None or c is None:
+            return
+        kv = self._fences = c.run(lambda: fences(c.js))
+        c.run(lambda: claim(kv, fence))
+
+    def _check_fence(self) -> None:
+        c, fence, kv = self._client, self.fence, self._fences
+        if fence is None or c is None or kv is None:
+            return
+        try:
+            c.run(lambda: check(kv, fence))
+        except Fenced as exc:
+            self.fenced = str(exc)
+            log.warning("%s: not writing: %s", self.spec.instance, exc)
+            raise
 
     def _ensure_streams(self) -> None:
         c = self._client
@@ -229,7 +258,9 @@ class PipelineRunner:
             out = encode_rows(target, rows, str(batch_id), "driver")
             client = self._client
             assert client is not None
-            client.run(lambda: publish_encoded(client.nc, out))
+            self._check_fence()  # before the publish, and so before the checkpoint commit
+            epoch = self.fence.epoch if self.fence else None
+            client.run(lambda: publish_encoded(client.nc, out, epoch))
 
         return write
 
@@ -249,6 +280,9 @@ class PipelineRunner:
                 continue
             exc = q.exception()
             if exc is None:  # finished on its own (availableNow) or stopped
+                continue
+            if self.fenced:  # a newer epoch writes now: restarting would only fail again
+                sup.error = self.fenced
                 continue
             now = time.monotonic()
             if sup.next_restart == 0.0:

@@ -153,8 +153,11 @@ class PipelineRecord(BaseModel):
     def name(self) -> str:
         return self.spec.name
 
-    def moved_to(self, state: PipelineState, reason: str = "") -> PipelineRecord:
-        history = [*self.history, Transition(at=now(), state=state, reason=reason)]
+    def moved_to(
+        self, state: PipelineState, reason: str = "", at: float | None = None
+    ) -> PipelineRecord:
+        stamp = now() if at is None else at
+        history = [*self.history, Transition(at=stamp, state=state, reason=reason)]
         return self.model_copy(
             update={"state": state, "reason": reason, "history": history[-HISTORY_LIMIT:]}
         )
@@ -191,7 +194,7 @@ class FragmentRuntime(BaseModel):
 
     fragment_id: str
     epoch: int
-    status: Literal["starting", "running", "failing", "stopped", "failed", "finished"]
+    status: Literal["starting", "running", "failing", "stopped", "failed", "finished", "fenced"]
     started_at: float | None = None
     queries: dict[str, str] = Field(default_factory=dict, description="sink → Spark run id")
     batches: int = 0
@@ -267,6 +270,10 @@ class Heartbeat(BaseModel):
     last_known: bool = Field(
         default=False,
         description="Running its last-known assignments: the control plane's are out of reach.",
+    )
+    ready: bool = Field(
+        default=True,
+        description="Its Spark session is up: fragments assigned to it start at once.",
     )
 
 

@@ -10,10 +10,11 @@ from typing import Annotated, Any
 from fastapi import FastAPI, Query, Request
 from pydantic import BaseModel, Field
 
-from spanflow.control.coordinator import Coordinator, RequestError
-from spanflow.errors import InvalidModel, ModelError, ModelNotFound
+from spanflow.control.coordinator import Coordinator
+from spanflow.control.errors import Unavailable
 from spanflow.ml.model_store import MAX_FILE, ModelStore
 from spanflow.ml.registry import Stage
+from spanflow.server.errors import RequestError
 
 API = "/api/v1/models"
 
@@ -23,14 +24,6 @@ class PromoteBody(BaseModel):
     stage: Stage = "production"
 
 
-def _status_of(exc: ModelError) -> int:
-    if isinstance(exc, ModelNotFound):
-        return 404
-    if isinstance(exc, InvalidModel):
-        return 422
-    return 409
-
-
 def _list(text: str | None) -> list[str] | None:
     return None if text is None else [t.strip() for t in text.split(",") if t.strip()]
 
@@ -38,27 +31,21 @@ def _list(text: str | None) -> list[str] | None:
 def add_model_routes(app: FastAPI, coordinator: Coordinator, guarded: list[Any]) -> None:
     def store() -> ModelStore:
         if coordinator.nc is None:
-            raise RequestError(503, "the coordinator is not connected to NATS yet")
+            raise Unavailable("not_connected", "the coordinator is not connected to NATS yet")
         return ModelStore(coordinator.nc.jetstream())
-
-    async def call(work: Any) -> Any:
-        try:
-            return await work
-        except ModelError as exc:
-            raise RequestError(_status_of(exc), str(exc)) from None
 
     @app.get(API, tags=["models"], dependencies=guarded)
     async def list_models() -> list[dict[str, Any]]:
         models = store()
         out = []
-        for name in await call(models.names()):
-            manifest, _ = await call(models.manifest(name))
+        for name in await models.names():
+            manifest, _ = await models.manifest(name)
             out.append(manifest.model_dump(mode="json") | {"production": manifest.production})
         return out
 
     @app.get(f"{API}/{{name}}", tags=["models"], dependencies=guarded)
     async def get_model(name: str) -> dict[str, Any]:
-        manifest, _ = await call(store().manifest(name))
+        manifest, _ = await store().manifest(name)
         return manifest.model_dump(mode="json") | {"production": manifest.production}
 
     @app.post(f"{API}/{{name}}/versions", tags=["models"], dependencies=guarded, status_code=201)
@@ -79,30 +66,28 @@ def add_model_routes(app: FastAPI, coordinator: Coordinator, guarded: list[Any])
         if len(data) > MAX_FILE:
             raise RequestError(413, f"model file is {len(data):,} bytes; at most {MAX_FILE:,}")
         names = [f.strip() for f in features.split(",") if f.strip()]
-        version = await call(
-            store().push(
-                name,
-                data,
-                format=format,  # type: ignore[arg-type]
-                features=names,
-                note=note,
-                accelerators=_list(accelerators),
-                tags=_list(tags),
-            )
+        version = await store().push(
+            name,
+            data,
+            format=format,  # type: ignore[arg-type]
+            features=names,
+            note=note,
+            accelerators=_list(accelerators),
+            tags=_list(tags),
         )
         return dict(version.model_dump(mode="json"))
 
     @app.post(f"{API}/{{name}}/promote", tags=["models"], dependencies=guarded)
     async def promote(name: str, body: PromoteBody) -> dict[str, Any]:
-        manifest = await call(store().promote(name, body.version, body.stage))
+        manifest = await store().promote(name, body.version, body.stage)
         return manifest.model_dump(mode="json") | {"production": manifest.production}
 
     @app.post(f"{API}/{{name}}/publish", tags=["models"], dependencies=guarded, status_code=202)
     async def request_publication(name: str) -> dict[str, Any]:
         """Ask every learn step publishing as ``name`` to push its models at its next batch."""
-        return {"name": name, "request": await call(store().request_publication(name))}
+        return {"name": name, "request": await store().request_publication(name)}
 
     @app.post(f"{API}/{{name}}/rollback", tags=["models"], dependencies=guarded)
     async def rollback(name: str) -> dict[str, Any]:
-        manifest = await call(store().rollback(name))
+        manifest = await store().rollback(name)
         return manifest.model_dump(mode="json") | {"production": manifest.production}

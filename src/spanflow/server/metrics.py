@@ -24,7 +24,7 @@ class _ClusterCollector(Collector):
         self.coordinator = coordinator
 
     def collect(self) -> Iterator[Metric]:
-        view = self.coordinator.view
+        observed = self.coordinator.observed
         summary = self.coordinator.cluster_metrics()
         nodes = GaugeMetricFamily("spanflow_nodes", "Nodes by state", labels=["state"])
         for state, n in summary["nodes"].items():
@@ -44,7 +44,7 @@ class _ClusterCollector(Collector):
             "spanflow_utilisation", "Assigned fragments / slots", value=summary["utilisation"]
         )
         cpu = GaugeMetricFamily("spanflow_node_cpu_percent", "Node CPU use", labels=["node"])
-        for name, hb in view.heartbeats.items():
+        for name, hb in observed.heartbeats.items():
             cpu.add_metric([name], hb.cpu_percent)
         yield cpu
         labels = ["pipeline", "fragment", "node"]
@@ -63,8 +63,8 @@ class _ClusterCollector(Collector):
         batch = GaugeMetricFamily(
             "spanflow_fragment_last_batch_ms", "Duration of the last micro-batch", labels=labels
         )
-        for frag_id, rt in view.runtime.items():
-            a = view.assignments.get(frag_id)
+        for frag_id, rt in observed.runtime.items():
+            a = self.coordinator.state.assignments.get(frag_id)
             if a is None:
                 continue
             values = [a.fragment.pipeline, frag_id, a.node]
@@ -74,7 +74,7 @@ class _ClusterCollector(Collector):
             dead.add_metric(values, rt.dead_letters)
             batch.add_metric(values, rt.last_batch_ms)
         yield from (rate, rows, lag, dead, batch)
-        yield from _stream_metrics(view.heartbeats.values())
+        yield from _stream_metrics(observed.heartbeats.values())
 
 
 def _stream_metrics(heartbeats: Iterable[Heartbeat]) -> Iterator[Metric]:

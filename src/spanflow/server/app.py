@@ -13,16 +13,19 @@ from contextlib import asynccontextmanager
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Request, Response
-from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, Field, ValidationError
 
 from spanflow.api.yaml_loader import load_pipeline_text
-from spanflow.control.coordinator import Coordinator, Registration, RequestError, Submission
-from spanflow.control.metrics import render_metrics
-from spanflow.control.model_routes import add_model_routes
-from spanflow.control.rule_routes import add_rule_routes
-from spanflow.errors import PipelineFileError
+from spanflow.control import records
+from spanflow.control.coordinator import Coordinator
+from spanflow.control.errors import Unauthorized, Unavailable
+from spanflow.control.requests import Registration, Submission
+from spanflow.server import errors
+from spanflow.server.errors import RequestError
+from spanflow.server.metrics import render_metrics
+from spanflow.server.model_routes import add_model_routes
+from spanflow.server.rule_routes import add_rule_routes
 from spanflow.spec.durations import Duration
 from spanflow.spec.pipeline import PipelineSpec, format_validation_error
 from spanflow.spec.topology import Capabilities, Link, Site
@@ -57,7 +60,7 @@ def _authorised(
         return
     given = credentials.credentials if credentials is not None else ""
     if not hmac.compare_digest(given.encode(), token.encode()):
-        raise RequestError(401, "missing or wrong bearer token")
+        raise Unauthorized("unauthorized", "missing or wrong bearer token")
 
 
 def create_app(coordinator: Coordinator) -> FastAPI:
@@ -79,14 +82,17 @@ def create_app(coordinator: Coordinator) -> FastAPI:
     app.state.token = coordinator.settings.token
     guarded = [Depends(_authorised)]
 
-    @app.exception_handler(RequestError)
-    async def request_error(_: Request, exc: RequestError) -> JSONResponse:
-        headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
-        return JSONResponse({"detail": exc.message}, status_code=exc.status, headers=headers)
+    errors.install(app)
 
     @app.get("/healthz", tags=["cluster"])
     async def health() -> dict[str, Any]:
-        return {"ok": True, "nodes": len(coordinator.view.nodes)}
+        return {
+            "ok": True,
+            "nodes": len(coordinator.state.nodes),
+            "name": coordinator.settings.name,
+            "role": coordinator.role,
+            "leader": coordinator.state.leader,
+        }
 
     @app.get("/metrics", tags=["cluster"], dependencies=guarded)
     async def metrics() -> Response:
@@ -104,6 +110,12 @@ def create_app(coordinator: Coordinator) -> FastAPI:
             "failure_after": s.failure_after,
             "state_dir": s.state_dir,
             "recovered_log_records": coordinator.recovered_records,
+            "log_sequence": coordinator.state.applied,
+            "name": s.name,
+            "role": coordinator.role,
+            "leader": coordinator.state.leader,
+            "leader_epoch": coordinator.state.leader_epoch,
+            "leader_url": coordinator.leader_url,
         }
 
     @app.get(f"{API}/cluster/metrics", tags=["cluster"], dependencies=guarded)
@@ -112,9 +124,19 @@ def create_app(coordinator: Coordinator) -> FastAPI:
 
     @app.get(f"{API}/cluster/log", tags=["cluster"], dependencies=guarded)
     async def control_log(after: int = 0, limit: int = 100) -> list[dict[str, Any]]:
-        assert coordinator.store is not None
-        records = await coordinator.store.history(after=after, limit=max(1, min(limit, 1000)))
-        return [{"seq": seq, "kind": r.kind, "at": r.at, "detail": r.detail} for seq, r in records]
+        if coordinator.control_log is None:
+            raise Unavailable("not_connected", "the coordinator is not connected to NATS yet")
+        entries = await coordinator.control_log.history(after=after, limit=max(1, min(limit, 1000)))
+        return [
+            {
+                "seq": seq,
+                "kind": r.kind,
+                "at": r.at,
+                "epoch": r.epoch,
+                "detail": records.summary(r),
+            }
+            for seq, r in entries
+        ]
 
     @app.get(f"{API}/topology", tags=["topology"], dependencies=guarded)
     async def topology() -> dict[str, Any]:
@@ -131,7 +153,7 @@ def create_app(coordinator: Coordinator) -> FastAPI:
     # -- nodes --------------------------------------------------------------------
     @app.get(f"{API}/nodes", tags=["nodes"], dependencies=guarded)
     async def list_nodes() -> list[dict[str, Any]]:
-        return [coordinator.node_status(n) for n in sorted(coordinator.view.nodes)]
+        return [coordinator.node_status(n) for n in sorted(coordinator.state.nodes)]
 
     @app.post(f"{API}/nodes", tags=["nodes"], dependencies=guarded, status_code=201)
     async def register(reg: Registration) -> dict[str, Any]:
@@ -165,7 +187,7 @@ def create_app(coordinator: Coordinator) -> FastAPI:
     # -- pipelines ----------------------------------------------------------------
     @app.get(f"{API}/pipelines", tags=["pipelines"], dependencies=guarded)
     async def list_pipelines() -> list[dict[str, Any]]:
-        return [coordinator.pipeline_status(n) for n in sorted(coordinator.view.pipelines)]
+        return [coordinator.pipeline_status(n) for n in sorted(coordinator.state.pipelines)]
 
     @app.post(f"{API}/pipelines", tags=["pipelines"], dependencies=guarded, status_code=201)
     async def submit(body: SubmitBody) -> dict[str, Any]:
@@ -216,11 +238,10 @@ def _spec_of(body: SubmitBody) -> PipelineSpec:
     if (body.yaml is None) == (body.spec is None):
         raise RequestError(422, "give exactly one of 'yaml' (pipeline file text) or 'spec' (JSON)")
     if body.yaml is not None:
-        try:
-            return load_pipeline_text(body.yaml, body.filename)
-        except PipelineFileError as exc:
-            raise RequestError(422, str(exc)) from None
+        return load_pipeline_text(body.yaml, body.filename)  # a PipelineFileError is a 422
     try:
         return PipelineSpec.model_validate(body.spec)
     except ValidationError as exc:
-        raise RequestError(422, f"invalid pipeline spec: {format_validation_error(exc)}") from None
+        raise RequestError(
+            422, f"invalid pipeline spec: {format_validation_error(exc)}", code="invalid_spec"
+        ) from None

@@ -10,8 +10,8 @@ from fastapi import FastAPI
 from pydantic import BaseModel, Field
 
 from spanflow.cep.rule_store import RuleStore
-from spanflow.cep.rules import RuleSetError, RuleSetNotFound
-from spanflow.control.coordinator import Coordinator, RequestError
+from spanflow.control.coordinator import Coordinator
+from spanflow.control.errors import Unavailable
 from spanflow.spec.patterns import RuleSpec
 
 API = "/api/v1/rules"
@@ -25,37 +25,29 @@ class PushBody(BaseModel):
 def add_rule_routes(app: FastAPI, coordinator: Coordinator, guarded: list[Any]) -> None:
     def store() -> RuleStore:
         if coordinator.nc is None:
-            raise RequestError(503, "the coordinator is not connected to NATS yet")
+            raise Unavailable("not_connected", "the coordinator is not connected to NATS yet")
         return RuleStore(coordinator.nc.jetstream())
-
-    async def call(work: Any) -> Any:
-        try:
-            return await work
-        except RuleSetNotFound as exc:
-            raise RequestError(404, str(exc)) from None
-        except RuleSetError as exc:
-            raise RequestError(409, str(exc)) from None
 
     @app.get(API, tags=["rules"], dependencies=guarded)
     async def list_rule_sets() -> list[dict[str, Any]]:
         rules = store()
         out = []
-        for name in await call(rules.names()):
-            manifest, _ = await call(rules.manifest(name))
+        for name in await rules.names():
+            manifest, _ = await rules.manifest(name)
             out.append(manifest.model_dump(mode="json"))
         return out
 
     @app.get(f"{API}/{{name}}", tags=["rules"], dependencies=guarded)
     async def get_rule_set(name: str) -> dict[str, Any]:
-        manifest, _ = await call(store().manifest(name))
+        manifest, _ = await store().manifest(name)
         return dict(manifest.model_dump(mode="json"))
 
     @app.post(f"{API}/{{name}}", tags=["rules"], dependencies=guarded, status_code=201)
     async def push(name: str, body: PushBody) -> dict[str, Any]:
-        version = await call(store().push(name, body.rules, note=body.note))
+        version = await store().push(name, body.rules, note=body.note)
         return dict(version.model_dump(mode="json"))
 
     @app.post(f"{API}/{{name}}/rollback", tags=["rules"], dependencies=guarded)
     async def rollback(name: str) -> dict[str, Any]:
-        manifest = await call(store().rollback(name))
+        manifest = await store().rollback(name)
         return dict(manifest.model_dump(mode="json"))

@@ -1,0 +1,258 @@
+"""The control log: append → apply → project.
+
+Every decision is a typed record (:mod:`spanflow.control.records`) appended to the
+``SPANFLOW_WAL`` stream *before* it changes anything. :meth:`ControlLog.commit`
+appends with the sequence it expects to follow (JetStream's expected-last-sequence):
+if any other writer appended in between — a second coordinator that believes it
+leads — the append is refused and nothing changes. Then the record is applied to the
+state (:func:`spanflow.control.state.apply`, the only writer) and the KV buckets the
+agents watch are brought in line with the state (the *projection*: nodes, pipelines,
+assignments, topology).
+
+Recovery (:meth:`ControlLog.recover`) folds the whole log through the same ``apply``
+and repairs the projection key by key, so a coordinator that died between appending
+and projecting — or a standby taking over — ends with exactly the state the log says.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import orjson
+from nats.aio.client import Client
+from nats.errors import Error as NatsError
+from nats.js.errors import APIError, KeyNotFoundError, NoKeysError
+from nats.js.kv import KeyValue
+from pydantic import BaseModel, ValidationError
+
+from spanflow.control import records as r
+from spanflow.control.errors import Unavailable
+from spanflow.control.state import ClusterState, StaleRecord, apply
+from spanflow.nats.cluster import (
+    ASSIGNMENTS_BUCKET,
+    META_BUCKET,
+    NODES_BUCKET,
+    PIPELINES_BUCKET,
+    WAL_PREFIX,
+    WAL_STREAM,
+    ensure_kv,
+    ensure_log_streams,
+)
+from spanflow.nats.ranges import read_range
+
+log = logging.getLogger(__name__)
+
+BUCKETS = (NODES_BUCKET, PIPELINES_BUCKET, ASSIGNMENTS_BUCKET, META_BUCKET)
+WRONG_LAST_SEQUENCE = 10071
+"""JetStream's error code for a refused expected-last-sequence append."""
+APPEND_PATIENCE = 15.0
+"""Seconds an append waits for the log's stream to elect a leader before giving up."""
+
+Projection = dict[tuple[str, str], bytes]
+
+
+def projection(state: ClusterState) -> Projection:
+    """What the KV buckets hold for ``state``: (bucket, key) → JSON."""
+    out: Projection = {}
+
+    def add(bucket: str, key: str, model: BaseModel) -> None:
+        out[(bucket, key)] = model.model_dump_json().encode()
+
+    add(META_BUCKET, "topology", state.topology)
+    for name, node in state.nodes.items():
+        add(NODES_BUCKET, name, node)
+    for name, pipeline in state.pipelines.items():
+        add(PIPELINES_BUCKET, name, pipeline)
+    for a in state.assignments.values():
+        add(ASSIGNMENTS_BUCKET, a.key, a)
+    return out
+
+
+def changed_keys(before: ClusterState, after: ClusterState) -> set[tuple[str, str]]:
+    """Keys whose value may differ: values are replaced, never mutated, so identity
+    tells (cheaply) what a record touched."""
+    keys: set[tuple[str, str]] = set()
+    if before.topology is not after.topology:
+        keys.add((META_BUCKET, "topology"))
+    for bucket, old, new in (
+        (NODES_BUCKET, before.nodes, after.nodes),
+        (PIPELINES_BUCKET, before.pipelines, after.pipelines),
+    ):
+        for name in old.keys() | new.keys():
+            if old.get(name) is not new.get(name):
+                keys.add((bucket, name))
+    for fid in before.assignments.keys() | after.assignments.keys():
+        a, b = before.assignments.get(fid), after.assignments.get(fid)
+        if a is not b:
+            keys.update((ASSIGNMENTS_BUCKET, x.key) for x in (a, b) if x is not None)
+    return keys
+
+
+class ControlLog:
+    def __init__(self, nc: Client, buckets: dict[str, KeyValue]) -> None:
+        self.nc = nc
+        self.js = nc.jetstream()
+        self.buckets = buckets
+        self._lock = asyncio.Lock()
+        self._needs_repair = False
+
+    @classmethod
+    async def open(cls, nc: Client, replicas: int = 1) -> ControlLog:
+        js = nc.jetstream()
+        await ensure_log_streams(js, replicas)
+        buckets = {name: await ensure_kv(js, name, replicas=replicas) for name in BUCKETS}
+        return cls(nc, buckets)
+
+    # -- writing ---------------------------------------------------------------------------
+    async def commit(self, state: ClusterState, records: list[r.Record]) -> int:
+        """Append each record (refused if the log moved on without us), apply it to
+        ``state``, then bring the KV projection in line. Returns the last sequence."""
+        if not records:
+            return state.applied
+        async with self._lock:
+            if self._needs_repair:
+                self._needs_repair = False
+                await self._repair(state)
+            before = state.copy()
+            try:
+                for record in records:
+                    seq = await self._append(record, state.applied)
+                    apply(state, record)
+                    state.applied = seq
+            finally:  # what was appended is applied: project it even if a later append failed
+                await self._project(changed_keys(before, state), state)
+            return state.applied
+
+    async def _append(self, record: r.Record, after: int) -> int:
+        """Append after sequence ``after``. While the stream has no leader (a server of
+        the cluster died; an election takes seconds) the append is retried under the
+        same message id, so one that did land is not appended twice."""
+        deadline = time.monotonic() + APPEND_PATIENCE
+        delay = 0.1
+        while True:
+            try:
+                ack = await self.js.publish(
+                    f"{WAL_PREFIX}.{record.kind}",
+                    r.encode(record),
+                    headers={
+                        "Nats-Expected-Last-Sequence": str(after),
+                        "Nats-Msg-Id": f"wal-{after + 1}-e{record.epoch}",
+                    },
+                )
+                return int(ack.seq)
+            except APIError as exc:
+                if exc.err_code == WRONG_LAST_SEQUENCE:
+                    raise Unavailable(
+                        "stale_leader",
+                        f"the control log moved past {after}: another coordinator wrote to it",
+                    ) from None
+                if exc.code != 503 or time.monotonic() > deadline:
+                    raise
+            except NatsError:  # no responders, no stream response, a timeout: an election
+                if time.monotonic() > deadline:
+                    raise Unavailable(
+                        "log_unavailable",
+                        f"the control log did not answer for {APPEND_PATIENCE:.0f} s",
+                    ) from None
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 1.0)
+
+    async def _project(self, keys: set[tuple[str, str]], state: ClusterState) -> None:
+        wanted = projection(state)
+        try:
+            for bucket, key in sorted(keys):
+                value = wanted.get((bucket, key))
+                kv = self.buckets[bucket]
+                if value is None:
+                    await kv.delete(key)
+                else:
+                    await kv.put(key, value)
+        except NatsError as exc:
+            # The log has the records: the next commit repairs KV from the state.
+            log.warning("KV projection failed (%s); repairing at the next commit", exc)
+            self._needs_repair = True
+
+    # -- reading ---------------------------------------------------------------------------
+    async def last_seq(self) -> int:
+        return int((await self.js.stream_info(WAL_STREAM)).state.last_seq)
+
+    async def records(self, after: int, upto: int | None = None) -> list[tuple[int, r.Record]]:
+        """Typed records with ``after < seq <= upto`` (default: the end of the log).
+        Records this version cannot read (an older format) are skipped with a warning."""
+        last = await self.last_seq() if upto is None else upto
+        out = []
+        for m in await read_range(self.nc, WAL_STREAM, after + 1, last + 1):
+            try:
+                out.append((m.seq, r.decode(m.data)))
+            except ValidationError as exc:
+                log.warning("control log record %d is unreadable, skipped: %s", m.seq, exc)
+        return out
+
+    async def recover(self) -> tuple[ClusterState, int]:
+        """The state the whole log describes, and how many records made it; the KV
+        projection is repaired to match it."""
+        async with self._lock:
+            state = ClusterState()
+            replayed = await self.follow(state)
+            repaired = await self._repair(state)
+            if repaired:
+                log.info("control log recovery repaired %d KV keys", repaired)
+            return state, len(replayed)
+
+    async def follow(self, state: ClusterState) -> list[tuple[int, r.Record]]:
+        """Apply the records appended after ``state.applied`` (a standby's tail)."""
+        last = await self.last_seq()
+        if last <= state.applied:
+            return []
+        replayed = await self.records(state.applied, last)
+        for seq, record in replayed:
+            try:
+                apply(state, record)
+            except StaleRecord as exc:
+                log.warning("control log record %d refused: %s", seq, exc)
+        state.applied = last
+        return replayed
+
+    async def _repair(self, state: ClusterState) -> int:
+        wanted = projection(state)
+        actual: Projection = {}
+        for bucket in (NODES_BUCKET, PIPELINES_BUCKET, ASSIGNMENTS_BUCKET):
+            for key, value in (await self._load_raw(bucket)).items():
+                actual[(bucket, key)] = value
+        meta = await self._load_raw(META_BUCKET)
+        if "topology" in meta:
+            actual[(META_BUCKET, "topology")] = meta["topology"]
+        keys = {k for k in wanted.keys() | actual.keys() if _differs(wanted.get(k), actual.get(k))}
+        await self._project(keys, state)
+        return len(keys)
+
+    async def _load_raw(self, bucket: str) -> dict[str, bytes]:
+        kv = self.buckets[bucket]
+        try:
+            keys = await kv.keys()
+        except NoKeysError:
+            return {}
+        out: dict[str, bytes] = {}
+        for key in keys:
+            try:
+                entry = await kv.get(key)
+            except KeyNotFoundError:
+                continue
+            if entry.value:
+                out[key] = entry.value
+        return out
+
+    async def history(self, after: int = 0, limit: int = 200) -> list[tuple[int, r.Record]]:
+        """The last ``limit`` control records after sequence ``after`` (for the API)."""
+        info = await self.js.stream_info(WAL_STREAM)
+        last = int(info.state.last_seq)
+        start = max(after, last - limit, int(info.state.first_seq) - 1)
+        return await self.records(start, last)
+
+
+def _differs(a: bytes | None, b: bytes | None) -> bool:
+    if a is None or b is None:
+        return a is not b
+    return bool(orjson.loads(a) != orjson.loads(b))

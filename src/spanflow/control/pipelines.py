@@ -1,0 +1,153 @@
+"""Pipelines room: the lifecycle of submitted pipelines (``spec.cluster.TRANSITIONS``).
+
+Pure decisions over a :class:`~spanflow.control.state.Draft`; placing fragments is the
+scheduler's, noticing what runs is the reconciler's.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from spanflow.control import records as r
+from spanflow.control.errors import Conflict, Invalid, NotFound
+from spanflow.control.requests import Submission
+from spanflow.control.state import ClusterState, Draft
+from spanflow.plan import PlacementError
+from spanflow.plan.fragments import PlanError, compile_fragments
+from spanflow.plan.planner import offline_view, plan_pipeline
+from spanflow.spec.cluster import TRANSITIONS, Fragment, PipelineRecord, PipelineState
+
+log = logging.getLogger(__name__)
+
+ACTIVE = (
+    PipelineState.CREATED,
+    PipelineState.PLANNED,
+    PipelineState.RUNNING,
+    PipelineState.FAILING,
+)
+"""States in which a pipeline's fragments should be placed and running."""
+
+_ENDINGS: dict[PipelineState, type[r.PipelineEnded]] = {
+    PipelineState.CANCELED: r.PipelineCanceled,
+    PipelineState.FINISHED: r.PipelineFinished,
+    PipelineState.FAILED: r.PipelineFailed,
+    PipelineState.STOPPED: r.PipelineStopped,
+}
+
+
+def pipeline(state: ClusterState, name: str) -> PipelineRecord:
+    record = state.pipelines.get(name)
+    if record is None:
+        raise NotFound("no_pipeline", f"no pipeline {name!r}")
+    return record
+
+
+def fragments(state: ClusterState, record: PipelineRecord) -> list[Fragment]:
+    """The record's plan; a pipeline not planned yet is compiled for today's topology."""
+    if record.fragments:
+        return record.fragments
+    return compile_fragments(record.spec, state.full_topology(), record.parallelism).fragments
+
+
+def shown_fragments(state: ClusterState, record: PipelineRecord) -> list[Fragment]:
+    try:
+        return fragments(state, record)
+    except PlanError:
+        return []
+
+
+def submit(tx: Draft, sub: Submission, run_id: str) -> PipelineRecord:
+    """Accept a pipeline (its spec already pinned to what its models need)."""
+    name = sub.spec.name
+    old = tx.state.pipelines.get(name)
+    if old is not None and not old.state.terminal and old.state != PipelineState.STOPPED:
+        raise Conflict(
+            "pipeline_active",
+            f"pipeline {name!r} is {old.state.value}; cancel it before resubmitting",
+        )
+    record = PipelineRecord(
+        spec=sub.spec,
+        priority=sub.priority,
+        latency_budget=sub.latency_budget,
+        parallelism=sub.parallelism,
+        submitted_at=tx.at,
+        run_id=run_id,
+    ).moved_to(PipelineState.CREATED, "submitted", tx.at)
+    check_plannable(tx.state, record)
+    tx.add(r.PipelineSubmitted, pipeline=record)
+    return record
+
+
+def check_plannable(state: ClusterState, record: PipelineRecord) -> None:
+    """Refuse a pipeline no placement could ever fit (a bad pin, a latency budget or
+    capability no declared node meets), naming the constraint and by how much. A
+    pipeline that only waits for nodes to come up or free a slot is accepted."""
+    topology = state.full_topology()
+    try:
+        compiled = compile_fragments(record.spec, topology, record.parallelism)
+        if topology.nodes:
+            plan_pipeline(
+                compiled,
+                offline_view(topology),
+                priority=record.priority,
+                latency_budget=record.latency_budget,
+            )
+    except (PlanError, PlacementError) as exc:
+        raise Invalid("unplaceable", f"pipeline {record.name!r} cannot be placed: {exc}") from None
+
+
+def cancel(tx: Draft, name: str) -> None:
+    record = pipeline(tx.state, name)
+    check_transition(record, PipelineState.CANCELED)
+    end(tx, name, PipelineState.CANCELED, "canceled by request")
+
+
+def savepoint(tx: Draft, name: str, savepoint_root: str) -> None:
+    """Stop every fragment at a consistent checkpoint and keep a copy of it."""
+    record = pipeline(tx.state, name)
+    if record.state not in (PipelineState.RUNNING, PipelineState.FAILING, PipelineState.PLANNED):
+        raise Conflict(
+            "not_running",
+            f"pipeline {name!r} is {record.state.value}; only a running pipeline takes a savepoint",
+        )
+    target = Path(savepoint_root) / name / f"{record.run_id}-{int(tx.at)}"
+    dirs = {a.fragment.id: str(target / a.fragment.id) for a in tx.state.assignments_of(name)}
+    tx.add(r.SavepointStarted, pipeline=name, savepoint=str(target), fragment_dirs=dirs)
+
+
+def resume(tx: Draft, name: str, source: str | None, exists: bool) -> None:
+    """Start a stopped pipeline from ``source`` (default: its last savepoint);
+    ``exists`` says whether that directory is there (the shell looked)."""
+    record = pipeline(tx.state, name)
+    if record.state != PipelineState.STOPPED:
+        raise Conflict(
+            "not_stopped",
+            f"pipeline {name!r} is {record.state.value}; only a stopped pipeline resumes",
+        )
+    if source is None or not exists:
+        raise Invalid("no_savepoint", f"savepoint {source!r} does not exist")
+    tx.add(r.PipelineResumed, pipeline=name, savepoint=source)
+
+
+def check_transition(record: PipelineRecord, to: PipelineState) -> None:
+    if to not in TRANSITIONS[record.state]:
+        raise Conflict(
+            "bad_transition",
+            f"pipeline {record.name!r} is {record.state.value}; cannot move to {to.value}",
+        )
+
+
+def end(tx: Draft, name: str, state: PipelineState, reason: str) -> None:
+    tx.add(_ENDINGS[state], pipeline=name, reason=reason)
+
+
+def set_state(tx: Draft, name: str, state: PipelineState, reason: str) -> None:
+    """Move a pipeline along its lifecycle; a move the lifecycle forbids is ignored."""
+    record = tx.state.pipelines[name]
+    if record.state == state and record.reason == reason:
+        return
+    if state != record.state and state not in TRANSITIONS[record.state]:
+        log.warning("ignoring %s → %s for %s", record.state, state, name)
+        return
+    tx.add(r.PipelineStateChanged, pipeline=name, state=state, reason=reason)

@@ -1,0 +1,300 @@
+"""The control log's vocabulary: every decision the coordinator takes is one of these.
+
+A record says *what was decided* with the values it decided (a whole node record, the
+assignments made), never "do X next", so applying it (:func:`spanflow.control.state.apply`)
+needs no clock, no randomness and no I/O: the leader, a recovering coordinator and a
+standby replaying the same records reach the same state.
+
+``epoch`` is the leadership epoch of the coordinator that wrote the record; a record
+from an older epoch than the state has seen is refused (a deposed leader's write).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+from spanflow.spec.cluster import Assignment, Fragment, NodeRecord, PipelineRecord, PipelineState
+from spanflow.spec.pipeline import PipelineSpec
+from spanflow.spec.topology import Capabilities, Link, Site
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    at: float = Field(description="Wall-clock time of the decision.")
+    epoch: int = Field(default=0, ge=0, description="Leadership epoch of the writer.")
+
+
+# -- topology and nodes ------------------------------------------------------------------
+class TopologyApplied(_Record):
+    """A topology file was merged: its sites and links replace those of the same name."""
+
+    kind: Literal["topology"] = "topology"
+    name: str
+    sites: tuple[Site, ...] = ()
+    links: tuple[Link, ...] = ()
+
+
+class SitePut(_Record):
+    """A site was added or changed through the API."""
+
+    kind: Literal["site"] = "site"
+    site: Site
+
+
+class LinkPut(_Record):
+    """A link between two sites was added or changed through the API."""
+
+    kind: Literal["link"] = "link"
+    link: Link
+
+
+class NodeDeclared(_Record):
+    """A topology file declares (or re-declares) a node; its state is kept."""
+
+    kind: Literal["node-declared"] = "node-declared"
+    node: NodeRecord
+
+
+class NodeRegistered(_Record):
+    """An agent started on a node and registered; the node is alive."""
+
+    kind: Literal["node-registered"] = "node-registered"
+    node: NodeRecord
+    rejoined: bool = False
+
+
+class _NodeStateChanged(_Record):
+    node: str
+    reason: str = ""
+
+
+class NodeFailed(_NodeStateChanged):
+    """A node missed heartbeats for ``failure_after`` periods."""
+
+    kind: Literal["node-failed"] = "node-failed"
+
+
+class NodeRecovered(_NodeStateChanged):
+    """A failed node was heard again."""
+
+    kind: Literal["node-recovered"] = "node-recovered"
+
+
+class NodeDrained(_NodeStateChanged):
+    """A node takes no new fragments; its fragments are moved away."""
+
+    kind: Literal["node-drained"] = "node-drained"
+
+
+class NodeCapabilitiesChanged(_Record):
+    kind: Literal["node-capabilities"] = "node-capabilities"
+    node: str
+    capabilities: Capabilities
+
+
+class NodeRemoved(_Record):
+    kind: Literal["node-removed"] = "node-removed"
+    node: str
+
+
+# -- pipelines ----------------------------------------------------------------------------
+class PipelineSubmitted(_Record):
+    """A pipeline was accepted (new, or resubmitted after it stopped or ended)."""
+
+    kind: Literal["pipeline-submitted"] = "pipeline-submitted"
+    pipeline: PipelineRecord
+
+
+class PipelineStateChanged(_Record):
+    """A pipeline moved along its lifecycle (``spec.cluster.TRANSITIONS``)."""
+
+    kind: Literal["pipeline-state"] = "pipeline-state"
+    pipeline: str
+    state: PipelineState
+    reason: str = ""
+
+
+class _PipelineEnded(_Record):
+    """A pipeline stopped for good, or at a savepoint; its assignments are gone."""
+
+    pipeline: str
+    reason: str = ""
+
+
+class PipelineCanceled(_PipelineEnded):
+    kind: Literal["pipeline-canceled"] = "pipeline-canceled"
+
+
+class PipelineFinished(_PipelineEnded):
+    kind: Literal["pipeline-finished"] = "pipeline-finished"
+
+
+class PipelineFailed(_PipelineEnded):
+    kind: Literal["pipeline-failed"] = "pipeline-failed"
+
+
+class PipelineStopped(_PipelineEnded):
+    """Every fragment stopped at the savepoint it was asked for."""
+
+    kind: Literal["pipeline-stopped"] = "pipeline-stopped"
+
+
+PipelineEnded = PipelineCanceled | PipelineFinished | PipelineFailed | PipelineStopped
+
+
+class SavepointStarted(_Record):
+    """Every fragment of a pipeline is asked to stop at a savepoint under ``savepoint``."""
+
+    kind: Literal["pipeline-savepoint"] = "pipeline-savepoint"
+    pipeline: str
+    savepoint: str
+    fragment_dirs: dict[str, str] = Field(description="fragment id → its savepoint dir")
+
+
+class PipelineResumed(_Record):
+    """A stopped pipeline starts again from a savepoint."""
+
+    kind: Literal["pipeline-resumed"] = "pipeline-resumed"
+    pipeline: str
+    savepoint: str
+
+
+# -- placement ----------------------------------------------------------------------------
+class FragmentsAssigned(_Record):
+    """Fragments of one pipeline were placed; each assignment carries a new epoch."""
+
+    kind: Literal["assign"] = "assign"
+    pipeline: str
+    plan: tuple[Fragment, ...] = Field(description="The pipeline's fragments, as planned.")
+    assignments: tuple[Assignment, ...]
+
+
+class FragmentsUnassigned(_Record):
+    """A node's fragments were taken away (it failed, drained or left)."""
+
+    kind: Literal["unassign"] = "unassign"
+    node: str
+    fragments: tuple[str, ...]
+    reason: str = ""
+
+
+class MoveStarted(_Record):
+    """A running fragment is asked to stop at a savepoint, to start on ``to`` from it."""
+
+    kind: Literal["move-start"] = "move-start"
+    fragment: str
+    node: str = Field(description="Where it runs now.")
+    to: str
+    savepoint_dir: str
+    reason: str = ""
+
+
+class MoveFinished(_Record):
+    """The fragment stopped at its savepoint; it is assigned to its new node."""
+
+    kind: Literal["move-done"] = "move-done"
+    fragment: str
+    node: str = Field(description="Where it ran.")
+    to: str
+    fragment_epoch: int = Field(ge=1, description="The fragment's epoch on its new node.")
+
+
+class LeaderElected(_Record):
+    """A coordinator won the election; records of older epochs are refused from now."""
+
+    kind: Literal["leader"] = "leader"
+    leader: str
+
+
+RECORD_CLASSES: tuple[type[_Record], ...] = (
+    TopologyApplied,
+    SitePut,
+    LinkPut,
+    NodeDeclared,
+    NodeRegistered,
+    NodeFailed,
+    NodeRecovered,
+    NodeDrained,
+    NodeCapabilitiesChanged,
+    NodeRemoved,
+    PipelineSubmitted,
+    PipelineStateChanged,
+    PipelineCanceled,
+    PipelineFinished,
+    PipelineFailed,
+    PipelineStopped,
+    SavepointStarted,
+    PipelineResumed,
+    FragmentsAssigned,
+    FragmentsUnassigned,
+    MoveStarted,
+    MoveFinished,
+    LeaderElected,
+)
+
+Record = Annotated[
+    TopologyApplied
+    | SitePut
+    | LinkPut
+    | NodeDeclared
+    | NodeRegistered
+    | NodeFailed
+    | NodeRecovered
+    | NodeDrained
+    | NodeCapabilitiesChanged
+    | NodeRemoved
+    | PipelineSubmitted
+    | PipelineStateChanged
+    | PipelineCanceled
+    | PipelineFinished
+    | PipelineFailed
+    | PipelineStopped
+    | SavepointStarted
+    | PipelineResumed
+    | FragmentsAssigned
+    | FragmentsUnassigned
+    | MoveStarted
+    | MoveFinished
+    | LeaderElected,
+    Field(discriminator="kind"),
+]
+"""Every record kind, as one tagged union (the tag is ``kind``)."""
+
+RECORDS: TypeAdapter[Record] = TypeAdapter(Record)
+
+RECORD_KINDS: tuple[str, ...] = tuple(cls.model_fields["kind"].default for cls in RECORD_CLASSES)
+
+
+def encode(record: Record) -> bytes:
+    return record.model_dump_json().encode()
+
+
+def decode(data: bytes) -> Record:
+    return RECORDS.validate_json(data)
+
+
+def summary(record: Record) -> dict[str, object]:
+    """What the log API shows of a record: its fields, with big values abbreviated."""
+    out: dict[str, object] = {}
+    for name, value in record:
+        if name in ("kind", "at", "epoch"):
+            continue
+        if isinstance(value, NodeRecord):
+            out[name] = value.name
+        elif isinstance(value, PipelineRecord):
+            out[name] = value.name
+            out["run_id"] = value.run_id
+        elif name == "assignments":
+            out["placement"] = {a.fragment.id: a.node for a in value}
+        elif name == "plan":
+            continue
+        elif isinstance(value, PipelineSpec | Site | Link | Capabilities):
+            out[name] = value.model_dump(mode="json", by_alias=True)
+        elif isinstance(value, tuple) and value and isinstance(value[0], Site | Link):
+            out[name] = [v.model_dump(mode="json", by_alias=True) for v in value]
+        else:
+            out[name] = value.value if hasattr(value, "value") else value
+    return out

@@ -1,0 +1,243 @@
+"""Scheduler room: where fragments run — placing the unplaced, taking fragments off a
+node that failed, drained or left, and moving running fragments when a fresh plan is
+clearly better (a move goes through a savepoint, so state and exactly-once output
+survive it).
+
+Pure decisions over a :class:`~spanflow.control.state.Draft`; ``now`` is the
+coordinator's monotonic clock (for how long a node has been settling).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from pathlib import Path
+
+from spanflow.control import pipelines
+from spanflow.control import records as r
+from spanflow.control.settings import CoordinatorSettings
+from spanflow.control.state import ClusterState, Draft, Observed
+from spanflow.plan import ClusterView, PlacementError, Placer
+from spanflow.plan.fragments import PlanError
+from spanflow.plan.planner import hops_of, place
+from spanflow.spec.cluster import Assignment, Fragment, NodeState, PipelineState
+
+log = logging.getLogger(__name__)
+
+
+def cluster_view(state: ClusterState, observed: Observed) -> ClusterView:
+    used: dict[str, int] = {}
+    for a in state.assignments.values():
+        used[a.node] = used.get(a.node, 0) + 1
+    return ClusterView(
+        topology=state.full_topology(),
+        nodes=state.nodes,
+        used_slots=used,
+        cpu_percent={n: hb.cpu_percent for n, hb in observed.heartbeats.items()},
+    )
+
+
+def schedule(
+    tx: Draft,
+    placer: Placer,
+    settings: CoordinatorSettings,
+    observed: Observed,
+    exclude: Iterable[str] = (),
+) -> None:
+    """Place every fragment of an active pipeline that has no node (highest priority first)."""
+    active = [p for p in tx.state.pipelines.values() if p.state in pipelines.ACTIVE]
+    active.sort(key=lambda p: (-p.priority, p.submitted_at))
+    for record in active:
+        try:
+            planned = pipelines.fragments(tx.state, record)
+        except PlanError as exc:
+            pipelines.end(tx, record.name, PipelineState.FAILED, f"cannot be planned: {exc}")
+            continue
+        missing = [f for f in planned if f.id not in tx.state.assignments]
+        if not missing:
+            continue
+        try:
+            placement = placer.place(
+                record, missing, cluster_view(tx.state, observed), exclude=exclude
+            )
+        except PlacementError as exc:
+            waiting = (
+                PipelineState.CREATED
+                if record.state == PipelineState.CREATED
+                else PipelineState.FAILING
+            )
+            pipelines.set_state(tx, record.name, waiting, f"waiting for a node: {exc}")
+            continue
+        made = []
+        for fragment in missing:
+            epoch = record.epochs.get(fragment.id, 0) + 1
+            made.append(
+                Assignment(
+                    fragment=fragment,
+                    node=placement[fragment.id],
+                    epoch=epoch,
+                    checkpoint_dir=str(
+                        Path(settings.checkpoint_root) / record.name / record.run_id / fragment.id
+                    ),
+                    restore_from=(
+                        str(Path(record.restore_from) / fragment.id)
+                        if record.restore_from
+                        else None
+                    ),
+                    reason="placed" if epoch == 1 else "re-placed",
+                )
+            )
+        tx.add(r.FragmentsAssigned, pipeline=record.name, plan=tuple(planned), assignments=made)
+
+
+def move_fragments_off(
+    tx: Draft,
+    node: str,
+    *,
+    reason: str,
+    placer: Placer,
+    settings: CoordinatorSettings,
+    observed: Observed,
+    failed: bool = False,
+) -> None:
+    """Unassign a node's fragments and place them on other nodes.
+
+    A silent node of a site with its own NATS server keeps its local fragments when no
+    other node of the site is live: it is most likely cut off, not dead (its data is on
+    the site's server, out of everyone else's reach), and it keeps processing and
+    buffering; it picks up where it is when the uplink returns."""
+    moving = tx.state.assignments_on(node)
+    if failed:
+        moving = [a for a in moving if not stranded_at_own_site(tx.state, a, node)]
+    if not moving:
+        return
+    tx.add(
+        r.FragmentsUnassigned,
+        node=node,
+        fragments=tuple(a.fragment.id for a in moving),
+        reason=reason,
+    )
+    for name in sorted({a.fragment.pipeline for a in moving}):
+        record = tx.state.pipelines.get(name)
+        if record is not None and record.state in pipelines.ACTIVE:
+            pipelines.set_state(tx, name, PipelineState.FAILING, reason)
+    schedule(tx, placer, settings, observed, exclude=[node])
+
+
+def stranded_at_own_site(state: ClusterState, a: Assignment, node: str) -> bool:
+    site_name = a.fragment.site
+    if a.fragment.kind != "local" or site_name is None:
+        return False
+    site = state.topology.site(site_name)
+    if site is None or not site.nats_url:
+        return False
+    return not any(
+        n.state == NodeState.ALIVE and n.spec.site == site_name and n.name != node
+        for n in state.nodes.values()
+    )
+
+
+# -- re-planning ---------------------------------------------------------------------------
+def cost(state: ClusterState, fragment: Fragment, node: str) -> float | None:
+    """What a placement costs in the planner's terms: a local fragment's distance from
+    its own site, a global fragment's worst latency to its input sites."""
+    record = state.nodes.get(node)
+    if record is None:
+        return None
+    topology = state.topology
+    site = record.spec.site
+    if fragment.kind == "local" and fragment.site is not None:
+        return topology.latency(fragment.site, site)
+    values = [topology.latency(site, s) for s in fragment.input_sites]
+    if any(v is None for v in values):
+        return None
+    return max((v for v in values if v is not None), default=0.0)
+
+
+def settling(observed: Observed, settings: CoordinatorSettings, now: float) -> list[str]:
+    """Nodes that joined or recovered less than ``settle_seconds`` ago."""
+    limit = now - settings.settle_seconds
+    return [n for n in observed.unsettled if observed.alive_since.get(n, 0) > limit]
+
+
+def rebalance_settled(
+    tx: Draft, observed: Observed, settings: CoordinatorSettings, now: float
+) -> list[str]:
+    """Re-plan once nodes that joined or recovered have stayed alive long enough;
+    returns the nodes that settled (the shell forgets they were settling)."""
+    still = set(settling(observed, settings, now))
+    settled = sorted(observed.unsettled - still)
+    live = [n for n in settled if n in tx.state.nodes]
+    if live:
+        rebalance(tx, observed, settings, now, f"node {', '.join(live)} joined")
+    return settled
+
+
+def rebalance(
+    tx: Draft, observed: Observed, settings: CoordinatorSettings, now: float, reason: str
+) -> None:
+    """After a topology change, re-plan running fragments one at a time and move the
+    ones whose new place is better by the margin."""
+    view = cluster_view(tx.state, observed)
+    used = view.used_slots
+    margin = settings.replan_margin
+    exclude_settling = settling(observed, settings, now)
+    for record in sorted(tx.state.pipelines.values(), key=lambda p: -p.priority):
+        if record.state != PipelineState.RUNNING or not record.fragments:
+            continue
+        for a in tx.state.assignments_of(record.name):
+            if a.action != "run" or a.move_to:
+                continue
+            current = cost(tx.state, a.fragment, a.node)
+            used[a.node] = used.get(a.node, 1) - 1
+            try:
+                plan = place(
+                    [a.fragment],
+                    view,
+                    priority=record.priority,
+                    latency_budget=record.latency_budget,
+                    trigger=record.spec.trigger,
+                    hops=hops_of(record.fragments),
+                    exclude=[n for n in exclude_settling if n != a.node],
+                )
+            except PlacementError:
+                used[a.node] = used.get(a.node, 0) + 1
+                continue
+            target = plan.placement[a.fragment.id]
+            better = cost(tx.state, a.fragment, target)
+            gain = (current if current is not None else float("inf")) - (better or 0.0)
+            if target == a.node or better is None or gain <= max(0.001, margin * (current or 0)):
+                used[target] = used.get(target, 1) - 1
+                used[a.node] = used.get(a.node, 0) + 1
+                continue
+            start_move(tx, a, target, f"{reason}: {plan.decisions[0].why}", settings)
+
+
+def start_move(
+    tx: Draft, a: Assignment, target: str, reason: str, settings: CoordinatorSettings
+) -> None:
+    savepoint = (
+        Path(settings.savepoint_root)
+        / "moves"
+        / a.fragment.pipeline
+        / f"{a.fragment.id}-e{a.epoch}"
+    )
+    tx.add(
+        r.MoveStarted,
+        fragment=a.fragment.id,
+        node=a.node,
+        to=target,
+        savepoint_dir=str(savepoint),
+        reason=reason,
+    )
+    log.info("moving %s from %s to %s: %s", a.fragment.id, a.node, target, reason)
+
+
+def finish_move(tx: Draft, a: Assignment) -> None:
+    """The fragment stopped at a savepoint on its old node: start it on the new one."""
+    assert a.move_to is not None
+    record = tx.state.pipelines.get(a.fragment.pipeline)
+    if record is None:
+        return
+    epoch = max(record.epochs.get(a.fragment.id, 0), a.epoch) + 1
+    tx.add(r.MoveFinished, fragment=a.fragment.id, node=a.node, to=a.move_to, fragment_epoch=epoch)

@@ -1,0 +1,54 @@
+"""How a coordinator is configured (command line and ``spanflow up``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from spanflow.spec.topology import Topology
+
+
+@dataclass
+class CoordinatorSettings:
+    nats_url: str
+    state_dir: str = "spanflow-data/cluster"
+    """Checkpoints and savepoints: storage every node can reach (one machine: a local dir)."""
+    heartbeat_interval: float = 1.0
+    hub_domain: str | None = None
+    """JetStream domain of the cluster's (hub) server; nodes of sites with their own
+    server reach the control plane's buckets and streams through it."""
+    failure_after: int = 3
+    """A node silent for this many heartbeat periods is failed."""
+    token: str | None = None
+    topology: Topology | None = None
+    replan_margin: float = 0.2
+    """A fragment moves only when its new place is better by this share of its current
+    cost (worst input latency) and by at least a millisecond."""
+    name: str = "coordinator"
+    """Unique per replica: the lease names its holder."""
+    url: str | None = None
+    """Where this replica's API answers (standbys redirect writes to the leader's)."""
+    replicas: int = 1
+    """Copies of the control log and buckets: 3 on a three-server NATS cluster."""
+    lease_seconds: float = 3.0
+    """A leader that stops renewing its lease loses it after this long; a standby then
+    takes office. Renewed every third of it."""
+    settle_heartbeats: int = 10
+    """A node that joined or recovered is a move target only after this many heartbeat
+    periods alive, so a flapping node does not pull fragments back and forth."""
+
+    @property
+    def settle_seconds(self) -> float:
+        return self.settle_heartbeats * self.heartbeat_interval
+
+    @property
+    def failure_seconds(self) -> float:
+        return self.heartbeat_interval * self.failure_after
+
+    @property
+    def checkpoint_root(self) -> str:
+        return str(Path(self.state_dir) / "checkpoints")
+
+    @property
+    def savepoint_root(self) -> str:
+        return str(Path(self.state_dir) / "savepoints")

@@ -1,0 +1,145 @@
+"""Views room: what the API shows of the state and of what nodes report. Read-only."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from spanflow.control import pipelines, registry
+from spanflow.control.state import ClusterState, Observed
+from spanflow.plan.planner import hops_of
+from spanflow.spec.cluster import NodeState, PipelineState
+
+
+def pipeline_status(state: ClusterState, observed: Observed, name: str) -> dict[str, Any]:
+    record = pipelines.pipeline(state, name)
+    shown = pipelines.shown_fragments(state, record)
+    topology = state.topology
+    fragments = []
+    path = 0.0
+    for f in shown:
+        a = state.assignments.get(f.id)
+        rt = observed.runtime.get(f.id)
+        node = state.nodes.get(a.node) if a else None
+        worst = (
+            max((topology.latency(node.spec.site, s) or 0.0 for s in f.input_sites), default=0)
+            if node is not None
+            else 0.0
+        )
+        path = max(path, worst)
+        fragments.append(
+            {
+                "id": f.id,
+                "kind": f.kind,
+                "site": node.spec.site if node else f.site,
+                "input_sites": list(f.input_sites),
+                "steps": list(f.steps),
+                "node": a.node if a else None,
+                "epoch": a.epoch if a else record.epochs.get(f.id, 0),
+                "action": a.action if a else None,
+                "status": (
+                    rt.status
+                    if rt and a and rt.epoch == a.epoch
+                    else ("starting" if a else "unassigned")
+                ),
+                "input_latency_s": round(worst, 4),
+                "runtime": rt.model_dump() if rt else None,
+            }
+        )
+    batch_ms = [rt.last_batch_ms for f in shown if (rt := observed.runtime.get(f.id)) is not None]
+    # Every fragment on the path waits up to a trigger interval and runs one batch;
+    # the network adds the worst one-way latency into a global fragment.
+    hops = hops_of(shown) if shown else 1
+    estimate = path + hops * (record.spec.trigger + max(batch_ms) / 1000) if batch_ms else None
+    return {
+        "name": name,
+        "state": record.state.value,
+        "reason": record.reason,
+        "latency_estimate_s": round(estimate, 3) if estimate is not None else None,
+        "over_latency_budget": (
+            estimate > record.latency_budget
+            if estimate is not None and record.latency_budget
+            else None
+        ),
+        "priority": record.priority,
+        "latency_budget": record.latency_budget,
+        "parallelism": record.parallelism,
+        "run_id": record.run_id,
+        "submitted_at": record.submitted_at,
+        "savepoint": record.savepoint,
+        "fragments": fragments,
+        "history": [h.model_dump() for h in record.history],
+    }
+
+
+def pipeline_metrics(state: ClusterState, observed: Observed, name: str) -> dict[str, Any]:
+    record = pipelines.pipeline(state, name)
+    rts = [
+        observed.runtime[f.id]
+        for f in pipelines.shown_fragments(state, record)
+        if f.id in observed.runtime
+    ]
+    return {
+        "name": name,
+        "state": record.state.value,
+        "batches": sum(r.batches for r in rts),
+        "rows_in": sum(r.rows_in for r in rts),
+        "input_rows_per_s": sum(r.input_rows_per_s for r in rts),
+        "processed_rows_per_s": sum(r.processed_rows_per_s for r in rts),
+        "lag": sum(r.lag for r in rts),
+        "dead_letters": sum(r.dead_letters for r in rts),
+        "restarts": sum(r.restarts for r in rts),
+        "last_batch_ms": max((r.last_batch_ms for r in rts), default=0),
+        "fragments": {r.fragment_id: r.model_dump() for r in rts},
+    }
+
+
+def node_status(state: ClusterState, observed: Observed, name: str, now: float) -> dict[str, Any]:
+    """``now``: the monotonic clock, for how long ago the node was heard."""
+    record = registry.node(state, name)
+    hb = observed.heartbeats.get(name)
+    seen = observed.last_seen.get(name)
+    return {
+        **record.model_dump(mode="json"),
+        "name": name,
+        "fragments": sorted(a.fragment.id for a in state.assignments_on(name)),
+        "running": sorted(hb.fragments) if hb else [],
+        "agent_fragments": {k: v.model_dump() for k, v in hb.fragments.items()} if hb else {},
+        "slots": record.spec.capabilities.fragment_slots,
+        "cpu_percent": hb.cpu_percent if hb else None,
+        "memory_percent": hb.memory_percent if hb else None,
+        "last_heartbeat_s": round(now - seen, 2) if seen is not None else None,
+        "streams": [u.model_dump() for u in hb.streams] if hb else [],
+        "warnings": [u.warning for u in hb.streams if u.warning] if hb else [],
+        "last_known_assignments": hb.last_known if hb else False,
+        "ready": hb.ready if hb else False,
+    }
+
+
+def cluster_metrics(state: ClusterState, observed: Observed, uptime_s: float) -> dict[str, Any]:
+    nodes = state.nodes.values()
+    by_state: dict[str, int] = {s.value: 0 for s in NodeState}
+    for n in nodes:
+        by_state[n.state.value] += 1
+    live = [n for n in nodes if n.state in (NodeState.ALIVE, NodeState.DRAINING)]
+    slots = sum(n.spec.capabilities.fragment_slots for n in live)
+    cores = sum(n.spec.capabilities.cores for n in live)
+    used = len(state.assignments)
+    cpus = [observed.heartbeats[n.name].cpu_percent for n in live if n.name in observed.heartbeats]
+    by_pipeline_state: dict[str, int] = {s.value: 0 for s in PipelineState}
+    for p in state.pipelines.values():
+        by_pipeline_state[p.state.value] += 1
+    return {
+        "nodes": by_state,
+        "cores": cores,
+        "slots": slots,
+        "slots_used": used,
+        "utilisation": round(used / slots, 3) if slots else 0.0,
+        "cpu_percent": round(sum(cpus) / len(cpus), 1) if cpus else 0.0,
+        "throughput_rows_per_s": round(
+            sum(r.input_rows_per_s for r in observed.runtime.values()), 1
+        ),
+        "pipelines": by_pipeline_state,
+        "uptime_s": round(uptime_s, 1),
+        "leader": state.leader,
+        "leader_epoch": state.leader_epoch,
+    }

@@ -1,0 +1,99 @@
+"""A client of the coordinators' REST API that knows there may be several.
+
+Given a list of coordinator URLs (``http://a:7070,http://b:7070``), a request goes to
+the one that answered last; when it cannot be reached, or answers 503 (a standby that
+cannot take writes, or a leader that just lost its lease), the next URL is tried, and
+so on for up to ``patience`` seconds. A standby that knows the leader answers a write
+with a redirect to it (307), which is followed. Errors other than these come back to
+the caller as they are.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import httpx
+
+
+def parse_urls(given: str | Sequence[str]) -> list[str]:
+    """``"http://a, http://b"`` or a list → clean URLs without trailing slashes."""
+    parts = given.split(",") if isinstance(given, str) else list(given)
+    urls = [u.strip().rstrip("/") for u in parts if u.strip()]
+    if not urls:
+        raise ValueError("no coordinator URL given")
+    return urls
+
+
+class CoordinatorUnreachable(Exception):
+    """No coordinator of the list answered (the message lists what each said)."""
+
+
+class CoordinatorClient:
+    def __init__(
+        self,
+        urls: str | Sequence[str],
+        token: str | None = None,
+        *,
+        timeout: float = 30.0,
+        patience: float = 0.0,
+    ) -> None:
+        self.urls = parse_urls(urls)
+        self.headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.timeout = timeout
+        self.patience = patience
+        """Seconds to keep going round the list while every coordinator is unavailable
+        (an election takes a few seconds); 0: one round."""
+        self._current = 0
+
+    @property
+    def url(self) -> str:
+        """The coordinator that answered last (or the first)."""
+        return self.urls[self._current]
+
+    def _follow(self, r: httpx.Response) -> None:
+        """Remember the coordinator that answered (a redirect may have named another)."""
+        final = str(r.url)
+        for i, u in enumerate(self.urls):
+            if final.startswith(u + "/"):
+                self._current = i
+
+    def request(self, method: str, path: str, body: Any = None) -> httpx.Response:
+        """The first answer that is not 'unavailable'; raises
+        :class:`CoordinatorUnreachable` when every coordinator failed."""
+        deadline = time.monotonic() + self.patience
+        problems: dict[str, str] = {}
+        while True:
+            for _ in range(len(self.urls)):
+                url = self.url
+                try:
+                    r = httpx.request(
+                        method,
+                        f"{url}{path}",
+                        json=body,
+                        headers=self.headers,
+                        timeout=self.timeout,
+                        follow_redirects=True,
+                    )
+                except httpx.HTTPError as exc:
+                    problems[url] = str(exc) or type(exc).__name__
+                else:
+                    if r.status_code != 503:
+                        self._follow(r)
+                        return r
+                    problems[url] = f"503 {_detail(r)}"
+                self._current = (self._current + 1) % len(self.urls)
+            if time.monotonic() >= deadline:
+                raise CoordinatorUnreachable(
+                    "; ".join(f"coordinator {u}: {p}" for u, p in problems.items())
+                )
+            time.sleep(0.25)
+
+
+def _detail(r: httpx.Response) -> str:
+    try:
+        detail = r.json().get("detail")
+    except ValueError:
+        return r.text[:200]
+    return detail if isinstance(detail, str) else str(detail)

@@ -1,0 +1,1 @@
+"""The coordinator's REST API and dashboard endpoints; errors become HTTP here."""

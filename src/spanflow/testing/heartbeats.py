@@ -1,0 +1,42 @@
+"""Stand-in agents for control-plane tests and benchmarks: real heartbeats over real
+NATS for nodes registered without an agent process (no Spark), so the coordinator
+keeps them alive."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+
+from spanflow.nats.cluster import HEARTBEAT_PREFIX
+from spanflow.nats.streams import connect
+from spanflow.spec.cluster import Heartbeat
+
+
+class Heartbeats:
+    """Publishes a heartbeat every ``period`` seconds for each node in ``agents``
+    (node → agent id; add to it as nodes register), from a thread of its own."""
+
+    def __init__(self, url: str, period: float = 0.5) -> None:
+        self.url = url
+        self.period = period
+        self.agents: dict[str, str] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
+        self._thread.start()
+
+    async def _run(self) -> None:
+        nc = await connect(self.url)
+        seq = 0
+        while not self._stop.is_set():
+            seq += 1
+            for node, agent in list(self.agents.items()):
+                hb = Heartbeat(node=node, agent_id=agent, seq=seq)
+                with contextlib.suppress(Exception):  # a NATS server may be down: go on
+                    await nc.publish(f"{HEARTBEAT_PREFIX}.{node}", hb.model_dump_json().encode())
+            await asyncio.sleep(self.period)
+        await nc.close()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)

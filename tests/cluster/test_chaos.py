@@ -1,0 +1,213 @@
+"""Chaos on the highly available cluster (``spanflow up --ha``: three NATS servers,
+three coordinators, two agents with their own Spark), during a steady stream:
+SIGKILL the agent running the fragment, the leader coordinator, one NATS server and
+the other agent, each restarted as a supervisor would. Every reading must come out
+exactly once (lost 0, duplicated 0) and every window count must be exact."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import threading
+from collections import Counter
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from spanflow.cli.cluster import Api, LocalCluster
+from spanflow.nats.streams import connect, ensure_stream
+from spanflow.spec.retention import Retention
+from tests.helpers import read_all, wait_for
+
+pytestmark = pytest.mark.slow
+
+TOPOLOGY = """\
+sites: [{name: cloud, kind: cloud}]
+nodes:
+  - {name: n1, site: cloud, local: true, capabilities: {cores: 1, slots: 2}}
+  - {name: n2, site: cloud, local: true, capabilities: {cores: 1, slots: 2}}
+"""
+
+PIPELINE = """\
+name: chaos
+trigger: 0.5s
+sources:
+  - id: src
+    stream: CH_IN
+    subjects: ["chin.>"]
+    schema: {device: string, ts: timestamp, id: long}
+    event_time: ts
+    max_out_of_orderness: 1s
+    to: [by_device, keep]
+processors:
+  - {id: keep, type: filter, where: "id >= 0", to: [events]}
+  - {id: by_device, type: key_by, key: device, to: [count]}
+  - {id: count, type: window, tumbling: 2s, aggregates: {n: count}, to: [windows]}
+sinks:
+  - {id: events, type: jetstream, stream: CH_EVENTS, subject: "chevents.x"}
+  - {id: windows, type: jetstream, stream: CH_WINDOWS, subject: "chwindows.x"}
+"""
+
+BASE = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+class Feed:
+    """Readings with event times 10 ms apart (so windows are known in advance), sent
+    at about 100 per second; a publish that fails (a server died) is retried until
+    acknowledged, so every reading is stored exactly once (same message id)."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.sent = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
+        self._thread.start()
+
+    @staticmethod
+    def reading(i: int) -> dict[str, Any]:
+        ts = BASE + timedelta(milliseconds=10 * i)
+        return {"device": f"d{i % 4}", "ts": ts.isoformat(), "id": i}
+
+    async def _run(self) -> None:
+        nc = await connect(self.url)
+        js = nc.jetstream()
+        await ensure_stream(js, "CH_IN", ["chin.>"], retention=Retention(replicas=3))
+        while not self._stop.is_set():
+            record = self.reading(self.sent)
+            while True:
+                try:
+                    await js.publish(
+                        f"chin.{record['device']}",
+                        orjson.dumps(record),
+                        headers={"Nats-Msg-Id": f"r{self.sent}"},
+                        timeout=2,
+                    )
+                    break
+                except Exception:
+                    await asyncio.sleep(0.2)
+            self.sent += 1
+            await asyncio.sleep(0.01)
+        # One reading far ahead: the watermark passes every window of the run.
+        last = {"device": "flush", "ts": (BASE + timedelta(days=1)).isoformat(), "id": -1}
+        with contextlib.suppress(Exception):
+            await js.publish("chin.flush", orjson.dumps(last), headers={"Nats-Msg-Id": "flush"})
+        await nc.close()
+
+    def stop(self) -> int:
+        self._stop.set()
+        self._thread.join(60)
+        return self.sent
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
+    topology = tmp_path / "topology.yaml"
+    topology.write_text(TOPOLOGY)
+    c = LocalCluster(topology, tmp_path / "data", port=0, ha=True)
+    try:
+        yield c.start()
+    finally:
+        c.stop()
+
+
+def fragment(api: Api) -> dict[str, Any]:
+    return dict(api.call("GET", "/api/v1/pipelines/chaos")["fragments"][0])
+
+
+def ready(api: Api, name: str) -> bool:
+    node = api.call("GET", f"/api/v1/nodes/{name}")
+    return bool(node["state"] == "alive" and node["ready"])
+
+
+def kill_the_fragments_node(cluster: LocalCluster, api: Api) -> None:
+    """SIGKILL the agent running the fragment; once it runs elsewhere, restart it."""
+    before = fragment(api)["node"]
+    cluster.kill(f"node-{before}")
+
+    def moved() -> bool:
+        f = fragment(api)
+        return f["node"] not in (None, before) and f["status"] == "running"
+
+    wait_for(moved, timeout=60)
+    cluster.start_node(before)
+
+
+def stored(url: str, stream: str) -> int:
+    async def go() -> int:
+        nc = await connect(url)
+        try:
+            return int((await nc.jetstream().stream_info(stream)).state.messages)
+        except Exception:
+            return 0
+        finally:
+            await nc.close()
+
+    return asyncio.run(go())
+
+
+def test_kills_of_agents_leader_and_a_nats_server_lose_and_repeat_nothing(
+    cluster: LocalCluster,
+) -> None:
+    api = Api(cluster.url, None, patience=30)
+    wait_for(lambda: ready(api, "n1") and ready(api, "n2"), timeout=240)
+    feed = Feed(cluster.nats_url)
+    api.call("POST", "/api/v1/pipelines", {"yaml": PIPELINE})
+    wait_for(lambda: fragment(api)["status"] == "running", timeout=120)
+
+    def events() -> int:
+        return stored(cluster.nats_url, "CH_EVENTS")
+
+    def some_progress() -> None:
+        seen = events()
+        wait_for(lambda: events() > seen + 50, timeout=120)
+
+    some_progress()
+    # 1. The agent running the fragment.
+    kill_the_fragments_node(cluster, api)
+    some_progress()
+    # 2. The leader coordinator.
+    leader = cluster.leader()
+    assert leader is not None
+    cluster.kill(leader)
+    wait_for(lambda: cluster.leader() not in (None, leader), timeout=30)
+    cluster.start_coordinator(leader)
+    some_progress()
+    # 3. One NATS server (not the one every client happens to use first).
+    cluster._nats.servers[1].kill()
+    some_progress()
+    cluster._nats.restart(1)
+    wait_for(lambda: ready(api, "n1") and ready(api, "n2"), timeout=240)
+    # 4. The other agent (now running the fragment).
+    kill_the_fragments_node(cluster, api)
+    some_progress()
+
+    sent = feed.stop()
+    wait_for(lambda: events() >= sent, timeout=180)
+    ids = Counter(json.loads(data)["id"] for _, data, _ in read_all(cluster.nats_url, "CH_EVENTS"))
+    assert ids == Counter(range(sent)), (
+        f"lost {len(set(range(sent)) - set(ids))}, "
+        f"duplicated {sum(n - 1 for n in ids.values() if n > 1)}"
+    )
+    expected: Counter[tuple[str, str]] = Counter()
+    for i in range(sent):
+        r = Feed.reading(i)
+        start = BASE + timedelta(seconds=(10 * i // 1000) // 2 * 2)
+        expected[(r["device"], start.isoformat())] += 1
+
+    def windows() -> dict[tuple[str, str], list[int]]:
+        out: dict[tuple[str, str], list[int]] = {}
+        for _, data, _ in read_all(cluster.nats_url, "CH_WINDOWS"):
+            w = json.loads(data)
+            start = datetime.fromisoformat(w["window_start"].replace("Z", "+00:00"))
+            out.setdefault((w["device"], start.isoformat()), []).append(w["n"])
+        return out
+
+    wait_for(lambda: len(windows()) >= len(expected), timeout=120)
+    got = windows()
+    assert {k: v for k, v in got.items() if len(v) > 1} == {}  # each window once
+    assert {k: v[0] for k, v in got.items()} == dict(expected)

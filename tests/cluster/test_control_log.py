@@ -1,0 +1,71 @@
+"""The control log on a real NATS server: appends are compare-and-set on the log's last
+sequence (a second writer is refused), and recovery rebuilds state and KV from the log."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from nats.js.errors import NoKeysError
+
+from spanflow.control import records as r
+from spanflow.control.errors import Unavailable
+from spanflow.control.log import ControlLog, projection
+from spanflow.control.state import ClusterState
+from spanflow.nats.cluster import ASSIGNMENTS_BUCKET, NODES_BUCKET
+from spanflow.nats.server import EmbeddedNats
+from spanflow.nats.streams import connect
+from spanflow.spec.cluster import NodeRecord, NodeState
+from spanflow.spec.topology import NodeSpec, Site
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[EmbeddedNats]:
+    with EmbeddedNats(tmp_path / "nats") as s:
+        yield s
+
+
+def _node(name: str) -> r.NodeRegistered:
+    record = NodeRecord(spec=NodeSpec(name=name, site="s"), state=NodeState.ALIVE)
+    return r.NodeRegistered(at=1.0, node=record)
+
+
+def test_a_second_writer_is_refused_and_recovery_repairs_kv(server: EmbeddedNats) -> None:
+    async def go() -> None:
+        nc1, nc2 = await connect(server.url), await connect(server.url)
+        leader, other = await ControlLog.open(nc1), await ControlLog.open(nc2)
+        state = ClusterState()
+        site = r.SitePut(at=0.5, site=Site(name="s"))
+        assert await leader.commit(state, [site, _node("a1")]) == 2
+        stale, _ = await other.recover()
+        assert await leader.commit(state, [_node("b1")]) == 3
+        # The other writer's view ends at 2: its append is refused, its state untouched.
+        with pytest.raises(Unavailable) as refused:
+            await other.commit(stale, [r.NodeRemoved(at=2.0, node="a1")])
+        assert refused.value.code == "stale_leader"
+        assert set(stale.nodes) == {"a1"} and stale.applied == 2
+        assert await other.last_seq() == 3
+
+        # KV damaged behind the log's back (a crash between append and projection).
+        await leader.buckets[NODES_BUCKET].delete("b1")
+        await leader.buckets[ASSIGNMENTS_BUCKET].put("ghost.x", b"{}")
+        recovered, count = await other.recover()
+        assert count == 3 and recovered.applied == 3
+        assert projection(recovered) == projection(state)
+        assert (await leader.buckets[NODES_BUCKET].get("b1")).value is not None
+        assert "ghost.x" not in await _keys(leader, ASSIGNMENTS_BUCKET)
+        # Now up to date, the same writer commits.
+        assert await other.commit(recovered, [r.NodeRemoved(at=3.0, node="a1")]) == 4
+        await nc1.close()
+        await nc2.close()
+
+    asyncio.run(go())
+
+
+async def _keys(log: ControlLog, bucket: str) -> list[str]:
+    try:
+        return list(await log.buckets[bucket].keys())
+    except NoKeysError:
+        return []

@@ -1,0 +1,166 @@
+"""Three coordinators over a three-server NATS cluster (``spanflow up --ha`` without
+nodes): one leads, standbys answer reads and redirect writes, a SIGKILLed leader is
+replaced within seconds with nothing lost, a killed NATS server is survived, and a
+restarted replica comes back as a standby with the whole state."""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from spanflow.cli.cluster import Api, LocalCluster
+from spanflow.testing.heartbeats import Heartbeats
+from tests.helpers import wait_for
+
+pytestmark = pytest.mark.slow
+
+TOPOLOGY = """\
+sites: [{name: edge-a}, {name: cloud, kind: cloud}]
+nodes:
+  - {name: a1, site: edge-a, streams: [{name: HA_IN, subjects: ["hain.>"]}]}
+  - {name: c1, site: cloud}
+links: [{between: [edge-a, cloud], latency: 20ms}]
+"""
+
+PIPELINE = """\
+name: {name}
+sources:
+  - {{id: src, stream: HA_IN, schema: {{x: long}}, to: [out]}}
+sinks:
+  - {{id: out, type: jetstream, stream: HA_OUT_{upper}, subject: "haout.{name}"}}
+"""
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    root = tmp_path_factory.mktemp("ha")
+    topology = root / "topology.yaml"
+    topology.write_text(TOPOLOGY)
+    c = LocalCluster(topology, root / "data", port=0, ha=True, heartbeat=0.5)
+    beats: Heartbeats | None = None
+    try:
+        c.start()
+        wait_for(lambda: c.leader() is not None, timeout=30)
+        beats = Heartbeats(c.nats_url)
+        c.heartbeats = beats  # type: ignore[attr-defined]
+        yield c
+    finally:
+        if beats is not None:
+            beats.stop()
+        c.stop()
+
+
+def register(api: Api, name: str, site: str, agent: str, cluster: LocalCluster) -> dict[str, Any]:
+    body = {"name": name, "site": site, "agent_id": agent}
+    answer = dict(api.call("POST", "/api/v1/nodes", body))
+    cluster.heartbeats.agents[name] = agent  # type: ignore[attr-defined]
+    return answer
+
+
+def submit(api: Api, name: str) -> dict[str, Any]:
+    text = PIPELINE.format(name=name, upper=name.upper())
+    return dict(api.call("POST", "/api/v1/pipelines", {"yaml": text}))
+
+
+def view(api: Api) -> dict[str, Any]:
+    nodes = api.call("GET", "/api/v1/nodes")
+    pipelines = api.call("GET", "/api/v1/pipelines")
+    return {
+        "nodes": {n["name"]: (n["state"], n["agent_id"]) for n in nodes},
+        "pipelines": {
+            p["name"]: (
+                p["state"],
+                p["run_id"],
+                [(f["id"], f["node"], f["epoch"]) for f in p["fragments"]],
+            )
+            for p in pipelines
+        },
+    }
+
+
+def standby(cluster: LocalCluster) -> str:
+    leader = cluster.leader()
+    return next(n for n in cluster.coordinators if n != leader and cluster.procs[n].poll() is None)
+
+
+def test_one_leader_standbys_read_and_redirect_writes(cluster: LocalCluster) -> None:
+    roles = {
+        n: httpx.get(f"{cluster.coordinator_urls[n]}/healthz").json()["role"]
+        for n in cluster.coordinators
+    }
+    assert sorted(roles.values()) == ["leader", "standby", "standby"]
+    other = Api(cluster.coordinator_urls[standby(cluster)], None)
+    register(other, "a1", "edge-a", "agent-a1", cluster)  # a write to a standby reaches the leader
+    assert submit(other, "p1")["state"] == "planned"
+    # Every replica has it (standbys tail the log).
+    for name in cluster.coordinators:
+        one = Api(cluster.coordinator_urls[name], None)
+        wait_for(lambda one=one: "p1" in view(one)["pipelines"], timeout=10)
+        assert view(one) == view(cluster.api())
+    log = cluster.api().call("GET", "/api/v1/cluster/log?limit=1000")
+    assert [r["kind"] for r in log].count("leader") == 1 and log[0]["epoch"] == 1
+
+
+def test_killed_leader_is_replaced_and_nothing_is_lost(cluster: LocalCluster) -> None:
+    api = cluster.api()
+    before = view(api)
+    old = cluster.leader()
+    assert old is not None
+    cluster.kill(old)
+    killed = time.monotonic()
+    # Writes through the URL list go on: the client waits out the election.
+    register(api, "c1", "cloud", "agent-c1", cluster)
+    took = time.monotonic() - killed
+    new = cluster.leader()
+    assert new is not None and new != old
+    assert took < 10, f"a new leader accepted a write {took:.1f} s after the kill"
+    after = view(api)
+    assert after["pipelines"] == before["pipelines"]
+    assert after["nodes"]["a1"] == before["nodes"]["a1"] and after["nodes"]["c1"][0] == "alive"
+    epochs = [r["epoch"] for r in api.call("GET", "/api/v1/cluster/log?limit=1000")]
+    assert epochs == sorted(epochs) and epochs[-1] == 2  # the new leader's epoch
+    # The killed replica comes back as a standby with the whole state.
+    cluster.start_coordinator(old)
+    back = Api(cluster.coordinator_urls[old], None)
+    assert httpx.get(f"{cluster.coordinator_urls[old]}/healthz").json()["role"] == "standby"
+    wait_for(lambda: view(back) == view(api), timeout=10)
+
+
+def test_the_control_plane_survives_a_nats_server_kill(cluster: LocalCluster) -> None:
+    api = cluster.api()
+    nats = cluster._nats
+    victim = 0
+    nats.servers[victim].kill()
+    try:
+        assert submit(api, "p2")["state"] == "planned"
+        wait_for(lambda: cluster.leader() is not None, timeout=15)
+        assert "p2" in view(api)["pipelines"]
+    finally:
+        nats.restart(victim)
+
+
+def test_a_standby_never_writes_the_log(cluster: LocalCluster) -> None:
+    """SIGSTOP the leader past its lease: a standby takes office; when the old leader
+    wakes it finds the lease gone and steps down without a write (its appends would be
+    refused: the log moved on)."""
+    api = cluster.api()
+    old = cluster.leader()
+    assert old is not None
+    cluster.procs[old].send_signal(signal.SIGSTOP)
+    try:
+        wait_for(lambda: cluster.leader() not in (None, old), timeout=15)
+        register(api, "c1", "cloud", "agent-c1b", cluster)
+    finally:
+        cluster.procs[old].send_signal(signal.SIGCONT)
+    old_url = cluster.coordinator_urls[old]
+    wait_for(lambda: httpx.get(f"{old_url}/healthz").json()["role"] == "standby", timeout=15)
+    leaders = [
+        r for r in api.call("GET", "/api/v1/cluster/log?limit=1000") if r["kind"] == "leader"
+    ]
+    assert [r["epoch"] for r in leaders] == list(range(1, len(leaders) + 1))
+    wait_for(lambda: view(Api(old_url, None)) == view(api), timeout=10)

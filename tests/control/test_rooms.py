@@ -1,0 +1,410 @@
+"""The control rooms' decisions, without NATS or Spark: an in-memory log and a fake clock.
+
+Each test drives requests and node reports through the rooms the way the coordinator's
+shell composes them, checks the records decided, and that replaying the log (through
+JSON, as a standby reads it) rebuilds exactly the same state.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from spanflow.api.topology_loader import load_topology_text
+from spanflow.api.yaml_loader import load_pipeline_text
+from spanflow.control import (
+    pipelines,
+    reconciler,
+    registry,
+    scheduler,
+    topology_manager,
+)
+from spanflow.control import (
+    records as r,
+)
+from spanflow.control.errors import Conflict, Invalid, NotFound
+from spanflow.control.log import projection
+from spanflow.control.requests import Registration, Submission
+from spanflow.control.settings import CoordinatorSettings
+from spanflow.control.state import Draft, StaleRecord, apply
+from spanflow.plan.planner import GeoPlacer
+from spanflow.spec.cluster import (
+    Activity,
+    FragmentRuntime,
+    Heartbeat,
+    NodeState,
+    PipelineState,
+)
+
+TOPOLOGY = """
+sites:
+  - {name: edge-a}
+  - {name: edge-b, nats_url: "nats://edge-b:4222"}
+  - {name: cloud, kind: cloud}
+nodes:
+  - {name: a1, site: edge-a, streams: [{name: IN_A, subjects: ["in.a.>"]}]}
+  - {name: b1, site: edge-b, streams: [{name: IN_B, subjects: ["in.b.>"]}]}
+  - {name: c1, site: cloud, capabilities: {cores: 2}}
+  - {name: c2, site: cloud, capabilities: {cores: 2}}
+links:
+  - {between: [edge-a, cloud], latency: 30ms}
+  - {between: [edge-b, cloud], latency: 30ms}
+"""
+
+PIPELINE = """\
+name: {name}
+sources:
+  - {{id: src, stream: {stream}, schema: {{x: long}}, to: [out]}}
+sinks:
+  - {{id: out, type: jetstream, stream: OUT_{upper}, subject: "out.{name}"}}
+"""
+
+PLACER = GeoPlacer()
+
+
+class Cluster:
+    """The shell's compositions of rooms, over an in-memory log."""
+
+    def __init__(self) -> None:
+        from spanflow.testing.control import InMemoryControl
+
+        self.c = InMemoryControl(CoordinatorSettings(nats_url="nats://hub:4222", state_dir="/sp"))
+        self.c.decide(lambda tx: registry.merge_topology(tx, load_topology_text(TOPOLOGY)))
+
+    @property
+    def state(self):  # type: ignore[no-untyped-def]
+        return self.c.state
+
+    def schedule(self, tx: Draft) -> None:
+        scheduler.schedule(tx, PLACER, self.c.settings, self.c.observed)
+
+    def register(self, name: str, site: str, agent: str | None = None) -> None:
+        reg = Registration(name=name, site=site, agent_id=agent or f"agent-{name}")
+
+        def decide(tx: Draft) -> None:
+            registry.register(tx, reg)
+            self.schedule(tx)
+
+        self.c.decide(decide)
+        self.c.observed.joined(name, self.c.clock.monotonic())
+
+    def submit(self, name: str, stream: str = "IN_A", budget: float | None = None) -> None:
+        text = PIPELINE.format(name=name, stream=stream, upper=name.upper())
+        sub = Submission(spec=load_pipeline_text(text, f"{name}.yaml"), latency_budget=budget)
+
+        def decide(tx: Draft) -> None:
+            pipelines.submit(tx, sub, run_id=f"run-{name}")
+            self.schedule(tx)
+
+        self.c.decide(decide)
+
+    def beat(self, node: str, **fragments: str) -> None:
+        """A heartbeat from ``node`` reporting each fragment's status (at its epoch)."""
+        runtimes = {}
+        for fid, status in fragments.items():
+            fid = fid.replace("__", ".")
+            a = self.state.assignments[fid]
+            runtimes[fid] = FragmentRuntime(fragment_id=fid, epoch=a.epoch, status=status)  # type: ignore[arg-type]
+        hb = Heartbeat(node=node, agent_id=f"agent-{node}", seq=1, fragments=runtimes)
+        now = self.c.clock.monotonic()
+        if not topology_manager.heard(self.state, self.c.observed, hb, now):
+            return
+
+        def decide(tx: Draft) -> bool:
+            recovered = topology_manager.recover(tx, node)
+            if recovered:
+                self.schedule(tx)
+            reconciler.refresh_states(tx, self.c.observed)
+            return recovered
+
+        if self.c.decide(decide):
+            self.c.observed.joined(node, now)
+
+    def check(self) -> list[str]:
+        """One pass of the shell's monitor."""
+        now = self.c.clock.monotonic()
+
+        def decide(tx: Draft) -> list[str]:
+            for name, quiet in topology_manager.silent(
+                tx.state, self.c.observed, self.c.settings, now
+            ):
+                topology_manager.fail(
+                    tx,
+                    name,
+                    quiet,
+                    placer=PLACER,
+                    settings=self.c.settings,
+                    observed=self.c.observed,
+                )
+                reconciler.refresh_states(tx, self.c.observed)
+            self.schedule(tx)
+            return scheduler.rebalance_settled(tx, self.c.observed, self.c.settings, now)
+
+        settled = self.c.decide(decide)
+        self.c.observed.unsettled -= set(settled)
+        return settled
+
+    def report(self, node: str, fid: str, event: str, status: str, **extra: str) -> None:
+        a = self.state.assignments[fid]
+        rt = FragmentRuntime(fragment_id=fid, epoch=a.epoch, status=status)  # type: ignore[arg-type]
+        act = Activity(node=node, agent_id=f"agent-{node}", event=event, runtime=rt, **extra)  # type: ignore[arg-type]
+
+        def decide(tx: Draft) -> None:
+            if reconciler.current_assignment(tx.state, act) is None:
+                return
+            self.c.observed.runtime[fid] = rt
+            reconciler.on_activity(tx, self.c.observed, act)
+
+        self.c.decide(decide)
+
+    def assert_replay_matches(self) -> None:
+        assert projection(self.c.replayed()) == projection(self.state)
+
+
+@pytest.fixture
+def cluster() -> Cluster:
+    return Cluster()
+
+
+def test_topology_declares_nodes_and_registration_checks_the_site(cluster: Cluster) -> None:
+    assert cluster.c.kinds() == ["topology"] + ["node-declared"] * 4
+    assert cluster.state.nodes["a1"].state == NodeState.DECLARED
+    with pytest.raises(Invalid) as unknown:
+        cluster.register("x1", "mars")
+    assert unknown.value.code == "unknown_site" and "sites: edge-a, edge-b, cloud" in str(
+        unknown.value
+    )
+    with pytest.raises(Conflict) as wrong:
+        cluster.register("a1", "cloud")
+    assert wrong.value.code == "wrong_site"
+    assert len(cluster.c.log) == 5  # refused requests commit nothing
+    cluster.register("a1", "edge-a")
+    assert cluster.state.nodes["a1"].state == NodeState.ALIVE
+    assert cluster.state.nodes["a1"].spec.streams[0].name == "IN_A"  # kept from the topology
+    cluster.assert_replay_matches()
+
+
+def test_submit_places_fragments_with_epochs_and_checkpoints(cluster: Cluster) -> None:
+    cluster.register("a1", "edge-a")
+    cluster.submit("p1")
+    assert cluster.c.kinds()[-2:] == ["pipeline-submitted", "assign"]
+    a = cluster.state.assignments["p1.f0"]
+    assert (a.node, a.epoch, a.reason) == ("a1", 1, "placed")
+    assert a.checkpoint_dir == "/sp/checkpoints/p1/run-p1/p1.f0"
+    record = cluster.state.pipelines["p1"]
+    assert record.state == PipelineState.PLANNED and record.epochs == {"p1.f0": 1}
+    with pytest.raises(Conflict) as again:
+        cluster.submit("p1")
+    assert again.value.code == "pipeline_active"
+    cluster.beat("a1", p1__f0="running")
+    assert cluster.state.pipelines["p1"].state == PipelineState.RUNNING
+    cluster.assert_replay_matches()
+
+
+def test_a_pipeline_no_node_can_ever_run_is_refused_with_its_constraint(
+    cluster: Cluster,
+) -> None:
+    with pytest.raises(Invalid) as bad:
+        cluster.submit("p1", budget=0.1)  # a one-second trigger alone is over it
+    assert bad.value.code == "unplaceable" and "'p1' cannot be placed" in str(bad.value)
+    assert "pipeline-submitted" not in cluster.c.kinds()
+
+
+def test_silent_node_fails_after_its_periods_and_its_fragment_moves(cluster: Cluster) -> None:
+    cluster.register("c1", "cloud")
+    cluster.register("c2", "cloud")
+    cluster.submit("p1", stream="SHARED")  # a stream no node hosts: any node reads it
+    first = cluster.state.assignments["p1.f0"]
+    other = "c2" if first.node == "c1" else "c1"
+    limit = cluster.c.settings.failure_seconds
+    cluster.c.clock.advance(limit - 0.1)
+    cluster.beat(other)
+    cluster.check()
+    assert cluster.state.nodes[first.node].state == NodeState.ALIVE  # not silent long enough
+    cluster.c.clock.advance(0.2)
+    cluster.beat(other)
+    cluster.check()
+    assert cluster.state.nodes[first.node].state == NodeState.FAILED
+    moved = cluster.state.assignments["p1.f0"]
+    assert (moved.node, moved.epoch, moved.reason) == (other, 2, "re-placed")
+    assert moved.checkpoint_dir == first.checkpoint_dir  # resumes from its checkpoint
+    assert cluster.state.pipelines["p1"].state == PipelineState.FAILING
+    kinds = cluster.c.kinds()
+    assert kinds[-4:] == ["node-failed", "unassign", "pipeline-state", "assign"]
+    cluster.beat(other, p1__f0="running")
+    assert cluster.state.pipelines["p1"].state == PipelineState.RUNNING
+    # The failed node is heard again: it recovers and settles before it gets work back.
+    cluster.beat(first.node)
+    assert cluster.state.nodes[first.node].state == NodeState.ALIVE
+    assert first.node in cluster.c.observed.unsettled
+    cluster.assert_replay_matches()
+
+
+def test_a_cut_off_node_keeps_local_fragments_its_site_server_holds(cluster: Cluster) -> None:
+    cluster.register("b1", "edge-b")
+    cluster.register("c1", "cloud")
+    cluster.submit("p1", stream="IN_B")
+    assert cluster.state.assignments["p1.f0"].node == "b1"
+    assert cluster.state.assignments["p1.f0"].fragment.kind == "local"
+    cluster.c.clock.advance(cluster.c.settings.failure_seconds + 1)
+    cluster.beat("c1")
+    cluster.check()
+    assert cluster.state.nodes["b1"].state == NodeState.FAILED
+    assert cluster.state.assignments["p1.f0"].node == "b1"  # stranded with its data, kept
+    assert cluster.state.pipelines["p1"].state == PipelineState.FAILING
+    assert "unreachable: p1.f0 on b1" in cluster.state.pipelines["p1"].reason
+    cluster.assert_replay_matches()
+
+
+def test_a_recovered_node_gets_its_fragment_back_through_a_savepoint(cluster: Cluster) -> None:
+    cluster.register("a1", "edge-a")
+    cluster.register("c1", "cloud")
+    cluster.submit("p1", stream="IN_A")
+    assert cluster.state.assignments["p1.f0"].node == "a1"
+    cluster.c.clock.advance(cluster.c.settings.failure_seconds + 1)
+    cluster.beat("c1")
+    cluster.check()  # a1 failed; edge-a has no server of its own: c1 reads IN_A meanwhile
+    assert cluster.state.assignments["p1.f0"].node == "c1"
+    cluster.beat("c1", p1__f0="running")
+    cluster.beat("a1")  # back: 30 ms closer to the data
+    assert cluster.state.nodes["a1"].state == NodeState.ALIVE
+    cluster.check()
+    assert "move-start" not in cluster.c.kinds()  # a1 is still settling
+    cluster.c.clock.advance(cluster.c.settings.settle_seconds + 0.5)
+    cluster.beat("a1")
+    cluster.beat("c1", p1__f0="running")
+    assert "a1" in cluster.check()
+    moving = cluster.state.assignments["p1.f0"]
+    assert (moving.node, moving.action, moving.move_to) == ("c1", "savepoint", "a1")
+    assert moving.savepoint_dir == "/sp/savepoints/moves/p1/p1.f0-e2"
+    start = next(x for x in cluster.c.log if isinstance(x, r.MoveStarted))
+    assert "joined: at edge-a, where IN_A is born" in start.reason
+    # A stale report (another savepoint dir) does not finish the move.
+    cluster.report("c1", "p1.f0", "savepointed", "stopped", savepoint_dir="/elsewhere")
+    assert cluster.state.assignments["p1.f0"].node == "c1"
+    cluster.report("c1", "p1.f0", "savepointed", "stopped", savepoint_dir=moving.savepoint_dir)
+    home = cluster.state.assignments["p1.f0"]
+    assert (home.node, home.epoch, home.action) == ("a1", 3, "run")
+    assert home.restore_from == moving.savepoint_dir
+    assert home.checkpoint_dir == moving.checkpoint_dir
+    assert cluster.c.observed.runtime.get("p1.f0") is None  # the old epoch's report is gone
+    cluster.assert_replay_matches()
+
+
+def test_savepoint_stop_and_resume(cluster: Cluster, tmp_path: object) -> None:
+    cluster.register("a1", "edge-a")
+    cluster.submit("p1")
+    cluster.beat("a1", p1__f0="running")
+    cluster.c.decide(lambda tx: pipelines.savepoint(tx, "p1", "/sp/savepoints"))
+    record = cluster.state.pipelines["p1"]
+    assert record.state == PipelineState.STOPPING
+    target = record.savepoint
+    assert target is not None and target.startswith("/sp/savepoints/p1/run-p1-")
+    assert cluster.state.assignments["p1.f0"].savepoint_dir == f"{target}/p1.f0"
+    cluster.report("a1", "p1.f0", "savepointed", "stopped", savepoint_dir=f"{target}/p1.f0")
+    assert cluster.state.pipelines["p1"].state == PipelineState.STOPPED
+    assert cluster.state.assignments == {}
+    with pytest.raises(Invalid) as missing:
+        cluster.c.decide(lambda tx: pipelines.resume(tx, "p1", target, exists=False))
+    assert missing.value.code == "no_savepoint"
+
+    def resume(tx: Draft) -> None:
+        pipelines.resume(tx, "p1", target, exists=True)
+        cluster.schedule(tx)
+
+    cluster.c.decide(resume)
+    a = cluster.state.assignments["p1.f0"]
+    assert (a.epoch, a.restore_from) == (2, f"{target}/p1.f0")
+    assert cluster.state.pipelines["p1"].restore_from is None  # used once
+    cluster.assert_replay_matches()
+
+
+def test_cancel_ends_and_a_second_cancel_is_a_conflict(cluster: Cluster) -> None:
+    cluster.register("a1", "edge-a")
+    cluster.submit("p1")
+    cluster.c.decide(lambda tx: pipelines.cancel(tx, "p1"))
+    assert cluster.state.pipelines["p1"].state == PipelineState.CANCELED
+    assert cluster.state.assignments == {}
+    with pytest.raises(Conflict) as again:
+        cluster.c.decide(lambda tx: pipelines.cancel(tx, "p1"))
+    assert again.value.code == "bad_transition"
+    with pytest.raises(NotFound) as nothing:
+        cluster.c.decide(lambda tx: pipelines.cancel(tx, "nope"))
+    assert nothing.value.code == "no_pipeline"
+    cluster.submit("p1")  # a canceled pipeline can be submitted again
+    assert cluster.state.pipelines["p1"].state == PipelineState.PLANNED
+
+
+def test_a_replaced_agents_heartbeat_is_ignored(cluster: Cluster) -> None:
+    cluster.register("a1", "edge-a", agent="agent-a1")
+    cluster.register("a1", "edge-a", agent="agent-new")
+    hb = Heartbeat(node="a1", agent_id="agent-a1", seq=9)
+    assert topology_manager.heard(cluster.state, cluster.c.observed, hb, 0.0) is None
+
+
+def test_drain_and_remove_move_fragments_off(cluster: Cluster) -> None:
+    cluster.register("c1", "cloud")
+    cluster.register("c2", "cloud")
+    cluster.submit("p1", stream="SHARED")
+    node = cluster.state.assignments["p1.f0"].node
+
+    def drain(tx: Draft) -> None:
+        if registry.drain(tx, node):
+            scheduler.move_fragments_off(
+                tx,
+                node,
+                reason=f"node {node} drained",
+                placer=PLACER,
+                settings=cluster.c.settings,
+                observed=cluster.c.observed,
+            )
+
+    cluster.c.decide(drain)
+    assert cluster.state.nodes[node].state == NodeState.DRAINING
+    assert cluster.state.assignments["p1.f0"].node != node
+    before = len(cluster.c.log)
+    cluster.c.decide(drain)  # already draining: nothing to decide
+    assert len(cluster.c.log) == before
+    cluster.c.decide(lambda tx: registry.remove(tx, node))
+    assert node not in cluster.state.nodes
+    cluster.assert_replay_matches()
+
+
+def test_records_of_a_deposed_leader_are_refused() -> None:
+    from spanflow.control.state import ClusterState
+
+    state = ClusterState()
+    apply(state, r.LeaderElected(at=1.0, epoch=3, leader="coord-2"))
+    assert (state.leader, state.leader_epoch) == ("coord-2", 3)
+    stale = r.NodeRemoved(at=2.0, epoch=2, node="a1")
+    with pytest.raises(StaleRecord, match="epoch 2; the leader's epoch is 3"):
+        apply(state, stale)
+
+
+def test_every_record_kind_is_named_once_and_round_trips() -> None:
+    assert len(set(r.RECORD_KINDS)) == len(r.RECORD_KINDS) == len(r.RECORD_CLASSES)
+    record = r.NodeFailed(at=5.0, epoch=1, node="a1", reason="no heartbeat for 3.2 s")
+    assert r.decode(r.encode(record)) == record
+    with pytest.raises(ValueError, match="kind"):
+        r.decode(b'{"kind": "nonsense", "at": 1.0}')
+
+
+def test_leadership_steps_and_office() -> None:
+    from spanflow.control.leadership import Lease, Step, next_step, take_office
+    from spanflow.control.state import ClusterState
+
+    assert next_step("c1", None) == Step.CAMPAIGN
+    assert next_step("c1", Lease(holder="c1", revision=7)) == Step.RENEW
+    assert next_step("c1", Lease(holder="c2", revision=7)) == Step.FOLLOW
+    assert (
+        Lease(holder="c1", url="http://x", revision=9).value()
+        == b'{"holder":"c1","url":"http://x"}'
+    )
+    state = ClusterState()
+    tx = take_office(state, "c1", at=5.0)
+    assert [(x.kind, x.epoch) for x in tx.records] == [("leader", 1)]
+    for record in tx.records:
+        apply(state, record)
+    assert take_office(state, "c1", at=6.0).records == []  # its own restart: same epoch
+    other = take_office(state, "c2", at=7.0)
+    assert [(x.kind, x.epoch) for x in other.records] == [("leader", 2)]
+    assert other.add(r.NodeRemoved, node="a1").epoch == 2  # its later records carry it

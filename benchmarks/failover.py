@@ -298,6 +298,7 @@ def main() -> None:
     ap.add_argument("--only", choices=("leader", "node"))
     ap.add_argument("--rate", type=float, default=200.0, help="readings per second")
     ap.add_argument("--out", type=Path, default=RESULTS / "failover.json")
+    ap.add_argument("--keep", type=Path, help="run in this directory and keep its logs")
     args = ap.parse_args()
     out: dict[str, Any] = {
         "benchmark": "failover",
@@ -305,8 +306,12 @@ def main() -> None:
         "kills": args.kills,
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
     }
-    with tempfile.TemporaryDirectory(prefix="spanflow-failover-") as tmp:
-        root = Path(tmp)
+    with contextlib.ExitStack() as stack:
+        if args.keep:
+            args.keep.mkdir(parents=True, exist_ok=True)
+            root = args.keep
+        else:
+            root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="spanflow-fo-")))
         if args.only in (None, "leader"):
             out["leader"] = leader_kills(args.kills, root)
             print(json.dumps(out["leader"]), flush=True)

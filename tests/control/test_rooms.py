@@ -408,3 +408,15 @@ def test_leadership_steps_and_office() -> None:
     other = take_office(state, "c2", at=7.0)
     assert [(x.kind, x.epoch) for x in other.records] == [("leader", 2)]
     assert other.add(r.NodeRemoved, node="a1").epoch == 2  # its later records carry it
+
+
+def test_a_restarted_agents_status_is_not_its_predecessors(cluster: Cluster) -> None:
+    from spanflow.control import views
+
+    cluster.register("a1", "edge-a", agent="agent-a1")
+    cluster.beat("a1")  # the first agent: ready, its Spark up
+    now = cluster.c.clock.monotonic()
+    assert views.node_status(cluster.state, cluster.c.observed, "a1", now)["ready"] is True
+    cluster.register("a1", "edge-a", agent="agent-restarted")  # starting its Spark
+    status = views.node_status(cluster.state, cluster.c.observed, "a1", now)
+    assert status["ready"] is False and status["cpu_percent"] is None

@@ -285,6 +285,7 @@ class Coordinator:
             return record
 
         record = await self._decide(decide)
+        self.observed.heartbeats.pop(reg.name, None)  # its predecessor's, if it restarted
         self.observed.joined(reg.name, self.clock.monotonic())
         return record
 

@@ -97,6 +97,8 @@ def node_status(state: ClusterState, observed: Observed, name: str, now: float) 
     """``now``: the monotonic clock, for how long ago the node was heard."""
     record = registry.node(state, name)
     hb = observed.heartbeats.get(name)
+    if hb is not None and record.agent_id and hb.agent_id != record.agent_id:
+        hb = None  # from the agent before this one (it restarted): not what runs now
     seen = observed.last_seen.get(name)
     return {
         **record.model_dump(mode="json"),

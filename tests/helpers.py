@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import threading
 import time
 from collections.abc import Callable, Iterable
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import orjson
 
 from spanflow.nats.streams import connect, ensure_stream
+from spanflow.spec.retention import Retention
 
 
 def publish(
@@ -116,3 +120,77 @@ def kv_apply(url: str, bucket: str, changes: dict[str, Any], *, history: int = 1
             await nc.close()
 
     asyncio.run(go())
+
+
+BASE = datetime(2026, 1, 1, tzinfo=UTC)
+"""Event time of :class:`Feed`'s first reading."""
+
+
+class Feed:
+    """Readings with event times 10 ms apart (so windows are known in advance), sent
+    at about ``rate`` per second to ``<prefix>.<device>``; a publish that fails (a
+    server died) is retried until acknowledged, so every reading is stored exactly once
+    (same message id)."""
+
+    def __init__(
+        self, url: str, stream: str, prefix: str, *, replicas: int = 1, rate: float = 100.0
+    ) -> None:
+        self.url, self.stream, self.prefix = url, stream, prefix
+        self.replicas, self.pause = replicas, 1.0 / rate
+        self.sent = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
+        self._thread.start()
+
+    @staticmethod
+    def reading(i: int) -> dict[str, Any]:
+        ts = BASE + timedelta(milliseconds=10 * i)
+        return {"device": f"d{i % 4}", "ts": ts.isoformat(), "id": i}
+
+    async def _run(self) -> None:
+        nc = await connect(self.url)
+        js = nc.jetstream()
+        retention = Retention(replicas=self.replicas)
+        await ensure_stream(js, self.stream, [f"{self.prefix}.>"], retention=retention)
+        while not self._stop.is_set():
+            record = self.reading(self.sent)
+            while True:
+                try:
+                    await js.publish(
+                        f"{self.prefix}.{record['device']}",
+                        orjson.dumps(record),
+                        headers={"Nats-Msg-Id": f"r{self.sent}"},
+                        timeout=2,
+                    )
+                    break
+                except Exception:
+                    await asyncio.sleep(0.2)
+            self.sent += 1
+            await asyncio.sleep(self.pause)
+        # One reading far ahead: the watermark passes every window of the run.
+        last = {"device": "flush", "ts": (BASE + timedelta(days=1)).isoformat(), "id": -1}
+        with contextlib.suppress(Exception):
+            await js.publish(
+                f"{self.prefix}.flush", orjson.dumps(last), headers={"Nats-Msg-Id": "flush"}
+            )
+        await nc.close()
+
+    def stop(self) -> int:
+        self._stop.set()
+        self._thread.join(60)
+        return self.sent
+
+
+def stored(url: str, stream: str) -> int:
+    """Messages ``stream`` holds (0 when it does not exist yet)."""
+
+    async def go() -> int:
+        nc = await connect(url)
+        try:
+            return int((await nc.jetstream().stream_info(stream)).state.messages)
+        except Exception:
+            return 0
+        finally:
+            await nc.close()
+
+    return asyncio.run(go())

@@ -6,23 +6,17 @@ exactly once (lost 0, duplicated 0) and every window count must be exact."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
-import threading
 from collections import Counter
 from collections.abc import Iterator
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import orjson
 import pytest
 
 from spanflow.cli.cluster import Api, LocalCluster
-from spanflow.nats.streams import connect, ensure_stream
-from spanflow.spec.retention import Retention
-from tests.helpers import read_all, wait_for
+from tests.helpers import BASE, Feed, read_all, stored, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -52,56 +46,6 @@ sinks:
   - {id: events, type: jetstream, stream: CH_EVENTS, subject: "chevents.x"}
   - {id: windows, type: jetstream, stream: CH_WINDOWS, subject: "chwindows.x"}
 """
-
-BASE = datetime(2026, 1, 1, tzinfo=UTC)
-
-
-class Feed:
-    """Readings with event times 10 ms apart (so windows are known in advance), sent
-    at about 100 per second; a publish that fails (a server died) is retried until
-    acknowledged, so every reading is stored exactly once (same message id)."""
-
-    def __init__(self, url: str) -> None:
-        self.url = url
-        self.sent = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
-        self._thread.start()
-
-    @staticmethod
-    def reading(i: int) -> dict[str, Any]:
-        ts = BASE + timedelta(milliseconds=10 * i)
-        return {"device": f"d{i % 4}", "ts": ts.isoformat(), "id": i}
-
-    async def _run(self) -> None:
-        nc = await connect(self.url)
-        js = nc.jetstream()
-        await ensure_stream(js, "CH_IN", ["chin.>"], retention=Retention(replicas=3))
-        while not self._stop.is_set():
-            record = self.reading(self.sent)
-            while True:
-                try:
-                    await js.publish(
-                        f"chin.{record['device']}",
-                        orjson.dumps(record),
-                        headers={"Nats-Msg-Id": f"r{self.sent}"},
-                        timeout=2,
-                    )
-                    break
-                except Exception:
-                    await asyncio.sleep(0.2)
-            self.sent += 1
-            await asyncio.sleep(0.01)
-        # One reading far ahead: the watermark passes every window of the run.
-        last = {"device": "flush", "ts": (BASE + timedelta(days=1)).isoformat(), "id": -1}
-        with contextlib.suppress(Exception):
-            await js.publish("chin.flush", orjson.dumps(last), headers={"Nats-Msg-Id": "flush"})
-        await nc.close()
-
-    def stop(self) -> int:
-        self._stop.set()
-        self._thread.join(60)
-        return self.sent
 
 
 @pytest.fixture
@@ -137,25 +81,12 @@ def kill_the_fragments_node(cluster: LocalCluster, api: Api) -> None:
     cluster.start_node(before)
 
 
-def stored(url: str, stream: str) -> int:
-    async def go() -> int:
-        nc = await connect(url)
-        try:
-            return int((await nc.jetstream().stream_info(stream)).state.messages)
-        except Exception:
-            return 0
-        finally:
-            await nc.close()
-
-    return asyncio.run(go())
-
-
 def test_kills_of_agents_leader_and_a_nats_server_lose_and_repeat_nothing(
     cluster: LocalCluster,
 ) -> None:
     api = Api(cluster.url, None, patience=30)
     wait_for(lambda: ready(api, "n1") and ready(api, "n2"), timeout=240)
-    feed = Feed(cluster.nats_url)
+    feed = Feed(cluster.nats_url, "CH_IN", "chin", replicas=3)
     api.call("POST", "/api/v1/pipelines", {"yaml": PIPELINE})
     wait_for(lambda: fragment(api)["status"] == "running", timeout=120)
 

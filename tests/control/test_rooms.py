@@ -13,6 +13,7 @@ from spanflow.api.topology_loader import load_topology_text
 from spanflow.api.yaml_loader import load_pipeline_text
 from spanflow.control import (
     pipelines,
+    rebalancer,
     reconciler,
     registry,
     scheduler,
@@ -32,7 +33,9 @@ from spanflow.spec.cluster import (
     FragmentRuntime,
     Heartbeat,
     NodeState,
+    PeerView,
     PipelineState,
+    ShedRequest,
 )
 
 TOPOLOGY = """
@@ -97,14 +100,17 @@ class Cluster:
 
         self.c.decide(decide)
 
-    def beat(self, node: str, **fragments: str) -> None:
-        """A heartbeat from ``node`` reporting each fragment's status (at its epoch)."""
+    def beat(self, node: str, peers: dict[str, PeerView] | None = None, **fragments: str) -> None:
+        """A heartbeat from ``node`` reporting each fragment's status (at its epoch) and
+        its membership's view of ``peers``."""
         runtimes = {}
         for fid, status in fragments.items():
             fid = fid.replace("__", ".")
             a = self.state.assignments[fid]
             runtimes[fid] = FragmentRuntime(fragment_id=fid, epoch=a.epoch, status=status)  # type: ignore[arg-type]
-        hb = Heartbeat(node=node, agent_id=f"agent-{node}", seq=1, fragments=runtimes)
+        hb = Heartbeat(
+            node=node, agent_id=f"agent-{node}", seq=1, fragments=runtimes, peers=peers or {}
+        )
         now = self.c.clock.monotonic()
         if not topology_manager.heard(self.state, self.c.observed, hb, now):
             return
@@ -124,13 +130,13 @@ class Cluster:
         now = self.c.clock.monotonic()
 
         def decide(tx: Draft) -> list[str]:
-            for name, quiet in topology_manager.silent(
+            for name, reason in topology_manager.failures(
                 tx.state, self.c.observed, self.c.settings, now
             ):
                 topology_manager.fail(
                     tx,
                     name,
-                    quiet,
+                    reason,
                     placer=PLACER,
                     settings=self.c.settings,
                     observed=self.c.observed,
@@ -237,6 +243,111 @@ def test_silent_node_fails_after_its_periods_and_its_fragment_moves(cluster: Clu
     assert cluster.state.nodes[first.node].state == NodeState.ALIVE
     assert first.node in cluster.c.observed.unsettled
     cluster.assert_replay_matches()
+
+
+def two_cloud_nodes(cluster: Cluster) -> tuple[str, str]:
+    """c1 and c2 (one partition: the cloud site), p1 on one of them: (its node, other)."""
+    cluster.register("c1", "cloud")
+    cluster.register("c2", "cloud")
+    cluster.submit("p1", stream="SHARED")
+    first = cluster.state.assignments["p1.f0"].node
+    return first, ("c2" if first == "c1" else "c1")
+
+
+def test_gossip_declares_a_node_dead_before_its_heartbeats_run_out(cluster: Cluster) -> None:
+    node, other = two_cloud_nodes(cluster)
+    cluster.c.clock.advance(0.5)  # far less than failure_seconds
+    cluster.beat(other, peers={node: PeerView(state="suspect", since_s=0.2)})
+    cluster.check()
+    assert cluster.state.nodes[node].state == NodeState.ALIVE, "a suspicion is not a verdict"
+    cluster.c.clock.advance(0.5)
+    cluster.beat(other, peers={node: PeerView(state="dead", since_s=0.1)})
+    cluster.check()
+    assert cluster.state.nodes[node].state == NodeState.FAILED
+    failed = [rec for rec in cluster.c.log if rec.kind == "node-failed"][-1]
+    assert failed.reason == f"declared dead by its partition's gossip (reported by {other})"
+    assert cluster.state.assignments["p1.f0"].node == other
+    cluster.assert_replay_matches()
+
+
+def test_a_verdict_the_node_outlived_is_ignored(cluster: Cluster) -> None:
+    node, other = two_cloud_nodes(cluster)
+    cluster.c.clock.advance(1.0)
+    cluster.beat(node)  # heard by the coordinator after the verdict below was reached
+    cluster.beat(other, peers={node: PeerView(state="dead", since_s=0.5)})
+    cluster.check()
+    assert cluster.state.nodes[node].state == NodeState.ALIVE
+
+
+def test_a_node_cut_from_the_coordinator_but_heard_by_its_partition_stays(
+    cluster: Cluster,
+) -> None:
+    node, other = two_cloud_nodes(cluster)
+    limit = cluster.c.settings.failure_seconds
+    cluster.c.clock.advance(limit + 1.0)
+    cluster.beat(other, peers={node: PeerView(state="alive", heard_s=0.3)})
+    cluster.check()
+    assert cluster.state.nodes[node].state == NodeState.ALIVE, "alive in its partition"
+    cluster.c.clock.advance(1.0)
+    cluster.beat(other, peers={node: PeerView(state="alive", heard_s=limit + 0.5)})
+    cluster.check()
+    assert cluster.state.nodes[node].state == NodeState.FAILED, "nobody hears it any more"
+    cluster.assert_replay_matches()
+
+
+def shed(cluster: Cluster, node: str, fragment: str, to: str) -> None:
+    cluster.c.decide(
+        lambda tx: rebalancer.shed(
+            tx,
+            node,
+            ShedRequest(fragment=fragment, to=to, load=1.3, reason="load 1.30"),
+            cluster.c.observed,
+            cluster.c.settings,
+        )
+    )
+
+
+def test_an_overloaded_node_sheds_a_fragment_to_a_peer_through_a_savepoint(
+    cluster: Cluster,
+) -> None:
+    node, other = two_cloud_nodes(cluster)
+    a = cluster.state.assignments["p1.f0"]
+    cluster.beat(node, p1__f0="running")
+    cluster.beat(other)
+    shed(cluster, node, "p1.f0", other)
+    moving = cluster.state.assignments["p1.f0"]
+    assert (moving.node, moving.action, moving.move_to) == (node, "savepoint", other)
+    start = next(x for x in cluster.c.log if isinstance(x, r.MoveStarted))
+    assert start.reason == f"shed by {node} (load 1.30)"
+    with pytest.raises(Conflict) as again:
+        shed(cluster, node, "p1.f0", other)
+    assert again.value.code == "moving"
+    cluster.report(node, "p1.f0", "savepointed", "stopped", savepoint_dir=moving.savepoint_dir)
+    taken = cluster.state.assignments["p1.f0"]
+    assert (taken.node, taken.epoch, taken.restore_from) == (other, 2, moving.savepoint_dir)
+    assert taken.checkpoint_dir == a.checkpoint_dir and taken.priority == a.priority
+    cluster.assert_replay_matches()
+
+
+def test_shed_requests_the_coordinator_refuses_say_why(cluster: Cluster) -> None:
+    node, other = two_cloud_nodes(cluster)
+    cluster.register("a1", "edge-a")
+
+    def refused(fragment: str, to: str, by: str = node) -> str:
+        with pytest.raises((Conflict, Invalid, NotFound)) as exc:
+            shed(cluster, by, fragment, to)
+        return exc.value.code
+
+    assert refused("p1.f0", other) == "not_running", "nothing moves before it runs"
+    cluster.beat(node, p1__f0="running")
+    assert refused("p1.f0", other) == "target_not_ready", "no heartbeat from the peer yet"
+    cluster.beat(other)
+    cluster.beat("a1")
+    assert refused("p1.f0", "a1") == "other_partition"
+    assert refused("p1.f0", "zz") == "unknown_node"
+    assert refused("p1.f0", node) == "same_node"
+    assert refused("p1.f0", node, by=other) == "not_on_node"
+    assert "move-start" not in cluster.c.kinds()
 
 
 def test_a_cut_off_node_keeps_local_fragments_its_site_server_holds(cluster: Cluster) -> None:

@@ -88,6 +88,12 @@ def coordinator(
     lease: Annotated[
         float, typer.Option(help="Seconds a silent leader keeps the lease before a standby leads.")
     ] = 3.0,
+    failure_after: Annotated[
+        int, typer.Option(help="Heartbeat periods of silence after which a node is failed.")
+    ] = 3,
+    gossip_profile: Annotated[
+        str, typer.Option(help="Membership profile nodes use: lan, wan or local_test.")
+    ] = "lan",
 ) -> None:
     """Run a coordinator: REST API, registry, pipeline manager, failure detection.
 
@@ -117,6 +123,8 @@ def coordinator(
             name=name,
             replicas=replicas,
             lease_seconds=lease,
+            failure_after=failure_after,
+            gossip_profile=gossip_profile,
         )
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -173,12 +181,40 @@ def node(
             "(a proxy or another route to the same server)."
         ),
     ] = None,
+    gossip: Annotated[
+        bool, typer.Option(help="Run membership (SWIM gossip) with the partition's nodes.")
+    ] = True,
+    gossip_bind: Annotated[str, typer.Option(help="Address of the membership endpoint.")] = (
+        "127.0.0.1"
+    ),
+    gossip_port: Annotated[
+        int, typer.Option(help="UDP+TCP port of the membership endpoint (0: any free).")
+    ] = 0,
+    gossip_advertise: Annotated[
+        str | None, typer.Option(help="Address peers reach the endpoint at (NAT, 0.0.0.0).")
+    ] = None,
+    gossip_profile: Annotated[
+        str | None,
+        typer.Option(help="lan, wan or local_test (default: the coordinator's choice)."),
+    ] = None,
+    shed: Annotated[
+        bool, typer.Option(help="Ask a less-loaded peer to take a fragment when overloaded.")
+    ] = True,
+    shed_high: Annotated[
+        float, typer.Option(help="Load score above which the node is overloaded.")
+    ] = 0.9,
+    shed_low: Annotated[
+        float, typer.Option(help="A peer takes a fragment only if it stays below this.")
+    ] = 0.6,
+    shed_sustain: Annotated[float, typer.Option(help="Seconds overloaded before shedding.")] = 10.0,
+    shed_cooldown: Annotated[float, typer.Option(help="Seconds between two shed requests.")] = 30.0,
 ) -> None:
     """Run a node agent: register (retrying for as long as it takes), heartbeat, run
     assigned fragments as Spark queries. A node that registered before starts from its
     saved registration and its site's last-known assignments when the coordinator
     cannot be reached."""
     from spanflow.runtime.agent import AgentSettings, NodeAgent, detect_capabilities
+    from spanflow.runtime.shedding.policy import SheddingConfig
     from spanflow.spec.topology import Capabilities
 
     _logging()
@@ -207,7 +243,24 @@ def node(
         batch_offset=batch_offset,
         state_dir=state_dir,
         nats_url=nats,
+        gossip=gossip,
+        gossip_bind=gossip_bind,
+        gossip_port=gossip_port,
+        gossip_advertise=gossip_advertise,
+        gossip_profile=gossip_profile,
+        shedding=SheddingConfig(
+            enabled=shed, high=shed_high, low=shed_low, sustain=shed_sustain, cooldown=shed_cooldown
+        ),
     )
+    if shed_low >= shed_high:
+        raise fail(SpanflowError("--shed-low must be below --shed-high (hysteresis)"))
+    if gossip_profile is not None:
+        from spanflow.runtime.membership.config import MembershipConfig
+
+        try:
+            MembershipConfig.named(gossip_profile)
+        except ValueError as exc:
+            raise fail(SpanflowError(str(exc))) from None
     stop = _Interrupted()
     try:
         NodeAgent(settings).run(stop.event, after_spark=stop.install)
@@ -420,6 +473,9 @@ class LocalCluster:
         site_servers: bool = False,
         wan_delay: float = 0.0,
         ha: bool = False,
+        failure_after: int = 3,
+        gossip_profile: str = "lan",
+        node_args: list[str] | None = None,
     ) -> None:
         from spanflow.api.topology_loader import load_topology
 
@@ -438,6 +494,10 @@ class LocalCluster:
         self.site_servers = site_servers
         self.wan_delay = wan_delay
         self.ha = ha
+        self.failure_after = failure_after
+        self.gossip_profile = gossip_profile
+        self.node_args = list(node_args or [])
+        """Extra ``spanflow node`` options for every local agent (e.g. shedding)."""
         self.coordinators = (
             ["coordinator-1", "coordinator-2", "coordinator-3"] if ha else ["coordinator"]
         )
@@ -509,6 +569,10 @@ class LocalCluster:
             str(self.heartbeat),
             "--name",
             name,
+            "--failure-after",
+            str(self.failure_after),
+            "--gossip-profile",
+            self.gossip_profile,
         ]
         if self.ha:
             args += ["--replicas", "3"]
@@ -626,6 +690,7 @@ class LocalCluster:
                 "--state-dir",
                 str(self.data_dir / "agents"),
                 *(["--nats", nats] if nats else []),
+                *self.node_args,
             ],
         )
 

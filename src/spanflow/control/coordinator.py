@@ -32,6 +32,7 @@ from spanflow.clock import Clock, SystemClock
 from spanflow.control import (
     leadership,
     pipelines,
+    rebalancer,
     reconciler,
     registry,
     scheduler,
@@ -56,7 +57,14 @@ from spanflow.nats.cluster import (
 from spanflow.nats.streams import connect
 from spanflow.plan import Placer
 from spanflow.plan.planner import GeoPlacer
-from spanflow.spec.cluster import Activity, Heartbeat, NodeRecord, PipelineRecord
+from spanflow.spec.cluster import (
+    Activity,
+    Assignment,
+    Heartbeat,
+    NodeRecord,
+    PipelineRecord,
+    ShedRequest,
+)
 from spanflow.spec.topology import Capabilities, Link, Site, Topology
 
 __all__ = ["Coordinator", "CoordinatorSettings", "Registration", "Submission"]
@@ -308,6 +316,16 @@ class Coordinator:
         await self._decide(decide)
         self.observed.forget(name)
 
+    async def shed(self, node: str, request: ShedRequest) -> dict[str, Any]:
+        """An overloaded node asks for one of its fragments to move to a peer."""
+
+        def decide(tx: Draft) -> Assignment:
+            return rebalancer.shed(tx, node, request, self.observed, self.settings)
+
+        a = await self._decide(decide)
+        moving = self.state.assignments[a.fragment.id]
+        return {"fragment": a.fragment.id, "from": node, "to": moving.move_to, "epoch": a.epoch}
+
     async def update_capabilities(self, name: str, caps: Capabilities) -> NodeRecord:
         def decide(tx: Draft) -> None:
             registry.update_capabilities(tx, name, caps)
@@ -441,11 +459,11 @@ class Coordinator:
 
     def _check(self, tx: Draft) -> list[str]:
         now = self.clock.monotonic()
-        for name, quiet in topology_manager.silent(tx.state, self.observed, self.settings, now):
+        for name, reason in topology_manager.failures(tx.state, self.observed, self.settings, now):
             topology_manager.fail(
                 tx,
                 name,
-                quiet,
+                reason,
                 placer=self.placer,
                 settings=self.settings,
                 observed=self.observed,

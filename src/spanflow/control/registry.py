@@ -78,7 +78,12 @@ def register(tx: Draft, reg: Registration) -> NodeRecord:
     except ValidationError as exc:
         raise Invalid("invalid_node", str(exc)) from None
     record = NodeRecord(
-        spec=spec, state=NodeState.ALIVE, agent_id=reg.agent_id, host=reg.host, since=tx.at
+        spec=spec,
+        state=NodeState.ALIVE,
+        agent_id=reg.agent_id,
+        host=reg.host,
+        since=tx.at,
+        gossip=reg.gossip,
     )
     tx.add(r.NodeRegistered, node=record, rejoined=old is not None)
     return record
@@ -132,4 +137,28 @@ def connection_for(
         "control_domain": hub_domain if own else None,
         "site_domain": record.spec.site if own else None,
         "retention": retention.model_dump(),
+        "partition": partition_of(state, name),
+        "gossip_peers": gossip_peers(state, name),
     }
+
+
+def partition_of(state: ClusterState, name: str) -> str:
+    """The membership partition a node gossips in: its site's ``partition`` (or the
+    site's name)."""
+    site_name = node(state, name).spec.site
+    site = state.topology.site(site_name)
+    return site.partition_name if site is not None else site_name
+
+
+def gossip_peers(state: ClusterState, name: str) -> list[str]:
+    """Membership endpoints of the other live nodes of ``name``'s partition: the seeds
+    its agent joins through."""
+    partition = partition_of(state, name)
+    return sorted(
+        n.gossip
+        for n in state.nodes.values()
+        if n.name != name
+        and n.gossip
+        and n.state in (NodeState.ALIVE, NodeState.DRAINING)
+        and partition_of(state, n.name) == partition
+    )

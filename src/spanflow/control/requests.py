@@ -16,6 +16,9 @@ class Registration(BaseModel):
     site: str
     agent_id: str
     host: str | None = None
+    gossip: str | None = Field(
+        default=None, description="host:port where the agent's membership endpoint listens."
+    )
     capabilities: Capabilities | None = Field(
         default=None, description="Given on the agent's command line; wins over the topology."
     )

@@ -19,7 +19,7 @@ from spanflow.control.settings import CoordinatorSettings
 from spanflow.control.state import ClusterState, Draft, Observed
 from spanflow.plan import ClusterView, PlacementError, Placer
 from spanflow.plan.fragments import PlanError
-from spanflow.plan.planner import hops_of, place
+from spanflow.plan.planner import Plan, hops_of, place
 from spanflow.spec.cluster import Assignment, Fragment, NodeState, PipelineState
 
 log = logging.getLogger(__name__)
@@ -85,6 +85,8 @@ def schedule(
                         else None
                     ),
                     reason="placed" if epoch == 1 else "re-placed",
+                    priority=record.priority,
+                    latency_budget=record.latency_budget,
                 )
             )
         tx.add(r.FragmentsAssigned, pipeline=record.name, plan=tuple(planned), assignments=made)
@@ -191,14 +193,8 @@ def rebalance(
             current = cost(tx.state, a.fragment, a.node)
             used[a.node] = used.get(a.node, 1) - 1
             try:
-                plan = place(
-                    [a.fragment],
-                    view,
-                    priority=record.priority,
-                    latency_budget=record.latency_budget,
-                    trigger=record.spec.trigger,
-                    hops=hops_of(record.fragments),
-                    exclude=[n for n in exclude_settling if n != a.node],
+                plan = place_again(
+                    tx.state, a, view, exclude=[n for n in exclude_settling if n != a.node]
                 )
             except PlacementError:
                 used[a.node] = used.get(a.node, 0) + 1
@@ -211,6 +207,24 @@ def rebalance(
                 used[a.node] = used.get(a.node, 0) + 1
                 continue
             start_move(tx, a, target, f"{reason}: {plan.decisions[0].why}", settings)
+
+
+def place_again(
+    state: ClusterState, a: Assignment, view: ClusterView, *, exclude: Iterable[str]
+) -> Plan:
+    """A fresh placement of a running fragment under its pipeline's constraints
+    (priority, latency budget, trigger, path length); :class:`PlacementError` says
+    which failed."""
+    record = state.pipelines[a.fragment.pipeline]
+    return place(
+        [a.fragment],
+        view,
+        priority=record.priority,
+        latency_budget=record.latency_budget,
+        trigger=record.spec.trigger,
+        hops=hops_of(record.fragments),
+        exclude=exclude,
+    )
 
 
 def start_move(

@@ -33,6 +33,9 @@ class CoordinatorSettings:
     lease_seconds: float = 3.0
     """A leader that stops renewing its lease loses it after this long; a standby then
     takes office. Renewed every third of it."""
+    gossip_profile: str = "lan"
+    """Membership profile agents use unless told otherwise (``lan``, ``wan``,
+    ``local_test``; see docs/membership.md)."""
     settle_heartbeats: int = 10
     """A node that joined or recovered is a move target only after this many heartbeat
     periods alive, so a flapping node does not pull fragments back and forth."""

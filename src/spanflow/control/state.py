@@ -263,6 +263,8 @@ def _finish_move(state: ClusterState, record: r.MoveFinished) -> None:
         checkpoint_dir=a.checkpoint_dir,
         restore_from=a.savepoint_dir,
         reason=f"moved from {record.node}",
+        priority=a.priority,
+        latency_budget=a.latency_budget,
     )
     old = state.pipelines[a.fragment.pipeline]
     epochs = {**old.epochs, record.fragment: record.fragment_epoch}

@@ -1,8 +1,19 @@
-"""Topology manager room: which nodes are alive, from their heartbeats.
+"""Topology manager room: which nodes are alive, from their heartbeats and their
+partition's gossip.
 
-A node silent for ``failure_after`` heartbeat periods is failed and its fragments are
-placed elsewhere (resuming from their checkpoints); a failed node heard again recovers.
-``now`` is the coordinator's monotonic clock.
+Two sources, fused:
+
+* **Heartbeats** to the coordinator: a node silent for ``failure_after`` periods is
+  failed — unless its partition's membership still hears it (a peer that heartbeats
+  reports it alive and heard from within the same window): then only its path to
+  the coordinator is broken, and failing it would move work off a working node.
+* **Gossip verdicts** (SWIM, ``runtime/membership``), carried in every heartbeat
+  (``peers``): a node its partition declares dead or left is failed at once, without
+  waiting for heartbeats to run out — unless the coordinator heard the node itself
+  *after* the verdict (it refuted it, or restarted).
+
+A failed node heard again recovers. Failing moves its fragments elsewhere (resuming
+from their checkpoints). ``now`` is the coordinator's monotonic clock.
 """
 
 from __future__ import annotations
@@ -14,7 +25,7 @@ from spanflow.control import scheduler
 from spanflow.control.settings import CoordinatorSettings
 from spanflow.control.state import ClusterState, Draft, Observed
 from spanflow.plan import Placer
-from spanflow.spec.cluster import Heartbeat, NodeState
+from spanflow.spec.cluster import Heartbeat, NodeState, PeerView
 
 log = logging.getLogger(__name__)
 
@@ -63,29 +74,103 @@ def recover(tx: Draft, node: str) -> bool:
 def silent(
     state: ClusterState, observed: Observed, settings: CoordinatorSettings, now: float
 ) -> list[tuple[str, float]]:
-    """Live nodes not heard for longer than ``failure_seconds``: (name, seconds)."""
+    """Live nodes not heard for longer than ``failure_seconds`` and not heard by their
+    partition either: (name, seconds)."""
     limit = settings.failure_seconds
     out = []
     for name, record in sorted(state.nodes.items()):
         if record.state not in WATCHED:
             continue
         quiet = now - observed.last_seen.get(name, now)
-        if quiet > limit:
+        if quiet > limit and not heard_by_peers(state, observed, name, settings, now):
             out.append((name, quiet))
+    return out
+
+
+def failures(
+    state: ClusterState, observed: Observed, settings: CoordinatorSettings, now: float
+) -> list[tuple[str, str]]:
+    """Nodes to fail now, each once, with the reason: silent ones, then those their
+    partition declares dead."""
+    found = {
+        name: f"no heartbeat for {quiet:.1f} s"
+        for name, quiet in silent(state, observed, settings, now)
+    }
+    for name, reason in declared_dead(state, observed, settings, now):
+        found.setdefault(name, reason)
+    return sorted(found.items())
+
+
+def _peer_reports(
+    state: ClusterState, observed: Observed, name: str, settings: CoordinatorSettings, now: float
+) -> list[tuple[str, float, PeerView]]:
+    """What the other live nodes' latest heartbeats (each heard within the failure
+    window, from the current agent) say about ``name``: (reporter, heard at, view)."""
+    out = []
+    for reporter, hb in observed.heartbeats.items():
+        record = state.nodes.get(reporter)
+        seen = observed.last_seen.get(reporter)
+        view = hb.peers.get(name)
+        if (
+            reporter == name
+            or view is None
+            or record is None
+            or record.state not in WATCHED
+            or (record.agent_id and hb.agent_id != record.agent_id)
+            or seen is None
+            or now - seen > settings.failure_seconds
+        ):
+            continue
+        out.append((reporter, seen, view))
+    return sorted(out, key=lambda report: report[0])
+
+
+def heard_by_peers(
+    state: ClusterState, observed: Observed, name: str, settings: CoordinatorSettings, now: float
+) -> list[str]:
+    """Peers whose membership heard ``name`` directly within the failure window."""
+    return [
+        reporter
+        for reporter, seen, view in _peer_reports(state, observed, name, settings, now)
+        if view.state == "alive"
+        and view.heard_s is not None
+        and (now - seen) + view.heard_s <= settings.failure_seconds
+    ]
+
+
+def declared_dead(
+    state: ClusterState, observed: Observed, settings: CoordinatorSettings, now: float
+) -> list[tuple[str, str]]:
+    """Live nodes their partition's gossip declares dead or left, and not heard by the
+    coordinator since: (name, reason)."""
+    out = []
+    for name, record in sorted(state.nodes.items()):
+        if record.state not in WATCHED:
+            continue
+        last_heard = observed.last_seen.get(name, float("-inf"))
+        accusers = [
+            (reporter, view.state)
+            for reporter, seen, view in _peer_reports(state, observed, name, settings, now)
+            if view.state in ("dead", "left") and last_heard < seen - view.since_s
+        ]
+        if accusers:
+            verdict = "left" if all(v == "left" for _, v in accusers) else "dead"
+            who = ", ".join(reporter for reporter, _ in accusers)
+            out.append((name, f"declared {verdict} by its partition's gossip (reported by {who})"))
     return out
 
 
 def fail(
     tx: Draft,
     node: str,
-    quiet: float,
+    reason: str,
     *,
     placer: Placer,
     settings: CoordinatorSettings,
     observed: Observed,
 ) -> None:
-    tx.add(r.NodeFailed, node=node, reason=f"no heartbeat for {quiet:.1f} s")
-    log.warning("node %s missed heartbeats for %.1f s: failed", node, quiet)
+    tx.add(r.NodeFailed, node=node, reason=reason)
+    log.warning("node %s failed: %s", node, reason)
     scheduler.move_fragments_off(
         tx,
         node,

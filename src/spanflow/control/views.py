@@ -114,6 +114,13 @@ def node_status(state: ClusterState, observed: Observed, name: str, now: float) 
         "warnings": [u.warning for u in hb.streams if u.warning] if hb else [],
         "last_known_assignments": hb.last_known if hb else False,
         "ready": hb.ready if hb else False,
+        "load": hb.load if hb else None,
+        "bottleneck": hb.bottleneck if hb else None,
+        "gossip": {
+            peer: view.model_dump(exclude_none=True) for peer, view in sorted(hb.peers.items())
+        }
+        if hb
+        else {},
     }
 
 

@@ -230,6 +230,11 @@ class SyncNats:
         coro: Coroutine[Any, Any, T] = wrapper()
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
 
+    def call_soon(self, callback: Callable[[], object]) -> None:
+        """Run ``callback`` on the connection's loop (from any thread)."""
+        if not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(callback)
+
     def close(self) -> None:
         if self._loop.is_closed():
             return

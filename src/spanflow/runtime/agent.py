@@ -15,6 +15,7 @@ thread only.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import queue
@@ -46,13 +47,26 @@ from spanflow.nats.server import default_data_dir
 from spanflow.nats.streams import SyncNats, ensure_stream, stream_usage
 from spanflow.protocol.client import parse_urls
 from spanflow.runtime.executor import FragmentExecutor
+from spanflow.runtime.gossip import AgentGossip
+from spanflow.runtime.load import FragmentLoad, LoadReport, load_score
+from spanflow.runtime.membership.protocol import Change
+from spanflow.runtime.node_cpu import NodeCpu
 from spanflow.runtime.registration import LAST_ASSIGNMENTS_BUCKET, Backoff, RegistrationCache
+from spanflow.runtime.shedding.policy import (
+    PeerLoad,
+    Running,
+    ShedDecision,
+    Shedder,
+    SheddingConfig,
+)
 from spanflow.spec.cluster import (
     Activity,
     ActivityEvent,
     Assignment,
     FragmentRuntime,
     Heartbeat,
+    PeerView,
+    ShedRequest,
     StreamUsage,
 )
 from spanflow.spec.retention import DEFAULT_RETENTION, Retention
@@ -92,6 +106,17 @@ class AgentSettings:
     nats_url: str | None = None
     """Reach NATS here instead of at the URL the coordinator names (a proxy, a NAT, a
     different route to the same server)."""
+    gossip: bool = True
+    """Run membership (SWIM) with the other nodes of this node's partition."""
+    gossip_bind: str = "127.0.0.1"
+    gossip_port: int = 0
+    """UDP and TCP port of the membership endpoint (0: a free one)."""
+    gossip_advertise: str | None = None
+    """The address peers reach it at, when not the bind address (NAT, 0.0.0.0)."""
+    gossip_profile: str | None = None
+    """``lan``, ``wan`` or ``local_test``; None: the coordinator's choice."""
+    shedding: SheddingConfig = field(default_factory=SheddingConfig)
+    """When this node asks a peer to take one of its fragments (docs/balancing.md)."""
 
 
 def detect_capabilities() -> Capabilities:
@@ -137,6 +162,24 @@ class NodeAgent:
         self._site_kv: KeyValue | None = None
         self._stop: threading.Event | None = None
         self._bg: list[asyncio.Task[None]] = []
+        self.gossip = (
+            AgentGossip(
+                settings.name,
+                bind=settings.gossip_bind,
+                port=settings.gossip_port,
+                advertise=settings.gossip_advertise,
+                on_verdict=self._gossip_verdict,
+            )
+            if settings.gossip
+            else None
+        )
+        self._gossip_addr: str | None = None
+        self.shedder = Shedder(settings.shedding)
+        self.offered = settings.capabilities or detect_capabilities()
+        """What this node offers (the registered spec's, once registered)."""
+        self._node_cpu = NodeCpu(self.offered.cores)
+        self._beat_now: asyncio.Event | None = None
+        self.load: LoadReport | None = None
 
     # -- registration ----------------------------------------------------------------
     def register(self, *, once: bool = False) -> dict[str, Any] | None:
@@ -146,11 +189,14 @@ class NodeAgent:
         is then set; registration goes on in the background). ``once``: one attempt,
         None when the coordinator cannot be reached."""
         s = self.settings
+        if self.gossip is not None and self._gossip_addr is None:
+            self._gossip_addr = self.gossip.bind()
         body = {
             "name": s.name,
             "site": s.site,
             "agent_id": self.agent_id,
             "host": socket.gethostname(),
+            "gossip": self._gossip_addr,
             "capabilities": s.capabilities.model_dump() if s.capabilities else None,
             "detected": detect_capabilities().model_dump(),
         }
@@ -217,6 +263,20 @@ class NodeAgent:
         if answer.get("retention"):
             self.retention = Retention.model_validate(answer["retention"])
         self.interval = float(answer["heartbeat_interval"])
+        caps = answer.get("node", {}).get("spec", {}).get("capabilities")
+        if caps:
+            self.offered = Capabilities.model_validate(caps)
+            self._node_cpu.cores = self.offered.cores
+        if self.gossip is not None:
+            profile = self.settings.gossip_profile or answer.get("gossip_profile") or "lan"
+            self.gossip.start(profile, list(answer.get("gossip_peers") or []))
+
+    def _gossip_verdict(self, changes: list[Change]) -> None:
+        """A peer changed state in this node's membership: tell the coordinator at once
+        (the next heartbeat carries it) instead of up to a heartbeat period later."""
+        client, event = self._client, self._beat_now
+        if client is not None and event is not None:
+            client.call_soon(event.set)
 
     # -- main loop -------------------------------------------------------------------
     def _ensure_hosted_streams(self, node: dict[str, Any]) -> None:
@@ -297,6 +357,8 @@ class NodeAgent:
                 self._observe()
         finally:
             self._executor.stop_all()
+            if self.gossip is not None:
+                self.gossip.close(leave=True)
             client.close()
 
     def _connect_control(self) -> bool:
@@ -408,21 +470,31 @@ class NodeAgent:
         self._bg.append(asyncio.get_running_loop().create_task(watch()))
 
     async def _start_heartbeats(self) -> None:
+        self._beat_now = asyncio.Event()
+
         async def heartbeat() -> None:
             psutil.cpu_percent(interval=None)
             while True:
                 self._hb_seq += 1
+                cpu, memory = psutil.cpu_percent(interval=None), psutil.virtual_memory().percent
+                load = self._measure_load(self._node_cpu.percent(), memory)
+                peers = await self.gossip.aview() if self.gossip is not None else {}
+                self._consider_shedding(load, peers)
                 hb = Heartbeat(
                     node=self.settings.name,
                     agent_id=self.agent_id,
                     seq=self._hb_seq,
-                    cpu_percent=psutil.cpu_percent(interval=None),
-                    memory_percent=psutil.virtual_memory().percent,
+                    cpu_percent=cpu,
+                    memory_percent=memory,
                     slots=len(self._desired),
                     fragments=dict(self._runtime),
                     streams=await self._stream_usage(),
                     last_known=self._kv is None,
                     ready=self.ready.is_set(),
+                    load=load.score,
+                    bottleneck=load.bottleneck if load.score > 0 else None,
+                    gossip=self._gossip_addr,
+                    peers=peers,
                 )
                 assert self._client is not None
                 try:
@@ -431,9 +503,86 @@ class NodeAgent:
                     )
                 except Exception as exc:
                     log.warning("heartbeat not sent: %s", exc)
-                await asyncio.sleep(self.interval)
+                assert self._beat_now is not None
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._beat_now.wait(), self.interval)
+                self._beat_now.clear()
 
         self._bg.append(asyncio.get_running_loop().create_task(heartbeat()))
+
+    def _running(self) -> list[Running]:
+        """Fragments running here, with what the shedding policy weighs."""
+        out = []
+        for fid, rt in list(self._runtime.items()):
+            a = self._desired.get(fid)
+            if rt.status != "running" or a is None or a.action != "run":
+                continue
+            trigger_ms = int(a.fragment.spec.trigger * 1000)
+            out.append(Running(fid, a.priority, a.latency_budget, FragmentLoad.of(rt, trigger_ms)))
+        return out
+
+    def _measure_load(self, cpu: float, memory: float) -> LoadReport:
+        """This node's load score (gossiped to its peers and sent to the coordinator)."""
+        running = [f.load for f in self._running() if f.load is not None]
+        self.load = load_score(cpu, memory, running)
+        if self.gossip is not None:
+            free = max(0, self.offered.fragment_slots - len(self._desired))
+            self.gossip.set_load(self.load.score, free)
+        return self.load
+
+    def _consider_shedding(self, load: LoadReport, peers: dict[str, PeerView]) -> None:
+        """Over the threshold for long enough: ask the coordinator to move a fragment to
+        the least-loaded peer gossip knows of (in the background)."""
+        candidates = [
+            PeerLoad(name, v.load, v.free_slots or 0, v.load_age_s or 0.0)
+            for name, v in peers.items()
+            if v.state == "alive" and v.load is not None and v.load_age_s is not None
+        ]
+        request = self.shedder.observe(time.monotonic(), load.score, self._running(), candidates)
+        if request is not None and not self.offline:
+            self.shedder.sent(time.monotonic())
+            task = asyncio.get_running_loop().create_task(self._ask_to_shed(request))
+            self._bg.append(task)
+
+    async def _ask_to_shed(self, request: ShedDecision) -> None:
+        body = ShedRequest(
+            fragment=request.fragment,
+            to=request.to,
+            load=request.load,
+            peer_load=request.peer_load,
+            reason=request.reason,
+        )
+        log.warning(
+            "overloaded: asking to move %s to %s (%s)", request.fragment, request.to, request.reason
+        )
+        try:
+            answer = await asyncio.to_thread(self._post_shed, body)
+        except httpx.HTTPError as exc:
+            log.warning("shed request for %s not answered: %s", request.fragment, exc)
+            return
+        rt = self._runtime.get(request.fragment) or FragmentRuntime(
+            fragment_id=request.fragment, epoch=0, status="running"
+        )
+        if answer.status_code < 300:
+            detail = f"moving to {request.to}: {request.reason}"
+            await asyncio.to_thread(self._report, "shed-requested", rt, detail=detail)
+            return
+        self.shedder.refused(request, time.monotonic())
+        detail = f"{request.to} refused: {_detail(answer)}"
+        log.warning("shed request for %s refused: %s", request.fragment, _detail(answer))
+        await asyncio.to_thread(self._report, "shed-refused", rt, detail=detail)
+
+    def _post_shed(self, body: ShedRequest) -> httpx.Response:
+        s = self.settings
+        headers = {"Authorization": f"Bearer {s.token}"} if s.token else {}
+        url = self._coordinator(parse_urls(s.coordinator_url))
+        return httpx.post(
+            f"{url}/api/v1/nodes/{s.name}/shed",
+            json=body.model_dump(),
+            headers=headers,
+            timeout=10,
+            follow_redirects=True,
+        )
 
     async def _stream_usage(self) -> list[StreamUsage]:
         """How full the streams this node hosts and its fragments use are; looked at
@@ -558,7 +707,11 @@ class NodeAgent:
                     self._report("progress", self._runtime[fid])
 
     def _report(
-        self, event: ActivityEvent, rt: FragmentRuntime, savepoint_dir: str | None = None
+        self,
+        event: ActivityEvent,
+        rt: FragmentRuntime,
+        savepoint_dir: str | None = None,
+        detail: str | None = None,
     ) -> None:
         client = self._client
         if client is None:
@@ -569,6 +722,7 @@ class NodeAgent:
             event=event,
             runtime=rt,
             savepoint_dir=savepoint_dir,
+            detail=detail,
         )
         subject = activity_subject(self.settings.name, rt.fragment_id, event)
         try:

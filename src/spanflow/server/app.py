@@ -26,6 +26,7 @@ from spanflow.server.errors import RequestError
 from spanflow.server.metrics import render_metrics
 from spanflow.server.model_routes import add_model_routes
 from spanflow.server.rule_routes import add_rule_routes
+from spanflow.spec.cluster import ShedRequest
 from spanflow.spec.durations import Duration
 from spanflow.spec.pipeline import PipelineSpec, format_validation_error
 from spanflow.spec.topology import Capabilities, Link, Site
@@ -163,7 +164,14 @@ def create_app(coordinator: Coordinator) -> FastAPI:
             "node": record.model_dump(mode="json", by_alias=True),
             **coordinator.connection_for(record.name),
             "heartbeat_interval": s.heartbeat_interval,
+            "gossip_profile": s.gossip_profile,
         }
+
+    @app.post(f"{API}/nodes/{{name}}/shed", tags=["nodes"], dependencies=guarded)
+    async def shed(name: str, request: ShedRequest) -> dict[str, Any]:
+        """An overloaded node asks for one of its fragments to move to a peer (the
+        agent's shedding policy sends it; an operator may too)."""
+        return await coordinator.shed(name, request)
 
     @app.get(f"{API}/nodes/{{name}}", tags=["nodes"], dependencies=guarded)
     async def get_node(name: str) -> dict[str, Any]:

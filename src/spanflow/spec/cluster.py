@@ -41,6 +41,9 @@ class NodeRecord(BaseModel):
     agent_id: str | None = Field(default=None, description="Changes whenever the agent restarts.")
     host: str | None = None
     since: float = Field(default_factory=now, description="When the state last changed.")
+    gossip: str | None = Field(
+        default=None, description="host:port of the agent's membership (SWIM) endpoint."
+    )
 
     @property
     def name(self) -> str:
@@ -183,6 +186,10 @@ class Assignment(BaseModel):
         "(action savepoint), then starts on this node from that savepoint.",
     )
     reason: str = ""
+    priority: int = Field(default=0, description="Its pipeline's priority (higher first).")
+    latency_budget: float | None = Field(
+        default=None, description="Its pipeline's latency budget in seconds, if any."
+    )
 
     @property
     def key(self) -> str:
@@ -255,6 +262,33 @@ def _size(n: int) -> str:
     return f"{value:.1f} {unit}"
 
 
+class ShedRequest(BaseModel):
+    """An overloaded node asks for one of its fragments to move to a peer
+    (``POST /api/v1/nodes/{name}/shed``; see docs/balancing.md)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    fragment: str
+    to: str = Field(description="The peer that should take it.")
+    load: float | None = Field(default=None, description="The asking node's load score.")
+    peer_load: float | None = Field(default=None, description="The peer's, as gossiped.")
+    reason: str = Field(default="", max_length=500)
+
+
+class PeerView(BaseModel):
+    """How a node's membership (gossip) sees one peer of its partition."""
+
+    state: Literal["alive", "suspect", "dead", "left"]
+    incarnation: int = 0
+    since_s: float = Field(default=0.0, description="Seconds in this state when reported.")
+    heard_s: float | None = Field(
+        default=None, description="Seconds since the peer last answered or probed directly."
+    )
+    load: float | None = Field(default=None, description="The peer's load score, as gossiped.")
+    free_slots: int | None = None
+    load_age_s: float | None = None
+
+
 class Heartbeat(BaseModel):
     node: str
     agent_id: str
@@ -275,9 +309,26 @@ class Heartbeat(BaseModel):
         default=True,
         description="Its Spark session is up: fragments assigned to it start at once.",
     )
+    load: float | None = Field(
+        default=None, description="Load score: 0 idle, 1 at capacity, above 1 falling behind."
+    )
+    bottleneck: str | None = Field(default=None, description="What the load score comes from.")
+    gossip: str | None = Field(default=None, description="host:port of its membership endpoint.")
+    peers: dict[str, PeerView] = Field(
+        default_factory=dict, description="Its membership's view of its partition's other nodes."
+    )
 
 
-ActivityEvent = Literal["started", "progress", "stopped", "failed", "finished", "savepointed"]
+ActivityEvent = Literal[
+    "started",
+    "progress",
+    "stopped",
+    "failed",
+    "finished",
+    "savepointed",
+    "shed-requested",
+    "shed-refused",
+]
 
 
 class Activity(BaseModel):
@@ -289,3 +340,4 @@ class Activity(BaseModel):
     at: float = Field(default_factory=now)
     runtime: FragmentRuntime
     savepoint_dir: str | None = None
+    detail: str | None = Field(default=None, description="What happened, in words (shedding).")

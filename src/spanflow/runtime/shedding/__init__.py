@@ -1,0 +1,1 @@
+"""Peer-to-peer load shedding: the policy (pure) and its settings."""

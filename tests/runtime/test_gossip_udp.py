@@ -1,0 +1,83 @@
+"""Membership over real UDP and TCP sockets on loopback (local_test profile)."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import Callable
+
+import pytest
+
+from spanflow.runtime.membership.config import MembershipConfig
+from spanflow.runtime.membership.messages import State
+from spanflow.runtime.membership.udp import GossipService, split_addr
+
+CONFIG = MembershipConfig.local_test()
+
+
+async def until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
+    """Poll ``condition`` until it holds (fails the test after ``timeout`` seconds)."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout
+    while not condition():
+        assert loop.time() < end, "condition not met in time"
+        await asyncio.sleep(0.02)
+
+
+def sees(a: GossipService, b: GossipService, state: State) -> bool:
+    assert a.membership is not None
+    return a.membership.state_of(b.name) == state
+
+
+async def three() -> list[GossipService]:
+    services = [GossipService(f"n{i}", CONFIG) for i in range(3)]
+    await services[0].start()
+    for s in services[1:]:
+        await s.start(seeds=[services[0].addr])
+    await until(
+        lambda: all(sees(a, b, State.ALIVE) for a in services for b in services if a is not b)
+    )
+    return services
+
+
+def test_three_members_join_detect_a_crash_and_see_a_leave() -> None:
+    async def scenario() -> None:
+        a, b, c = await three()
+        try:
+            await c.close()  # a crash: no goodbye
+            await until(lambda: sees(a, c, State.DEAD) and sees(b, c, State.DEAD))
+            assert a.stats.datagrams_in > 0 and a.stats.reliable_in > 0
+            await b.leave()
+            await until(lambda: sees(a, b, State.LEFT))
+        finally:
+            for s in (a, b, c):
+                await s.close()
+
+    asyncio.run(scenario())
+
+
+def test_garbage_on_the_gossip_port_is_counted_and_dropped() -> None:
+    async def scenario() -> None:
+        a, b, c = await three()
+        try:
+            host, port = split_addr(a.addr)
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as raw:
+                raw.sendto(b"\x00\xffnot a packet", (host, port))
+                raw.sendto(b'[["S", "x", 1, 2]]', (host, port))
+            _, writer = await asyncio.open_connection(host, port)
+            writer.write(b"\x00\x00\x00\x05abc")  # a frame cut short
+            writer.close()
+            await until(lambda: a.stats.malformed >= 3)
+            await c.close()
+            await until(lambda: sees(a, c, State.DEAD))  # membership goes on
+        finally:
+            for s in (a, b, c):
+                await s.close()
+
+    asyncio.run(scenario())
+
+
+def test_addresses_are_host_and_port() -> None:
+    assert split_addr("10.1.2.3:7946") == ("10.1.2.3", 7946)
+    with pytest.raises(ValueError, match="host:port"):
+        split_addr("10.1.2.3")

@@ -15,6 +15,7 @@ import orjson
 
 from spanflow.nats.streams import connect, ensure_stream
 from spanflow.spec.retention import Retention
+from spanflow.testing.streams import stored as stored  # re-exported for the tests
 
 
 def publish(
@@ -179,18 +180,3 @@ class Feed:
         self._stop.set()
         self._thread.join(60)
         return self.sent
-
-
-def stored(url: str, stream: str) -> int:
-    """Messages ``stream`` holds (0 when it does not exist yet)."""
-
-    async def go() -> int:
-        nc = await connect(url)
-        try:
-            return int((await nc.jetstream().stream_info(stream)).state.messages)
-        except Exception:
-            return 0
-        finally:
-            await nc.close()
-
-    return asyncio.run(go())

@@ -90,9 +90,12 @@ class Cluster:
         self.c.decide(decide)
         self.c.observed.joined(name, self.c.clock.monotonic())
 
-    def submit(self, name: str, stream: str = "IN_A", budget: float | None = None) -> None:
+    def submit(
+        self, name: str, stream: str = "IN_A", budget: float | None = None, priority: int = 0
+    ) -> None:
         text = PIPELINE.format(name=name, stream=stream, upper=name.upper())
-        sub = Submission(spec=load_pipeline_text(text, f"{name}.yaml"), latency_budget=budget)
+        spec = load_pipeline_text(text, f"{name}.yaml")
+        sub = Submission(spec=spec, latency_budget=budget, priority=priority)
 
         def decide(tx: Draft) -> None:
             pipelines.submit(tx, sub, run_id=f"run-{name}")
@@ -100,16 +103,29 @@ class Cluster:
 
         self.c.decide(decide)
 
-    def beat(self, node: str, peers: dict[str, PeerView] | None = None, **fragments: str) -> None:
-        """A heartbeat from ``node`` reporting each fragment's status (at its epoch) and
-        its membership's view of ``peers``."""
+    def beat(
+        self,
+        node: str,
+        peers: dict[str, PeerView] | None = None,
+        load: float | None = None,
+        progress: dict[str, dict[str, float]] | None = None,
+        **fragments: str,
+    ) -> None:
+        """A heartbeat from ``node`` reporting each fragment's status (at its epoch),
+        its load, fragments' ``progress`` fields and its membership's view of ``peers``."""
         runtimes = {}
         for fid, status in fragments.items():
             fid = fid.replace("__", ".")
             a = self.state.assignments[fid]
-            runtimes[fid] = FragmentRuntime(fragment_id=fid, epoch=a.epoch, status=status)  # type: ignore[arg-type]
+            extra = (progress or {}).get(fid, {})
+            runtimes[fid] = FragmentRuntime(fragment_id=fid, epoch=a.epoch, status=status, **extra)  # type: ignore[arg-type]
         hb = Heartbeat(
-            node=node, agent_id=f"agent-{node}", seq=1, fragments=runtimes, peers=peers or {}
+            node=node,
+            agent_id=f"agent-{node}",
+            seq=1,
+            fragments=runtimes,
+            peers=peers or {},
+            load=load,
         )
         now = self.c.clock.monotonic()
         if not topology_manager.heard(self.state, self.c.observed, hb, now):
@@ -263,6 +279,10 @@ def test_gossip_declares_a_node_dead_before_its_heartbeats_run_out(cluster: Clus
     cluster.c.clock.advance(0.5)
     cluster.beat(other, peers={node: PeerView(state="dead", since_s=0.1)})
     cluster.check()
+    assert cluster.state.nodes[node].state == NodeState.ALIVE, "heard 1 s ago: both must agree"
+    cluster.c.clock.advance(0.6)
+    cluster.beat(other, peers={node: PeerView(state="dead", since_s=0.7)})
+    cluster.check()
     assert cluster.state.nodes[node].state == NodeState.FAILED
     failed = [rec for rec in cluster.c.log if rec.kind == "node-failed"][-1]
     assert failed.reason == f"declared dead by its partition's gossip (reported by {other})"
@@ -285,14 +305,25 @@ def test_a_node_cut_from_the_coordinator_but_heard_by_its_partition_stays(
     node, other = two_cloud_nodes(cluster)
     limit = cluster.c.settings.failure_seconds
     cluster.c.clock.advance(limit + 1.0)
-    cluster.beat(other, peers={node: PeerView(state="alive", heard_s=0.3)})
+    cluster.beat(other, peers={node: PeerView(state="alive", heard_s=0.3, load_age_s=0.8)})
     cluster.check()
     assert cluster.state.nodes[node].state == NodeState.ALIVE, "alive in its partition"
     cluster.c.clock.advance(1.0)
-    cluster.beat(other, peers={node: PeerView(state="alive", heard_s=limit + 0.5)})
+    stale = PeerView(state="alive", heard_s=limit + 0.5, load_age_s=limit + 0.5)
+    cluster.beat(other, peers={node: stale})
     cluster.check()
     assert cluster.state.nodes[node].state == NodeState.FAILED, "nobody hears it any more"
     cluster.assert_replay_matches()
+
+
+def test_a_node_its_peers_hear_but_that_lost_its_data_path_fails(cluster: Cluster) -> None:
+    node, other = two_cloud_nodes(cluster)
+    cluster.c.clock.advance(cluster.c.settings.failure_seconds + 1.0)
+    cut = PeerView(state="alive", heard_s=0.2, load_age_s=0.5, connected=False)
+    cluster.beat(other, peers={node: cut})
+    cluster.check()
+    assert cluster.state.nodes[node].state == NodeState.FAILED, "its NATS connection is down"
+    assert cluster.state.assignments["p1.f0"].node == other
 
 
 def shed(cluster: Cluster, node: str, fragment: str, to: str) -> None:
@@ -348,6 +379,102 @@ def test_shed_requests_the_coordinator_refuses_say_why(cluster: Cluster) -> None
     assert refused("p1.f0", node) == "same_node"
     assert refused("p1.f0", node, by=other) == "not_on_node"
     assert "move-start" not in cluster.c.kinds()
+
+
+def crowded(cluster: Cluster, budget: float | None = None) -> None:
+    """c1 alone gets lo (priority 0) and hi (priority 5); then c2 joins."""
+    cluster.register("c1", "cloud")
+    cluster.submit("lo", stream="SHARED")
+    cluster.submit("hi", stream="SHARED", priority=5, budget=budget)
+    assert {a.node for a in cluster.state.assignments.values()} == {"c1"}
+    cluster.register("c2", "cloud")
+
+
+def rebalance(cluster: Cluster) -> list[rebalancer.Move]:
+    now = cluster.c.clock.monotonic()
+    return cluster.c.decide(
+        lambda tx: rebalancer.rebalance(tx, cluster.c.observed, cluster.c.settings, now)
+    )
+
+
+def test_the_rebalancer_relieves_a_node_overloaded_for_long(cluster: Cluster) -> None:
+    crowded(cluster)
+    settings = cluster.c.settings
+    batches = {"lo.f0": {"last_batch_ms": 200}, "hi.f0": {"last_batch_ms": 800}}
+    cluster.beat("c1", load=1.4, progress=batches, lo__f0="running", hi__f0="running")
+    cluster.beat("c2", load=0.05)
+    assert rebalance(cluster) == [], "not overloaded for long enough yet"
+    cluster.c.clock.advance(settings.overload_sustain + 1)
+    cluster.beat("c1", load=1.4, progress=batches, lo__f0="running", hi__f0="running")
+    cluster.beat("c2", load=0.05)
+    (move,) = rebalance(cluster)
+    assert (move.assignment.fragment.id, move.to) == ("lo.f0", "c2"), "lowest priority first"
+    start = next(x for x in cluster.c.log if isinstance(x, r.MoveStarted))
+    assert start.reason.startswith("rebalanced: c1 at load 1.40 above 0.90 for ")
+    cluster.report("c1", "lo.f0", "savepointed", "stopped", savepoint_dir=start.savepoint_dir)
+    assert cluster.state.assignments["lo.f0"].node == "c2"
+    cluster.beat("c1", load=1.2, hi__f0="running")
+    cluster.beat("c2", load=0.3, lo__f0="running")
+    assert rebalance(cluster) == [], "hi.f0 alone would take c2 past the underload line"
+    cluster.assert_replay_matches()
+
+
+def test_the_rebalancer_leaves_a_recently_moved_fragment_alone(cluster: Cluster) -> None:
+    crowded(cluster, budget=2.0)
+    cluster.beat("c1", lo__f0="running", hi__f0="running")
+    cluster.beat("c2")
+    for source, target in (("c1", "c2"), ("c2", "c1")):  # shed there and back by peers
+        shed(cluster, source, "lo.f0", target)
+        moving = cluster.state.assignments["lo.f0"]
+        cluster.report(
+            source, "lo.f0", "savepointed", "stopped", savepoint_dir=moving.savepoint_dir
+        )
+        cluster.beat(target, lo__f0="running")
+    late = {
+        "hi.f0": {"batches": 10, "last_batch_ms": 900, "lag": 3000, "processed_rows_per_s": 1000}
+    }
+    cluster.beat("c1", load=0.8, progress=late, lo__f0="running", hi__f0="running")
+    cluster.beat("c2", load=0.05)
+    assert rebalance(cluster) == [], "lo.f0 moved within the cool-down: it stays"
+    cluster.c.clock.advance(cluster.c.settings.move_cooldown)
+    cluster.beat("c1", load=0.8, progress=late, lo__f0="running", hi__f0="running")
+    cluster.beat("c2", load=0.05)
+    (move,) = rebalance(cluster)
+    assert (move.assignment.fragment.id, move.to) == ("lo.f0", "c2"), "after it, it may"
+
+
+def test_a_fragment_over_its_latency_budget_displaces_lower_priority_work(
+    cluster: Cluster,
+) -> None:
+    crowded(cluster, budget=2.0)
+    late = {
+        "hi.f0": {"batches": 10, "last_batch_ms": 900, "lag": 3000, "processed_rows_per_s": 1000}
+    }
+    cluster.beat("c1", load=0.8, progress=late, lo__f0="running", hi__f0="running")
+    cluster.beat("c2", load=0.05)
+    (move,) = rebalance(cluster)
+    assert (move.assignment.fragment.id, move.to) == ("lo.f0", "c2")
+    assert "hi.f0 (priority 5) over its latency budget (4.40 s > 2.00 s)" in move.why
+    cluster.assert_replay_matches()
+
+
+def test_a_quiet_rebalancer_pass_re_plans_for_latency(cluster: Cluster) -> None:
+    cluster.register("a1", "edge-a")
+    cluster.register("c1", "cloud")
+    for name in ("p1", "p2", "p3"):
+        cluster.submit(name, stream="IN_A")
+    where = {a.fragment.pipeline: a.node for a in cluster.state.assignments.values()}
+    assert where == {"p1": "a1", "p2": "a1", "p3": "c1"}, "a1 has two slots"
+    cluster.c.decide(lambda tx: pipelines.cancel(tx, "p1"))
+    cluster.c.clock.advance(cluster.c.settings.settle_seconds + 1)  # joined nodes settle
+    cluster.beat("a1", load=0.2, p2__f0="running")
+    cluster.beat("c1", load=0.1, p3__f0="running")
+    assert rebalance(cluster) == [], "no load to relieve"
+    moving = cluster.state.assignments["p3.f0"]
+    assert (moving.node, moving.move_to) == ("c1", "a1"), "a1's slot is free: 30 ms closer"
+    start = [x for x in cluster.c.log if isinstance(x, r.MoveStarted)][-1]
+    assert start.reason.startswith("periodic re-plan: ")
+    cluster.assert_replay_matches()
 
 
 def test_a_cut_off_node_keeps_local_fragments_its_site_server_holds(cluster: Cluster) -> None:

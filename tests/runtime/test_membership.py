@@ -225,6 +225,11 @@ def test_load_travels_with_probes_and_carries_its_age() -> None:
     seen = net.member("m0").members["m2"]
     assert seen.load is not None and seen.load.score == 0.8 and seen.load.free_slots == 1
     assert 0.0 <= net.now - seen.load_at <= 3.0
+    assert seen.load.connected
+    net.member("m2").set_connected(False)
+    net.run_until(net.now + 3.0)
+    after = net.member("m0").members["m2"].load
+    assert after is not None and not after.connected, "a lost data path travels with the load"
 
 
 def test_a_packet_for_a_previous_owner_of_the_address_is_ignored() -> None:

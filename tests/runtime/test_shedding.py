@@ -33,15 +33,15 @@ def test_the_lowest_priority_fragment_goes_to_the_least_loaded_fresh_peer() -> N
     request = shedder.observe(10.0, 1.2, RUNNING, PEERS)
     assert request is not None
     assert (request.fragment, request.to) == ("lo.f0", "p2"), "p3 is idle but its load is stale"
-    assert abs(request.share - 0.3) < 1e-9
+    assert abs(request.share - 0.25) < 1e-9, "a quarter of the node's capacity"
     assert "load 1.20 above 0.90" in request.reason
 
 
 def test_a_peer_without_room_below_low_is_never_asked() -> None:
     shedder = Shedder(CONFIG)
-    busy = [PeerLoad("p1", 0.45, 2, 1.0)]
+    busy = [PeerLoad("p1", 0.4, 2, 1.0)]
     shedder.observe(0.0, 1.2, RUNNING, busy)
-    assert shedder.observe(10.0, 1.2, RUNNING, busy) is None, "0.45 + 0.3 would pass low"
+    assert shedder.observe(10.0, 1.2, RUNNING, busy) is None, "0.4 + 0.25 would pass low"
     full = [PeerLoad("p1", 0.0, 0, 1.0)]
     assert shedder.observe(11.0, 1.2, RUNNING, full) is None, "no free slot"
 
@@ -75,6 +75,8 @@ def test_the_load_score_is_the_worst_bottleneck() -> None:
     assert calm.score == 0.5 and calm.bottleneck == "rate", "processing at twice the input"
     behind = load_score(20.0, 50.0, [FragmentLoad("a", 1500, 1000, 300.0, 100.0, 500)])
     assert behind.score == 3.0 and behind.bottleneck == "rate"
+    stuck = load_score(20.0, 50.0, [FragmentLoad("a", 60000, 500, 100.0, 100.0, 0)])
+    assert stuck.score == 4.0 and stuck.bottleneck == "batch", "capped"
     assert behind.worst_fragment == "a"
     piled_up = load_score(20.0, 50.0, [FragmentLoad("a", 100, 1000, 100.0, 200.0, 4000)])
     assert piled_up.score == 2.0 and piled_up.bottleneck == "backlog", "20 s of backlog"

@@ -94,6 +94,9 @@ def coordinator(
     gossip_profile: Annotated[
         str, typer.Option(help="Membership profile nodes use: lan, wan or local_test.")
     ] = "lan",
+    rebalance: Annotated[
+        bool, typer.Option(help="Move work off nodes overloaded for long (docs/balancing.md).")
+    ] = True,
 ) -> None:
     """Run a coordinator: REST API, registry, pipeline manager, failure detection.
 
@@ -125,6 +128,7 @@ def coordinator(
             lease_seconds=lease,
             failure_after=failure_after,
             gossip_profile=gossip_profile,
+            rebalance=rebalance,
         )
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -476,6 +480,7 @@ class LocalCluster:
         failure_after: int = 3,
         gossip_profile: str = "lan",
         node_args: list[str] | None = None,
+        coordinator_args: list[str] | None = None,
     ) -> None:
         from spanflow.api.topology_loader import load_topology
 
@@ -498,6 +503,8 @@ class LocalCluster:
         self.gossip_profile = gossip_profile
         self.node_args = list(node_args or [])
         """Extra ``spanflow node`` options for every local agent (e.g. shedding)."""
+        self.coordinator_args = list(coordinator_args or [])
+        """Extra ``spanflow coordinator`` options (e.g. ``--no-rebalance``)."""
         self.coordinators = (
             ["coordinator-1", "coordinator-2", "coordinator-3"] if ha else ["coordinator"]
         )
@@ -573,6 +580,7 @@ class LocalCluster:
             str(self.failure_after),
             "--gossip-profile",
             self.gossip_profile,
+            *self.coordinator_args,
         ]
         if self.ha:
             args += ["--replicas", "3"]

@@ -89,6 +89,7 @@ class Coordinator:
         self.nc: Client | None = None
         self.control_log: ControlLog | None = None
         self.started_at = self.clock.monotonic()
+        self._next_rebalance = self.started_at + self.settings.rebalance_interval
         self.recovered_records = 0
         self._leases: KeyValue | None = None
         self.leading = False
@@ -395,7 +396,8 @@ class Coordinator:
             log.warning("bad heartbeat on %s: %s", msg.subject, exc)
             return
         now = self.clock.monotonic()
-        if not topology_manager.heard(self.state, self.observed, hb, now) or not self.leading:
+        heard = topology_manager.heard(self.state, self.observed, hb, now, self.settings.overload)
+        if not heard or not self.leading:
             return  # the common case: progress only, no decision to take
 
         # Decide in a task of its own: a commit waiting for the log (an election after
@@ -470,6 +472,9 @@ class Coordinator:
             )
             reconciler.refresh_states(tx, self.observed)
         self._schedule(tx)
+        if self.settings.rebalance and now >= self._next_rebalance:
+            self._next_rebalance = now + self.settings.rebalance_interval
+            rebalancer.rebalance(tx, self.observed, self.settings, now)
         return scheduler.rebalance_settled(tx, self.observed, self.settings, now)
 
     # -- observation ----------------------------------------------------------------------

@@ -36,6 +36,20 @@ class CoordinatorSettings:
     gossip_profile: str = "lan"
     """Membership profile agents use unless told otherwise (``lan``, ``wan``,
     ``local_test``; see docs/membership.md)."""
+    rebalance: bool = True
+    """Run the central rebalancer (docs/balancing.md)."""
+    rebalance_interval: float = 10.0
+    """Seconds between two rebalancer passes."""
+    overload: float = 0.9
+    """A node whose load score stays above this is overloaded (as agents' ``--shed-high``)."""
+    underload: float = 0.6
+    """A node may take a fragment only if its load stays below this (``--shed-low``)."""
+    overload_sustain: float = 20.0
+    """Seconds a node stays overloaded before the rebalancer moves work off it: longer
+    than agents wait before shedding (10 s), so their own requests go first and the
+    rebalancer corrects what they could not."""
+    move_cooldown: float = 60.0
+    """Seconds a fragment that moved is left where it is by the rebalancer."""
     settle_heartbeats: int = 10
     """A node that joined or recovered is a move target only after this many heartbeat
     periods alive, so a flapping node does not pull fragments back and forth."""
@@ -43,6 +57,12 @@ class CoordinatorSettings:
     @property
     def settle_seconds(self) -> float:
         return self.settle_heartbeats * self.heartbeat_interval
+
+    @property
+    def gossip_silence(self) -> float:
+        """Silence a node declared dead by its partition must also show before it is
+        failed: one heartbeat and a half."""
+        return 1.5 * self.heartbeat_interval
 
     @property
     def failure_seconds(self) -> float:

@@ -39,6 +39,9 @@ class ClusterState:
     pipelines: dict[str, PipelineRecord] = field(default_factory=dict)
     assignments: dict[str, Assignment] = field(default_factory=dict)
     """By fragment id."""
+    moved_at: dict[str, float] = field(default_factory=dict)
+    """By fragment id: when it last started or finished a move (the log's time), so
+    the rebalancer leaves recently moved fragments alone."""
     leader: str | None = None
     leader_epoch: int = 0
     applied: int = 0
@@ -52,6 +55,7 @@ class ClusterState:
             nodes=dict(self.nodes),
             pipelines=dict(self.pipelines),
             assignments=dict(self.assignments),
+            moved_at=dict(self.moved_at),
         )
 
     def full_topology(self) -> Topology:
@@ -82,6 +86,9 @@ class Observed:
     alive_since: dict[str, float] = field(default_factory=dict)
     """When each node (re)joined or recovered: re-planning waits until it has settled."""
     unsettled: set[str] = field(default_factory=set)
+    overloaded_since: dict[str, float] = field(default_factory=dict)
+    """Nodes whose heartbeats have reported a load above the overload threshold without
+    a break, since when."""
 
     def joined(self, node: str, at: float) -> None:
         self.last_seen[node] = at
@@ -174,8 +181,10 @@ def apply(state: ClusterState, record: r.Record) -> None:
                     "reason": f"moving to {record.to} ({record.reason})",
                 }
             )
+            state.moved_at[record.fragment] = record.at
         case r.MoveFinished():
             _finish_move(state, record)
+            state.moved_at[record.fragment] = record.at
         case r.LeaderElected(leader=leader, epoch=epoch):
             state.leader = leader
             state.leader_epoch = epoch

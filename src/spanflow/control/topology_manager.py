@@ -8,9 +8,11 @@ Two sources, fused:
   reports it alive and heard from within the same window): then only its path to
   the coordinator is broken, and failing it would move work off a working node.
 * **Gossip verdicts** (SWIM, ``runtime/membership``), carried in every heartbeat
-  (``peers``): a node its partition declares dead or left is failed at once, without
-  waiting for heartbeats to run out — unless the coordinator heard the node itself
-  *after* the verdict (it refuted it, or restarted).
+  (``peers``): a node its partition declares dead or left is failed as soon as it has
+  also missed a heartbeat and a half — without waiting for ``failure_after`` periods —
+  unless the coordinator heard the node itself *after* the verdict (it refuted it, or
+  restarted). Both sources must agree: a CPU-starved agent its peers briefly lose
+  still heartbeats, and is not failed.
 
 A failed node heard again recovers. Failing moves its fragments elsewhere (resuming
 from their checkpoints). ``now`` is the coordinator's monotonic clock.
@@ -44,7 +46,17 @@ def grace(state: ClusterState, observed: Observed, now: float, *, reset: bool = 
                 observed.last_seen.setdefault(name, now)
 
 
-def heard(state: ClusterState, observed: Observed, hb: Heartbeat, now: float) -> bool | None:
+def note_load(observed: Observed, hb: Heartbeat, now: float, overload: float) -> None:
+    """Track since when a node has been overloaded without a break."""
+    if hb.load is not None and hb.load > overload:
+        observed.overloaded_since.setdefault(hb.node, now)
+    else:
+        observed.overloaded_since.pop(hb.node, None)
+
+
+def heard(
+    state: ClusterState, observed: Observed, hb: Heartbeat, now: float, overload: float = 0.9
+) -> bool | None:
     """Take a heartbeat in. None: not from the node's current agent (ignored); True: it
     calls for a decision (the node had failed, or a fragment's status changed)."""
     record = state.nodes.get(hb.node)
@@ -52,6 +64,7 @@ def heard(state: ClusterState, observed: Observed, hb: Heartbeat, now: float) ->
         return None
     observed.last_seen[hb.node] = now
     observed.heartbeats[hb.node] = hb
+    note_load(observed, hb, now, overload)
     changed = False
     for frag_id, rt in hb.fragments.items():
         a = state.assignments.get(frag_id)
@@ -128,26 +141,35 @@ def _peer_reports(
 def heard_by_peers(
     state: ClusterState, observed: Observed, name: str, settings: CoordinatorSettings, now: float
 ) -> list[str]:
-    """Peers whose membership heard ``name`` directly within the failure window."""
+    """Peers whose membership heard ``name`` directly within the failure window, with a
+    load report as fresh, saying its data path (NATS) is up: a node its peers hear but
+    that cannot reach its data — or whose agent stopped measuring — is not doing its
+    job, and is failed like a silent one."""
     return [
         reporter
         for reporter, seen, view in _peer_reports(state, observed, name, settings, now)
         if view.state == "alive"
         and view.heard_s is not None
         and (now - seen) + view.heard_s <= settings.failure_seconds
+        and view.load_age_s is not None
+        and (now - seen) + view.load_age_s <= settings.failure_seconds
+        and view.connected is not False
     ]
 
 
 def declared_dead(
     state: ClusterState, observed: Observed, settings: CoordinatorSettings, now: float
 ) -> list[tuple[str, str]]:
-    """Live nodes their partition's gossip declares dead or left, and not heard by the
-    coordinator since: (name, reason)."""
+    """Live nodes their partition's gossip declares dead or left, not heard by the
+    coordinator since the verdict and silent for ``gossip_silence`` (a heartbeat and a
+    half): (name, reason)."""
     out = []
     for name, record in sorted(state.nodes.items()):
         if record.state not in WATCHED:
             continue
         last_heard = observed.last_seen.get(name, float("-inf"))
+        if now - last_heard < settings.gossip_silence:
+            continue  # it still heartbeats: a starved agent that will refute, not a dead one
         accusers = [
             (reporter, view.state)
             for reporter, seen, view in _peer_reports(state, observed, name, settings, now)

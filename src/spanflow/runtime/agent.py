@@ -169,6 +169,7 @@ class NodeAgent:
                 port=settings.gossip_port,
                 advertise=settings.gossip_advertise,
                 on_verdict=self._gossip_verdict,
+                connected=self._nats_connected,
             )
             if settings.gossip
             else None
@@ -270,6 +271,10 @@ class NodeAgent:
         if self.gossip is not None:
             profile = self.settings.gossip_profile or answer.get("gossip_profile") or "lan"
             self.gossip.start(profile, list(answer.get("gossip_peers") or []))
+
+    def _nats_connected(self) -> bool:
+        client = self._client
+        return client is not None and client.nc.is_connected
 
     def _gossip_verdict(self, changes: list[Change]) -> None:
         """A peer changed state in this node's membership: tell the coordinator at once
@@ -527,7 +532,7 @@ class NodeAgent:
         self.load = load_score(cpu, memory, running)
         if self.gossip is not None:
             free = max(0, self.offered.fragment_slots - len(self._desired))
-            self.gossip.set_load(self.load.score, free)
+            self.gossip.set_load(self.load.score, free, self._nats_connected())
         return self.load
 
     def _consider_shedding(self, load: LoadReport, peers: dict[str, PeerView]) -> None:

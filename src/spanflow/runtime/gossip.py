@@ -25,6 +25,7 @@ from spanflow.spec.cluster import PeerView
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+CONNECTION_CHECK = 0.2
 STATE_NAMES = {
     State.ALIVE: "alive",
     State.SUSPECT: "suspect",
@@ -42,9 +43,11 @@ class AgentGossip:
         port: int = 0,
         advertise: str | None = None,
         on_verdict: Callable[[list[Change]], None] | None = None,
+        connected: Callable[[], bool] | None = None,
     ) -> None:
         self.name = name
         self._on_verdict = on_verdict
+        self._connected = connected
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="gossip", daemon=True)
         self.service = GossipService(
@@ -70,13 +73,25 @@ class AgentGossip:
         self.service.config = MembershipConfig.named(profile)
         self._call(self.service.start(seeds))
         self.started = True
+        if self._connected is not None:
+            self._loop.call_soon_threadsafe(self._watch_connection)
+
+    def _watch_connection(self) -> None:
+        """Every 0.2 s, put the data path's state in what this node gossips: a lost NATS
+        connection is known to the partition within a probe or two, without waiting for
+        the next load report (the agent's heartbeat loop may be stuck on it)."""
+        membership = self.service.membership
+        if membership is not None and self._connected is not None:
+            membership.set_connected(self._connected())
+        self._loop.call_later(CONNECTION_CHECK, self._watch_connection)
 
     def join(self, seeds: list[str]) -> None:
         if seeds:
             self._loop.call_soon_threadsafe(self.service.join, seeds)
 
-    def set_load(self, score: float, free_slots: int) -> None:
-        self._loop.call_soon_threadsafe(self.service.set_load, score, free_slots)
+    def set_load(self, score: float, free_slots: int, connected: bool = True) -> None:
+        """This node's load, free slots and whether its data path (NATS) is up."""
+        self._loop.call_soon_threadsafe(self.service.set_load, score, free_slots, connected)
 
     def view(self) -> dict[str, PeerView]:
         """The other members as this node sees them (for its heartbeat)."""
@@ -107,6 +122,7 @@ class AgentGossip:
                 load=None if m.load is None else m.load.score,
                 free_slots=None if m.load is None else m.load.free_slots,
                 load_age_s=None if m.load is None else round(now - m.load_at, 3),
+                connected=None if m.load is None else m.load.connected,
             )
         return out
 

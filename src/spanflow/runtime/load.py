@@ -12,6 +12,7 @@ is the largest of these pressures, each scaled so that 1 means "at the limit":
 * **backlog** — the worst fragment's source backlog (JetStream messages pending) in
   seconds of processing, against ``backlog_budget`` seconds.
 
+The score is capped at 4 (four times over capacity or forty, the node must shed).
 Pure: :func:`load_score` takes the measurements; the agent measures them (psutil and
 the fragments' progress) and gossips the score with its age.
 """
@@ -26,6 +27,8 @@ MEMORY_FLOOR = 0.7
 BACKLOG_BUDGET = 10.0
 """Seconds of pending input a node may hold before its backlog alone makes it full."""
 DEFAULT_TRIGGER_MS = 1000
+MAX_SCORE = 4.0
+"""Scores are capped here: four times over capacity or forty, the node must shed."""
 
 
 @dataclass(frozen=True)
@@ -92,7 +95,7 @@ def load_score(
         f_backlog = (f.backlog / max(f.processed_per_s, 1.0)) / backlog_budget
         batch, rate, backlog = max(batch, f_batch), max(rate, f_rate), max(backlog, f_backlog)
         worst = max(worst, (max(f_batch, f_rate, f_backlog), f.fragment), key=lambda w: w[0])
-    score = max(cpu, memory, batch, min(rate, 4.0), min(backlog, 4.0))
+    score = min(MAX_SCORE, max(cpu, memory, batch, rate, backlog))
     return LoadReport(round(score, 3), cpu, memory, batch, rate, backlog, worst[1])
 
 

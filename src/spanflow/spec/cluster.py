@@ -287,6 +287,9 @@ class PeerView(BaseModel):
     load: float | None = Field(default=None, description="The peer's load score, as gossiped.")
     free_slots: int | None = None
     load_age_s: float | None = None
+    connected: bool | None = Field(
+        default=None, description="Whether the peer says its NATS connection is up."
+    )
 
 
 class Heartbeat(BaseModel):

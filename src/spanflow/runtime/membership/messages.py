@@ -41,6 +41,9 @@ class Load:
     score: float
     free_slots: int
     age: float
+    connected: bool = True
+    """Its data path is up (the agent's NATS connection): a member its peers hear but
+    that cannot reach its data is not doing its job."""
 
 
 @dataclass(frozen=True)
@@ -176,7 +179,7 @@ def _to_wire(message: Any) -> list[Any]:
 
 def _field_to_wire(value: Any) -> Any:
     if isinstance(value, Load):
-        return [value.score, value.free_slots, round(value.age, 3)]
+        return [value.score, value.free_slots, round(value.age, 3), value.connected]
     if isinstance(value, tuple):
         return [_state_to_wire(s) for s in value]
     return value
@@ -228,11 +231,17 @@ def _check(cls: type[Any], name: str, hint: Any, value: Any) -> Any:
 def _load(where: str, value: Any) -> Load:
     if (
         not isinstance(value, list)
-        or len(value) != 3
-        or not all(isinstance(v, int | float) and not isinstance(v, bool) for v in value)
+        or len(value) != 4
+        or not all(isinstance(v, int | float) and not isinstance(v, bool) for v in value[:3])
+        or not isinstance(value[3], bool)
     ):
-        raise CodecError(f"{where} must be [score, free_slots, age]")
-    return Load(score=float(value[0]), free_slots=int(value[1]), age=max(0.0, float(value[2])))
+        raise CodecError(f"{where} must be [score, free_slots, age, connected]")
+    return Load(
+        score=float(value[0]),
+        free_slots=int(value[1]),
+        age=max(0.0, float(value[2])),
+        connected=value[3],
+    )
 
 
 def _node_state(where: str, value: Any) -> NodeState:

@@ -30,7 +30,7 @@ The protocol, memberlist's shape:
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from spanflow.runtime.membership.awareness import Awareness
 from spanflow.runtime.membership.broadcasts import BroadcastQueue
@@ -54,6 +54,10 @@ from spanflow.runtime.membership.messages import (
 from spanflow.runtime.membership.suspicion import Suspicion
 
 _LIVE = {State.ALIVE: 1, State.SUSPECT: 1, State.DEAD: 0, State.LEFT: 0}
+
+SAME_MEASUREMENT = 0.05
+"""Load reports whose measurement times differ by less than this (transit jitter) are
+the same measurement: the later one is taken (its ``connected`` flag may be newer)."""
 
 LONELY_RETRY = 1.0
 """Seconds between attempts to reach the seeds while this member knows nobody."""
@@ -195,9 +199,17 @@ class Membership:
         changes, self.changes = self.changes, []
         return changes
 
-    def set_load(self, score: float, free_slots: int, now: float) -> None:
+    def set_connected(self, connected: bool) -> None:
+        """Whether this member's data path is up, between two load reports (it travels
+        with the load)."""
+        if self.me.load is not None and self.me.load.connected != connected:
+            self.me.load = replace(self.me.load, connected=connected)
+
+    def set_load(
+        self, score: float, free_slots: int, now: float, *, connected: bool = True
+    ) -> None:
         """This member's own latest load (sent on every ping and ack)."""
-        self.me.load = Load(round(score, 3), free_slots, 0.0)
+        self.me.load = Load(round(score, 3), free_slots, 0.0, connected)
         self.me.load_at = now
 
     # ------------------------------------------------------------ lifecycle
@@ -439,9 +451,9 @@ class Membership:
         if load is None or member is None or member is self.me:
             return
         measured_at = now - load.age
-        if measured_at > member.load_at:
+        if measured_at > member.load_at - SAME_MEASUREMENT:
             member.load = load
-            member.load_at = measured_at
+            member.load_at = max(measured_at, member.load_at)
 
     def _heard(self, name: str, now: float) -> None:
         member = self.members.get(name)
@@ -452,7 +464,7 @@ class Membership:
         load = self.me.load
         if load is None:
             return None
-        return Load(load.score, load.free_slots, max(0.0, now - self.me.load_at))
+        return Load(load.score, load.free_slots, max(0.0, now - self.me.load_at), load.connected)
 
     # ----------------------------------------------------------------- probe
 
@@ -622,9 +634,7 @@ class Membership:
                 m.addr,
                 m.incarnation,
                 int(m.state),
-                None
-                if m.load is None
-                else Load(m.load.score, m.load.free_slots, max(0.0, now - m.load_at)),
+                None if m.load is None else replace(m.load, age=max(0.0, now - m.load_at)),
             )
             for m in self.members.values()
         )

@@ -135,9 +135,9 @@ class GossipService:
         if self.membership is not None:
             self._dispatch(self.membership.join(seeds, self.clock.monotonic()))
 
-    def set_load(self, score: float, free_slots: int) -> None:
+    def set_load(self, score: float, free_slots: int, connected: bool = True) -> None:
         if self.membership is not None:
-            self.membership.set_load(score, free_slots, self.clock.monotonic())
+            self.membership.set_load(score, free_slots, self.clock.monotonic(), connected=connected)
 
     def members(self) -> list[Member]:
         return [] if self.membership is None else list(self.membership.members.values())

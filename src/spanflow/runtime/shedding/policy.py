@@ -129,10 +129,13 @@ class Shedder:
 
 
 def _shares(load: float, running: list[Running]) -> dict[str, float]:
-    """Each fragment's estimated part of the node's load: by its batch time when the
-    fragments report one, else an equal split."""
+    """What each fragment would add to a peer's load: its part of this node's capacity
+    (batch times when the fragments report them, else an equal split). Capacity, not
+    the score: on an overloaded node (score 3) a fragment taking half the batch time
+    needs half a node elsewhere, not 1.5 nodes."""
+    used = min(load, 1.0)
     times = {f.fragment: (f.load.batch_ms if f.load is not None else 0) for f in running}
     total = sum(times.values())
     if total <= 0:
-        return {f.fragment: load / len(running) for f in running}
-    return {name: load * t / total for name, t in times.items()}
+        return {f.fragment: used / len(running) for f in running}
+    return {name: used * t / total for name, t in times.items()}

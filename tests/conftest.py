@@ -33,7 +33,7 @@ def nats_url(nats_server: object) -> str:
 def spark() -> Iterator[object]:
     from spanflow.spark.session import build_session
 
-    session = build_session(app_name="spanflow-tests")
+    session = build_session(app_name="spanflow-tests", realtime_slots=4)
     yield session
     for q in session.streams.active:
         q.stop()

@@ -5,10 +5,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -180,3 +184,28 @@ class Feed:
         self._stop.set()
         self._thread.join(60)
         return self.sent
+
+
+def run_pipeline_process(
+    pipeline: Path, nats_url: str, data_dir: Path, log: Path
+) -> subprocess.Popen[bytes]:
+    """``spanflow run PIPELINE`` in its own process group (so a test can SIGKILL the whole
+    tree at once, as a power cut would), output appended to ``log``."""
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "spanflow.cli",
+            "run",
+            str(pipeline),
+            "--nats",
+            nats_url,
+            "--data-dir",
+            str(data_dir),
+        ],
+        stdout=log.open("ab"),
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+        env={**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"},
+    )

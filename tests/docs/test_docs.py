@@ -181,3 +181,16 @@ def test_pattern_examples_load_and_run() -> None:
         exec(compile(body, "patterns.md", "exec"), {})
     first = FENCE.findall((DOCS / "patterns.md").read_text())[0][1]
     exec(compile(first, "patterns.md", "exec"), {})  # the opening example builds
+
+
+def test_realtime_examples_load_run_and_fail_as_shown() -> None:
+    (text,) = blocks("realtime.md", "yaml realtime")
+    spec = load_pipeline_text(text, "realtime.md")
+    assert [spec.mode_of(s) for s in spec.sinks()] == ["realtime"]
+    for body in blocks("realtime.md", "python run"):
+        exec(compile(body, "realtime.md", "exec"), {})
+    (bad,) = blocks("realtime.md", "yaml ineligible")
+    (shown,) = blocks("realtime.md", "text ineligible")
+    with pytest.raises(Exception) as caught:
+        load_pipeline_text(bad, "bad.yaml")
+    assert str(caught.value).strip() == shown.strip()

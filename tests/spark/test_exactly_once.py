@@ -6,13 +6,11 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 from collections import Counter
-from pathlib import Path
 
 import pytest
 
-from tests.helpers import publish, read_all, read_records, wait_for
+from tests.helpers import publish, read_all, read_records, run_pipeline_process, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -48,26 +46,7 @@ sinks:
 """
 
 
-def _start(pipeline: Path, nats_url: str, data_dir: Path, log: Path) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"}
-    return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "spanflow.cli",
-            "run",
-            str(pipeline),
-            "--nats",
-            nats_url,
-            "--data-dir",
-            str(data_dir),
-        ],
-        stdout=log.open("ab"),
-        stderr=subprocess.STDOUT,
-        stdin=subprocess.DEVNULL,
-        start_new_session=True,
-        env=env,
-    )
+_start = run_pipeline_process
 
 
 def _crash(proc: subprocess.Popen[bytes]) -> None:

@@ -85,8 +85,12 @@ class Pipeline:
         trigger: str | float = "500ms",
         dead_letter_stream: str = "SPANFLOW_DLQ",
         dead_letter_retention: str | float = "7d",
+        mode: str = "microbatch",
     ) -> None:
+        """``mode="realtime"`` runs every sink in Spark's Real-Time Mode (SQL steps only;
+        see docs/realtime.md); :meth:`Stream.realtime` does it for one sink."""
         self.name = name
+        self.mode = mode
         self.trigger = trigger
         self.dead_letter_stream = dead_letter_stream
         self.dead_letter_retention = dead_letter_retention
@@ -142,6 +146,18 @@ class Stream:
         self._steps = steps
         self._functions = dict(functions)
         self.head = head
+        self._sink_mode: dict[str, Any] = {}
+
+    def realtime(self, *, batch: str | float | None = None) -> Stream:
+        """The sink that follows runs in Spark's Real-Time Mode: each record reaches it in
+        milliseconds instead of at the next micro-batch. Every step before it must be SQL
+        (validation names the one that is not). ``batch``: how long each of Real-Time
+        Mode's long batches runs (default 5 minutes)."""
+        out = Stream(self._pipeline, self._steps, self._functions, self.head)
+        out._sink_mode = {"mode": "realtime"}
+        if batch is not None:
+            out._sink_mode["realtime_batch"] = batch
+        return out
 
     def _then(self, cls: type[Step], prefix: str, id: str | None, /, **params: Any) -> Stream:
         step = _build(cls, id=id or self._pipeline._next_id(prefix), inputs=(self.head,), **params)
@@ -552,7 +568,7 @@ class Stream:
     def _sink(self, id: str | None, trigger: str | float | None, **params: Any) -> Flow:
         if trigger is not None:
             params["trigger"] = trigger
-        out = self._then(SinkStep, "sink", id, **params)
+        out = self._then(SinkStep, "sink", id, **params, **self._sink_mode)
         return Flow(self._pipeline, out._steps, out._functions)
 
 
@@ -617,6 +633,7 @@ class Flow:
                 name=p.name,
                 steps=self._steps,
                 trigger=p.trigger,  # type: ignore[arg-type]
+                mode=p.mode,  # type: ignore[arg-type]
                 dead_letter_stream=p.dead_letter_stream,
                 dead_letter_retention=p.dead_letter_retention,  # type: ignore[arg-type]
             )

@@ -46,6 +46,7 @@ _TOP_LEVEL = {
     "processors",
     "sinks",
     "trigger",
+    "mode",
     "dead_letter_stream",
     "dead_letter_retention",
 }

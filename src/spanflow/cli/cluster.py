@@ -162,6 +162,14 @@ def node(
     slots: Annotated[int | None, typer.Option(help="Fragments at once (default: cores).")] = None,
     tag: Annotated[list[str] | None, typer.Option(help="Capability tag (repeatable).")] = None,
     master: Annotated[str | None, typer.Option(help="Spark master (default local[2]).")] = None,
+    realtime_slots: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            help="Task slots above the cores for Real-Time Mode queries (each holds 1-2 "
+            "for its whole batch; see docs/realtime.md).",
+        ),
+    ] = 4,
     batch_offset: Annotated[
         float,
         typer.Option(
@@ -244,6 +252,7 @@ def node(
         token=token or None,
         capabilities=caps,
         master=master,
+        realtime_slots=realtime_slots,
         batch_offset=batch_offset,
         state_dir=state_dir,
         nats_url=nats,

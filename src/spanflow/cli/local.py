@@ -109,7 +109,9 @@ def run(
     directory = _data_dir(data_dir)
     with nats_url(nats, directory, mqtt=mqtt, prepare=partial(_source_streams, spec)) as url:
         err.print(f"starting Spark for pipeline [bold]{spec.name}[/bold] …")
-        spark = build_session(master=master, app_name=f"spanflow-{spec.name}")
+        spark = build_session(
+            master=master, app_name=f"spanflow-{spec.name}", realtime_slots=spec.realtime_slots()
+        )
         stop.install()
         runner = PipelineRunner(
             spark, spec, nats_url=url, checkpoint_dir=directory / "checkpoints", functions=functions

@@ -100,6 +100,9 @@ class AgentSettings:
     state_dir: Path | None = None
     """Where the agent keeps its last registration (default: spanflow's data dir)."""
     spark_conf: dict[str, str] = field(default_factory=dict)
+    realtime_slots: int = 4
+    """Task slots above the offered cores for Real-Time Mode queries, whose tasks hold a
+    slot for a whole (minutes-long) batch: 1 per stateless query, 2 per keyed one."""
     batch_offset: float = 0.0
     """Shift of this node's batch start slots, a fraction of the trigger interval: nodes
     sharing one machine take different ones (:mod:`spanflow.spark.stagger`)."""
@@ -339,7 +342,7 @@ class NodeAgent:
             # A node offers `cores` cores: local mode uses that many task threads.
             master=self.settings.master
             or os.environ.get("SPANFLOW_SPARK_MASTER")
-            or f"local[{cores},3]",
+            or f"local[{cores + self.settings.realtime_slots},3]",
             app_name=f"spanflow-{self.settings.name}",
             conf=self.settings.spark_conf,
         )

@@ -25,6 +25,7 @@ from pyspark.sql.streaming import StreamingQuery
 
 from spanflow.nats.fences import Fence, Fenced, check, claim, fences
 from spanflow.nats.streams import SyncNats, ensure_source_streams, ensure_stream, stream_usage
+from spanflow.spark import realtime
 from spanflow.spark.compile.pipeline import CompiledSink, compile_pipeline
 from spanflow.spark.compile.udf import UserFunction
 from spanflow.spark.deadletter import DLQ_SUBJECT_PREFIX, dlq_subject
@@ -189,9 +190,24 @@ class PipelineRunner:
         ]
         return [u for u in found if u is not None]
 
+    def _realtime(self, sink_id: str) -> bool:
+        return self.spec.mode_of(self._sink(sink_id)) == "realtime"
+
     def _compile(self, sup: _Supervised) -> CompiledSink:
         """One sink's plan, reading through a data source registered for this query alone
-        (and anew on every restart): see :func:`register_isolated`."""
+        (and anew on every restart): see :func:`register_isolated`. A real-time sink
+        reads through the JVM source instead (:mod:`spanflow.spark.realtime`)."""
+        if self._realtime(sup.sink_id):
+            plans = compile_pipeline(
+                self.spark,
+                self.spec,
+                nats_url=self.nats_url,
+                functions=self.functions,
+                source_format=realtime.SOURCE_FORMAT,
+                plan=self.plan,
+                realtime=True,
+            )
+            return next(c for c in plans if c.sink.id == sup.sink_id)
         token = re.sub(r"[^A-Za-z0-9]", "_", f"{self.spec.instance}_{sup.sink_id}")
         fmt = register_isolated(self.spark, f"spanflow_js_{token}_{sup.restarts}")
         if sup.slot is None:
@@ -217,6 +233,24 @@ class PipelineRunner:
     def _launch(self, sup: _Supervised, compiled: CompiledSink) -> None:
         sink, df, mode = compiled.sink, compiled.df, compiled.mode
         checkpoint = str(self.checkpoint_dir / sink.id)
+        if self._realtime(sink.id):
+            self.spark.sparkContext.setLocalProperty("spark.scheduler.pool", self.spec.instance)
+            sup.query = realtime.start_realtime_query(
+                self.spark,
+                df,
+                name=f"{self.spec.instance}.{sink.id}",
+                checkpoint=checkpoint,
+                nats_url=self.nats_url,
+                pipeline=self.spec.instance,
+                sink_id=sink.id,
+                subject=sink.subject or "",
+                batch_seconds=sink.realtime_batch,
+                epoch=self.fence.epoch if self.fence else None,
+            )
+            log.info(
+                "started %s.%s in real time, checkpoint %s", self.spec.instance, sink.id, checkpoint
+            )
+            return
         self.spark.sparkContext.setLocalProperty("spark.scheduler.pool", self.spec.instance)
         writer = (
             df.writeStream.queryName(f"{self.spec.instance}.{sink.id}")
@@ -311,8 +345,8 @@ class PipelineRunner:
     def await_idle(self) -> None:
         """Block until every query has processed all data available now (tests, CLI)."""
         for sup in self._queries.values():
-            if sup.query is not None:
-                sup.query.processAllAvailable()
+            if sup.query is not None and not self._realtime(sup.sink_id):
+                sup.query.processAllAvailable()  # a real-time query's batch runs for minutes
 
     # -- observation -----------------------------------------------------------------
     @property

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 
 from pyspark.sql import SparkSession
 
+from spanflow.spark import realtime
 from spanflow.spark.java import ensure_java_home
 
 ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
@@ -51,16 +52,23 @@ DEFAULTS: dict[str, str] = {
 }
 
 
+CORES = 2
+"""Task slots for micro-batch work: an edge node's cores."""
+
+
 def build_session(
     *,
     master: str | None = None,
     app_name: str = "spanflow",
     conf: Mapping[str, str] | None = None,
+    realtime_slots: int = 0,
 ) -> SparkSession:
     """A SparkSession with spanflow's defaults and its data sources registered.
 
-    ``master`` defaults to ``local[2,3]`` (two cores, each task retried up to three
-    times, so a transient broker error retries the task instead of failing the query).
+    ``master`` defaults to ``local[N,3]``: :data:`CORES` slots plus ``realtime_slots``
+    (each task of a Real-Time Mode query holds a slot for its whole batch, see
+    :mod:`spanflow.spark.realtime`), each task retried up to three times so a
+    transient broker error retries the task instead of failing the query.
     """
     ensure_java_home()
     os.environ.setdefault("PYSPARK_PYTHON", _python())
@@ -68,10 +76,14 @@ def build_session(
     # Python workers import users' functions by module name: give them the driver's path.
     paths = [p for p in sys.path if p and os.path.isdir(p)]
     os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys([*paths, os.getcwd()]))
+    default_master = f"local[{CORES + max(0, realtime_slots)},3]"
     builder = SparkSession.builder.appName(app_name).master(
-        master or os.environ.get("SPANFLOW_SPARK_MASTER", "local[2,3]")
+        master or os.environ.get("SPANFLOW_SPARK_MASTER", default_master)
     )
-    for key, value in {**DEFAULTS, **(conf or {})}.items():
+    settings = {**DEFAULTS, **realtime.session_conf(), **(conf or {})}
+    if conf and "spark.jars" in conf:  # the user's jars and the real-time jar
+        settings["spark.jars"] = f"{conf['spark.jars']},{realtime.session_conf()['spark.jars']}"
+    for key, value in settings.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel(os.environ.get("SPANFLOW_SPARK_LOG_LEVEL", "ERROR"))

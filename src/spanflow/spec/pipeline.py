@@ -7,13 +7,14 @@ no loss, so the same object can come from Python, YAML or an HTTP body.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from spanflow.errors import SpecError
 from spanflow.spec.durations import Duration
 from spanflow.spec.steps import Step, StepBase, StreamFacts
+from spanflow.spec.steps.base import Placement
 from spanflow.spec.steps.io import SinkStep, SourceStep
 
 PIPELINE_NAME = r"^[A-Za-z0-9][A-Za-z0-9_-]*$"
@@ -36,6 +37,11 @@ class PipelineSpec(BaseModel):
     steps: tuple[Step, ...] = Field(min_length=2)
     trigger: Duration = Field(
         default=0.5, le=3600, description="Micro-batch interval; 0 = start the next at once."
+    )
+    mode: Literal["microbatch", "realtime"] = Field(
+        default="microbatch",
+        description="How sinks run unless they say: 'realtime' runs them in Spark's "
+        "Real-Time Mode (milliseconds; SQL steps only, see docs/realtime.md).",
     )
     dead_letter_stream: str = Field(default="SPANFLOW_DLQ", pattern=r"^[A-Za-z0-9_-]+$")
     dead_letter_retention: Duration = Field(
@@ -78,7 +84,52 @@ class PipelineSpec(BaseModel):
                 )
         self._check_acyclic()
         self.facts()  # each step checks what its inputs carry (e.g. a key)
+        self._check_realtime()
         return self
+
+    def _check_realtime(self) -> None:
+        """Every step on a real-time sink's path must be able to run in Real-Time Mode;
+        the error names the first that cannot, and why."""
+        core = self.expanded()
+        for sink in core.sinks():
+            if self.mode_of(sink) != "realtime":
+                continue
+            for step in core.path_to(sink.id):
+                problem = step.realtime_problem()
+                if problem is not None:
+                    raise StepInputError(
+                        step.id,
+                        f"sink {sink.id!r} runs in real time, but step {step.id!r} cannot: "
+                        f"{problem} (or set mode: microbatch on the sink)",
+                    )
+
+    def realtime_slots(self) -> int:
+        """Task slots this pipeline's real-time queries hold for their whole batches: one
+        for the source's read task (which also writes a stateless query's output), and
+        one more for a query with keyed state (its shuffle partition)."""
+        core = self.expanded()
+        slots = 0
+        for sink in core.sinks():
+            if self.mode_of(sink) == "realtime":
+                keyed = any(s.placement == Placement.KEYED for s in core.path_to(sink.id))
+                slots += 2 if keyed else 1
+        return slots
+
+    def mode_of(self, sink: SinkStep) -> str:
+        """'realtime' or 'microbatch': the sink's own mode, else the pipeline's."""
+        return sink.mode or self.mode
+
+    def path_to(self, step_id: str) -> list[Step]:
+        """``step_id`` and every step it reads from, inputs first."""
+        wanted: set[str] = set()
+        pending = [step_id]
+        by_id = {s.id: s for s in self.steps}
+        while pending:
+            sid = pending.pop()
+            if sid not in wanted:
+                wanted.add(sid)
+                pending.extend(by_id[sid].inputs)
+        return [s for s in self.topological() if s.id in wanted]
 
     def _check_acyclic(self) -> None:
         state: dict[str, int] = {}

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StructType
@@ -44,6 +44,20 @@ class CompileContext:
     slot: tuple[int, int] = (0, 0)
     """(phase, interval) in ms: when in each interval the query's sources start a batch
     (:mod:`spanflow.spark.stagger`)."""
+    realtime: bool = False
+    """Compiling for Spark's Real-Time Mode (:mod:`spanflow.spark.realtime`): rows keep
+    what the JVM sink derives message ids from (see :data:`REALTIME_ID_COLUMNS`)."""
+
+
+REALTIME_ID_COLUMNS = ("_seq", "_updates")
+"""Hidden columns a real-time sink derives each message id from: a per-event row's
+source sequence, an aggregate update's number (a count of its group's rows). Both make
+every distinct output row distinct and are the same when Spark replays a batch."""
+
+
+def updates_column() -> Column:
+    """``_updates``: the update number of a group in update mode (its row count)."""
+    return F.count(F.lit(1)).alias("_updates")
 
 
 def with_watermark(frame: Frame, spec: PipelineSpec, field: str, delay: float) -> Frame:

@@ -43,13 +43,14 @@ def compile_pipeline(
     source_format: str = FORMAT_NAME,
     plan: PipelineSpec | None = None,
     slot: tuple[int, int] = (0, 0),
+    realtime: bool = False,
 ) -> list[CompiledSink]:
     """One streaming DataFrame per sink (each becomes its own query).
 
     ``source_format`` is the registered name sources read through (see
     :func:`spanflow.spark.jetstream.register_isolated`).
     """
-    ctx = CompileContext(spark, nats_url, functions or {}, source_format, plan, slot)
+    ctx = CompileContext(spark, nats_url, functions or {}, source_format, plan, slot, realtime)
     core = spec.expanded()
     frames = _compile_frames(ctx, core, list(core.topological()))
     out: list[CompiledSink] = []

@@ -8,6 +8,7 @@ from pyspark.sql import functions as F
 
 from spanflow.errors import CompileError
 from spanflow.spark.compile.frame import (
+    REALTIME_ID_COLUMNS,
     CompileContext,
     Frame,
     python_step,
@@ -42,7 +43,12 @@ def compile_select(
     ctx: CompileContext, spec: PipelineSpec, step: SelectStep, inputs: list[Frame]
 ) -> Frame:
     (up,) = inputs
-    return replace(up, df=up.df.selectExpr(*step.columns))
+    df = up.df.selectExpr(*step.columns)
+    if ctx.realtime:  # keep what the sink's message ids come from (unpublished)
+        kept = [c for c in REALTIME_ID_COLUMNS if c in up.df.columns and c not in df.columns]
+        if kept:
+            df = up.df.selectExpr(*step.columns, *kept)
+    return replace(up, df=df)
 
 
 @compiles(MapStep)

@@ -19,6 +19,7 @@ from spanflow.spark.compile.frame import (
     OutputMode,
     keyed_or_whole,
     spanflow_schema,
+    updates_column,
     watermarked,
 )
 from spanflow.spark.compile.process import transform_keyed
@@ -118,6 +119,8 @@ def compile_window(
             columns = [c for n, t in step.aggregates.items() for c in _partial_columns(n, t)]
         else:
             columns = [aggregate_column(n, t) for n, t in step.aggregates.items()]
+        if ctx.realtime:
+            columns.append(updates_column())
         df = grouped.agg(*columns)
         names = [c for c in df.columns if c not in frame.key and c != "window"]
         df = df.select(*frame.key, *bounds, *names)

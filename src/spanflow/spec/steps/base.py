@@ -13,7 +13,9 @@ know about it, so that neither has to switch on step types:
 * :meth:`StepBase.split`: how it splits into a per-site partial and a global merge,
   where it can;
 * :meth:`StepBase.expand`: the core steps a convenience step stands for (the classic
-  ``forward``/``sum``/``count``/``average`` processors are such sugar).
+  ``forward``/``sum``/``count``/``average`` processors are such sugar);
+* :meth:`StepBase.realtime_problem`: why it cannot run in Spark's Real-Time Mode, if it
+  cannot (only SQL steps can: see docs/realtime.md).
 
 How a step runs on Spark is registered apart, in :mod:`spanflow.spark.compile`.
 """
@@ -152,6 +154,12 @@ class StepBase(BaseModel):
         The last step returned keeps this step's id (so downstream steps still read
         it); the first reads this step's inputs."""
         return (self,)
+
+    def realtime_problem(self) -> str | None:
+        """Why this step cannot run in Real-Time Mode (None: it can). Real-Time Mode runs
+        JVM operators only, in update mode: Python code (functions, keyed processors,
+        patterns, models) stays on micro-batches."""
+        return f"a {self.type_name} step runs Python code, which stays on micro-batches"
 
     def state_horizon(self) -> float:
         """Seconds of event time this step remembers records for; the watermark delay of

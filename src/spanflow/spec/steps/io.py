@@ -89,6 +89,11 @@ class SourceStep(StepBase):
             )
         return self
 
+    def realtime_problem(self) -> str | None:
+        if self.format != StreamFormat.JSON:
+            return f"the real-time source reads JSON; this stream is {self.format.value}"
+        return None
+
     def facts(self, inputs: Sequence[StreamFacts]) -> StreamFacts:
         return StreamFacts(
             key=(self.key,) if self.key else (),
@@ -118,6 +123,27 @@ class SinkStep(StepBase):
         "A sink of 10 s windows needs no 2 s batches, and each batch costs a small node "
         "the same fixed planning and checkpointing work.",
     )
+
+    mode: Literal["microbatch", "realtime"] | None = Field(
+        default=None,
+        description="'realtime' runs this sink's query in Spark's Real-Time Mode "
+        "(milliseconds from input to output; SQL steps only); default: the pipeline's mode.",
+    )
+    realtime_batch: Duration = Field(
+        default=300.0,
+        ge=5,
+        le=86400,
+        description="Real-Time Mode only: how long each of its long batches runs. Progress "
+        "is checkpointed at batch ends; records arriving then wait 0.2–1 s, so longer "
+        "batches mean fewer such pauses and a longer replay after a crash.",
+    )
+
+    def realtime_problem(self) -> str | None:
+        if self.kind != "jetstream":
+            return f"a {self.kind} sink runs on micro-batches; real time publishes to JetStream"
+        if self.order_by:
+            return "order_by sorts each micro-batch; real-time output leaves in arrival order"
+        return None
 
     @model_validator(mode="after")
     def _target(self) -> SinkStep:

@@ -28,6 +28,13 @@ class JoinStep(StepBase):
     placement: ClassVar[Placement] = Placement.KEYED
 
     type: Literal["join"] = "join"
+
+    def realtime_problem(self) -> str | None:
+        return (
+            "a join of two streams is not supported by Spark's Real-Time Mode; "
+            "enrich from a file: table joins in real time"
+        )
+
     on: tuple[str, ...] = Field(min_length=1, description="Fields both inputs are matched on.")
     lower: SignedDuration = Field(description="Earliest right time, relative to the left time.")
     upper: SignedDuration = Field(description="Latest right time, relative to the left time.")
@@ -112,6 +119,11 @@ class EnrichStep(StepBase):
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
 
     local_reason: ClassVar[str] = "looks each record up in the table, where its data is"
+
+    def realtime_problem(self) -> str | None:
+        if self.path is None:
+            return "a live kv: table is looked up in Python; a file: table runs in real time"
+        return None
 
     @property
     def bucket(self) -> str | None:

@@ -42,6 +42,9 @@ class DeduplicateStep(StepBase):
     def state_horizon(self) -> float:
         return self.within
 
+    def realtime_problem(self) -> str | None:
+        return None  # compiled as dropDuplicates(key + event time) in real time
+
 
 class AggregateStep(StepBase):
     """Running aggregates per key over the whole stream (no window); emits the changed
@@ -62,6 +65,9 @@ class AggregateStep(StepBase):
     def facts(self, inputs: Sequence[StreamFacts]) -> StreamFacts:
         up = inputs[0]
         return StreamFacts(key=up.key, entity=frozenset(f for f in up.entity if f in up.key))
+
+    def realtime_problem(self) -> str | None:
+        return None
 
 
 TimeMode = Literal["event_time", "processing_time", "none"]

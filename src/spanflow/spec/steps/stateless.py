@@ -29,6 +29,11 @@ class FilterStep(StepBase):
             raise ValueError("give exactly one of 'where' (SQL) or 'function' (Python)")
         return self
 
+    def realtime_problem(self) -> str | None:
+        if self.function:
+            return "its Python function runs on micro-batches; write it as SQL to run in real time"
+        return None
+
 
 class SelectStep(StepBase):
     """Projects records with Spark SQL expressions ('temp * 1.8 + 32 AS temp_f')."""
@@ -47,6 +52,9 @@ class SelectStep(StepBase):
             entity=frozenset(f for f in up.entity if f in kept),
             event_time=event_time,
         )
+
+    def realtime_problem(self) -> str | None:
+        return None
 
 
 class MapStep(StepBase):
@@ -76,6 +84,11 @@ class MapStep(StepBase):
         if self.function and self.schema_ is not None:
             replaced |= {f for f in up.entity if f not in self.schema_}
         return replace(up, entity=frozenset(f for f in up.entity if f not in replaced))
+
+    def realtime_problem(self) -> str | None:
+        if self.function:
+            return "its Python function runs on micro-batches; write it as SQL to run in real time"
+        return None
 
 
 class FlatMapStep(StepBase):
@@ -107,6 +120,9 @@ class KeyByStep(StepBase):
     def facts(self, inputs: Sequence[StreamFacts]) -> StreamFacts:
         return replace(inputs[0], key=self.key)
 
+    def realtime_problem(self) -> str | None:
+        return None
+
 
 class EventTimeStep(StepBase):
     """Declares the event-time field and how out of order events may arrive."""
@@ -118,6 +134,9 @@ class EventTimeStep(StepBase):
     def facts(self, inputs: Sequence[StreamFacts]) -> StreamFacts:
         return replace(inputs[0], event_time=(self.field, self.max_out_of_orderness))
 
+    def realtime_problem(self) -> str | None:
+        return None
+
 
 class UnionStep(StepBase):
     """Records of all inputs in one stream; the inputs must have the same columns."""
@@ -125,3 +144,6 @@ class UnionStep(StepBase):
     arity: ClassVar[tuple[int, int | None]] = (2, None)
 
     type: Literal["union"] = "union"
+
+    def realtime_problem(self) -> str | None:
+        return None

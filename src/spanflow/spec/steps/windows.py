@@ -98,6 +98,18 @@ class WindowStep(StepBase):
         check_aggregates(self.aggregates or {})
         return self
 
+    def realtime_problem(self) -> str | None:
+        if self.reduce:
+            return "its Python reduce runs on micro-batches; use SQL aggregates to run in real time"
+        if self.kind == "session":
+            return "session windows are not supported by Spark's Real-Time Mode"
+        if self.emit != "updates":
+            return (
+                "emit: final needs append output, which Real-Time Mode does not have; "
+                "use emit: updates (every record updates its window at once)"
+            )
+        return None
+
     def facts(self, inputs: Sequence[StreamFacts]) -> StreamFacts:
         # Window results carry on in event time as their window's end.
         return _keyed_result(inputs, ("window_end", WATERMARK_EPSILON))
@@ -140,6 +152,10 @@ class MergeStep(StepBase):
     placement: ClassVar[Placement] = Placement.KEYED
 
     type: Literal["merge"] = "merge"
+
+    def realtime_problem(self) -> str | None:
+        return "merging partial windows from several sites runs on micro-batches"
+
     key: tuple[str, ...] = ()
     aggregates: dict[str, str] = Field(min_length=1)
 

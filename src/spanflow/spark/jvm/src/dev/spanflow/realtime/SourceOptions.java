@@ -1,0 +1,60 @@
+package dev.spanflow.realtime;
+
+import com.fasterxml.jackson.databind.JsonNode;
+import java.io.IOException;
+import java.util.ArrayList;
+import java.util.HashMap;
+import java.util.List;
+import java.util.Map;
+
+/** The source's options, the same keys as the Python source (spanflow.spark.compile.io). */
+final class SourceOptions {
+  final String url;
+  final String stream;
+  final String pipeline;
+  final String step;
+  final String schema;
+  final String start;
+  final long maxRows;
+  final String scalarField;
+  final boolean tombstones;
+  final List<String> filters = new ArrayList<>();
+
+  SourceOptions(Map<String, String> options) {
+    url = require(options, "url");
+    stream = require(options, "stream");
+    pipeline = require(options, "pipeline");
+    step = require(options, "step");
+    schema = options.getOrDefault("schema", "{}");
+    start = options.getOrDefault("start", "earliest");
+    maxRows = Long.parseLong(options.getOrDefault("max_rows", "200000"));
+    scalarField = options.getOrDefault("scalar_field", "");
+    tombstones = "true".equals(options.get("tombstones"));
+    String format = options.getOrDefault("format", "json");
+    if (!format.equals("json")) {
+      throw new IllegalArgumentException("the real-time JetStream source reads JSON only, not "
+          + format);
+    }
+    try {
+      for (JsonNode subject : Json.MAPPER.readTree(options.getOrDefault("filter_subjects", "[]"))) {
+        filters.add(subject.asText());
+      }
+    } catch (IOException exc) {
+      throw new IllegalArgumentException("filter_subjects is not a JSON list", exc);
+    }
+  }
+
+  static HashMap<String, String> copy(Map<String, String> options) {
+    HashMap<String, String> out = new HashMap<>();
+    options.forEach((k, v) -> out.put(k.toLowerCase(), v));
+    return out;
+  }
+
+  private static String require(Map<String, String> options, String key) {
+    String value = options.get(key);
+    if (value == null || value.isEmpty()) {
+      throw new IllegalArgumentException("the JetStream source needs the option " + key);
+    }
+    return value;
+  }
+}

@@ -1,7 +1,7 @@
 """Three agents in one site: an overloaded one sheds its lowest-priority fragment to
 the least-loaded peer, then the peer is SIGKILLed and declared dead by gossip.
 
-g1 starts alone (cores 1: one Spark task thread) and gets two pipelines: ``busy``
+g1 starts alone (one core offered) and gets two pipelines: ``busy``
 (priority 5, pinned to g1's tag, fed fast) and ``light`` (priority 0). Then g2 and g3
 join. g1's load stays over its threshold, so it asks — from its gossip view of its
 peers' loads — for ``light`` to move to the least-loaded peer; the coordinator moves

@@ -179,3 +179,53 @@ def test_slots_taken_by_earlier_pipelines_push_later_ones_elsewhere():
     fallback = b.decisions[0 if full_site == "a" else 1]
     assert fallback.why.startswith(f"fallback: every capable node at site {full_site} is full")
     assert b.placement["p2.global"] == "c1"  # the only node left with room
+
+
+# Site a has a node with two real-time task slots and one with none.
+REALTIME_SITE = """
+name: rt
+sites: [{name: a}, {name: cloud, kind: cloud}]
+nodes:
+  - {name: small, site: a, capabilities: {cores: 2, realtime_slots: 0},
+     streams: [{name: S, subjects: [s.a.>]}]}
+  - {name: big, site: a, capabilities: {cores: 2, realtime_slots: 2}}
+  - {name: c1, site: cloud, capabilities: {cores: 4, realtime_slots: 0}}
+links:
+  - {between: [a, cloud], latency: 40ms}
+"""
+
+
+def alerts(name: str, *, keyed: bool = False, mode: str = "realtime") -> sf.Flow:
+    p = sf.Pipeline(name, mode=mode)
+    stream = p.source("S", schema={"device": "string", "v": "double"}, id="in")
+    if keyed:
+        stream = stream.key_by("device").aggregate(n="count")
+    else:
+        stream = stream.filter("v > 1", id="hot")
+    return stream.sink_jetstream("OUT", subject=f"out.{name}", id="out")
+
+
+def test_real_time_task_slots_are_counted_per_node():
+    topo = load_topology_text(REALTIME_SITE)
+    view = offline_view(topo)
+    # The node hosting the input has no real-time slots: the fragment goes to its peer.
+    first = plan_pipeline(compile_fragments(alerts("p1", keyed=True).spec(), topo), view)
+    assert first.placement["p1.f0"] == "big"
+    assert view.used_realtime == {"big": 2}  # a keyed real-time query holds two
+    # Now no node at the site has one free: the error says so.
+    with pytest.raises(PlacementError) as err:
+        plan_pipeline(compile_fragments(alerts("p2").spec(), topo), view)
+    assert "real-time task slots 0 free of 1 needed" in str(err.value)
+    # A micro-batch pipeline still fits.
+    micro = overall("p3").sink_jetstream("O3", subject="o3", id="out")
+    assert plan_pipeline(compile_fragments(micro.spec(), topo), view).placement
+
+
+def test_real_time_pipelines_are_not_charged_a_batch_per_hop_in_budgets():
+    topo = load_topology_text(REALTIME_SITE)
+    compiled = compile_fragments(alerts("p").spec(), topo)
+    plan = plan_pipeline(compiled, offline_view(topo), latency_budget=0.05)
+    assert plan.processing == pytest.approx(0.005)
+    micro = compile_fragments(alerts("p", mode="microbatch").spec(), topo)
+    with pytest.raises(PlacementError, match="trigger 500 ms"):
+        plan_pipeline(micro, offline_view(topo), latency_budget=0.05)

@@ -163,13 +163,13 @@ def node(
     tag: Annotated[list[str] | None, typer.Option(help="Capability tag (repeatable).")] = None,
     master: Annotated[str | None, typer.Option(help="Spark master (default local[2]).")] = None,
     realtime_slots: Annotated[
-        int,
+        int | None,
         typer.Option(
             min=0,
-            help="Task slots above the cores for Real-Time Mode queries (each holds 1-2 "
-            "for its whole batch; see docs/realtime.md).",
+            help="Spark task slots above the cores for Real-Time Mode queries (each holds "
+            "1-2 for its whole batch; default 4; see docs/realtime.md).",
         ),
-    ] = 4,
+    ] = None,
     batch_offset: Annotated[
         float,
         typer.Option(
@@ -232,7 +232,7 @@ def node(
     _logging()
     _quiet_spark()
     caps = None
-    if any(v is not None for v in (cores, memory, slots, tag)):
+    if any(v is not None for v in (cores, memory, slots, tag, realtime_slots)):
         detected = detect_capabilities()
         try:
             caps = Capabilities.model_validate(
@@ -241,6 +241,9 @@ def node(
                     "memory_mb": memory or detected.memory_mb,
                     "slots": slots,
                     "tags": tuple(tag or ()),
+                    "realtime_slots": detected.realtime_slots
+                    if realtime_slots is None
+                    else realtime_slots,
                 }
             )
         except ValueError as exc:
@@ -252,7 +255,6 @@ def node(
         token=token or None,
         capabilities=caps,
         master=master,
-        realtime_slots=realtime_slots,
         batch_offset=batch_offset,
         state_dir=state_dir,
         nats_url=nats,

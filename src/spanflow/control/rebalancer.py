@@ -75,7 +75,7 @@ def _check_fit(tx: Draft, a: Assignment, target: str, observed: Observed) -> Non
     """The planner's own checks, with the target as the only candidate: capabilities,
     a free slot, and the latency budget over the target's links."""
     view = scheduler.cluster_view(tx.state, observed)
-    view.used_slots[a.node] = view.used_slots.get(a.node, 1) - 1
+    view.release(a.fragment, a.node)
     try:
         scheduler.place_again(tx.state, a, view, exclude=[n for n in tx.state.nodes if n != target])
     except PlacementError as exc:

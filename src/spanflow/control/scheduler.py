@@ -26,15 +26,14 @@ log = logging.getLogger(__name__)
 
 
 def cluster_view(state: ClusterState, observed: Observed) -> ClusterView:
-    used: dict[str, int] = {}
-    for a in state.assignments.values():
-        used[a.node] = used.get(a.node, 0) + 1
-    return ClusterView(
+    view = ClusterView(
         topology=state.full_topology(),
         nodes=state.nodes,
-        used_slots=used,
         cpu_percent={n: hb.cpu_percent for n, hb in observed.heartbeats.items()},
     )
+    for a in state.assignments.values():
+        view.take(a.fragment, a.node)
+    return view
 
 
 def schedule(
@@ -181,7 +180,6 @@ def rebalance(
     """After a topology change, re-plan running fragments one at a time and move the
     ones whose new place is better by the margin."""
     view = cluster_view(tx.state, observed)
-    used = view.used_slots
     margin = settings.replan_margin
     exclude_settling = settling(observed, settings, now)
     for record in sorted(tx.state.pipelines.values(), key=lambda p: -p.priority):
@@ -191,20 +189,20 @@ def rebalance(
             if a.action != "run" or a.move_to:
                 continue
             current = cost(tx.state, a.fragment, a.node)
-            used[a.node] = used.get(a.node, 1) - 1
+            view.release(a.fragment, a.node)
             try:
                 plan = place_again(
                     tx.state, a, view, exclude=[n for n in exclude_settling if n != a.node]
                 )
             except PlacementError:
-                used[a.node] = used.get(a.node, 0) + 1
+                view.take(a.fragment, a.node)
                 continue
             target = plan.placement[a.fragment.id]
             better = cost(tx.state, a.fragment, target)
             gain = (current if current is not None else float("inf")) - (better or 0.0)
             if target == a.node or better is None or gain <= max(0.001, margin * (current or 0)):
-                used[target] = used.get(target, 1) - 1
-                used[a.node] = used.get(a.node, 0) + 1
+                view.release(a.fragment, target)
+                view.take(a.fragment, a.node)
                 continue
             start_move(tx, a, target, f"{reason}: {plan.decisions[0].why}", settings)
 
@@ -222,6 +220,7 @@ def place_again(
         priority=record.priority,
         latency_budget=record.latency_budget,
         trigger=record.spec.trigger,
+        realtime=record.spec.all_realtime(),
         hops=hops_of(record.fragments),
         exclude=exclude,
     )

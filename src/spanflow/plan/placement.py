@@ -27,9 +27,32 @@ class ClusterView:
     nodes: Mapping[str, NodeRecord]
     used_slots: dict[str, int] = field(default_factory=dict)
     cpu_percent: Mapping[str, float] = field(default_factory=dict)
+    used_realtime: dict[str, int] = field(default_factory=dict)
+    """Real-Time Mode task slots held by the fragments placed on each node."""
 
     def slots(self, node: str) -> int:
         return self.nodes[node].spec.capabilities.fragment_slots
+
+    def free_realtime(self, node: str) -> int:
+        return self.nodes[node].spec.capabilities.realtime_slots - self.used_realtime.get(node, 0)
+
+    def realtime_fits(self, fragment: Fragment, node: str) -> bool:
+        """Has the node the Real-Time Mode task slots the fragment's real-time sinks hold?"""
+        return realtime_need(fragment) <= self.free_realtime(node)
+
+    def release(self, fragment: Fragment, node: str) -> None:
+        """Uncount the fragment on ``node`` (to place it again)."""
+        self.used_slots[node] = self.used_slots.get(node, 1) - 1
+        need = realtime_need(fragment)
+        if need:
+            self.used_realtime[node] = self.used_realtime.get(node, need) - need
+
+    def take(self, fragment: Fragment, node: str) -> None:
+        """Count the fragment's slot (and real-time task slots) on ``node``."""
+        self.used_slots[node] = self.used_slots.get(node, 0) + 1
+        need = realtime_need(fragment)
+        if need:
+            self.used_realtime[node] = self.used_realtime.get(node, 0) + need
 
     def free_slots(self, node: str) -> int:
         return self.slots(node) - self.used_slots.get(node, 0)
@@ -41,6 +64,11 @@ class ClusterView:
     def schedulable(self, exclude: Iterable[str] = ()) -> list[NodeRecord]:
         skip = set(exclude)
         return [n for n in self.nodes.values() if n.state == NodeState.ALIVE and n.name not in skip]
+
+
+def realtime_need(fragment: Fragment) -> int:
+    """Spark task slots a fragment's Real-Time Mode queries hold for their whole batches."""
+    return fragment.spec.realtime_slots()
 
 
 class Placer(Protocol):
@@ -78,10 +106,20 @@ class LocalityPlacer:
                     f"fragment {fragment.id}: no live node"
                     + (f" (excluded: {', '.join(sorted(excluded))})" if excluded else "")
                 )
-            free = [n for n in candidates if view.free_slots(n.name) > 0]
+            free = [
+                n
+                for n in candidates
+                if view.free_slots(n.name) > 0 and view.realtime_fits(fragment, n.name)
+            ]
             if not free:
                 usage = ", ".join(
                     f"{n.name} {view.used_slots.get(n.name, 0)}/{view.slots(n.name)}"
+                    + (
+                        f" ({view.free_realtime(n.name)} real-time task slots free, "
+                        f"{realtime_need(fragment)} needed)"
+                        if realtime_need(fragment)
+                        else ""
+                    )
                     for n in candidates
                 )
                 raise PlacementError(
@@ -104,5 +142,5 @@ class LocalityPlacer:
                 pool, key=lambda n: (view.load(n.name), view.used_slots.get(n.name, 0), n.name)
             )
             out[fragment.id] = best.name
-            view.used_slots[best.name] = view.used_slots.get(best.name, 0) + 1
+            view.take(fragment, best.name)
         return out

@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from spanflow.plan.fragments import CompiledPipeline
-from spanflow.plan.placement import ClusterView, PlacementError
+from spanflow.plan.placement import ClusterView, PlacementError, realtime_need
 from spanflow.plan.solver import GroupDemand, NodeOffer, Solution, solve_exact, solve_greedy
 from spanflow.spec.cluster import Fragment, NodeRecord, NodeState, PipelineRecord
 from spanflow.spec.topology import SiteKind, Topology
@@ -25,6 +25,10 @@ from spanflow.spec.topology import SiteKind, Topology
 BATCH_OVERHEAD = 0.2
 """Seconds one fragment's micro-batch is assumed to take on top of its trigger interval
 (planning estimate; ``spanflow status`` reports the measured figure)."""
+
+REALTIME_OVERHEAD = 0.005
+"""Seconds a record is assumed to spend in one fragment running in Spark's Real-Time
+Mode (measured: ≈1-3 ms at the median, docs/realtime.md)."""
 
 EXACT_LIMIT = 100_000
 """Nodes × global fragments up to which placement is solved exactly (HiGHS)."""
@@ -50,6 +54,8 @@ class Plan:
     trigger: float
     latency_budget: float | None
     solver: str = "-"
+    realtime: bool = False
+    """Every sink runs in Real-Time Mode: no batch to wait for."""
     exact_cost: float | None = None
     greedy_cost: float | None = None
 
@@ -59,7 +65,7 @@ class Plan:
 
     @property
     def processing(self) -> float:
-        return processing_estimate(self.hops, self.trigger)
+        return processing_estimate(self.hops, self.trigger, self.realtime)
 
     @property
     def path_latency(self) -> float:
@@ -70,8 +76,11 @@ class Plan:
         return self.path_latency + self.processing
 
 
-def processing_estimate(hops: int, trigger: float) -> float:
-    """Each fragment on the path waits up to one trigger interval, then runs one batch."""
+def processing_estimate(hops: int, trigger: float, realtime: bool = False) -> float:
+    """Each fragment on the path waits up to one trigger interval, then runs one batch;
+    in Real-Time Mode a record passes straight through."""
+    if realtime:
+        return hops * REALTIME_OVERHEAD
     return hops * (trigger + BATCH_OVERHEAD)
 
 
@@ -101,6 +110,7 @@ class GeoPlacer:
             priority=pipeline.priority,
             latency_budget=pipeline.latency_budget,
             trigger=pipeline.spec.trigger,
+            realtime=pipeline.spec.all_realtime(),
             hops=hops_of(pipeline.fragments or fragments),
             exclude=exclude,
             exact_limit=self.exact_limit,
@@ -116,6 +126,7 @@ def place(
     priority: int = 0,
     latency_budget: float | None = None,
     trigger: float = 0.5,
+    realtime: bool = False,
     hops: int | None = None,
     exclude: Iterable[str] = (),
     exact_limit: int = EXACT_LIMIT,
@@ -124,13 +135,18 @@ def place(
 
     Raises :class:`PlacementError` naming the fragment and the constraint that failed."""
     hops = hops_of(fragments) if hops is None else hops
-    plan = Plan([], hops, trigger, latency_budget)
-    processing = processing_estimate(hops, trigger)
+    plan = Plan([], hops, trigger, latency_budget, realtime=realtime)
+    processing = plan.processing
     if latency_budget is not None and processing > latency_budget:
+        per_hop = (
+            f"{_ms(REALTIME_OVERHEAD)} in Real-Time Mode"
+            if realtime
+            else f"trigger {_ms(trigger)} + {_ms(BATCH_OVERHEAD)} per batch"
+        )
         raise PlacementError(
             f"latency budget {_ms(latency_budget)} is {_ms(processing - latency_budget)} short "
             f"before any network: processing is estimated at {_ms(processing)} "
-            f"({hops} fragment(s) × (trigger {_ms(trigger)} + {_ms(BATCH_OVERHEAD)} per batch))"
+            f"({hops} fragment(s) × ({per_hop}))"
         )
     skip = set(exclude)
     for fragment in fragments:
@@ -168,7 +184,9 @@ def _place_local(fragment: Fragment, view: ClusterView, skip: set[str]) -> Decis
         )
     live = [n for n in at_site if n.state == NodeState.ALIVE]
     capable = [n for n in live if _fits(fragment, n)]
-    free = [n for n in capable if view.free_slots(n.name) > 0]
+    free = [
+        n for n in capable if view.free_slots(n.name) > 0 and view.realtime_fits(fragment, n.name)
+    ]
     streams = ", ".join(fragment.input_streams) or "its input"
     if free:
         hosts = [n for n in free if hosts_input(n)]
@@ -184,9 +202,7 @@ def _place_local(fragment: Fragment, view: ClusterView, skip: set[str]) -> Decis
             have = ", ".join(f"{n.name} {_has(n)}" for n in live)
             problem = f"no node at site {site} has {_needs(fragment)} (nodes there: {have})"
         else:
-            usage = ", ".join(
-                f"{n.name} {view.used_slots.get(n.name, 0)}/{view.slots(n.name)}" for n in capable
-            )
+            usage = ", ".join(_usage(view, fragment, n) for n in capable)
             problem = f"every capable node at site {site} is full ({usage})"
         own = view.topology.site(site)
         if own is not None and own.nats_url:
@@ -196,10 +212,19 @@ def _place_local(fragment: Fragment, view: ClusterView, skip: set[str]) -> Decis
             )
         best, latency = _nearest_elsewhere(fragment, view, skip, problem)
         why = f"fallback: {problem}; nearest capable node is {_ms(latency)} from {site}"
-    view.used_slots[best.name] = view.used_slots.get(best.name, 0) + 1
+    view.take(fragment, best.name)
     if fragment.node_tags or fragment.node_accelerators:
         why += f" ({_needs(fragment)})"
     return Decision(fragment, best.name, why)
+
+
+def _usage(view: ClusterView, fragment: Fragment, n: NodeRecord) -> str:
+    """``edge-a 2/2``, with the real-time task slots when the fragment needs some."""
+    text = f"{n.name} {view.used_slots.get(n.name, 0)}/{view.slots(n.name)}"
+    need = realtime_need(fragment)
+    if need:
+        text += f", real-time task slots {view.free_realtime(n.name)} free of {need} needed"
+    return text
 
 
 def _fits(fragment: Fragment, n: NodeRecord) -> bool:
@@ -243,6 +268,8 @@ def _nearest_elsewhere(
         latency = view.topology.latency(site, n.spec.site)
         if latency is None or view.free_slots(n.name) <= 0:
             continue
+        if not view.realtime_fits(fragment, n.name):
+            continue
         options.append((latency, _load_key(view, n), n))
     if not options:
         raise PlacementError(
@@ -263,7 +290,10 @@ def _place_global(
 ) -> None:
     topo = view.topology
     cloud_sites = frozenset(s.name for s in topo.sites if s.kind == SiteKind.CLOUD)
-    live = [n for n in view.schedulable(skip)]
+    # Nodes without the real-time task slots the neediest fragment takes are left out
+    # (the solver counts fragments per node, not task slots).
+    need = max(realtime_need(f) for f in fragments)
+    live = [n for n in view.schedulable(skip) if need <= view.free_realtime(n.name)]
     offers = [
         NodeOffer(
             name=n.name,
@@ -290,7 +320,8 @@ def _place_global(
         for f in fragments
     ]
     if not offers:
-        raise PlacementError(f"fragment {fragments[0].id}: no live node")
+        lacking = f" with {need} free real-time task slots" if need else ""
+        raise PlacementError(f"fragment {fragments[0].id}: no live node{lacking}")
     if not any(o.free_slots > 0 for o in offers):
         usage = ", ".join(
             f"{o.name} {view.used_slots.get(o.name, 0)}/{view.slots(o.name)}" for o in offers
@@ -320,7 +351,7 @@ def _place_global(
         raise PlacementError(message) from None
     for fragment, demand in zip(fragments, demands, strict=True):
         node = solution.placement[fragment.id]
-        view.used_slots[node] = view.used_slots.get(node, 0) + 1
+        view.take(fragment, node)
         worst = solution.worst_latency[fragment.id]
         alternatives = _alternatives(topo, offers, demand, node)
         plan.decisions.append(
@@ -393,4 +424,5 @@ def plan_pipeline(
         priority=priority,
         latency_budget=latency_budget,
         trigger=compiled.spec.trigger,
+        realtime=compiled.spec.all_realtime(),
     )

@@ -100,9 +100,6 @@ class AgentSettings:
     state_dir: Path | None = None
     """Where the agent keeps its last registration (default: spanflow's data dir)."""
     spark_conf: dict[str, str] = field(default_factory=dict)
-    realtime_slots: int = 4
-    """Task slots above the offered cores for Real-Time Mode queries, whose tasks hold a
-    slot for a whole (minutes-long) batch: 1 per stateless query, 2 per keyed one."""
     batch_offset: float = 0.0
     """Shift of this node's batch start slots, a fraction of the trigger interval: nodes
     sharing one machine take different ones (:mod:`spanflow.spark.stagger`)."""
@@ -337,12 +334,13 @@ class NodeAgent:
             threading.Thread(target=self._rejoin, name="rejoin", daemon=True).start()
         from spanflow.spark.session import build_session  # Spark only once registered
 
-        cores = int(answer["node"]["spec"]["capabilities"]["cores"])
+        caps = Capabilities.model_validate(answer["node"]["spec"]["capabilities"])
         spark = build_session(
-            # A node offers `cores` cores: local mode uses that many task threads.
+            # A node offers `cores` cores: local mode uses that many task threads, plus
+            # the slots its Real-Time Mode queries hold for their whole batches.
             master=self.settings.master
             or os.environ.get("SPANFLOW_SPARK_MASTER")
-            or f"local[{cores + self.settings.realtime_slots},3]",
+            or f"local[{caps.cores + caps.realtime_slots},3]",
             app_name=f"spanflow-{self.settings.name}",
             conf=self.settings.spark_conf,
         )
@@ -534,7 +532,10 @@ class NodeAgent:
         running = [f.load for f in self._running() if f.load is not None]
         self.load = load_score(cpu, memory, running)
         if self.gossip is not None:
-            free = max(0, self.offered.fragment_slots - len(self._desired))
+            # No free slot to offer until this node's Spark runs: a peer asking it to take
+            # a fragment would only be refused (and remember the refusal).
+            ready = self._executor is not None
+            free = max(0, self.offered.fragment_slots - len(self._desired)) if ready else 0
             self.gossip.set_load(self.load.score, free, self._nats_connected())
         return self.load
 

@@ -46,14 +46,6 @@ def session_conf() -> dict[str, str]:
     }
 
 
-def slots_needed(df: DataFrame) -> int:
-    """Task slots a real-time query of ``df`` holds: its one source partition, plus
-    :data:`SHUFFLE_PARTITIONS` when it shuffles (keyed state)."""
-    plan = df._jdf.queryExecution().analyzed().toString()
-    stateful = any(word in plan for word in ("Aggregate", "Deduplicate"))
-    return 1 + (SHUFFLE_PARTITIONS if stateful else 0)
-
-
 def start_realtime_query(
     spark: SparkSession,
     df: DataFrame,

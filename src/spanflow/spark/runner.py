@@ -54,6 +54,9 @@ class QueryStatus:
     watermark: str | None = None
     restarts: int = 0
     error: str | None = None
+    realtime: bool = False
+    """Runs in Real-Time Mode: its progress comes at the end of minutes-long batches, so
+    batch duration and lag are not reported (they would read as overload)."""
 
 
 @dataclass
@@ -357,10 +360,18 @@ class PipelineRunner:
         out = []
         for sink_id, sup in self._queries.items():
             q = sup.query
+            realtime = self._realtime(sink_id)
             st = QueryStatus(
-                sink=sink_id, active=bool(q and q.isActive), restarts=sup.restarts, error=sup.error
+                sink=sink_id,
+                active=bool(q and q.isActive),
+                restarts=sup.restarts,
+                error=sup.error,
+                realtime=realtime,
             )
-            if q is not None:
+            if q is not None and realtime:
+                last = q.lastProgress
+                st.batches = int(last["batchId"]) + 1 if last else 0
+            elif q is not None:
                 last = q.lastProgress  # one JVM call (recentProgress is one per batch)
                 if last:
                     st.batches = int(last["batchId"]) + 1

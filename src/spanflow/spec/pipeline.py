@@ -103,6 +103,10 @@ class PipelineSpec(BaseModel):
                         f"{problem} (or set mode: microbatch on the sink)",
                     )
 
+    def all_realtime(self) -> bool:
+        """Whether every sink runs in Real-Time Mode (no micro-batch pace on any path)."""
+        return all(self.mode_of(s) == "realtime" for s in self.sinks())
+
     def realtime_slots(self) -> int:
         """Task slots this pipeline's real-time queries hold for their whole batches: one
         for the source's read task (which also writes a stateless query's output), and

@@ -95,6 +95,13 @@ class Capabilities(BaseModel):
     accelerators: tuple[str, ...] = ()
     tags: tuple[str, ...] = ()
     slots: int | None = Field(default=None, ge=0, le=4096, description="Default: cores.")
+    realtime_slots: int = Field(
+        default=4,
+        ge=0,
+        le=4096,
+        description="Spark task slots for Real-Time Mode queries, above the cores: each "
+        "holds 1 (stateless) or 2 (keyed) for its whole batch (docs/realtime.md).",
+    )
 
     @field_validator("memory_mb", mode="before")
     @classmethod

@@ -41,6 +41,8 @@ import orjson
 
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
+from stats import pct
+
 import spanflow as sf
 from spanflow.nats import EmbeddedNats
 from spanflow.nats.ranges import read_range
@@ -51,13 +53,6 @@ from spanflow.spark.session import build_session
 RESULTS = Path(__file__).resolve().parent / "results"
 SCHEMA = {"device": "string", "ts": "timestamp", "temperature": "double"}
 DEVICES = 100
-
-
-def pct(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
 
 
 def summary(values: list[float]) -> dict[str, float]:

@@ -55,6 +55,8 @@ import psutil
 
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
+from stats import pct
+
 import spanflow as sf
 from spanflow.nats import EmbeddedNats
 from spanflow.nats.ranges import Message, read_range
@@ -68,13 +70,6 @@ DEVICES = 50
 HOT = 45.0
 MODES = ("microbatch", "realtime", "realtime-10s")
 PERCENTILES = (50, 95, 99, 99.9)
-
-
-def pct(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
 
 
 def summary(values: list[float]) -> dict[str, float]:

@@ -60,7 +60,7 @@ def jar_digest(jar: Path = JAR) -> str | None:
 
 
 def jar_path() -> Path:
-    """The jar, checked against its sources: a stale jar would run code no one reviewed."""
+    """The jar (the tests check it against its sources; nothing is hashed at start-up)."""
     if not JAR.exists():
         raise SpanflowError(f"the real-time jar is missing ({JAR}); rebuild it: {_HOW}")
     return JAR

@@ -80,9 +80,10 @@ def build_session(
     builder = SparkSession.builder.appName(app_name).master(
         master or os.environ.get("SPANFLOW_SPARK_MASTER", default_master)
     )
-    settings = {**DEFAULTS, **realtime.session_conf(), **(conf or {})}
+    needed = realtime.session_conf()
+    settings = {**DEFAULTS, **needed, **(conf or {})}
     if conf and "spark.jars" in conf:  # the user's jars and the real-time jar
-        settings["spark.jars"] = f"{conf['spark.jars']},{realtime.session_conf()['spark.jars']}"
+        settings["spark.jars"] = f"{conf['spark.jars']},{needed['spark.jars']}"
     for key, value in settings.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()

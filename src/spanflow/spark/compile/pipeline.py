@@ -80,18 +80,6 @@ def _compile_frames(ctx: CompileContext, spec: PipelineSpec, steps: list[Step]) 
     return frames
 
 
-def _ancestors(spec: PipelineSpec, step_id: str) -> list[Step]:
-    """``step_id`` and every step it reads from, inputs first."""
-    wanted: set[str] = set()
-    pending = [step_id]
-    while pending:
-        sid = pending.pop()
-        if sid not in wanted:
-            wanted.add(sid)
-            pending.extend(spec.step(sid).inputs)
-    return [s for s in spec.topological() if s.id in wanted]
-
-
 def step_schema(ctx: CompileContext, step_id: str) -> dict[str, str]:
     """The record schema (spanflow types) of one step of the planned pipeline: what a
     fragment downstream of a cut reads. Analysis only; nothing is started."""
@@ -102,7 +90,7 @@ def step_schema(ctx: CompileContext, step_id: str) -> dict[str, str]:
         plan.step(step_id)
     except KeyError:
         raise CompileError(step_id, "schema_of names a step the pipeline does not have") from None
-    frames = _compile_frames(replace(ctx, plan=None), plan, _ancestors(plan, step_id))
+    frames = _compile_frames(replace(ctx, plan=None), plan, plan.path_to(step_id))
     return spanflow_schema(step_id, frames[step_id].df.schema)
 
 

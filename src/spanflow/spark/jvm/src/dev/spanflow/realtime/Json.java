@@ -5,7 +5,6 @@ import com.fasterxml.jackson.databind.JsonNode;
 import com.fasterxml.jackson.databind.ObjectMapper;
 import com.fasterxml.jackson.databind.node.ObjectNode;
 import java.io.IOException;
-import java.nio.charset.StandardCharsets;
 
 /** Jackson (on Spark's class path) for the JetStream API's small JSON documents. */
 final class Json {
@@ -46,9 +45,5 @@ final class Json {
           + " (code " + error.path("err_code").asText("?") + ")");
     }
     return answer;
-  }
-
-  static String text(byte[] data) {
-    return new String(data, StandardCharsets.UTF_8);
   }
 }

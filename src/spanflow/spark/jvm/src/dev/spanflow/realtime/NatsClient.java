@@ -15,7 +15,6 @@ import java.util.Map;
 import java.util.UUID;
 import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.ConcurrentHashMap;
-import java.util.concurrent.ConcurrentLinkedQueue;
 import java.util.concurrent.ExecutionException;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.TimeoutException;
@@ -54,10 +53,6 @@ public final class NatsClient implements AutoCloseable {
       this.headers = headers;
       this.data = data;
     }
-
-    public String text() {
-      return new String(data, StandardCharsets.UTF_8);
-    }
   }
 
   private static final byte[] CRLF = {'\r', '\n'};
@@ -68,7 +63,6 @@ public final class NatsClient implements AutoCloseable {
   private final Thread reader;
   private final Map<Long, Consumer<Msg>> handlers = new ConcurrentHashMap<>();
   private final Map<String, CompletableFuture<Msg>> replies = new ConcurrentHashMap<>();
-  private final ConcurrentLinkedQueue<CompletableFuture<Void>> pongs = new ConcurrentLinkedQueue<>();
   private final AtomicLong nextSid = new AtomicLong(1);
   private final AtomicLong nextToken = new AtomicLong(1);
   private final String inbox = "_INBOX." + UUID.randomUUID().toString().replace("-", "");
@@ -226,24 +220,7 @@ public final class NatsClient implements AutoCloseable {
     } catch (ExecutionException exc) {
       throw new IOException(exc.getCause().getMessage(), exc.getCause());
     } finally {
-      future.cancel(false);
-    }
-  }
-
-  /** Forget a reply we no longer wait for. */
-  public void abandon(CompletableFuture<Msg> future) {
-    replies.values().remove(future);
-  }
-
-  /** Round trip to the server: everything written before has been processed by it. */
-  public void flush(long timeoutMs) throws IOException {
-    CompletableFuture<Void> pong = new CompletableFuture<>();
-    pongs.add(pong);
-    write("PING\r\n".getBytes(StandardCharsets.UTF_8), null);
-    try {
-      pong.get(timeoutMs, TimeUnit.MILLISECONDS);
-    } catch (Exception exc) {
-      throw new IOException("NATS did not answer a PING within " + timeoutMs + " ms");
+      replies.values().remove(future); // no longer waited for (after a timeout)
     }
   }
 
@@ -261,7 +238,6 @@ public final class NatsClient implements AutoCloseable {
     }
     IOException gone = new IOException("connection closed");
     replies.values().forEach(f -> f.completeExceptionally(gone));
-    pongs.forEach(f -> f.completeExceptionally(gone));
   }
 
   private void write(byte[] line, byte[] payload) throws IOException {
@@ -302,24 +278,18 @@ public final class NatsClient implements AutoCloseable {
           deliver(line.substring(5), true);
         } else if (line.equals("PING")) {
           write("PONG\r\n".getBytes(StandardCharsets.UTF_8), null);
-        } else if (line.equals("PONG")) {
-          CompletableFuture<Void> pong = pongs.poll();
-          if (pong != null) {
-            pong.complete(null);
-          }
         } else if (line.startsWith("-ERR")) {
           String text = line.substring(4).trim();
           if (!text.toLowerCase().contains("permissions violation")) {
             throw new IOException("NATS error: " + text);
           }
         }
-        // INFO updates and +OK need no action
+        // PONG, INFO updates and +OK need no action
       }
     } catch (IOException exc) {
       if (!closed) {
         failure = exc;
         replies.values().forEach(f -> f.completeExceptionally(exc));
-        pongs.forEach(f -> f.completeExceptionally(exc));
         try {
           socket.close();
         } catch (IOException ignored) {

@@ -18,10 +18,11 @@ pay). Alert latency = alert received in the factory - the reading's publish time
 (one machine, one clock). Alerts run in Spark's Real-Time Mode (``--alerts microbatch``:
 on the 2 s trigger), window results on a 10 s trigger.
 
-Most of an alert's latency is the wait for its batch, uniform over the 2 s trigger,
-so the median of a few hundred alerts moves by ±40-60 ms from run to run on sampling
-alone — as much as the RTT being measured. 10 % of readings raise alerts (``--hot``):
-≈3,000 per setup per minute, which steadies the median to about ±20 ms.
+In real time an alert costs its processing (≈1-3 ms) plus whatever WAN lies on its
+path. On micro-batches most of its latency is the wait for its batch, uniform over the
+2 s trigger, so the median of a few hundred alerts moves by ±40-60 ms from run to run
+on sampling alone — as much as the RTT being measured. 10 % of readings raise alerts
+(``--hot``): ≈3,000 per setup per minute, which steadies the median to about ±20 ms.
 
 Both setups run the same processes (hub, two factory servers, coordinator, three
 agents with their own Spark); only where the work runs differs. The CPU each agent

@@ -31,12 +31,17 @@ def sees(a: GossipService, b: GossipService, state: State) -> bool:
 
 async def three() -> list[GossipService]:
     services = [GossipService(f"n{i}", CONFIG) for i in range(3)]
-    await services[0].start()
-    for s in services[1:]:
-        await s.start(seeds=[services[0].addr])
-    await until(
-        lambda: all(sees(a, b, State.ALIVE) for a in services for b in services if a is not b)
-    )
+    try:
+        await services[0].start()
+        for s in services[1:]:
+            await s.start(seeds=[services[0].addr])
+        await until(
+            lambda: all(sees(a, b, State.ALIVE) for a in services for b in services if a is not b)
+        )
+    except BaseException:
+        for s in services:
+            await s.close()
+        raise
     return services
 
 

@@ -82,3 +82,12 @@ def test_the_load_score_is_the_worst_bottleneck() -> None:
     assert piled_up.score == 2.0 and piled_up.bottleneck == "backlog", "20 s of backlog"
     full_memory = load_score(10.0, 97.0, [])
     assert full_memory.score == 0.9 and full_memory.bottleneck == "memory"
+
+
+def test_a_real_time_query_weighs_by_its_backlog_alone() -> None:
+    """A real-time query that keeps up reads exactly what arrives: its rate is no sign of
+    load. What it has not read yet, at the rate it reads, is."""
+    keeping_up = load_score(20.0, 50.0, [FragmentLoad("rt", 0, 1000, 0.0, 0.0, 3, 10_000.0)])
+    assert keeping_up.score == 0.2 and keeping_up.bottleneck == "cpu"
+    behind = load_score(20.0, 50.0, [FragmentLoad("rt", 0, 1000, 0.0, 0.0, 150_000, 10_000.0)])
+    assert behind.score == 1.5 and behind.bottleneck == "backlog", "15 s behind"

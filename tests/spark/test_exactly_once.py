@@ -29,7 +29,7 @@ sources:
     schema: {{id: long, device: string, v: long, ts: timestamp}}
     event_time: ts
     max_out_of_orderness: 2s
-    max_rows_per_batch: 150
+    max_rows_per_batch: 300
     to: [keep, by_device]
 processors:
   - {{id: keep, type: filter, where: "v % 3 != 0", to: [double]}}

@@ -33,7 +33,7 @@ sources:
     key: device
     event_time: ts
     max_out_of_orderness: 2s
-    max_rows_per_batch: 150
+    max_rows_per_batch: 300
     to: [mean, silence, per_7, biggest, near, configured]
   - id: events
     stream: EV_{uid}

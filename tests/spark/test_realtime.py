@@ -18,6 +18,7 @@ import pytest
 
 from spanflow.api.yaml_loader import load_pipeline_text
 from spanflow.errors import PipelineFileError
+from spanflow.spark import realtime
 from spanflow.spark.deadletter import dlq_subject
 from spanflow.spark.runner import PipelineRunner
 from tests.helpers import publish, read_all, run_pipeline_process, wait_for
@@ -93,6 +94,11 @@ def _runner(spark: Any, text: str, nats_url: str, checkpoints: Path) -> Pipeline
     return PipelineRunner(spark, spec, nats_url=nats_url, checkpoint_dir=checkpoints)
 
 
+def _live(spark: Any, query_id: str) -> tuple[int, int] | None:
+    live = realtime.live_read(spark, query_id)
+    return None if live is None else (live.records, live.pending)
+
+
 def test_realtime_gives_the_micro_batch_results(spark, nats_url, uid, tmp_path):
     n = 600
     publish(nats_url, f"IN_{uid}", f"in{uid}.x", _records(0, n))
@@ -111,6 +117,13 @@ def test_realtime_gives_the_micro_batch_results(spark, nats_url, uid, tmp_path):
         wait_for(lambda: len(read_all(nats_url, f"ALERTS_rt_{uid}")) >= expected_alerts, 90)
         wait_for(lambda: len(read_all(nats_url, f"TOTALS_rt_{uid}")) >= n, 90)
         assert all(s.active and s.error is None for s in real.status())
+        # Between batches (minutes apart) the readers' live counters say how far each
+        # query has read: every message, malformed ones included, and none pending.
+        published = len(_records(0, n))
+        for q in real.queries.values():
+            assert q is not None
+            wait_for(lambda q=q: _live(spark, q.id) == (published, 0), 30)
+        assert [s.lag for s in real.status()] == [0, 0]
     finally:
         real.stop()
 
@@ -269,3 +282,16 @@ sinks:
     modes = {s.id: spec.mode_of(s) for s in spec.sinks()}
     assert modes == {"slow": "microbatch", "quick": "realtime"}
     assert spec.realtime_slots() == 1
+
+
+def test_live_rates_say_when_a_real_time_query_falls_behind():
+    start = realtime.LiveRead(records=1000, pending=0, last_published_ms=0, at=10.0)
+    keeping_up = realtime.LiveRead(records=3000, pending=0, last_published_ms=0, at=12.0)
+    assert realtime.rates(start, keeping_up) == (1000.0, 1000.0)
+    behind = realtime.LiveRead(records=3000, pending=4000, last_published_ms=0, at=12.0)
+    assert realtime.rates(start, behind) == (3000.0, 1000.0)  # the backlog grows 2,000/s
+    catching_up = realtime.LiveRead(records=9000, pending=1000, last_published_ms=0, at=14.0)
+    assert realtime.rates(behind, catching_up) == (1500.0, 3000.0)  # it shrinks 1,500/s
+    restarted = realtime.LiveRead(records=10, pending=0, last_published_ms=0, at=15.0)
+    assert realtime.rates(catching_up, restarted) == (0.0, 0.0)
+    assert realtime.rates(None, start) == (0.0, 0.0)

@@ -246,5 +246,6 @@ def _latency_estimate(observed: Observed, a: Assignment) -> float | None:
     rt = observed.current(a)
     if rt is None or rt.status != "running" or rt.batches == 0:
         return None
-    backlog = rt.lag / rt.processed_rows_per_s if rt.processed_rows_per_s > 0 else 0.0
+    drain = rt.processed_rows_per_s + rt.realtime_rows_per_s
+    backlog = rt.lag / drain if drain > 0 else 0.0
     return a.fragment.spec.trigger + rt.last_batch_ms / 1000 + backlog

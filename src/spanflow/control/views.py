@@ -83,8 +83,9 @@ def pipeline_metrics(state: ClusterState, observed: Observed, name: str) -> dict
         "state": record.state.value,
         "batches": sum(r.batches for r in rts),
         "rows_in": sum(r.rows_in for r in rts),
-        "input_rows_per_s": sum(r.input_rows_per_s for r in rts),
+        "input_rows_per_s": sum(r.input_rows_per_s + r.realtime_rows_per_s for r in rts),
         "processed_rows_per_s": sum(r.processed_rows_per_s for r in rts),
+        "realtime_rows_per_s": sum(r.realtime_rows_per_s for r in rts),
         "lag": sum(r.lag for r in rts),
         "dead_letters": sum(r.dead_letters for r in rts),
         "restarts": sum(r.restarts for r in rts),
@@ -145,7 +146,7 @@ def cluster_metrics(state: ClusterState, observed: Observed, uptime_s: float) ->
         "utilisation": round(used / slots, 3) if slots else 0.0,
         "cpu_percent": round(sum(cpus) / len(cpus), 1) if cpus else 0.0,
         "throughput_rows_per_s": round(
-            sum(r.input_rows_per_s for r in observed.runtime.values()), 1
+            sum(r.input_rows_per_s + r.realtime_rows_per_s for r in observed.runtime.values()), 1
         ),
         "pipelines": by_pipeline_state,
         "uptime_s": round(uptime_s, 1),

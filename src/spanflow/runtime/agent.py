@@ -510,8 +510,9 @@ class NodeAgent:
                 except Exception as exc:
                     log.warning("heartbeat not sent: %s", exc)
                 assert self._beat_now is not None
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._beat_now.wait(), self.interval)
+                with contextlib.suppress(TimeoutError):  # not wait_for: see udp.GossipService
+                    async with asyncio.timeout(self.interval):
+                        await self._beat_now.wait()
                 self._beat_now.clear()
 
         self._bg.append(asyncio.get_running_loop().create_task(heartbeat()))

@@ -10,7 +10,9 @@ is the largest of these pressures, each scaled so that 1 means "at the limit":
 * **rate** — the worst fragment's input rate against its processing rate (above 1: the
   backlog grows).
 * **backlog** — the worst fragment's source backlog (JetStream messages pending) in
-  seconds of processing, against ``backlog_budget`` seconds.
+  seconds of processing, against ``backlog_budget`` seconds. Real-time queries (whose
+  batches last minutes) count here alone, with the rate their readers drain at: a
+  real-time query that falls behind shows as a growing backlog.
 
 The score is capped at 4 (four times over capacity or forty, the node must shed).
 Pure: :func:`load_score` takes the measurements; the agent measures them (psutil and
@@ -41,6 +43,10 @@ class FragmentLoad:
     input_per_s: float
     processed_per_s: float
     backlog: int
+    realtime_per_s: float = 0.0
+    """Rows/s its real-time queries read: they drain the backlog too, but their rate
+    says nothing of headroom (a query that keeps up reads exactly what arrives), so it
+    counts in the backlog pressure only."""
 
     @classmethod
     def of(cls, rt: FragmentRuntime, trigger_ms: int = DEFAULT_TRIGGER_MS) -> FragmentLoad:
@@ -51,6 +57,7 @@ class FragmentLoad:
             rt.input_rows_per_s,
             rt.processed_rows_per_s,
             rt.lag,
+            rt.realtime_rows_per_s,
         )
 
 
@@ -92,7 +99,8 @@ def load_score(
     for f in fragments:
         f_batch = f.batch_ms / max(1, f.trigger_ms)
         f_rate = f.input_per_s / f.processed_per_s if f.processed_per_s > 0 else 0.0
-        f_backlog = (f.backlog / max(f.processed_per_s, 1.0)) / backlog_budget
+        drain = f.processed_per_s + f.realtime_per_s
+        f_backlog = (f.backlog / max(drain, 1.0)) / backlog_budget
         batch, rate, backlog = max(batch, f_batch), max(rate, f_rate), max(backlog, f_backlog)
         worst = max(worst, (max(f_batch, f_rate, f_backlog), f.fragment), key=lambda w: w[0])
     score = min(MAX_SCORE, max(cpu, memory, batch, rate, backlog))

@@ -68,7 +68,7 @@ class _ClusterCollector(Collector):
             if a is None:
                 continue
             values = [a.fragment.pipeline, frag_id, a.node]
-            rate.add_metric(values, rt.input_rows_per_s)
+            rate.add_metric(values, rt.input_rows_per_s + rt.realtime_rows_per_s)
             rows.add_metric(values, rt.rows_in)
             lag.add_metric(values, rt.lag)
             dead.add_metric(values, rt.dead_letters)

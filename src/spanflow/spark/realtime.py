@@ -17,8 +17,11 @@ above the core count (:func:`spanflow.spark.session.build_session`'s
 from __future__ import annotations
 
 import threading
+import time
+from dataclasses import dataclass
 from typing import Any
 
+import orjson
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
@@ -80,3 +83,46 @@ def start_realtime_query(
         finally:
             spark.conf.set("spark.sql.shuffle.partitions", previous or "2")
     return StreamingQuery(jquery)
+
+
+@dataclass(frozen=True)
+class LiveRead:
+    """What a real-time query's sources have read so far (cumulative over its batches),
+    seen while a batch runs: Real-Time Mode reports progress only when a batch ends."""
+
+    records: int
+    pending: int
+    """Messages stored but not yet read: the query's backlog."""
+    last_published_ms: int
+    """When the newest message read was stored (epoch ms)."""
+    at: float
+    """``time.monotonic()`` of the reading."""
+
+
+def live_read(spark: SparkSession, query_id: str) -> LiveRead | None:
+    """The JVM readers' live counters for ``query_id``, or None before any has read."""
+    jvm: Any = spark._jvm
+    raw = orjson.loads(str(jvm.dev.spanflow.realtime.LiveProgress.snapshot(query_id)))
+    if not raw.get("readers"):
+        return None
+    return LiveRead(
+        int(raw["records"]), int(raw["pending"]), int(raw["last_published_ms"]), time.monotonic()
+    )
+
+
+def forget_live_read(spark: SparkSession, query_id: str) -> None:
+    """Drop a stopped query's counters from the JVM."""
+    jvm: Any = spark._jvm
+    jvm.dev.spanflow.realtime.LiveProgress.forget(query_id)
+
+
+def rates(before: LiveRead | None, now: LiveRead) -> tuple[float, float]:
+    """(input, processed) rows/s between two readings: processed is what the readers
+    took; input is that plus the backlog's growth, so input above processed means the
+    query falls behind, as a micro-batch's progress would say."""
+    if before is None or now.at <= before.at or now.records < before.records:
+        return 0.0, 0.0
+    seconds = now.at - before.at
+    processed = (now.records - before.records) / seconds
+    grown = (now.pending - before.pending) / seconds
+    return max(0.0, processed + grown), processed

@@ -10,6 +10,7 @@ pipeline.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import re
@@ -39,6 +40,9 @@ from spanflow.spec.steps.io import SinkStep
 
 log = logging.getLogger(__name__)
 
+LIVE_RATE_SECONDS = 1.0
+"""A real-time query's rates are measured over at least this long."""
+
 RowsCallback = Callable[[str, int, list[dict[str, Any]]], None]
 
 
@@ -55,8 +59,8 @@ class QueryStatus:
     restarts: int = 0
     error: str | None = None
     realtime: bool = False
-    """Runs in Real-Time Mode: its progress comes at the end of minutes-long batches, so
-    batch duration and lag are not reported (they would read as overload)."""
+    """Runs in Real-Time Mode: its batches last minutes, so there is no batch duration;
+    rates and lag come live from the JVM readers' counters instead of batch progress."""
 
 
 @dataclass
@@ -68,6 +72,9 @@ class _Supervised:
     next_restart: float = 0.0
     slot: float | None = None
     """Fraction of the interval this query's batches start at (kept across restarts)."""
+    live: realtime.LiveRead | None = None
+    """A real-time query's reading its rates are measured from (renewed each second)."""
+    live_rates: tuple[float, float] = (0.0, 0.0)
 
 
 def _print_rows(sink: str, batch_id: int, rows: list[dict[str, Any]]) -> None:
@@ -341,6 +348,9 @@ class PipelineRunner:
                     sup.query.stop()
                 except Exception as exc:
                     log.warning("stopping %s: %s", sup.sink_id, exc)
+            if sup.query is not None and self._realtime(sup.sink_id):
+                with contextlib.suppress(Exception):
+                    realtime.forget_live_read(self.spark, sup.query.id)
         if self._client is not None:
             self._client.close()
             self._client = None
@@ -371,6 +381,7 @@ class PipelineRunner:
             if q is not None and realtime:
                 last = q.lastProgress
                 st.batches = int(last["batchId"]) + 1 if last else 0
+                self._observe_live(sup, q, st)
             elif q is not None:
                 last = q.lastProgress  # one JVM call (recentProgress is one per batch)
                 if last:
@@ -386,6 +397,24 @@ class PipelineRunner:
                     st.lag = _lag(last)
             out.append(st)
         return out
+
+    def _observe_live(self, sup: _Supervised, q: StreamingQuery, st: QueryStatus) -> None:
+        """Rates and lag of a real-time query from its readers' live counters; rates over
+        at least a second, so that frequent status calls do not make them noise."""
+        try:
+            now = realtime.live_read(self.spark, q.id)
+        except Exception as exc:  # the JVM is going away; status must not fail
+            log.debug("live progress of %s: %s", sup.sink_id, exc)
+            return
+        if now is None:
+            return
+        if sup.live is None or now.records < sup.live.records:
+            sup.live = now  # first reading, or the counters were reset
+        elif now.at - sup.live.at >= LIVE_RATE_SECONDS:
+            sup.live_rates = realtime.rates(sup.live, now)
+            sup.live = now
+        st.input_rows_per_s, st.processed_rows_per_s = sup.live_rates
+        st.lag = now.pending
 
     def dead_letters(self) -> int:
         """Messages this pipeline has dead-lettered so far."""

@@ -208,6 +208,11 @@ class FragmentRuntime(BaseModel):
     rows_in: int = 0
     input_rows_per_s: float = 0.0
     processed_rows_per_s: float = 0.0
+    realtime_rows_per_s: float = Field(
+        default=0.0,
+        description="rows/s its real-time queries read, live (their batches last minutes; "
+        "input and processed rates are the micro-batch queries')",
+    )
     last_batch_ms: int = 0
     lag: int = 0
     watermark: str | None = None

@@ -32,6 +32,8 @@ log = logging.getLogger(__name__)
 
 TCP_TIMEOUT = 2.0
 """Seconds a reliable send may take (connect + write) before it is given up."""
+CLOSE_TIMEOUT = 5.0
+"""How long close() waits for the protocol loop to end once cancelled."""
 
 ChangeListener = Callable[[list[Change]], None]
 
@@ -152,8 +154,9 @@ class GossipService:
     async def close(self) -> None:
         if self._task is not None:
             self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            with contextlib.suppress(asyncio.CancelledError, TimeoutError):
+                async with asyncio.timeout(CLOSE_TIMEOUT):
+                    await self._task
             self._task = None
         for task in list(self._sending):
             task.cancel()
@@ -176,8 +179,11 @@ class GossipService:
             delay = membership.next_deadline() - self.clock.monotonic()
             if delay > 0:
                 self._wake.clear()
+                # Not asyncio.wait_for: on Python 3.11 it can swallow a cancellation that
+                # races the event being set, and close() would then wait forever.
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), delay)
+                    async with asyncio.timeout(delay):
+                        await self._wake.wait()
             try:
                 self._dispatch(membership.tick(self.clock.monotonic()))
             except Exception:  # a protocol bug must not end membership

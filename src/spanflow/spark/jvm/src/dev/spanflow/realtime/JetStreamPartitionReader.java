@@ -1,6 +1,7 @@
 package dev.spanflow.realtime;
 
 import java.io.IOException;
+import org.apache.spark.TaskContext;
 import org.apache.spark.sql.catalyst.InternalRow;
 import org.apache.spark.sql.connector.read.streaming.PartitionOffset;
 import org.apache.spark.sql.connector.read.streaming.SupportsRealTimeRead;
@@ -13,6 +14,8 @@ import org.apache.spark.sql.connector.read.streaming.SupportsRealTimeRead;
 final class JetStreamPartitionReader implements SupportsRealTimeRead<InternalRow> {
   private static final long MICRO_BATCH_POLL_MS = 1000;
   private static final long RANGE_STALL_MS = 60_000;
+  /** The local property Spark's stream execution sets to the query's id. */
+  private static final String QUERY_ID = "sql.streaming.queryId";
 
   private final SeqPartition partition;
   private final SourceOptions source;
@@ -21,6 +24,7 @@ final class JetStreamPartitionReader implements SupportsRealTimeRead<InternalRow
   private RowDecoder decoder;
   private DeadLetters deadLetters;
   private InternalRow current;
+  private LiveProgress.Reader live;
   private long nextSeq;
   private boolean exhausted;
 
@@ -41,6 +45,12 @@ final class JetStreamPartitionReader implements SupportsRealTimeRead<InternalRow
         "spanflow real-time read of " + source.pipeline + "/" + source.step);
     if (reader.initialPending() == 0 && partition.end != Long.MAX_VALUE) {
       exhausted = true; // nothing matches from the start on: the range is empty
+    }
+    TaskContext task = TaskContext.get();
+    String query = task == null ? null : task.getLocalProperty(QUERY_ID);
+    if (query != null && partition.end == Long.MAX_VALUE) { // real time: show progress live
+      live = LiveProgress.reader(query, source.pipeline + "/" + source.step);
+      live.pending = reader.initialPending();
     }
   }
 
@@ -88,6 +98,11 @@ final class JetStreamPartitionReader implements SupportsRealTimeRead<InternalRow
         return RecordStatus.newStatusWithoutArrivalTime(false);
       }
       nextSeq = r.seq + 1;
+      if (live != null) {
+        live.records++; // this task's thread is the only writer
+        live.pending = r.pending;
+        live.lastPublishedMs = r.publishedNanos / 1_000_000L;
+      }
       if (accept(r)) {
         return RecordStatus.newStatusWithArrivalTimeMs(r.publishedNanos / 1_000_000L);
       }

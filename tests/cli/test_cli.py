@@ -115,3 +115,17 @@ def test_single_node_demo_prints_windows_and_alerts_and_exits_cleanly():
     )
     assert summary, out[-2000:]
     assert int(summary.group(2)) > 0 and int(summary.group(4)) > 0
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["--mqtt-listen", "1883"], "--mqtt-listen: listen address '1883' is not HOST:PORT"),
+        (["--mqtt", "--nats", "nats://127.0.0.1:4222"], "need the embedded server"),
+    ],
+    ids=["no-host", "external-server"],
+)
+def test_mqtt_options_that_cannot_be_honoured_exit_2(args, words):
+    result = runner.invoke(app, ["run", str(ROOT / "examples" / "sensor_alerts.yaml"), *args])
+    assert result.exit_code == 2
+    assert words in " ".join(result.output.split())

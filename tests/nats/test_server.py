@@ -8,6 +8,7 @@ import pytest
 
 from spanflow.errors import NatsError
 from spanflow.nats import EmbeddedNats
+from spanflow.nats.server import split_listen
 from spanflow.nats.streams import connect, ensure_stream
 
 
@@ -84,8 +85,21 @@ def _mqtt_publish(port: int, topic: str, payload: bytes) -> None:
         sock.sendall(b"\xe0\x00")
 
 
-def test_mqtt_publishes_land_in_a_jetstream_stream(tmp_path):
-    with EmbeddedNats(tmp_path / "n", mqtt=True) as server:
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("0.0.0.0", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.parametrize("listen", ["loopback", "all-interfaces"])
+def test_mqtt_publishes_land_in_a_jetstream_stream(tmp_path, listen):
+    port = _free_port()
+    given = {"loopback": None, "all-interfaces": f"0.0.0.0:{port}"}[listen]
+    with EmbeddedNats(tmp_path / "n", mqtt=given is None, mqtt_listen=given) as server:
+        if given:  # devices on the LAN reach it: the port and interfaces asked for
+            assert (server.mqtt_host, server.mqtt_port) == ("0.0.0.0", port)
+        else:
+            assert server.mqtt_host == "127.0.0.1"
 
         async def make_stream() -> None:
             nc = await connect(server.url)
@@ -110,3 +124,11 @@ def test_mqtt_publishes_land_in_a_jetstream_stream(tmp_path):
 
         wait_for(lambda: asyncio.run(stored()) != [], timeout=10)
         assert asyncio.run(stored()) == [("sensors.dev1.temp", b'{"t": 21.5}')]
+
+
+def test_a_listen_address_must_be_host_and_port():
+    with pytest.raises(ValueError, match="is not HOST:PORT"):
+        split_listen("1883")
+    with pytest.raises(ValueError, match="is not HOST:PORT"):
+        split_listen("0.0.0.0:99999")
+    assert split_listen("0.0.0.0:0") == ("0.0.0.0", 0)

@@ -7,6 +7,7 @@ same dead letters, and exactly-once output across a stop in the middle of a batc
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -18,6 +19,7 @@ import pytest
 
 from spanflow.api.yaml_loader import load_pipeline_text
 from spanflow.errors import PipelineFileError
+from spanflow.nats.streams import connect
 from spanflow.spark import realtime
 from spanflow.spark.deadletter import dlq_subject
 from spanflow.spark.runner import PipelineRunner
@@ -189,23 +191,28 @@ _run = run_pipeline_process
 
 @pytest.mark.slow
 def test_realtime_output_is_exactly_once_across_sigkill(nats_url, uid, tmp_path):
-    """Killed once mid-batch after earlier batches committed (8 s batches), once again
-    with input published while it was down: every alert and update once."""
+    """Killed mid-batch after an earlier batch committed (8 s batches), with input
+    published while it was down: every alert and update once, and the committed batch
+    moved the durable consumer that shows the pipeline's progress."""
     pipeline = tmp_path / "pipeline.yaml"
     pipeline.write_text(_pipeline(uid, "kill", "realtime", batch="8s"))
     data_dir, log = tmp_path / "node", tmp_path / "run.log"
     totals = f"TOTALS_kill_{uid}"
+    commits = data_dir / "checkpoints" / f"rt-kill-{uid}" / "totals_out" / "commits"
     publish(nats_url, f"IN_{uid}", f"in{uid}.x", _records(0, 900))
-    for target, more in ((450, (900, 1800)), (1350, (1800, 2400))):
-        proc = _run(pipeline, nats_url, data_dir, log)
-        try:
-            wait_for(lambda t=target: len(read_all(nats_url, totals)) >= t, 240)
-        except AssertionError:
-            raise AssertionError(log.read_text()[-3000:]) from None
-        finally:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        publish(nats_url, f"IN_{uid}", f"in{uid}.x", _records(*more))
+    proc = _run(pipeline, nats_url, data_dir, log)
+    try:
+        wait_for(lambda: len(read_all(nats_url, totals)) >= 900 and any(commits.glob("*")), 240)
+        publish(nats_url, f"IN_{uid}", f"in{uid}.x", _records(900, 1800))
+        wait_for(lambda: len(read_all(nats_url, totals)) >= 1350, 120)
+    except AssertionError:
+        raise AssertionError(log.read_text()[-3000:]) from None
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # mid-batch: its output is out, uncommitted
+        proc.wait()
+    floor = _ack_floor(nats_url, f"IN_{uid}", f"spanflow-rt-kill-{uid}-readings")
+    assert 0 < floor < len(_records(0, 1800))
+    publish(nats_url, f"IN_{uid}", f"in{uid}.x", _records(1800, 2400))
     proc = _run(pipeline, nats_url, data_dir, log)
     expected_alerts = {i for i in range(2400) if i % 40 >= 20}
     try:
@@ -223,7 +230,19 @@ def test_realtime_output_is_exactly_once_across_sigkill(nats_url, uid, tmp_path)
     assert len(updates) == 2400 and max(updates.values()) == 1
     alerts = Counter(r["id"] for r in _payloads(nats_url, f"ALERTS_kill_{uid}"))
     assert set(alerts) == expected_alerts and max(alerts.values()) == 1
-    assert log.read_text().count("starting Spark") == 3
+    assert log.read_text().count("starting Spark") == 2
+
+
+def _ack_floor(url: str, stream: str, consumer: str) -> int:
+    async def go() -> int:
+        nc = await connect(url)
+        try:
+            info = await nc.jetstream().consumer_info(stream, consumer)
+            return int(info.ack_floor.stream_seq if info.ack_floor else 0)
+        finally:
+            await nc.close()
+
+    return asyncio.run(go())
 
 
 @pytest.mark.parametrize(

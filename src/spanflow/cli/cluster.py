@@ -401,7 +401,7 @@ def cluster_view(nodes: list[Any], pipelines: list[Any], metrics: dict[str, Any]
             f"[{pcolour.get(p['state'], 'white')}]{p['state']}[/]",
             ", ".join(f"{f['id']}@{f['node'] or '-'}:{f['status']}" for f in p["fragments"]),
             f"{sum(r['rows_in'] for r in rts):,}",
-            f"{sum(r['input_rows_per_s'] for r in rts):,.0f}",
+            f"{sum(r['input_rows_per_s'] + r.get('realtime_rows_per_s', 0.0) for r in rts):,.0f}",
             f"{sum(r['lag'] for r in rts):,}",
             f"{sum(r['dead_letters'] for r in rts):,}",
             p["reason"][:60],

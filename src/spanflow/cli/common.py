@@ -92,6 +92,7 @@ def nats_url(
     data_dir: Path,
     *,
     mqtt: bool = False,
+    mqtt_listen: str | None = None,
     prepare: Callable[[str], str] | None = None,
 ) -> Iterator[str]:
     """The given URL, or an embedded server's for the duration of the block.
@@ -102,11 +103,11 @@ def nats_url(
         return
     from spanflow.nats import EmbeddedNats
 
-    with EmbeddedNats(data_dir / "nats", mqtt=mqtt) as server:
+    with EmbeddedNats(data_dir / "nats", mqtt=mqtt, mqtt_listen=mqtt_listen) as server:
         err.print(f"[dim]embedded NATS at {server.url} (data in {data_dir / 'nats'})[/dim]")
         ready = prepare(server.url) if prepare is not None else ""
         if server.mqtt_port:
-            err.print(f"MQTT listener on 127.0.0.1:{server.mqtt_port}{ready}")
+            err.print(f"MQTT listener on {server.mqtt_host}:{server.mqtt_port}{ready}")
         yield server.url
 
 

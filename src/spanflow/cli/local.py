@@ -84,6 +84,14 @@ def run(
     mqtt: Annotated[
         bool, typer.Option(help="Embedded NATS also listens for MQTT (topic a/b = subject a.b).")
     ] = False,
+    mqtt_listen: Annotated[
+        str | None,
+        typer.Option(
+            help="Where the MQTT listener binds, HOST:PORT (implies --mqtt; default "
+            "127.0.0.1 on a free port). It has no authentication: use 0.0.0.0:1883 only on "
+            "a network you trust."
+        ),
+    ] = None,
     source_stream: SourceStreamOption = None,
     sink_stream: SinkStreamOption = None,
     feed: Annotated[
@@ -101,13 +109,16 @@ def run(
     except SpanflowError as exc:
         _error(exc)
         raise typer.Exit(2) from None
+    _check_mqtt(nats, mqtt, mqtt_listen)
     _quiet_spark()
     from spanflow.spark.runner import PipelineRunner
     from spanflow.spark.session import build_session
 
     stop = _Interrupted()
     directory = _data_dir(data_dir)
-    with nats_url(nats, directory, mqtt=mqtt, prepare=partial(_source_streams, spec)) as url:
+    with nats_url(
+        nats, directory, mqtt=mqtt, mqtt_listen=mqtt_listen, prepare=partial(_source_streams, spec)
+    ) as url:
         err.print(f"starting Spark for pipeline [bold]{spec.name}[/bold] …")
         spark = build_session(
             master=master, app_name=f"spanflow-{spec.name}", realtime_slots=spec.realtime_slots()
@@ -281,3 +292,18 @@ def simulate(
 
     with nats_url(nats, _data_dir(data_dir)) as url:
         asyncio.run(go(url))
+
+
+def _check_mqtt(nats: str | None, mqtt: bool, mqtt_listen: str | None) -> None:
+    """MQTT is the embedded server's listener: refuse what cannot be honoured."""
+    from spanflow.nats.server import split_listen
+
+    if (mqtt or mqtt_listen) and nats:
+        _error(ValueError("--mqtt and --mqtt-listen need the embedded server (drop --nats)"))
+        raise typer.Exit(2)
+    if mqtt_listen:
+        try:
+            split_listen(mqtt_listen)
+        except ValueError as exc:
+            _error(ValueError(f"--mqtt-listen: {exc}"))
+            raise typer.Exit(2) from None

@@ -59,10 +59,26 @@ def die_with_parent() -> None:  # runs in the child between fork and exec
         pass
 
 
-def _free_port() -> int:
+def _free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+def split_listen(value: str) -> tuple[str, int]:
+    """``host:port`` → (host, port); port 0 asks for a free one.
+
+    >>> split_listen("0.0.0.0:1883")
+    ('0.0.0.0', 1883)
+    >>> split_listen("1883")
+    Traceback (most recent call last):
+    ...
+    ValueError: listen address '1883' is not HOST:PORT (e.g. 0.0.0.0:1883)
+    """
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise ValueError(f"listen address {value!r} is not HOST:PORT (e.g. 0.0.0.0:1883)")
+    return host, int(port)
 
 
 class EmbeddedNats:
@@ -79,6 +95,7 @@ class EmbeddedNats:
         *,
         name: str = "spanflow",
         mqtt: bool = False,
+        mqtt_listen: str | None = None,
         sync_always: bool = True,
         domain: str | None = None,
         leaf_listen: bool = False,
@@ -92,7 +109,12 @@ class EmbeddedNats:
         self._own_dir = data_dir is None
         self.data_dir = Path(data_dir or tempfile.mkdtemp(prefix="spanflow-nats-"))
         self.name = name
-        self.mqtt = mqtt
+        self.mqtt = mqtt or bool(mqtt_listen)
+        self.mqtt_listen = mqtt_listen
+        """``host:port`` for the MQTT listener (implies ``mqtt``); None: 127.0.0.1 on a
+        free port. The listener has no authentication: bind beyond loopback only on a
+        network you trust (devices on a factory LAN, e.g. ``0.0.0.0:1883``)."""
+        self.mqtt_host = "127.0.0.1"
         self.sync_always = sync_always
         self.domain = domain
         self.leaf_listen = leaf_listen
@@ -145,8 +167,11 @@ class EmbeddedNats:
                 f"  routes: [{routes}]\n}}"
             )
         if self.mqtt:
-            self.mqtt_port = _free_port()
-            lines.append(f"mqtt {{\n  listen: 127.0.0.1:{self.mqtt_port}\n}}")
+            host, port = split_listen(self.mqtt_listen) if self.mqtt_listen else ("127.0.0.1", 0)
+            self.mqtt_host, self.mqtt_port = host, port or _free_port(host)
+            lines.append(
+                f"mqtt {{\n  listen: {json.dumps(f'{self.mqtt_host}:{self.mqtt_port}')}\n}}"
+            )
         return "\n".join(lines) + "\n"
 
     def start(self, timeout: float = 20.0) -> EmbeddedNats:

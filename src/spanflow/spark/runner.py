@@ -40,6 +40,8 @@ from spanflow.spec.steps.io import SinkStep
 
 log = logging.getLogger(__name__)
 
+REALTIME_FENCE_CHECK = 1.0
+"""Seconds between fence checks while real-time queries run."""
 LIVE_RATE_SECONDS = 1.0
 """A real-time query's rates are measured over at least this long."""
 
@@ -107,6 +109,7 @@ class PipelineRunner:
         self.fenced: str | None = None
         """Why the fence stopped this runner's writes, once it has."""
         self._fences: KeyValue | None = None
+        self._next_fence_check = 0.0
         self.retention = retention
         """Limits of the streams this runner creates (the site's, from the topology)."""
         self.streams: list[str] = []
@@ -160,6 +163,35 @@ class PipelineRunner:
             self.fenced = str(exc)
             log.warning("%s: not writing: %s", self.spec.instance, exc)
             raise
+
+    def _watch_realtime_fence(self) -> None:
+        """A micro-batch checks the fence before each publish; a real-time batch
+        publishes for minutes, so its fence is checked here instead, at most once per
+        :data:`REALTIME_FENCE_CHECK` seconds. Fenced, its queries stop before their batch
+        commits: what they published since the newer epoch claimed is re-published by
+        the new owner from the same checkpoint with the same message ids, and JetStream
+        keeps one copy."""
+        if self.fence is None or self.fenced or self._stopped:
+            return
+        live = [
+            sup
+            for sup in self._queries.values()
+            if sup.query is not None and self._realtime(sup.sink_id) and sup.query.isActive
+        ]
+        now = time.monotonic()
+        if not live or now < self._next_fence_check:
+            return
+        self._next_fence_check = now + REALTIME_FENCE_CHECK
+        try:
+            self._check_fence()
+        except Fenced:
+            for sup in live:
+                assert sup.query is not None
+                with contextlib.suppress(Exception):
+                    sup.query.stop()
+                sup.error = self.fenced
+        except Exception as exc:  # the server is out of reach: keep going, check again
+            log.warning("%s: fence not checked: %s", self.spec.instance, exc)
 
     def _ensure_streams(self) -> None:
         c = self._client
@@ -317,7 +349,9 @@ class PipelineRunner:
         return write
 
     def supervise(self) -> None:
-        """Restart failed queries from their checkpoints (call periodically)."""
+        """Restart failed queries from their checkpoints, and stop real-time queries
+        whose fence a newer epoch took (call periodically)."""
+        self._watch_realtime_fence()
         for sup in self._queries.values():
             q = sup.query
             if self._stopped or q is None or q.isActive:

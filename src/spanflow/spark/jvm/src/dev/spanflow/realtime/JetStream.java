@@ -4,6 +4,7 @@ import com.fasterxml.jackson.databind.JsonNode;
 import com.fasterxml.jackson.databind.node.ArrayNode;
 import com.fasterxml.jackson.databind.node.ObjectNode;
 import java.io.IOException;
+import java.nio.charset.StandardCharsets;
 import java.util.List;
 
 /** The few JetStream API calls the real-time source needs, over {@link NatsClient}. */
@@ -54,6 +55,40 @@ final class JetStream {
         API_TIMEOUT_MS);
     JsonNode answer = Json.apiAnswer(msg, "consumer on " + stream);
     return new String[] {answer.path("name").asText(), answer.path("num_pending").asText("0")};
+  }
+
+  /**
+   * Move the durable consumer that shows a pipeline's progress to {@code nextSeq} (the
+   * next sequence to read), as the Python source does, so that {@code num_pending} is the
+   * pipeline's lag in any NATS tool and streams with interest retention release what the
+   * pipeline has committed. {@code known}: the consumer was seen before; otherwise it is
+   * looked up and created when missing first (a reset of a missing consumer gets no
+   * answer). Returns true once the consumer is known to exist.
+   */
+  static boolean advanceDurable(NatsClient nc, String stream, String consumer,
+      String description, long nextSeq, boolean known) throws IOException {
+    if (!known) {
+      NatsClient.Msg info = nc.request("$JS.API.CONSUMER.INFO." + stream + "." + consumer,
+          new byte[0], API_TIMEOUT_MS);
+      if (Json.parse(info.data).path("error").path("code").asInt(0) == 404) {
+        ObjectNode config = Json.object();
+        config.put("durable_name", consumer);
+        config.put("deliver_policy", "all");
+        config.put("ack_policy", "all");
+        config.put("description", description);
+        ObjectNode request = Json.object();
+        request.put("stream_name", stream);
+        request.set("config", config);
+        Json.apiAnswer(nc.request("$JS.API.CONSUMER.CREATE." + stream + "." + consumer,
+            Json.bytes(request), API_TIMEOUT_MS), "consumer " + consumer + " on " + stream);
+      } else {
+        Json.apiAnswer(info, "consumer " + consumer + " on " + stream);
+      }
+    }
+    byte[] body = ("{\"seq\":" + Math.max(1, nextSeq) + "}").getBytes(StandardCharsets.UTF_8);
+    Json.apiAnswer(nc.request("$JS.API.CONSUMER.RESET." + stream + "." + consumer, body,
+        API_TIMEOUT_MS), "reset of consumer " + consumer + " on " + stream);
+    return true;
   }
 
   /** Delete a consumer without waiting for the answer (it expires anyway). */

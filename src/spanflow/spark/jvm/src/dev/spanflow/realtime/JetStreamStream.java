@@ -12,6 +12,8 @@ import org.apache.spark.sql.connector.read.streaming.ReadLimit;
 import org.apache.spark.sql.connector.read.streaming.ReadMaxRows;
 import org.apache.spark.sql.connector.read.streaming.SupportsAdmissionControl;
 import org.apache.spark.sql.connector.read.streaming.SupportsRealTimeMode;
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
 
 /**
  * Offsets are stream sequences ({@link SeqOffset}: the next one to read). A micro-batch
@@ -22,9 +24,11 @@ import org.apache.spark.sql.connector.read.streaming.SupportsRealTimeMode;
  */
 final class JetStreamStream implements MicroBatchStream, SupportsAdmissionControl,
     SupportsRealTimeMode {
+  private static final Logger LOG = LoggerFactory.getLogger(JetStreamStream.class);
   private final HashMap<String, String> options;
   private final SourceOptions source;
   private NatsClient driverClient;
+  private boolean durableKnown;
 
   JetStreamStream(HashMap<String, String> options) {
     this.options = options;
@@ -111,9 +115,20 @@ final class JetStreamStream implements MicroBatchStream, SupportsAdmissionContro
     return new ReaderFactory();
   }
 
+  /** The query's progress is its offset and commit logs; the durable consumer mirrors it
+   * for NATS tools and interest retention, so failing to move it only logs a warning. */
   @Override
-  public void commit(Offset end) {
-    // Nothing to release: the offset and commit logs are the query's progress.
+  public synchronized void commit(Offset end) {
+    try {
+      bounds(); // (re)connects the driver's client
+      durableKnown = JetStream.advanceDurable(driverClient, source.stream, source.consumer,
+          "spanflow progress of " + source.pipeline + "/" + source.step, ((SeqOffset) end).seq,
+          durableKnown);
+    } catch (IOException | RuntimeException exc) {
+      durableKnown = false;
+      LOG.warn("could not advance consumer {} on {}: {}", source.consumer, source.stream,
+          exc.getMessage());
+    }
   }
 
   @Override

@@ -13,6 +13,8 @@ final class SourceOptions {
   final String stream;
   final String pipeline;
   final String step;
+  /** The durable consumer that shows the pipeline's progress (as the Python source's). */
+  final String consumer;
   final String schema;
   final String start;
   final long maxRows;
@@ -25,6 +27,8 @@ final class SourceOptions {
     stream = require(options, "stream");
     pipeline = require(options, "pipeline");
     step = require(options, "step");
+    String given = options.get("consumer");
+    consumer = given == null || given.isEmpty() ? "spanflow-" + pipeline + "-" + step : given;
     schema = options.getOrDefault("schema", "{}");
     start = options.getOrDefault("start", "earliest");
     maxRows = Long.parseLong(options.getOrDefault("max_rows", "200000"));

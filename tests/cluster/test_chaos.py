@@ -7,6 +7,7 @@ exactly once (lost 0, duplicated 0) and every window count must be exact."""
 from __future__ import annotations
 
 import json
+import time
 from collections import Counter
 from collections.abc import Iterator
 from datetime import datetime, timedelta
@@ -77,7 +78,16 @@ def kill_the_fragments_node(cluster: LocalCluster, api: Api) -> None:
         f = fragment(api)
         return f["node"] not in (None, before) and f["status"] == "running"
 
-    wait_for(moved, timeout=60)
+    killed_at = time.monotonic()
+    try:
+        wait_for(moved, timeout=120)
+    except AssertionError:
+        nodes = {n["name"]: (n["state"], n.get("ready")) for n in api.call("GET", "/api/v1/nodes")}
+        log = [r["kind"] for r in api.call("GET", "/api/v1/cluster/log?limit=30")]
+        raise AssertionError(
+            f"not moved: fragment {fragment(api)}, nodes {nodes}, log {log}"
+        ) from None
+    print(f"{before} killed: its fragment ran elsewhere {time.monotonic() - killed_at:.1f} s later")
     cluster.start_node(before)
 
 

@@ -9,6 +9,8 @@ import asyncio
 import json
 from collections import Counter
 
+import pytest
+
 import spanflow as sf
 from spanflow.nats.fences import EPOCH_HEADER, Fence, claim, fences
 from spanflow.nats.streams import connect
@@ -25,103 +27,63 @@ def _claim(url: str, fence: Fence) -> None:
     asyncio.run(go())
 
 
+@pytest.mark.parametrize("mode", ["microbatch", "realtime"])
 def test_a_moved_fragment_stops_writing_and_the_new_owner_resumes_exactly_once(
-    spark, nats_url, checkpoints, uid
+    spark, nats_url, checkpoints, uid, mode
 ):
-    name = f"fenced-{uid}"
+    """A micro-batch checks the fence before each publish; a real-time batch publishes
+    for minutes, so its runner checks the fence on the supervisor's beat and stops the
+    query before its batch commits. Either way the new owner's replay of the uncommitted
+    batch is de-duplicated."""
+    name = f"fenced-{mode}-{uid}"
     flow = (
-        sf.Pipeline(name, trigger="300ms")
-        .source(f"FIN_{uid}", schema={"id": "long"}, id="src")
-        .sink_jetstream(f"FOUT_{uid}", subject=f"fout{uid}", id="out")
+        sf.Pipeline(name, trigger="300ms", mode=mode)
+        .source(f"FIN_{mode}_{uid}", schema={"id": "long"}, id="src")
+        .sink_jetstream(f"FOUT_{mode}_{uid}", subject=f"fout{mode}{uid}", id="out")
     )
+    source, out = f"FIN_{mode}_{uid}", f"FOUT_{mode}_{uid}"
     old = Fence(f"{name}.f0", 1, "n1", str(checkpoints))
-    runner = PipelineRunner(
-        spark, flow.spec(), nats_url=nats_url, checkpoint_dir=checkpoints, fence=old
-    )
-    runner.start()
+
+    def resume_as(fence: Fence) -> PipelineRunner:
+        runner = PipelineRunner(
+            spark, flow.spec(), nats_url=nats_url, checkpoint_dir=checkpoints, fence=fence
+        )
+        return runner.start()
+
+    def more() -> None:
+        publish(nats_url, source, f"fin{mode}{uid}.r", [{"id": i} for i in range(10, 20)])
+
+    runner = resume_as(old)
     try:
-        publish(nats_url, f"FIN_{uid}", f"fin{uid}.r", [{"id": i} for i in range(10)])
-        wait_for(lambda: len(read_all(nats_url, f"FOUT_{uid}")) == 10)
+        publish(nats_url, source, f"fin{mode}{uid}.r", [{"id": i} for i in range(10)])
+        wait_for(lambda: len(read_all(nats_url, out)) == 10)
         # The fragment moves (its node was cut off): epoch 2 claims the fence.
         _claim(nats_url, Fence(old.fragment_id, 2, "n2", old.checkpoint))
-        publish(nats_url, f"FIN_{uid}", f"fin{uid}.r", [{"id": i} for i in range(10, 20)])
-        wait_for(lambda: runner.fenced is not None)
-        wait_for(lambda: not any(s.active for s in runner.status()))
-        runner.supervise()  # a fenced query is not restarted
-        assert not any(s.active for s in runner.status())
-        assert "epoch 2 holds its fence; this is 1" in (runner.fenced or "")
-        assert len(read_all(nats_url, f"FOUT_{uid}")) == 10  # nothing written after
-    finally:
-        runner.stop()
-
-    # The new owner resumes from the same checkpoint: the batch n1 could not commit.
-    new = PipelineRunner(
-        spark,
-        flow.spec(),
-        nats_url=nats_url,
-        checkpoint_dir=checkpoints,
-        fence=Fence(old.fragment_id, 2, "n2", old.checkpoint),
-    )
-    new.start()
-    try:
-        wait_for(lambda: len(read_all(nats_url, f"FOUT_{uid}")) >= 20)
-    finally:
-        new.stop()
-    stored = read_all(nats_url, f"FOUT_{uid}")
-    ids = Counter(json.loads(data)["id"] for _, data, _ in stored)
-    assert ids == Counter(range(20))
-    epochs = [(headers or {}).get(EPOCH_HEADER) for headers, _, _ in stored]
-    assert epochs == ["1"] * 10 + ["2"] * 10
-
-
-def test_a_moved_real_time_fragment_stops_and_the_new_owner_repeats_nothing(
-    spark, nats_url, checkpoints, uid
-):
-    """A real-time batch publishes for minutes, so the runner checks its fence on the
-    supervisor's beat: once a newer epoch holds it, the query stops before its batch
-    commits, and the new owner's replay of that batch is de-duplicated."""
-    name = f"rtfenced-{uid}"
-    flow = (
-        sf.Pipeline(name, mode="realtime")
-        .source(f"RIN_{uid}", schema={"id": "long"}, id="src")
-        .sink_jetstream(f"ROUT_{uid}", subject=f"rout{uid}", id="out")
-    )
-    old = Fence(f"{name}.f0", 1, "n1", str(checkpoints))
-    runner = PipelineRunner(
-        spark, flow.spec(), nats_url=nats_url, checkpoint_dir=checkpoints, fence=old
-    )
-    runner.start()
-    try:
-        publish(nats_url, f"RIN_{uid}", f"rin{uid}.r", [{"id": i} for i in range(10)])
-        wait_for(lambda: len(read_all(nats_url, f"ROUT_{uid}")) == 10)
-        _claim(nats_url, Fence(old.fragment_id, 2, "n2", old.checkpoint))
+        if mode == "microbatch":
+            more()  # the next batch checks the fence before it publishes
 
         def stopped() -> bool:
             runner.supervise()
             return runner.fenced is not None and not any(s.active for s in runner.status())
 
         wait_for(stopped)
-        assert "epoch 2 holds its fence; this is 1" in (runner.fenced or "")
-        publish(nats_url, f"RIN_{uid}", f"rin{uid}.r", [{"id": i} for i in range(10, 20)])
+        if mode == "realtime":
+            more()  # the stopped query reads none of it
         runner.supervise()  # a fenced query is not restarted
         assert not any(s.active for s in runner.status())
+        assert "epoch 2 holds its fence; this is 1" in (runner.fenced or "")
+        assert len(read_all(nats_url, out)) == 10  # nothing written after
     finally:
         runner.stop()
-    assert len(read_all(nats_url, f"ROUT_{uid}")) == 10  # nothing written once stopped
 
-    new = PipelineRunner(
-        spark,
-        flow.spec(),
-        nats_url=nats_url,
-        checkpoint_dir=checkpoints,
-        fence=Fence(old.fragment_id, 2, "n2", old.checkpoint),
-    )
-    new.start()
+    # The new owner resumes from the same checkpoint: the batch n1 could not commit.
+    new = resume_as(Fence(old.fragment_id, 2, "n2", old.checkpoint))
     try:
-        wait_for(lambda: len(read_all(nats_url, f"ROUT_{uid}")) >= 20)
+        wait_for(lambda: len(read_all(nats_url, out)) >= 20)
     finally:
         new.stop()
-    stored = read_all(nats_url, f"ROUT_{uid}")
-    assert Counter(json.loads(data)["id"] for _, data, _ in stored) == Counter(range(20))
+    stored = read_all(nats_url, out)
+    ids = Counter(json.loads(data)["id"] for _, data, _ in stored)
+    assert ids == Counter(range(20))
     epochs = [(headers or {}).get(EPOCH_HEADER) for headers, _, _ in stored]
-    assert epochs == ["1"] * 10 + ["2"] * 10  # the replayed 10 were dropped as duplicates
+    assert epochs == ["1"] * 10 + ["2"] * 10  # a replayed batch was dropped as duplicates

@@ -53,9 +53,11 @@ def test_a_moved_fragment_stops_writing_and_the_new_owner_resumes_exactly_once(
     def more() -> None:
         publish(nats_url, source, f"fin{mode}{uid}.r", [{"id": i} for i in range(10, 20)])
 
+    # Stored first: a real-time source whose stream does not exist yet fails its query,
+    # which only the supervisor restarts.
+    publish(nats_url, source, f"fin{mode}{uid}.r", [{"id": i} for i in range(10)])
     runner = resume_as(old)
     try:
-        publish(nats_url, source, f"fin{mode}{uid}.r", [{"id": i} for i in range(10)])
         wait_for(lambda: len(read_all(nats_url, out)) == 10)
         # The fragment moves (its node was cut off): epoch 2 claims the fence.
         _claim(nats_url, Fence(old.fragment_id, 2, "n2", old.checkpoint))

@@ -176,7 +176,7 @@ def test_pipeline_errors_are_clear():
         s.detect_anomalies("t", threshold="often")
     with pytest.raises(SpecError, match="method"):
         s.detect_anomalies("t", method="magic")
-    with pytest.raises(SpecError, match="seasonality applies to the robust method only"):
+    with pytest.raises(SpecError, match="seasonality applies to the likelihood and robust"):
         s.detect_anomalies("t", method="hst", seasonality="1d")
     with pytest.raises(SpecError, match="fields this step adds"):
         s.detect_anomalies("anomaly_score")

@@ -11,6 +11,7 @@ import signal
 from collections import Counter, defaultdict
 from datetime import UTC, datetime
 
+import orjson
 import pytest
 from river import anomaly, linear_model, metrics, preprocessing
 
@@ -22,6 +23,7 @@ from spanflow.ml.scaling import UnitScaler
 from spanflow.ml.thresholds import make_threshold
 from spanflow.spark.runner import PipelineRunner
 from tests.helpers import publish, read_all, read_records, wait_for
+from tests.ml.test_likelihood import nab_series
 from tests.spark.test_exactly_once import _crash, _start
 from tests.spark.test_patterns import _seconds
 
@@ -55,14 +57,16 @@ def _records(n: int) -> list[dict]:
     return out
 
 
-def _expected_robust(records: list[dict], warmup: int) -> dict[int, tuple]:
+def _expected_scores(
+    records: list[dict], warmup: int, method: str = "likelihood"
+) -> dict[int, tuple]:
     """(score, anomalous, field) by id: the detector run on each device's records."""
     by_device = defaultdict(list)
     for r in records:
         by_device[r["device"]].append(r)
     out = {}
     for rows in by_device.values():
-        detector = make_detector("robust", FIELDS, {}, 86400.0)
+        detector = make_detector(method, FIELDS, {}, 86400.0 if method == "robust" else None)
         t = make_threshold(0.5)
         times = [datetime.fromtimestamp(r["ts"], UTC) for r in rows]
         verdicts = judge(detector, detector.load(None), t, t.empty(), rows, times, warmup)
@@ -101,18 +105,18 @@ def test_scores_per_key_and_global_equal_a_plain_run(spark, nats_url, checkpoint
     p = sf.Pipeline(f"anomaly-{uid}", trigger=0)
     readings = p.source(stream, schema=SCHEMA, event_time="ts", max_rows_per_batch=70)
     keyed = readings.key_by("device")
-    every = keyed.detect_anomalies(["t", "v"], threshold=0.5, warmup=30).sink_jetstream(
-        f"ALL_{uid}", subject=f"all{uid}"
-    )
+    every = keyed.detect_anomalies(
+        ["t", "v"], method="robust", threshold=0.5, warmup=30
+    ).sink_jetstream(f"ALL_{uid}", subject=f"all{uid}")
     only = keyed.detect_anomalies(
-        ["t", "v"], threshold=0.5, warmup=30, emit="anomalies"
+        ["t", "v"], method="robust", threshold=0.5, warmup=30, emit="anomalies"
     ).sink_jetstream(f"ONLY_{uid}", subject=f"only{uid}")
     whole = readings.detect_anomalies(["t", "v"], method="hst").sink_jetstream(
         f"HST_{uid}", subject=f"hst{uid}"
     )
     outputs = [f"ALL_{uid}", f"HST_{uid}"]
     _run(spark, nats_url, checkpoints, every.merge(only, whole), outputs, len(records))
-    expected = _expected_robust(records, 30)
+    expected = _expected_scores(records, 30, "robust")
     got = {r["id"]: r for r in read_records(nats_url, f"ALL_{uid}")}
     assert len(got) == len(read_all(nats_url, f"ALL_{uid}")) == len(records)
     for i, (score, flag, field) in expected.items():
@@ -128,6 +132,63 @@ def test_scores_per_key_and_global_equal_a_plain_run(spark, nats_url, checkpoint
     assert sorted(r["id"] for r in read_records(nats_url, f"ONLY_{uid}")) == flagged
     hst = _expected_hst(records)
     assert {r["id"]: r["anomaly_score"] for r in read_records(nats_url, f"HST_{uid}")} == hst
+
+
+def _nab_records() -> list[dict]:
+    """Two NAB series as two keys, with what real feeds do: a null reading, a gap of
+    three days in the middle of one series."""
+    out = []
+    for key, name in (("cpc", "exchange-2_cpc_results.csv"), ("art", "art_daily_jumpsup.csv")):
+        times, values = nab_series(name)
+        for i, (t, v) in enumerate(zip(times, values, strict=True)):
+            gap = 3 * 86400 if key == "art" and i >= 2000 else 0
+            out.append({"id": len(out), "series": key, "ts": int(t.timestamp()) + gap, "value": v})
+    out[900]["value"] = None
+    return out
+
+
+def test_the_default_detector_on_nab_series_equals_the_pure_run(spark, nats_url, checkpoints, uid):
+    records = _nab_records()
+    stream = f"NAB_{uid}"
+    not_a_number = orjson.dumps({"id": -1, "series": "cpc", "ts": BASE, "value": "12,5"})
+    publish(nats_url, stream, f"nab{uid}.r", [*records[:50], not_a_number, *records[50:]])
+    flow = (
+        sf.Pipeline(f"nab-{uid}", trigger=0)
+        .source(
+            stream,
+            schema={"id": "long", "series": "string", "ts": "timestamp", "value": "double?"},
+            key="series",
+            event_time="ts",
+            max_rows_per_batch=1200,
+            id="src",
+        )
+        .detect_anomalies("value")
+        .sink_jetstream(f"NABOUT_{uid}", subject=f"nabout{uid}")
+    )
+    _run(spark, nats_url, checkpoints, flow, [f"NABOUT_{uid}"], len(records))
+    got = {r["id"]: r for r in read_records(nats_url, f"NABOUT_{uid}")}
+    assert sorted(got) == [r["id"] for r in records]
+    for key in ("cpc", "art"):
+        rows = [r for r in records if r["series"] == key]
+        detector = make_detector("likelihood", ("value",), {}, None)
+        t = make_threshold(0.5)
+        times = [datetime.fromtimestamp(r["ts"], UTC) for r in rows]
+        verdicts = judge(detector, detector.load(None), t, t.empty(), rows, times, 300)
+        for r, (score, flag, field) in zip(rows, verdicts, strict=True):
+            out = got[r["id"]]
+            assert (out["anomaly_score"], out["is_anomaly"], out["anomaly_field"]) == (
+                score,
+                flag,
+                field,
+            ), out
+    assert got[900]["anomaly_field"] is None  # the null reading was not scored
+    assert any(r["is_anomaly"] for r in got.values())
+    letters = [
+        h
+        for h, _, subject in read_all(nats_url, "SPANFLOW_DLQ")
+        if subject.endswith(f"nab-{uid}.src")
+    ]
+    assert len(letters) == 1 and "field 'value'" in letters[0]["Spanflow-Reason"]
 
 
 def _expected_learning(records: list[dict]) -> dict[int, tuple]:
@@ -274,7 +335,7 @@ def test_scores_and_learning_after_a_sigkill_and_restart_equal_an_uninterrupted_
         proc.wait(60)
     rows = read_records(nats_url, f"SCORES_{uid}")
     assert sorted(r["id"] for r in rows) == list(range(len(records)))  # none lost, none twice
-    expected = _expected_robust(records, 30)
+    expected = _expected_scores(records, 30)  # the default method: likelihood
     for r in rows:
         assert (r["anomaly_score"], r["is_anomaly"], r["anomaly_field"]) == expected[r["id"]]
     learnt = read_records(nats_url, f"LEARNT_{uid}")

@@ -318,9 +318,9 @@ class Stream:
         self,
         fields: str | Sequence[str],
         *,
-        method: str = "robust",
+        method: str = "likelihood",
         threshold: float | str | None = None,
-        warmup: int = 100,
+        warmup: int | None = None,
         emit: str = "all",
         seasonality: str | None = None,
         params: Mapping[str, Any] | None = None,
@@ -330,10 +330,12 @@ class Stream:
         the whole stream without — adding ``anomaly_score`` (0 to 1), ``is_anomaly`` and
         ``anomaly_field``.
 
-        ``method``: ``"robust"`` (default), ``"hst"`` or ``"river:<module>.<Class>"``;
-        ``threshold``: a score, ``"quantile(0.99)"`` or ``"adaptive"``; the first
-        ``warmup`` records of a key are never anomalies; ``emit="anomalies"`` keeps
-        only anomalies. See docs/ml.md.
+        ``method``: ``"likelihood"`` (default), ``"robust"``, ``"hst"`` or
+        ``"river:<module>.<Class>"``; ``threshold``: a score (default 0.5 for
+        likelihood), ``"quantile(0.99)"`` or ``"adaptive"``; the first ``warmup``
+        records of a key are never anomalies (default 300 for likelihood, 100 for the
+        others); ``seasonality``: a period such as ``"1d"``, ``"none"``, or found in
+        the data (default); ``emit="anomalies"`` keeps only anomalies. See docs/ml.md.
         """
         return self._then(
             DetectAnomaliesStep,

@@ -3,9 +3,11 @@
 A detector's state is plain data (a dict, River models as :mod:`snapshot` text), so
 Spark keeps it per key in RocksDB and restores it after a crash. Methods:
 
-* ``robust`` (default): :class:`~spanflow.ml.baseline.RobustBaseline`;
-* ``hst``: River's ``HalfSpaceTrees`` behind a ``MinMaxScaler`` (the scaling it
-  needs: it assumes features in [0, 1]), seeded so that runs are reproducible;
+* ``likelihood`` (default): :class:`~spanflow.ml.likelihood.LikelihoodDetector`;
+* ``robust``: :class:`~spanflow.ml.baseline.RobustBaseline`;
+* ``hst``: River's ``HalfSpaceTrees`` behind a
+  :class:`~spanflow.ml.scaling.UnitScaler` (it assumes features in [0, 1]), seeded
+  so that runs are reproducible;
 * ``river:<module>.<Class>`` (e.g. ``river:anomaly.OneClassSVM``): any River anomaly
   detector, behind a ``StandardScaler``. Unbounded scores become [0, 1] as
   ``1 - exp(-score / mean score so far)``.
@@ -24,32 +26,13 @@ from typing import Any
 
 from spanflow.ml import snapshot
 from spanflow.ml.baseline import RobustBaseline, score_of
+from spanflow.ml.detector import Detector
+from spanflow.ml.likelihood import LikelihoodDetector
 from spanflow.ml.river_classes import river_class
 from spanflow.ml.scaling import UnitScaler
 
-METHODS = ("robust", "hst", "river:<module>.<Class>")
+METHODS = ("likelihood", "robust", "hst", "river:<module>.<Class>")
 HST_SEED = 42
-
-
-class Detector:
-    """Scores then learns, record by record, over a plain-data state."""
-
-    fields: tuple[str, ...]
-
-    def load(self, state: Any) -> Any:
-        """The working form of a key's state (``None``: a new key)."""
-        raise NotImplementedError
-
-    def step(
-        self, live: Any, record: Mapping[str, Any], at: datetime | None
-    ) -> tuple[float, str | None]:
-        """Score ``record`` in [0, 1] and name the field that contributed most; then
-        learn from it."""
-        raise NotImplementedError
-
-    def save(self, live: Any) -> Any:
-        """The key's state as plain data."""
-        raise NotImplementedError
 
 
 class RobustDetector(Detector):
@@ -140,6 +123,8 @@ def make_detector(
     seasonality: float | None,
 ) -> Detector:
     """The detector a ``detect_anomalies`` step asks for (ValueError when unknown)."""
+    if method == "likelihood":
+        return LikelihoodDetector(fields, seasonality, **params)
     if method == "robust":
         return RobustDetector(fields, seasonality, **params)
     if method == "hst" or method.startswith("river:"):

@@ -63,7 +63,9 @@ def compile_detect_anomalies(
     fields = spanflow_schema(step.id, up.df.schema)
     _check_numeric(step.id, fields, step.fields, "field")
     season = step.season_seconds(has_event_time=up.event_time is not None)
-    detector = functools.partial(make_detector, step.method, step.fields, step.params, season)
+    detector = functools.partial(
+        make_detector, step.method, step.fields, step.detector_params(), season
+    )
     try:
         detector()  # an unknown River class or a bad parameter fails now, not in a worker
     except (TypeError, ValueError) as exc:
@@ -74,7 +76,7 @@ def compile_detect_anomalies(
         AnomalyDetection,
         detector=detector,
         threshold=functools.partial(make_threshold, step.threshold_or_default),
-        warmup=step.warmup,
+        warmup=step.warmup_or_default,
         only_anomalies=step.emit == "anomalies",
         event_time=up.event_time,
         hidden=tuple(c for c in frame.df.columns if c not in output),

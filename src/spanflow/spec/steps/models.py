@@ -14,7 +14,7 @@ from pydantic import Field, field_validator, model_validator
 from spanflow.spec.durations import Duration, parse_duration
 from spanflow.spec.steps.base import Placement, StepBase, StreamFacts, one_or_many
 
-METHOD = r"^(robust|hst|river:[A-Za-z_][\w]*(\.[A-Za-z_]\w*)+)$"
+METHOD = r"^(likelihood|robust|hst|river:[A-Za-z_][\w]*(\.[A-Za-z_]\w*)+)$"
 _CALL = re.compile(r"^\s*(quantile|adaptive)\s*\(\s*([0-9.eE+-]+)\s*\)\s*$")
 ADDED_FIELDS = ("anomaly_score", "is_anomaly", "anomaly_field")
 
@@ -66,12 +66,14 @@ class DetectAnomaliesStep(StepBase):
     when it has no key), and adds ``anomaly_score`` (0 to 1), ``is_anomaly`` and
     ``anomaly_field`` (the field that contributed most).
 
-    ``method``: ``robust`` (a streaming baseline that follows drift and learns a daily
-    profile; the default), ``hst`` (River's Half-Space Trees) or any River detector as
-    ``river:<module>.<Class>``; ``params`` go to it. ``threshold``: a score (static),
-    ``quantile(q)`` of the key's scores so far, or ``adaptive``/``adaptive(k)`` (mean +
-    k standard deviations of recent scores). The first ``warmup`` records of a key get
-    scores but are never anomalies. ``emit: anomalies`` keeps only the anomalies.
+    ``method``: ``likelihood`` (the default: an anomaly likelihood over two streaming
+    predictors, with the period of a cycle found in the data), ``robust`` (a
+    streaming baseline with a daily profile), ``hst`` (River's Half-Space Trees) or
+    any River detector as ``river:<module>.<Class>``; ``params`` go to it.
+    ``threshold``: a score (static), ``quantile(q)`` of the key's scores so far, or
+    ``adaptive``/``adaptive(k)`` (mean + k standard deviations of recent scores). The
+    first ``warmup`` records of a key get scores but are never anomalies. ``emit:
+    anomalies`` keeps only the anomalies.
     """
 
     placement: ClassVar[Placement] = Placement.KEYED
@@ -79,22 +81,31 @@ class DetectAnomaliesStep(StepBase):
     type: Literal["detect_anomalies"] = "detect_anomalies"
     fields: tuple[str, ...] = Field(min_length=1, description="Numeric fields to watch.")
     method: str = Field(
-        default="robust", pattern=METHOD, description="robust, hst or river:<module>.<Class>."
+        default="likelihood",
+        pattern=METHOD,
+        description="likelihood, robust, hst or river:<module>.<Class>.",
     )
     params: dict[str, Any] = Field(
         default_factory=dict, description="Parameters of the method (plain data)."
     )
     threshold: float | str | None = Field(
         default=None,
-        description="A score, 'quantile(q)' or 'adaptive(k)' (default: 0.5 for robust, "
+        description="A score, 'quantile(q)' or 'adaptive(k)' (default: 0.5 for likelihood "
+        "and robust, "
         "quantile(0.99) for the others).",
     )
-    warmup: int = Field(default=100, ge=0, description="Records per key before any anomaly.")
+    warmup: int | None = Field(
+        default=None,
+        ge=0,
+        description="Records per key before any anomaly (default: 300 for likelihood, "
+        "the records it learns from before it scores; 100 for the others).",
+    )
     emit: Literal["all", "anomalies"] = Field(default="all")
     seasonality: str | None = Field(
         default=None,
-        description="Period of the robust method's profile: a duration such as '1d', or "
-        "'none' (default: 1d when the stream has event time).",
+        description="Period of the cycle the detector expects: a duration such as '1d', "
+        "or 'none'. Default: likelihood finds the period in each key's data (in "
+        "records, without event time); robust assumes 1d when the stream has event time.",
     )
 
     @field_validator("fields", mode="before")
@@ -107,8 +118,8 @@ class DetectAnomaliesStep(StepBase):
         if self.threshold is not None:
             parse_threshold(self.threshold)
         if self.seasonality not in (None, "none"):
-            if self.method != "robust":
-                raise ValueError("seasonality applies to the robust method only")
+            if self.method not in ("robust", "likelihood"):
+                raise ValueError("seasonality applies to the likelihood and robust methods only")
             parse_duration(self.seasonality)
         clash = set(self.fields) & set(ADDED_FIELDS)
         if clash:
@@ -119,15 +130,28 @@ class DetectAnomaliesStep(StepBase):
     def threshold_or_default(self) -> float | str:
         if self.threshold is not None:
             return self.threshold
-        return 0.5 if self.method == "robust" else "quantile(0.99)"
+        return 0.5 if self.method in ("likelihood", "robust") else "quantile(0.99)"
+
+    @property
+    def warmup_or_default(self) -> int:
+        if self.warmup is not None:
+            return self.warmup
+        return 300 if self.method == "likelihood" else 100
 
     def season_seconds(self, has_event_time: bool) -> float | None:
-        """The robust profile's period, or None for no profile."""
-        if self.method != "robust" or self.seasonality == "none":
+        """The period of the profile the detector is given, or None (likelihood: none
+        given, it looks for one unless ``seasonality: none``)."""
+        if self.method not in ("robust", "likelihood") or self.seasonality == "none":
             return None
         if self.seasonality is None:
-            return 86400.0 if has_event_time else None
+            return 86400.0 if has_event_time and self.method == "robust" else None
         return parse_duration(self.seasonality)
+
+    def detector_params(self) -> dict[str, Any]:
+        """``params``, plus what ``seasonality: none`` means for the likelihood method."""
+        if self.method == "likelihood" and self.seasonality == "none":
+            return {**self.params, "detect_period": False}
+        return dict(self.params)
 
     def check_inputs(self, inputs: Sequence[StreamFacts]) -> None:
         if self.seasonality not in (None, "none") and inputs[0].event_time is None:

@@ -1,0 +1,259 @@
+"""spanflow's default anomaly detector: two streaming predictors, an anomaly
+likelihood over each one's errors, and a check for values beyond any seen before.
+
+Real series wander, change their variance, have cycles of unknown length and long
+quiet stretches. A detector that scores the size of one error flags a third of
+them; this one asks instead *how unlikely is the recent run of errors, given the
+errors this key usually makes* — Numenta's anomaly likelihood (Ahmad et al., 2017),
+over cheap predictors instead of HTM. Per field:
+
+1. **Two predictors**, each giving a raw error in [0, 1], ``|residual| / (K sigma)``
+   capped at 1, where sigma is the predictor's own clipped mean absolute residual:
+
+   * *level*: an exponentially weighted level over about ``LEVEL_SPAN`` readings
+     whose updates are clipped at ``CLIP`` sigma (a spike barely moves it; a new level
+     is followed);
+   * *cycle*: a slower level (``CYCLE_SPAN``) plus a profile of ``PROFILE_BUCKETS``
+     offsets over the period :mod:`~spanflow.ml.seasonality` finds in the data (or
+     the ``seasonality`` given); with no period, a second, slower level predictor.
+     A value normal at noon but not at midnight stands out here.
+
+2. **Likelihood** of each predictor's errors: the mean raw error over the last 10,
+   30 and 100 readings, each compared with the distribution of that mean (an
+   exponentially weighted mean and variance over about ``HISTORY_SPAN`` readings,
+   floored as Numenta's are). The tail probability ``p`` of the recent mean becomes
+   the score ``log(p) / log(1e-10)``: 0.5 at ``p = 1e-5``, 1 at ``p = 1e-10``. After
+   a first alarm (``p <= 1e-5``), a run of alarms scores 0.3 (Numenta's filter), so
+   a level shift alarms when it starts and not on every reading after.
+
+3. **Beyond the range**: a value more than ``EXTREME`` (5 %) of the range seen so far
+   below its minimum or above its maximum scores 1 (Numenta's "spatial" check).
+
+A field's score is the largest of these; the record's, the largest of its fields'.
+After a record scores 0.5 or more, the next ``REST`` records' scores are halved, so
+one episode is one alarm rather than a flood (a new extreme still reaches 0.5).
+The first ``LEARN`` readings of a field score 0 while it learns.
+
+The state is plain data (numbers, short lists), kept as Spark keyed state; all of it
+is deterministic, so a replay after a crash gives the same scores. On the Numenta
+Anomaly Benchmark, one set of these defaults for every series, see
+docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+from spanflow.ml.detector import Detector
+from spanflow.ml.seasonality import PeriodFinder, phase_bucket
+
+LEVEL_SPAN = 500  # readings the level predictor averages over
+CYCLE_SPAN = 2000  # readings the cycle predictor's level averages over
+K = 2.0  # a residual of K sigma is a raw error of 1
+CLIP = 3.0  # updates clipped at this many sigma
+SIGMA_PER_MAD = 1.2533  # sigma of a normal distribution per mean absolute deviation
+PROFILE_BUCKETS = 48  # offsets per period (half-hourly for a day)
+PROFILE_RATE = 0.1  # share of the residual a profile bucket learns per reading
+WINDOWS = (10, 30, 100)  # readings whose mean raw error is judged
+HISTORY_SPAN = 3000  # readings the distribution of mean errors is estimated over
+MIN_MEAN, MIN_VAR = 0.03, 0.0003  # floors of that distribution (Numenta's)
+RED = 1e-5  # tail probability of an alarm: score 0.5
+REPEAT = 0.3  # score of an alarm right after an alarm (Numenta's yellow, p = 1e-3)
+EXTREME = 0.05  # beyond the seen range by this share of it: score 1
+REST = 100  # records after an alarm whose scores are halved
+LEARN = 300  # readings of a field before it scores
+ALARM = 0.5  # the score of an alarm, and the default threshold
+_LOG_FLOOR = math.log(1e-10)
+
+
+def tail_probability(x: float, mean: float, sd: float) -> float:
+    """Probability of a mean error as far from ``mean`` as ``x`` (either side)."""
+    if x < mean:
+        x = 2 * mean - x
+    return 0.5 * math.erfc((x - mean) / sd / math.sqrt(2))
+
+
+def score_of_probability(p: float) -> float:
+    """``log(p) / log(1e-10)`` in [0, 1]: 0.5 at p = 1e-5."""
+    return min(1.0, math.log(p + 1e-10) / _LOG_FLOOR)
+
+
+class LikelihoodDetector(Detector):
+    """Per-field predictors and likelihoods; see the module docstring."""
+
+    def __init__(
+        self,
+        fields: tuple[str, ...],
+        seasonality: float | None = None,
+        *,
+        detect_period: bool = True,
+        learn: int = LEARN,
+        rest: int = REST,
+        extreme: float | None = EXTREME,
+        level_span: int = LEVEL_SPAN,
+        cycle_span: int = CYCLE_SPAN,
+        history_span: int = HISTORY_SPAN,
+    ) -> None:
+        self.fields = fields
+        self.period = seasonality
+        self.detect_period = detect_period and seasonality is None
+        self.learn = learn
+        self.rest = rest
+        self.extreme = extreme
+        self.level_alpha = 2.0 / (level_span + 1)
+        self.cycle_alpha = 2.0 / (cycle_span + 1)
+        self.history_alpha = 2.0 / (history_span + 1)
+        self.finder = PeriodFinder()
+
+    # -- Detector protocol -------------------------------------------------------
+    def load(self, state: Any) -> Any:
+        return state if state is not None else {"quiet": 0, "f": {}}
+
+    def save(self, live: Any) -> Any:
+        return live
+
+    def step(
+        self, live: Any, record: Mapping[str, Any], at: datetime | None
+    ) -> tuple[float, str | None]:
+        best, best_field = 0.0, None
+        for name in self.fields:
+            value = record.get(name)
+            # Missing, null, NaN, infinite or not a number: this field is not scored
+            if not isinstance(value, int | float) or isinstance(value, bool):
+                continue
+            x = float(value)
+            if not math.isfinite(x):
+                continue
+            s = live["f"].get(name)
+            if s is None:
+                s = live["f"][name] = self._new_field(x)
+            score = self._field_step(s, x, at)
+            if score > best or best_field is None:
+                best, best_field = score, name
+        if live["quiet"] > 0:
+            live["quiet"] -= 1
+            best *= 0.5
+        elif best >= ALARM:
+            live["quiet"] = self.rest
+        return best, best_field
+
+    def period_of(self, live: Any, field: str) -> float | None:
+        """The period the ``field``'s cycle predictor uses (None: no cycle)."""
+        s = live["f"].get(field)
+        return None if s is None else s["cycle"]["period"]
+
+    # -- one field ------------------------------------------------------------------
+    def _new_field(self, x: float) -> dict[str, Any]:
+        return {
+            "n": 0,
+            "lo": x,
+            "hi": x,
+            "level": {"n": 0, "level": x, "mad": 0.0},
+            "cycle": {
+                "n": 0,
+                "level": x,
+                "lmad": 0.0,
+                "mad": 0.0,
+                "period": self.period,
+                "prof": [None] * (PROFILE_BUCKETS if self.period else 1),
+                "w": [0] * (PROFILE_BUCKETS if self.period else 1),
+            },
+            "seas": self.finder.empty() if self.detect_period else None,
+            "errors": [[], []],  # recent raw errors of each predictor
+            "dist": [[[0.0, 0.0, False] for _ in WINDOWS] for _ in range(2)],
+        }
+
+    def _field_step(self, s: dict[str, Any], x: float, at: datetime | None) -> float:
+        n = s["n"] = s["n"] + 1
+        t = at.timestamp() if at is not None else float(n)
+        raws = (self._level_error(s["level"], x), self._cycle_error(s, x, t))
+        if s["seas"] is not None and self.finder.add(s["seas"], x, t):
+            self._new_period(s)
+        score = 0.0
+        for i, raw in enumerate(raws):
+            score = max(score, self._likelihood(s["errors"][i], s["dist"][i], raw, n))
+        if self.extreme is not None and s["hi"] > s["lo"]:
+            margin = (s["hi"] - s["lo"]) * self.extreme
+            if x > s["hi"] + margin or x < s["lo"] - margin:
+                score = 1.0
+        s["lo"], s["hi"] = min(s["lo"], x), max(s["hi"], x)
+        return score
+
+    def _level_error(self, p: dict[str, Any], x: float) -> float:
+        n = p["n"] = p["n"] + 1
+        residual = x - p["level"]
+        raw, limit = _raw_error(residual, p["mad"], n)
+        alpha = max(self.level_alpha, 1.0 / n)
+        p["level"] += alpha * min(max(residual, -limit), limit)
+        p["mad"] += alpha * (min(abs(residual), limit) - p["mad"])
+        return raw
+
+    def _cycle_error(self, s: dict[str, Any], x: float, t: float) -> float:
+        p = s["cycle"]
+        n = p["n"] = p["n"] + 1
+        base = p["level"]
+        # The slow level: clipped like the level predictor's, with its own scale
+        _, limit = _raw_error(x - base, p["lmad"], n)
+        slow = max(self.cycle_alpha, 1.0 / n)
+        p["level"] += slow * min(max(x - base, -limit), limit)
+        p["lmad"] += slow * (min(abs(x - base), limit) - p["lmad"])
+        # One offset per phase of the cycle; without a cycle, one offset that follows
+        # the recent residual (a faster predictor than the level's)
+        bucket = phase_bucket(t, p["period"], PROFILE_BUCKETS) if p["period"] else 0
+        profile = p["prof"]
+        if profile[bucket] is None:  # a bucket's first reading sets it
+            profile[bucket] = x - base
+            p["w"][bucket] = 1
+            return 0.0
+        residual = x - base - profile[bucket]
+        raw, limit = _raw_error(residual, p["mad"], n)
+        p["mad"] += max(self.level_alpha, 1.0 / n) * (min(abs(residual), limit) - p["mad"])
+        p["w"][bucket] += 1
+        rate = max(PROFILE_RATE, 1.0 / p["w"][bucket])
+        profile[bucket] += rate * min(max(residual, -limit), limit)
+        return raw
+
+    def _new_period(self, s: dict[str, Any]) -> None:
+        """Use the period just found: a refinement (within 10 %) keeps the profile;
+        a new period starts one from the finder's history."""
+        p, found = s["cycle"], s["seas"]["period"]
+        old = p["period"]
+        p["period"] = found
+        if old is not None and abs(found - old) < 0.1 * old:
+            return
+        profile = self.finder.profile(s["seas"], PROFILE_BUCKETS) or [None] * PROFILE_BUCKETS
+        p["prof"] = profile
+        p["w"] = [0 if v is None else 1 for v in profile]
+
+    def _likelihood(self, errors: list[float], dist: list[list[Any]], raw: float, n: int) -> float:
+        """Score the recent mean errors against their own history, then learn them."""
+        errors.append(raw)
+        if len(errors) > WINDOWS[-1]:
+            del errors[0]
+        alpha = max(self.history_alpha, 1.0 / n)
+        score = 0.0
+        for window, d in zip(WINDOWS, dist, strict=True):
+            recent = errors[-window:]
+            mean_error = sum(recent) / len(recent)
+            mean, var, was_red = d
+            if n > self.learn:
+                p = tail_probability(mean_error, max(mean, MIN_MEAN), math.sqrt(max(var, MIN_VAR)))
+                red = p <= RED
+                score = max(score, REPEAT if red and was_red else score_of_probability(p))
+                d[2] = red
+            delta = mean_error - mean
+            d[0] = mean + alpha * delta
+            d[1] = (1 - alpha) * (var + alpha * delta * delta)
+        return score
+
+
+def _raw_error(residual: float, mad: float, n: int) -> tuple[float, float]:
+    """(raw error in [0, 1], clip limit for the update) of a residual."""
+    sigma = mad * SIGMA_PER_MAD
+    if sigma <= 0:  # no spread yet: any change is a full error
+        return (0.0 if residual == 0 else 1.0), math.inf
+    raw = min(1.0, abs(residual) / (K * sigma))
+    return raw, (CLIP * sigma if n > 10 else math.inf)

@@ -67,13 +67,7 @@ REST = 100  # records after an alarm whose scores are halved
 LEARN = 300  # readings of a field before it scores
 ALARM = 0.5  # the score of an alarm, and the default threshold
 _LOG_FLOOR = math.log(1e-10)
-
-
-def tail_probability(x: float, mean: float, sd: float) -> float:
-    """Probability of a mean error as far from ``mean`` as ``x`` (either side)."""
-    if x < mean:
-        x = 2 * mean - x
-    return 0.5 * math.erfc((x - mean) / sd / math.sqrt(2))
+RED_Z = 4.264890793922825  # the distance in standard deviations whose tail is RED
 
 
 def score_of_probability(p: float) -> float:
@@ -158,12 +152,14 @@ class LikelihoodDetector(Detector):
                 "lmad": 0.0,
                 "mad": 0.0,
                 "period": self.period,
+                "at": 0.0,  # phases are counted from here
                 "prof": [None] * (PROFILE_BUCKETS if self.period else 1),
                 "w": [0] * (PROFILE_BUCKETS if self.period else 1),
             },
             "seas": self.finder.empty() if self.detect_period else None,
-            "errors": [[], []],  # recent raw errors of each predictor
-            "dist": [[[0.0, 0.0, False] for _ in WINDOWS] for _ in range(2)],
+            # per predictor: recent raw errors, their sums per window, and per window
+            # the (mean, variance, last was an alarm) of the mean error
+            "lik": [_new_likelihood(), _new_likelihood()],
         }
 
     def _field_step(self, s: dict[str, Any], x: float, at: datetime | None) -> float:
@@ -171,10 +167,8 @@ class LikelihoodDetector(Detector):
         t = at.timestamp() if at is not None else float(n)
         raws = (self._level_error(s["level"], x), self._cycle_error(s, x, t))
         if s["seas"] is not None and self.finder.add(s["seas"], x, t):
-            self._new_period(s)
-        score = 0.0
-        for i, raw in enumerate(raws):
-            score = max(score, self._likelihood(s["errors"][i], s["dist"][i], raw, n))
+            self._new_period(s, t)
+        score = max(self._likelihood(e, raw) for e, raw in zip(s["lik"], raws, strict=True))
         if self.extreme is not None and s["hi"] > s["lo"]:
             margin = (s["hi"] - s["lo"]) * self.extreme
             if x > s["hi"] + margin or x < s["lo"] - margin:
@@ -202,7 +196,7 @@ class LikelihoodDetector(Detector):
         p["lmad"] += slow * (min(abs(x - base), limit) - p["lmad"])
         # One offset per phase of the cycle; without a cycle, one offset that follows
         # the recent residual (a faster predictor than the level's)
-        bucket = phase_bucket(t, p["period"], PROFILE_BUCKETS) if p["period"] else 0
+        bucket = phase_bucket(t, p["period"], PROFILE_BUCKETS, p["at"]) if p["period"] else 0
         profile = p["prof"]
         if profile[bucket] is None:  # a bucket's first reading sets it
             profile[bucket] = x - base
@@ -216,38 +210,75 @@ class LikelihoodDetector(Detector):
         profile[bucket] += rate * min(max(residual, -limit), limit)
         return raw
 
-    def _new_period(self, s: dict[str, Any]) -> None:
-        """Use the period just found: a refinement (within 10 %) keeps the profile;
-        a new period starts one from the finder's history."""
+    def _new_period(self, s: dict[str, Any], t: float) -> None:
+        """Use the period just found at time ``t``. A refinement (within 10 %) keeps
+        the profile, and moves the anchor so that the phase at ``t`` stays where it
+        was; a new period starts a profile from the finder's history."""
         p, found = s["cycle"], s["seas"]["period"]
         old = p["period"]
         p["period"] = found
         if old is not None and abs(found - old) < 0.1 * old:
+            p["at"] = t - (t - p["at"]) / old * found
             return
-        profile = self.finder.profile(s["seas"], PROFILE_BUCKETS) or [None] * PROFILE_BUCKETS
-        p["prof"] = profile
-        p["w"] = [0 if v is None else 1 for v in profile]
+        p["at"] = t
+        profile = self.finder.profile(s["seas"], PROFILE_BUCKETS, t)
+        p["prof"] = profile or [None] * PROFILE_BUCKETS
+        p["w"] = [0 if v is None else 1 for v in p["prof"]]
+        # The errors made without the cycle say nothing of the errors to come: the
+        # predictor's scale and its likelihood learn afresh
+        p["n"], p["mad"] = 0, 0.0
+        s["lik"][1] = _new_likelihood()
 
-    def _likelihood(self, errors: list[float], dist: list[list[Any]], raw: float, n: int) -> float:
-        """Score the recent mean errors against their own history, then learn them."""
+    def _likelihood(self, e: dict[str, Any], raw: float) -> float:
+        """Score the recent mean errors against their own history, then learn them.
+
+        ``e`` holds the recent raw errors, their running sum per window and, per
+        window, the (mean, variance, last was an alarm) of its mean error. The tail
+        probability falls as the distance from the mean grows, so only the largest
+        distance is turned into a score."""
+        errors, sums, dist = e["r"], e["s"], e["d"]
+        n = e["n"] = e["n"] + 1
         errors.append(raw)
-        if len(errors) > WINDOWS[-1]:
+        k = len(errors)
+        for j, window in enumerate(WINDOWS):
+            sums[j] += raw
+            if k > window:  # the error that leaves the window
+                sums[j] -= errors[k - 1 - window]
+        if k > WINDOWS[-1]:
             del errors[0]
         alpha = max(self.history_alpha, 1.0 / n)
-        score = 0.0
-        for window, d in zip(WINDOWS, dist, strict=True):
-            recent = errors[-window:]
-            mean_error = sum(recent) / len(recent)
-            mean, var, was_red = d
+        farthest, repeated = -1.0, False
+        for j, window in enumerate(WINDOWS):
+            mean_error = sums[j] / min(k, window)
+            d = dist[j]
+            mean, var = d[0], d[1]
             if n > self.learn:
-                p = tail_probability(mean_error, max(mean, MIN_MEAN), math.sqrt(max(var, MIN_VAR)))
-                red = p <= RED
-                score = max(score, REPEAT if red and was_red else score_of_probability(p))
+                z = abs(mean_error - max(mean, MIN_MEAN)) / math.sqrt(max(var, MIN_VAR))
+                red = z >= RED_Z
+                if red and d[2]:
+                    repeated = True
+                elif z > farthest:
+                    farthest = z
                 d[2] = red
             delta = mean_error - mean
             d[0] = mean + alpha * delta
             d[1] = (1 - alpha) * (var + alpha * delta * delta)
-        return score
+        if farthest < 0:
+            return REPEAT if repeated else 0.0
+        score = score_of_probability(0.5 * math.erfc(farthest / math.sqrt(2)))
+        return max(score, REPEAT) if repeated else score
+
+
+def _new_likelihood() -> dict[str, Any]:
+    """A predictor's likelihood state: readings seen, recent raw errors, their sums
+    per window, and per window the (mean, variance, last was an alarm) of the mean
+    error."""
+    return {
+        "n": 0,
+        "r": [],
+        "s": [0.0] * len(WINDOWS),
+        "d": [[0.0, 0.0, False] for _ in WINDOWS],
+    }
 
 
 def _raw_error(residual: float, mad: float, n: int) -> tuple[float, float]:

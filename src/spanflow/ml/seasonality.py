@@ -33,6 +33,8 @@ import itertools
 import math
 from typing import Any
 
+import numpy as np
+
 CAPACITY = 512  # buckets of history: ~5 KB of JSON; merged in pairs when full
 EVERY = 32  # look for a period every this many new buckets (and at each merge)
 FIRST_GAPS = 9  # readings whose median gap sets the first bucket width
@@ -127,9 +129,10 @@ class PeriodFinder:
         s["period"] = _refined(acf, lag) * s["res"]
         s["acf"] = acf[lag]
 
-    def profile(self, s: dict[str, Any], buckets: int) -> list[float | None] | None:
-        """The found cycle as ``buckets`` offsets from the mean, from the last three
-        periods of history (a detector starts from it instead of from nothing)."""
+    def profile(self, s: dict[str, Any], buckets: int, anchor: float) -> list[float | None] | None:
+        """The found cycle as ``buckets`` offsets from the mean, phases counted from
+        ``anchor``, from the last three periods of history (a detector starts from it
+        instead of from nothing)."""
         period, res, history = s["period"], s["res"], s["h"]
         if not period or not history:
             return None
@@ -145,20 +148,23 @@ class PeriodFinder:
             if x is None:
                 continue
             t = s["t0"] + (start + i + 0.5) * res
-            b = phase_bucket(t, period, buckets)
+            b = phase_bucket(t, period, buckets, anchor)
             sums[b] += x - mean
             counts[b] += 1
         return [total / n if n else None for total, n in zip(sums, counts, strict=True)]
 
 
-def phase_bucket(t: float, period: float, buckets: int) -> int:
-    """The bucket of the cycle that time ``t`` falls in."""
-    return int((t % period) / period * buckets) % buckets
+def phase_bucket(t: float, period: float, buckets: int, anchor: float = 0.0) -> int:
+    """The bucket of the cycle that time ``t`` falls in, phases counted from ``anchor``
+    (a time near the data: far from it, a period known to a few parts in ten
+    thousand says nothing of the phase)."""
+    return int(((t - anchor) % period) / period * buckets) % buckets
 
 
 def _autocorrelation(history: list[float | None]) -> list[float] | None:
     """Autocorrelation up to half the history, of the history with gaps filled by the
-    previous value, a least-squares line removed and values clipped."""
+    previous value, a least-squares line removed and values clipped (numpy's direct
+    correlation: the same numbers on every run)."""
     xs: list[float] = []
     last = None
     for x in history:
@@ -170,21 +176,21 @@ def _autocorrelation(history: list[float | None]) -> list[float] | None:
     n = len(xs)
     if n < MIN_POINTS:
         return None
-    mid_i, mean = (n - 1) / 2, sum(xs) / n
-    sxx = sum((i - mid_i) ** 2 for i in range(n))
-    slope = sum((i - mid_i) * (x - mean) for i, x in enumerate(xs)) / sxx
-    d = [x - mean - slope * (i - mid_i) for i, x in enumerate(xs)]
-    mad = sorted(abs(x) for x in d)[n // 2]
+    values = np.asarray(xs, dtype=np.float64)
+    index = np.arange(n, dtype=np.float64) - (n - 1) / 2
+    centred = values - values.mean()
+    slope = float(index @ centred) / float(index @ index)
+    d = centred - slope * index
+    mad = float(np.sort(np.abs(d))[n // 2])
     if mad <= 0:
         return None
-    limit = CLIP_MADS * mad
-    d = [min(max(x, -limit), limit) for x in d]
-    centre = sum(d) / n
-    d = [x - centre for x in d]
-    var = sum(x * x for x in d)
+    d = np.clip(d, -CLIP_MADS * mad, CLIP_MADS * mad)
+    d -= d.mean()
+    var = float(d @ d)
     if var <= 0:
         return None
-    return [sum(a * b for a, b in zip(d, d[lag:], strict=False)) / var for lag in range(n // 2)]
+    full = np.correlate(d, d, mode="full")
+    return [float(c) / var for c in full[n - 1 : n - 1 + n // 2]]
 
 
 def _first_peak(acf: list[float]) -> int | None:

@@ -324,6 +324,7 @@ class Stream:
         emit: str = "all",
         seasonality: str | None = None,
         params: Mapping[str, Any] | None = None,
+        quiet: int | str | None = None,
         id: str | None = None,
     ) -> Stream:
         """Score each record for how anomalous it is — per key after ``key_by``, over
@@ -335,7 +336,10 @@ class Stream:
         likelihood), ``"quantile(0.99)"`` or ``"adaptive"``; the first ``warmup``
         records of a key are never anomalies (default 300 for likelihood, 100 for the
         others); ``seasonality``: a period such as ``"1d"``, ``"none"``, or found in
-        the data (default); ``emit="anomalies"`` keeps only anomalies. See docs/ml.md.
+        the data (default); ``emit="anomalies"`` keeps only anomalies, ``emit="episodes"``
+        gives a row when an episode of anomalies starts and one when it ends, after
+        ``quiet`` readings (default 100) or a ``quiet`` duration without an anomaly.
+        See docs/ml.md.
         """
         return self._then(
             DetectAnomaliesStep,
@@ -348,6 +352,7 @@ class Stream:
             emit=emit,
             seasonality=seasonality,
             params=dict(params or {}),
+            quiet=quiet,
         )
 
     def learn(

@@ -3,7 +3,9 @@ key (or one for the whole stream), kept as keyed state.
 
 Each record is scored, then learnt from, in event-time order (arrival order without
 event time); the threshold then decides, and learns the score. During a key's first
-``warmup`` records scores are emitted but nothing is called an anomaly.
+``warmup`` records scores are emitted but nothing is called an anomaly. With
+``episodes`` the step emits anomaly episodes (:mod:`spanflow.ml.episodes`) instead
+of records.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import orjson
 
 from spanflow.api.processor import Context, KeyedProcessor, Record, StateDeclarations
 from spanflow.ml.detectors import Detector
+from spanflow.ml.episodes import Episodes
 from spanflow.ml.thresholds import Threshold
 
 SCORE, FLAG, FIELD = "anomaly_score", "is_anomaly", "anomaly_field"
@@ -34,8 +37,10 @@ class AnomalyDetection(KeyedProcessor):
         only_anomalies: bool,
         event_time: str | None,
         hidden: tuple[str, ...] = (),
+        episodes: Callable[[], Episodes] | None = None,
     ) -> None:
         self.detector = detector()
+        self.episodes = episodes() if episodes is not None else None
         self.threshold = threshold()
         self.warmup = warmup
         self.only_anomalies = only_anomalies
@@ -56,15 +61,38 @@ class AnomalyDetection(KeyedProcessor):
         verdicts = judge(
             self.detector, live, self.threshold, limits, rows, times, self.warmup, saved["n"]
         )
-        out = []
-        for row, (score, anomalous, field) in zip(rows, verdicts, strict=True):
-            if anomalous or not self.only_anomalies:
-                record = {k: v for k, v in row.items() if k not in self.hidden}
-                record[SCORE], record[FLAG], record[FIELD] = score, anomalous, field
-                out.append(record)
         state = {"n": saved["n"] + len(rows), "d": self.detector.save(live), "t": limits}
+        if self.episodes is not None:
+            episode = saved.get("e") or self.episodes.empty()
+            out = self._episode_rows(episode, rows, times, verdicts)
+            state["e"] = episode
+        else:
+            out = []
+            for row, (score, anomalous, field) in zip(rows, verdicts, strict=True):
+                if anomalous or not self.only_anomalies:
+                    record = {k: v for k, v in row.items() if k not in self.hidden}
+                    record[SCORE], record[FLAG], record[FIELD] = score, anomalous, field
+                    out.append(record)
         self.state.set(orjson.dumps(state))
         yield from out
+
+    def _episode_rows(
+        self,
+        episode: dict[str, Any],
+        rows: list[Record],
+        times: list[Any] | None,
+        verdicts: list[tuple[float, bool, str | None]],
+    ) -> list[Record]:
+        """Start and end rows, each with the event time of the reading that gave it."""
+        assert self.episodes is not None
+        out = []
+        for i, (score, anomalous, field) in enumerate(verdicts):
+            at = times[i] if times is not None else None
+            for row in self.episodes.step(episode, at, score, anomalous, field):
+                if self.event_time:
+                    row[self.event_time] = at
+                out.append(row)
+        return out
 
 
 def judge(

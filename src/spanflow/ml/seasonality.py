@@ -22,7 +22,7 @@ profile kept over weeks.
     >>> state = finder.empty()
     >>> for i in range(6 * 288):                    # six days, one reading per 5 min
     ...     t = i * 300.0
-    ...     finder.add(state, 10 + math.sin(2 * math.pi * t / 86400), t)
+    ...     _ = finder.add(state, 10 + math.sin(2 * math.pi * t / 86400), t)
     >>> round(state["period"] / 3600, 1)
     24.0
 """
@@ -120,14 +120,15 @@ class PeriodFinder:
         s["h"], s["cur"], s["res"] = merged, cur // 2, s["res"] * 2
 
     def _search(self, s: dict[str, Any]) -> None:
-        acf = _autocorrelation(s["h"])
-        if acf is None:
+        both = _autocorrelation(s["h"])
+        if both is None:
             return
-        lag = _first_peak(acf)
+        tapered, exact = both
+        lag = _first_peak(tapered)
         if lag is None:
             return
-        s["period"] = _refined(acf, lag) * s["res"]
-        s["acf"] = acf[lag]
+        s["period"] = _refined(exact, lag) * s["res"]
+        s["acf"] = tapered[lag]
 
     def profile(self, s: dict[str, Any], buckets: int, anchor: float) -> list[float | None] | None:
         """The found cycle as ``buckets`` offsets from the mean, phases counted from
@@ -161,10 +162,15 @@ def phase_bucket(t: float, period: float, buckets: int, anchor: float = 0.0) -> 
     return int(((t - anchor) % period) / period * buckets) % buckets
 
 
-def _autocorrelation(history: list[float | None]) -> list[float] | None:
+def _autocorrelation(
+    history: list[float | None],
+) -> tuple[list[float], list[float]] | None:
     """Autocorrelation up to half the history, of the history with gaps filled by the
     previous value, a least-squares line removed and values clipped (numpy's direct
-    correlation: the same numbers on every run)."""
+    correlation: the same numbers on every run). Two estimates: each lag's sum of
+    products over the whole variance, which tapers with the lag (cautious: a cycle
+    must stand out at a long lag to count), and each lag's mean product, which does
+    not (a peak's position, which the taper pulls towards shorter lags)."""
     xs: list[float] = []
     last = None
     for x in history:
@@ -189,8 +195,10 @@ def _autocorrelation(history: list[float | None]) -> list[float] | None:
     var = float(d @ d)
     if var <= 0:
         return None
-    full = np.correlate(d, d, mode="full")
-    return [float(c) / var for c in full[n - 1 : n - 1 + n // 2]]
+    sums = np.correlate(d, d, mode="full")[n - 1 : n - 1 + n // 2]
+    tapered = sums / var
+    exact = tapered * n / (n - np.arange(n // 2))
+    return [float(c) for c in tapered], [float(c) for c in exact]
 
 
 def _first_peak(acf: list[float]) -> int | None:

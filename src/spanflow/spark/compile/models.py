@@ -12,6 +12,7 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from spanflow.errors import CompileError, ModelError
 from spanflow.ml.anomaly import ADDED, AnomalyDetection
 from spanflow.ml.detectors import make_detector
+from spanflow.ml.episodes import EPISODE_FIELDS, Episodes
 from spanflow.ml.learning import (
     LEARNED,
     PREDICTION,
@@ -72,6 +73,13 @@ def compile_detect_anomalies(
         raise CompileError(step.id, f"method {step.method}: {exc}") from None
     output = {k: v for k, v in fields.items() if k not in ADDED}
     output.update(ADDED)
+    episodes = None
+    if step.emit == "episodes":
+        readings, seconds = step.quiet_readings_or_seconds()
+        episodes = functools.partial(Episodes, quiet_readings=readings, quiet_seconds=seconds)
+        kept = [*frame.key, *([up.event_time] if up.event_time else [])]
+        output = {k: fields[k] for k in kept if k in fields}
+        output.update(EPISODE_FIELDS)
     factory = functools.partial(
         AnomalyDetection,
         detector=detector,
@@ -80,6 +88,7 @@ def compile_detect_anomalies(
         only_anomalies=step.emit == "anomalies",
         event_time=up.event_time,
         hidden=tuple(c for c in frame.df.columns if c not in output),
+        episodes=episodes,
     )
     df = transform_keyed(ctx, spec, step.id, frame, factory=factory, output=output, clock="none")
     return Frame(df, key=up.key, mode="append")

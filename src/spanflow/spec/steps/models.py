@@ -100,7 +100,17 @@ class DetectAnomaliesStep(StepBase):
         description="Records per key before any anomaly (default: 300 for likelihood, "
         "the records it learns from before it scores; 100 for the others).",
     )
-    emit: Literal["all", "anomalies"] = Field(default="all")
+    emit: Literal["all", "anomalies", "episodes"] = Field(
+        default="all",
+        description="all records, only anomalies, or episodes: a row when an episode of "
+        "anomalies starts and one when it ends.",
+    )
+    quiet: int | str | None = Field(
+        default=None,
+        description="emit: episodes: an episode ends after this many of the key's "
+        "readings (a number) or this much event time (a duration such as '10m') without "
+        "an anomaly (default: 100 readings).",
+    )
     seasonality: str | None = Field(
         default=None,
         description="Period of the cycle the detector expects: a duration such as '1d', "
@@ -124,7 +134,22 @@ class DetectAnomaliesStep(StepBase):
         clash = set(self.fields) & set(ADDED_FIELDS)
         if clash:
             raise ValueError(f"{sorted(clash)} are fields this step adds, not inputs")
+        if self.quiet is not None:
+            if self.emit != "episodes":
+                raise ValueError("quiet applies to emit: episodes")
+            if isinstance(self.quiet, bool) or (isinstance(self.quiet, int) and self.quiet < 1):
+                raise ValueError(
+                    f"quiet is a number of readings >= 1 or a duration, not {self.quiet!r}"
+                )
+            if isinstance(self.quiet, str):
+                parse_duration(self.quiet)
         return self
+
+    def quiet_readings_or_seconds(self) -> tuple[int | None, float | None]:
+        """The episode's quiet period: (readings, None) or (None, seconds)."""
+        if isinstance(self.quiet, str):
+            return None, parse_duration(self.quiet)
+        return self.quiet, None
 
     @property
     def threshold_or_default(self) -> float | str:
@@ -158,6 +183,11 @@ class DetectAnomaliesStep(StepBase):
             raise ValueError(
                 f"detect_anomalies {self.id!r} has seasonality but its input has no event "
                 "time: set event_time on the source, or seasonality: none"
+            )
+        if isinstance(self.quiet, str) and inputs[0].event_time is None:
+            raise ValueError(
+                f"detect_anomalies {self.id!r} has a quiet period in time but its input has "
+                "no event time: set event_time on the source, or give quiet in readings"
             )
 
     def facts(self, inputs: Sequence[StreamFacts]) -> StreamFacts:

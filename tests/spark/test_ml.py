@@ -19,6 +19,7 @@ import spanflow as sf
 from spanflow.cep.nfa import NFA
 from spanflow.ml.anomaly import judge
 from spanflow.ml.detectors import make_detector
+from spanflow.ml.episodes import Episodes
 from spanflow.ml.scaling import UnitScaler
 from spanflow.ml.thresholds import make_threshold
 from spanflow.spark.runner import PipelineRunner
@@ -191,6 +192,49 @@ def test_the_default_detector_on_nab_series_equals_the_pure_run(spark, nats_url,
     assert len(letters) == 1 and "field 'value'" in letters[0]["Spanflow-Reason"]
 
 
+def _expected_alarms(records: list[dict], warmup: int, quiet: int) -> Counter:
+    """(device, episode, start, end, anomalies, readings, peak) of each episode row: the
+    default detector and the episode tracker over each device's records."""
+    out: Counter = Counter()
+    for device, verdicts in _verdicts_by_device(records, warmup).items():
+        tracker, state = Episodes(quiet_readings=quiet), Episodes().empty()
+        for (_, at), (score, flag, field) in verdicts:
+            for row in tracker.step(state, at, score, flag, field):
+                out[_alarm_key(device, row)] += 1
+    return out
+
+
+def _verdicts_by_device(records: list[dict], warmup: int) -> dict[str, list]:
+    out = {}
+    for device in sorted({r["device"] for r in records}):
+        rows = [r for r in records if r["device"] == device]
+        detector = make_detector("likelihood", FIELDS, {}, None)
+        t = make_threshold(0.5)
+        times = [datetime.fromtimestamp(r["ts"], UTC) for r in rows]
+        verdicts = judge(detector, detector.load(None), t, t.empty(), rows, times, warmup)
+        out[device] = list(zip(zip(rows, times, strict=True), verdicts, strict=True))
+    return out
+
+
+def _alarm_key(device: str, row: dict) -> tuple:
+    def seconds(value: object) -> int | None:
+        if value is None:
+            return None
+        if isinstance(value, datetime):
+            return round(value.timestamp())
+        return _seconds(str(value))
+
+    return (
+        device,
+        row["episode"],
+        seconds(row["episode_start"]),
+        seconds(row["episode_end"]),
+        row["anomalies"],
+        row["readings"],
+        row["peak_score"],
+    )
+
+
 def _expected_learning(records: list[dict]) -> dict[int, tuple]:
     """(prediction, accuracy, f1, learned) by id: a plain River loop per device."""
     out = {}
@@ -239,7 +283,7 @@ sources:
     key: device
     event_time: ts
     max_rows_per_batch: 75
-    to: [scores, model, episodes]
+    to: [scores, alarms, model, episodes]
 processors:
   - id: scores
     type: detect_anomalies
@@ -247,6 +291,13 @@ processors:
     threshold: 0.5
     warmup: 30
     to: [out]
+  - id: alarms
+    type: detect_anomalies
+    fields: [t, v]
+    warmup: 30
+    emit: episodes
+    quiet: 20
+    to: [alarmed]
   - id: model
     type: learn
     model: river:linear_model.LogisticRegression
@@ -266,6 +317,7 @@ processors:
     to: [matched]
 sinks:
   - {{id: out, type: jetstream, stream: SCORES_{uid}, subject: "scores{uid}"}}
+  - {{id: alarmed, type: jetstream, stream: ALARMS_{uid}, subject: "alarms{uid}"}}
   - {{id: learnt, type: jetstream, stream: LEARNT_{uid}, subject: "learnt{uid}"}}
   - {{id: matched, type: jetstream, stream: MATCHED_{uid}, subject: "matched{uid}"}}
 """
@@ -318,6 +370,7 @@ def test_scores_and_learning_after_a_sigkill_and_restart_equal_an_uninterrupted_
     assert len(read_all(nats_url, f"SCORES_{uid}")) < 600
     publish(nats_url, f"AD_{uid}", f"ad{uid}.r", records[600:])
     episodes = _expected_episodes(records)
+    alarms = _expected_alarms(records, 30, 20)
     proc = _start(pipeline, nats_url, data_dir, log)
     try:
         wait_for(
@@ -325,6 +378,7 @@ def test_scores_and_learning_after_a_sigkill_and_restart_equal_an_uninterrupted_
                 len(read_all(nats_url, f"SCORES_{uid}")) >= len(records)
                 and len(read_all(nats_url, f"LEARNT_{uid}")) >= len(records)
                 and len(read_all(nats_url, f"MATCHED_{uid}")) >= sum(episodes.values())
+                and len(read_all(nats_url, f"ALARMS_{uid}")) >= sum(alarms.values())
             ),
             timeout=240,
         )
@@ -338,6 +392,12 @@ def test_scores_and_learning_after_a_sigkill_and_restart_equal_an_uninterrupted_
     expected = _expected_scores(records, 30)  # the default method: likelihood
     for r in rows:
         assert (r["anomaly_score"], r["is_anomaly"], r["anomaly_field"]) == expected[r["id"]]
+    # Anomaly episodes: none lost, none twice
+    assert (
+        alarms
+        and Counter(_alarm_key(r["device"], r) for r in read_records(nats_url, f"ALARMS_{uid}"))
+        == alarms
+    )
     learnt = read_records(nats_url, f"LEARNT_{uid}")
     assert sorted(r["id"] for r in learnt) == list(range(len(records)))
     expected_learning = _expected_learning(records)  # a record learnt twice would differ

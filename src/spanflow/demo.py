@@ -113,11 +113,12 @@ def factory_monitoring() -> Flow:
         id="readings",
     )
     valid = validated(readings)
-    # Each machine scored against its own learnt baseline, at its factory
-    anomalies = valid.detect_anomalies(
-        ["temperature", "vibration"], warmup=50, emit="anomalies", id="anomalies"
-    ).sink_jetstream("SITE_ANOMALIES", subject="anomalies.{site}.{device}", id="anomalies_out")
     by_device = valid.key_by("site", "device", id="by_device")
+    # Each machine scored against its own learnt baseline, at its factory: a row when an
+    # anomaly episode starts and one when it ends (not one per anomalous reading)
+    anomalies = by_device.detect_anomalies(
+        ["temperature", "vibration"], emit="episodes", quiet="10s", id="anomalies"
+    ).sink_jetstream("SITE_ANOMALIES", subject="anomalies.{site}.{device}", id="anomalies_out")
     # Each machine's events, in event-time order, matched against a failure pattern
     seizing = by_device.match(
         overheat_then_vibration(),

@@ -53,6 +53,18 @@ _OVERHEAT_LENGTH = (40, 80)
 
 
 @dataclass
+class InjectedEpisode:
+    """An anomaly episode the simulator injected: the truth detections are scored
+    against (event times in seconds)."""
+
+    site: str
+    device: str
+    kind: str
+    start: float
+    end: float
+
+
+@dataclass
 class _Episode:
     """An anomaly under way on one device."""
 
@@ -61,6 +73,7 @@ class _Episode:
     done: int = 0
     size: float = 0.0
     frozen: tuple[float, float] | None = None
+    record: InjectedEpisode | None = None
 
 
 @dataclass(frozen=True)
@@ -87,6 +100,7 @@ class SimulatorStats:
     malformed: int = 0
     late: int = 0
     started: float = field(default_factory=time.monotonic)
+    injected: list[InjectedEpisode] = field(default_factory=list)
 
     @property
     def rate(self) -> float:
@@ -124,6 +138,7 @@ class SensorSimulator:
         if episode is not None:
             temperature, vibration = self._apply(episode, temperature, vibration, cycle)
             self.stats.anomalies += 1
+            self._log(episode, dev, ts)
         record: dict[str, Any] = {
             "device": dev,
             "site": cfg.site,
@@ -144,6 +159,14 @@ class SensorSimulator:
             else:
                 record["temperature"] = "hot"
         return subject, orjson.dumps(record)
+
+    def _log(self, episode: _Episode, dev: str, ts: float) -> None:
+        """Keep the injected episode's span of event time in ``stats.injected``."""
+        if episode.record is None:
+            episode.record = InjectedEpisode(self.config.site, dev, episode.kind, ts, ts)
+            self.stats.injected.append(episode.record)
+        episode.record.start = min(episode.record.start, ts)
+        episode.record.end = max(episode.record.end, ts)
 
     def _episode(self, dev: str) -> _Episode | None:
         """The device's anomaly episode for this reading: one under way, or a new one
@@ -253,3 +276,76 @@ class SensorSimulator:
             await asyncio.wait_for(asyncio.gather(*futures), 30)
         self.stats.sent += len(futures)
         return self.stats
+
+
+@dataclass(frozen=True)
+class DetectedEpisode:
+    """An anomaly episode a detector reported (event times in seconds)."""
+
+    site: str
+    device: str
+    start: float
+    end: float
+    anomalies: int
+
+
+@dataclass(frozen=True)
+class EpisodeReport:
+    """Detected episodes scored against the injected ones."""
+
+    episodes: int  # detected
+    true_episodes: int  # detected episodes that overlap an injected one
+    flagged: int  # anomalous readings in the detected episodes
+    flagged_inside: int  # of them, in episodes that overlap an injected one
+    found: dict[str, tuple[int, int]]  # per kind: (injected episodes found, injected)
+
+    @property
+    def precision(self) -> float:
+        """Share of flagged readings that fell in injected episodes."""
+        return self.flagged_inside / self.flagged if self.flagged else 1.0
+
+    def summary(self) -> str:
+        kinds = ", ".join(f"{k} {f}/{n}" for k, (f, n) in sorted(self.found.items()))
+        return (
+            f"{self.flagged_inside} of {self.flagged} flagged readings "
+            f"({100 * self.precision:.0f} %) fell inside injected anomalies; "
+            f"{self.true_episodes} of {self.episodes} detected episodes were injected ones; "
+            f"injected episodes found: {kinds or 'none injected'}"
+        )
+
+
+def episode_report(
+    detected: list[DetectedEpisode], injected: list[InjectedEpisode], grace: float = 2.0
+) -> EpisodeReport:
+    """Match detected episodes to injected ones of the same device: they match when
+    their spans overlap, the injected one stretched by ``grace`` seconds at its end
+    (the reading that shows an episode is over belongs to it).
+
+    >>> truth = [InjectedEpisode("a", "d1", "spike", 10.0, 10.0),
+    ...          InjectedEpisode("a", "d1", "drift", 50.0, 60.0)]
+    >>> found = [DetectedEpisode("a", "d1", 10.0, 11.0, 2),
+    ...          DetectedEpisode("a", "d1", 30.0, 30.0, 1)]
+    >>> r = episode_report(found, truth)
+    >>> r.flagged_inside, r.flagged, r.found
+    (2, 3, {'spike': (1, 1), 'drift': (0, 1)})
+    """
+    hits: set[int] = set()
+    flagged = inside = true_episodes = 0
+    for d in detected:
+        flagged += d.anomalies
+        matched = [
+            i
+            for i, e in enumerate(injected)
+            if (e.site, e.device) == (d.site, d.device)
+            and d.start <= e.end + grace
+            and d.end >= e.start - 0.001  # event times travel as milliseconds
+        ]
+        if matched:
+            hits.update(matched)
+            inside += d.anomalies
+            true_episodes += 1
+    found: dict[str, tuple[int, int]] = {}
+    for i, e in enumerate(injected):
+        got, total = found.get(e.kind, (0, 0))
+        found[e.kind] = (got + (i in hits), total + 1)
+    return EpisodeReport(len(detected), true_episodes, flagged, inside, found)

@@ -65,7 +65,7 @@ def test_cluster_demo_shows_site_and_global_results_and_exits_cleanly():
         assert re.search(rf"GLOBAL {site} window .* devices=\d+ readings=\d+", out), out[-3000:]
     summary = re.search(
         r"demo finished: ([\d,]+) readings, (\d+) site windows, (\d+) alerts, (\d+) global "
-        r"summaries; pipelines: (.*); (\d+) anomalies detected, (\d+) pattern matches",
+        r"summaries; pipelines: (.*); (\d+) anomaly episodes detected, (\d+) pattern matches",
         out,
     )
     assert summary, out[-2000:]
@@ -75,6 +75,12 @@ def test_cluster_demo_shows_site_and_global_results_and_exits_cleanly():
     # event pattern at each factory finds them.
     assert int(summary.group(7)) > 0, out[-2000:]
     assert re.search(r"PATTERN factory-[ab]/dev-\d{3} overheat_then_vibration ", out)
+    # The end of the run scores the detected anomaly episodes against the injected ones
+    assert re.search(
+        r"anomaly detection: \d+ of \d+ flagged readings \(\d+ %\) fell inside injected "
+        r"anomalies; \d+ of \d+ detected episodes were injected ones; injected episodes found: ",
+        out,
+    ), out[-2000:]
     # One pipeline, split by the planner: each factory's part at home, the merge in the cloud.
     assert (
         "submitted factory-monitoring → at-factory-a on edge-a, at-factory-b on edge-b, "

@@ -12,7 +12,7 @@ import time
 from collections import deque
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Group
@@ -30,6 +30,9 @@ from spanflow.cli.common import (
 )
 from spanflow.cli.local import status_table
 from spanflow.errors import SpanflowError
+
+if TYPE_CHECKING:
+    from spanflow.simulator import EpisodeReport
 
 
 def single_node_demo(
@@ -263,13 +266,13 @@ def demo(
     alerts: deque[dict[str, Any]] = deque(maxlen=5)
     summaries: dict[str, deque[dict[str, Any]]] = {s: deque(maxlen=3) for s in SITES}
     anomalies: deque[dict[str, Any]] = deque(maxlen=6)
+    episodes: dict[tuple[str, str, str], dict[str, Any]] = {}  # by (site, device, start)
     seizures: deque[dict[str, Any]] = deque(maxlen=5)
     counts = {
         "windows": 0,
         "alerts": 0,
         "global": 0,
         "anomalies": 0,
-        "labelled": 0,
         "patterns": 0,
     }
     counts_by_site = dict.fromkeys(SITES, 0)
@@ -327,14 +330,23 @@ def demo(
 
         async def on_anomaly(msg: Any) -> None:
             r = json.loads(msg.data)
-            counts["anomalies"] += 1
-            counts["labelled"] += r.get("anomaly") is not None
+            episodes[(r["site"], r["device"], str(r["episode_start"]))] = r
+            counts["anomalies"] += r["episode"] == "start"
             anomalies.appendleft(r)
-            printed.append(
-                f"ANOMALY {r['site']}/{r['device']} score={r['anomaly_score']:.2f} "
-                f"field={r['anomaly_field']} temperature={r['temperature']:.1f} "
-                f"vibration={r['vibration']:.2f} injected={r.get('anomaly') or '-'}"
-            )
+            injected = _injected_kind(r, sims) or "-"
+            if r["episode"] == "start":
+                printed.append(
+                    f"ANOMALY {r['site']}/{r['device']} episode started "
+                    f"{str(r['episode_start'])[11:19]} score={r['peak_score']:.2f} "
+                    f"field={r['anomaly_field']} injected={injected}"
+                )
+            else:
+                printed.append(
+                    f"ANOMALY {r['site']}/{r['device']} episode "
+                    f"{str(r['episode_start'])[11:19]}–{str(r['episode_end'])[11:19]} over: "
+                    f"{r['anomalies']} anomalous readings, peak {r['peak_score']:.2f} "
+                    f"({r['anomaly_field']}), injected={injected}"
+                )
 
         async def on_pattern(msg: Any) -> None:
             r = json.loads(msg.data)
@@ -421,22 +433,22 @@ def demo(
                     f"{r['latency_ms']:.0f} ms",
                 )
             d = Table(
-                title=f"anomalies detected at the edge ({counts['anomalies']} so far, "
-                f"{counts['labelled']} of them injected by the simulator)",
+                title=f"anomaly episodes detected at the edge ({counts['anomalies']} so far; "
+                "a row when one starts and when it ends)",
                 style="magenta",
             )
-            for col in ("site", "device", "time", "score", "field", "°C", "vib", "injected"):
+            for col in ("site", "device", "from", "to", "peak", "field", "anomalous", "injected"):
                 d.add_column(col)
             for r in anomalies:
                 d.add_row(
                     r["site"],
                     r["device"],
-                    str(r["ts"])[11:19],
-                    f"{r['anomaly_score']:.2f}",
+                    str(r["episode_start"])[11:19],
+                    str(r["episode_end"])[11:19] if r["episode_end"] else "ongoing",
+                    f"{r['peak_score']:.2f}",
                     str(r["anomaly_field"]),
-                    f"{r['temperature']:.1f}",
-                    f"{r['vibration']:.2f}",
-                    r.get("anomaly") or "-",
+                    str(r["anomalies"]),
+                    _injected_kind(r, sims) or "-",
                 )
             m = Table(
                 title=f"overheat, then vibration within 30 s — event pattern per machine "
@@ -503,8 +515,48 @@ def demo(
         f"demo finished: {sum(s.stats.sent for s in sims):,} readings, "
         f"{counts['windows']} site windows, {counts['alerts']} alerts, "
         f"{counts['global']} global summaries; pipelines: {states}; "
-        f"{counts['anomalies']} anomalies detected, {counts['patterns']} pattern matches"
+        f"{counts['anomalies']} anomaly episodes detected, {counts['patterns']} pattern matches"
     )
+    console.print(f"anomaly detection: {_detection_report(episodes, sims).summary()}")
+
+
+def _seconds(value: Any) -> float:
+    return datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp()
+
+
+def _injected_kind(r: dict[str, Any], sims: list[Any]) -> str | None:
+    """The kind of anomaly the simulator injected on this machine while the detected
+    episode ``r`` went on (None: none)."""
+    start = _seconds(r["episode_start"])
+    end = _seconds(r["episode_end"]) if r["episode_end"] else start
+    for sim in sims:
+        for e in sim.stats.injected:
+            if (
+                (e.site, e.device) == (r["site"], r["device"])
+                and start <= e.end + 2
+                and end >= e.start
+            ):
+                return str(e.kind)
+    return None
+
+
+def _detection_report(
+    episodes: dict[tuple[str, str, str], dict[str, Any]], sims: list[Any]
+) -> EpisodeReport:
+    """The detected episodes (their last row each) scored against the injected ones."""
+    from spanflow.simulator import DetectedEpisode, episode_report
+
+    detected = [
+        DetectedEpisode(
+            r["site"],
+            r["device"],
+            _seconds(r["episode_start"]),
+            _seconds(r["episode_end"] or r["episode_start"]),
+            r["anomalies"],
+        )
+        for r in episodes.values()
+    ]
+    return episode_report(detected, [e for sim in sims for e in sim.stats.injected])
 
 
 def _span(r: dict[str, Any]) -> str:

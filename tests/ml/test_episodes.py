@@ -8,12 +8,11 @@ import pytest
 
 import spanflow as sf
 from spanflow.errors import SpecError
-from spanflow.ml.anomaly import AnomalyDetection, judge
+from spanflow.ml.anomaly import judge
 from spanflow.ml.detectors import make_detector
 from spanflow.ml.episodes import EPISODE_FIELDS, Episodes
 from spanflow.ml.thresholds import make_threshold
-from spanflow.testing import KeyedProcessorTest
-from tests.ml.test_likelihood import _noise
+from tests.ml.test_likelihood import _noise, detection_harness
 
 T0 = datetime(2026, 1, 5, tzinfo=UTC)
 
@@ -72,19 +71,9 @@ def test_the_processor_emits_episodes_with_the_key_and_event_time():
     records = [
         {"device": "a", "ts": T0 + timedelta(minutes=i), "x": v} for i, v in enumerate(values)
     ]
-    harness = KeyedProcessorTest(
-        AnomalyDetection,
-        key="device",
-        event_time="ts",
-        output_schema={"device": "string", "ts": "timestamp", **EPISODE_FIELDS},
-        params={
-            "detector": lambda: make_detector("likelihood", ("x",), {}, None),
-            "threshold": lambda: make_threshold(0.5),
-            "warmup": 300,
-            "only_anomalies": False,
-            "event_time": "ts",
-            "episodes": lambda: Episodes(quiet_readings=50),
-        },
+    harness = detection_harness(
+        {"device": "string", "ts": "timestamp", **EPISODE_FIELDS},
+        episodes=lambda: Episodes(quiet_readings=50),
     )
     rows = []
     for lo in range(0, len(records), 77):

@@ -11,7 +11,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from spanflow.ml.anomaly import AnomalyDetection, judge
+from spanflow.ml.anomaly import ADDED, AnomalyDetection, judge
 from spanflow.ml.detectors import make_detector
 from spanflow.ml.likelihood import LEARN, REST, LikelihoodDetector
 from spanflow.ml.seasonality import PeriodFinder
@@ -169,30 +169,9 @@ def test_the_processor_gives_the_same_scores_however_batches_are_cut():
     ]
     random.Random(8).shuffle(records)  # arrival order is not time order
 
-    def harness() -> KeyedProcessorTest:
-        return KeyedProcessorTest(
-            AnomalyDetection,
-            key="device",
-            event_time="ts",
-            output_schema={
-                "device": "string",
-                "ts": "timestamp",
-                "x": "double",
-                "anomaly_score": "double",
-                "is_anomaly": "boolean",
-                "anomaly_field": "string?",
-            },
-            params={
-                "detector": lambda: make_detector("likelihood", ("x",), {}, None),
-                "threshold": lambda: make_threshold(0.5),
-                "warmup": 300,
-                "only_anomalies": False,
-                "event_time": "ts",
-            },
-        )
-
-    whole = harness().process(records)
-    cut = harness()
+    output = {"device": "string", "ts": "timestamp", "x": "double", **ADDED}
+    whole = detection_harness(output).process(records)
+    cut = detection_harness(output)
     pieces = []
     ordered = sorted(records, key=lambda r: r["ts"])
     for lo in range(0, len(ordered), 211):
@@ -213,6 +192,25 @@ def test_the_processor_gives_the_same_scores_however_batches_are_cut():
         ]
         assert got == expected
     assert any(r["is_anomaly"] for r in whole)
+
+
+def detection_harness(output: dict[str, str], **extra: object) -> KeyedProcessorTest:
+    """The detect_anomalies processor with the default detector on field ``x``, keyed
+    by ``device``, event time ``ts``, warm-up 300."""
+    return KeyedProcessorTest(
+        AnomalyDetection,
+        key="device",
+        event_time="ts",
+        output_schema=output,
+        params={
+            "detector": lambda: make_detector("likelihood", ("x",), {}, None),
+            "threshold": lambda: make_threshold(0.5),
+            "warmup": 300,
+            "only_anomalies": False,
+            "event_time": "ts",
+            **extra,
+        },
+    )
 
 
 def test_unknown_parameters_fail_when_the_detector_is_made():

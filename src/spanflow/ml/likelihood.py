@@ -68,6 +68,8 @@ LEARN = 300  # readings of a field before it scores
 ALARM = 0.5  # the score of an alarm, and the default threshold
 _LOG_FLOOR = math.log(1e-10)
 RED_Z = 4.264890793922825  # the distance in standard deviations whose tail is RED
+_SQRT_HALF = math.sqrt(0.5)
+_WINDOW_INDEX = tuple(enumerate(WINDOWS))
 
 
 def score_of_probability(p: float) -> float:
@@ -165,24 +167,38 @@ class LikelihoodDetector(Detector):
     def _field_step(self, s: dict[str, Any], x: float, at: datetime | None) -> float:
         n = s["n"] = s["n"] + 1
         t = at.timestamp() if at is not None else float(n)
-        raws = (self._level_error(s["level"], x), self._cycle_error(s, x, t))
+        level_raw = self._level_error(s["level"], x)
+        cycle_raw = self._cycle_error(s, x, t)
         if s["seas"] is not None and self.finder.add(s["seas"], x, t):
             self._new_period(s, t)
-        score = max(self._likelihood(e, raw) for e, raw in zip(s["lik"], raws, strict=True))
-        if self.extreme is not None and s["hi"] > s["lo"]:
-            margin = (s["hi"] - s["lo"]) * self.extreme
-            if x > s["hi"] + margin or x < s["lo"] - margin:
+        lik = s["lik"]
+        score = self._likelihood(lik[0], level_raw)
+        other = self._likelihood(lik[1], cycle_raw)
+        if other > score:
+            score = other
+        lo, hi = s["lo"], s["hi"]
+        if self.extreme is not None and hi > lo:
+            margin = (hi - lo) * self.extreme
+            if x > hi + margin or x < lo - margin:
                 score = 1.0
-        s["lo"], s["hi"] = min(s["lo"], x), max(s["hi"], x)
+        if x < lo:
+            s["lo"] = x
+        elif x > hi:
+            s["hi"] = x
         return score
 
     def _level_error(self, p: dict[str, Any], x: float) -> float:
         n = p["n"] = p["n"] + 1
         residual = x - p["level"]
-        raw, limit = _raw_error(residual, p["mad"], n)
-        alpha = max(self.level_alpha, 1.0 / n)
-        p["level"] += alpha * min(max(residual, -limit), limit)
-        p["mad"] += alpha * (min(abs(residual), limit) - p["mad"])
+        mad = p["mad"]
+        raw, limit = _raw_error(residual, mad, n)
+        alpha = self.level_alpha if n * self.level_alpha > 1.0 else 1.0 / n
+        size = -residual if residual < 0 else residual
+        if size > limit:
+            residual = limit if residual > 0 else -limit
+            size = limit
+        p["level"] += alpha * residual
+        p["mad"] = mad + alpha * (size - mad)
         return raw
 
     def _cycle_error(self, s: dict[str, Any], x: float, t: float) -> float:
@@ -190,24 +206,37 @@ class LikelihoodDetector(Detector):
         n = p["n"] = p["n"] + 1
         base = p["level"]
         # The slow level: clipped like the level predictor's, with its own scale
-        _, limit = _raw_error(x - base, p["lmad"], n)
-        slow = max(self.cycle_alpha, 1.0 / n)
-        p["level"] += slow * min(max(x - base, -limit), limit)
-        p["lmad"] += slow * (min(abs(x - base), limit) - p["lmad"])
+        away = x - base
+        _, limit = _raw_error(away, p["lmad"], n)
+        slow = self.cycle_alpha if n * self.cycle_alpha > 1.0 else 1.0 / n
+        size = -away if away < 0 else away
+        if size > limit:
+            away = limit if away > 0 else -limit
+            size = limit
+        p["level"] = base + slow * away
+        p["lmad"] += slow * (size - p["lmad"])
         # One offset per phase of the cycle; without a cycle, one offset that follows
         # the recent residual (a faster predictor than the level's)
         bucket = phase_bucket(t, p["period"], PROFILE_BUCKETS, p["at"]) if p["period"] else 0
         profile = p["prof"]
-        if profile[bucket] is None:  # a bucket's first reading sets it
+        offset = profile[bucket]
+        if offset is None:  # a bucket's first reading sets it
             profile[bucket] = x - base
             p["w"][bucket] = 1
             return 0.0
-        residual = x - base - profile[bucket]
-        raw, limit = _raw_error(residual, p["mad"], n)
-        p["mad"] += max(self.level_alpha, 1.0 / n) * (min(abs(residual), limit) - p["mad"])
-        p["w"][bucket] += 1
-        rate = max(PROFILE_RATE, 1.0 / p["w"][bucket])
-        profile[bucket] += rate * min(max(residual, -limit), limit)
+        residual = x - base - offset
+        mad = p["mad"]
+        raw, limit = _raw_error(residual, mad, n)
+        size = -residual if residual < 0 else residual
+        if size > limit:
+            residual = limit if residual > 0 else -limit
+            size = limit
+        alpha = self.level_alpha if n * self.level_alpha > 1.0 else 1.0 / n
+        p["mad"] = mad + alpha * (size - mad)
+        weights = p["w"]
+        weights[bucket] += 1
+        rate = PROFILE_RATE if weights[bucket] * PROFILE_RATE > 1.0 else 1.0 / weights[bucket]
+        profile[bucket] = offset + rate * residual
         return raw
 
     def _new_period(self, s: dict[str, Any], t: float) -> None:
@@ -235,25 +264,28 @@ class LikelihoodDetector(Detector):
         ``e`` holds the recent raw errors, their running sum per window and, per
         window, the (mean, variance, last was an alarm) of its mean error. The tail
         probability falls as the distance from the mean grows, so only the largest
-        distance is turned into a score."""
+        distance is turned into a score. (The hot path of every detection: written
+        for speed, with locals.)"""
         errors, sums, dist = e["r"], e["s"], e["d"]
         n = e["n"] = e["n"] + 1
         errors.append(raw)
         k = len(errors)
-        for j, window in enumerate(WINDOWS):
-            sums[j] += raw
-            if k > window:  # the error that leaves the window
-                sums[j] -= errors[k - 1 - window]
-        if k > WINDOWS[-1]:
-            del errors[0]
-        alpha = max(self.history_alpha, 1.0 / n)
+        alpha = self.history_alpha if n * self.history_alpha > 1.0 else 1.0 / n
+        keep = 1.0 - alpha
+        scoring = n > self.learn
         farthest, repeated = -1.0, False
-        for j, window in enumerate(WINDOWS):
-            mean_error = sums[j] / min(k, window)
+        for j, window in _WINDOW_INDEX:
+            total = sums[j] + raw
+            if k > window:  # the error that leaves the window
+                total -= errors[k - 1 - window]
+            sums[j] = total
+            mean_error = total / (k if k < window else window)
             d = dist[j]
             mean, var = d[0], d[1]
-            if n > self.learn:
-                z = abs(mean_error - max(mean, MIN_MEAN)) / math.sqrt(max(var, MIN_VAR))
+            if scoring:
+                z = abs(mean_error - (mean if mean > MIN_MEAN else MIN_MEAN)) / math.sqrt(
+                    var if var > MIN_VAR else MIN_VAR
+                )
                 red = z >= RED_Z
                 if red and d[2]:
                     repeated = True
@@ -262,10 +294,12 @@ class LikelihoodDetector(Detector):
                 d[2] = red
             delta = mean_error - mean
             d[0] = mean + alpha * delta
-            d[1] = (1 - alpha) * (var + alpha * delta * delta)
+            d[1] = keep * (var + alpha * delta * delta)
+        if k > WINDOWS[-1]:
+            del errors[0]
         if farthest < 0:
             return REPEAT if repeated else 0.0
-        score = score_of_probability(0.5 * math.erfc(farthest / math.sqrt(2)))
+        score = score_of_probability(0.5 * math.erfc(farthest * _SQRT_HALF))
         return max(score, REPEAT) if repeated else score
 
 

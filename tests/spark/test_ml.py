@@ -137,7 +137,7 @@ def test_scores_per_key_and_global_equal_a_plain_run(spark, nats_url, checkpoint
 
 def _nab_records() -> list[dict]:
     """Two NAB series as two keys, with what real feeds do: a null reading, a gap of
-    three days in the middle of one series."""
+    three days in the middle of one series, a reading from the past."""
     out = []
     for key, name in (("cpc", "exchange-2_cpc_results.csv"), ("art", "art_daily_jumpsup.csv")):
         times, values = nab_series(name)
@@ -145,6 +145,9 @@ def _nab_records() -> list[dict]:
             gap = 3 * 86400 if key == "art" and i >= 2000 else 0
             out.append({"id": len(out), "series": key, "ts": int(t.timestamp()) + gap, "value": v})
     out[900]["value"] = None
+    # A reading from the past (a clock gone backwards), published last: it is alone
+    # in its batch for its key, so it is scored after every other reading of the key
+    out.append({"id": len(out), "series": "cpc", "ts": out[100]["ts"], "value": 0.05})
     return out
 
 

@@ -7,6 +7,7 @@ JetStream, then read by one pipeline per case, each a keyed step per device:
 * ``keyed_baseline``: a keyed processor keeping a running mean (the node_throughput
   keyed case: the cost of Spark's transformWithState and the Python adapter);
 * ``detect_default``: ``detect_anomalies`` with the default method (likelihood);
+* ``detect_robust``: ``detect_anomalies(method="robust")`` (the earlier default);
 * ``detect_hst``: ``detect_anomalies(method="hst")`` (River's Half-Space Trees);
 * ``learn_logreg``: ``learn("river:linear_model.LogisticRegression")``;
 * ``score_onnx``: ``score`` with a registry model (a scikit-learn logistic regression
@@ -114,6 +115,9 @@ def pipelines(batch_rows: int) -> dict[str, sf.Flow]:
         "detect_default": keyed("default")
         .detect_anomalies(fields, emit="anomalies")
         .sink_jetstream("ML_DEFAULT", subject="ml.default"),
+        "detect_robust": keyed("robust")
+        .detect_anomalies(fields, method="robust", emit="anomalies")
+        .sink_jetstream("ML_ROBUST", subject="ml.robust"),
         "detect_hst": keyed("hst")
         .detect_anomalies(fields, method="hst", emit="anomalies")
         .sink_jetstream("ML_HST", subject="ml.hst"),

@@ -64,6 +64,25 @@ def test_a_second_writer_is_refused_and_recovery_repairs_kv(server: EmbeddedNats
     asyncio.run(go())
 
 
+def test_a_failed_projection_is_repaired_without_waiting_for_a_commit(
+    server: EmbeddedNats,
+) -> None:
+    async def go() -> None:
+        nc = await connect(server.url)
+        leader = await ControlLog.open(nc)
+        state = ClusterState()
+        await leader.commit(state, [r.SitePut(at=0.5, site=Site(name="s")), _node("a1")])
+        # The projection of a1 failed (a NATS server restarting): the log has it, KV not
+        await leader.buckets[NODES_BUCKET].delete("a1")
+        leader._needs_repair = True
+        await leader.repair_if_needed(state)
+        assert (await leader.buckets[NODES_BUCKET].get("a1")).value is not None
+        assert not leader._needs_repair
+        await nc.close()
+
+    asyncio.run(go())
+
+
 async def _keys(log: ControlLog, bucket: str) -> list[str]:
     try:
         return list(await log.buckets[bucket].keys())

@@ -207,6 +207,10 @@ class Coordinator:
         if not self.leading:
             async with self._lock:
                 await self._follow()
+        else:
+            assert self.control_log is not None
+            async with self._lock:
+                await self.control_log.repair_if_needed(self.state)
 
     async def _follow(self) -> None:
         assert self.control_log is not None

@@ -112,9 +112,7 @@ class ControlLog:
         if not records:
             return state.applied
         async with self._lock:
-            if self._needs_repair:
-                self._needs_repair = False
-                await self._repair(state)
+            await self._repair_pending(state)
             before = state.copy()
             try:
                 for record in records:
@@ -124,6 +122,27 @@ class ControlLog:
             finally:  # what was appended is applied: project it even if a later append failed
                 await self._project(changed_keys(before, state), state)
             return state.applied
+
+    async def repair_if_needed(self, state: ClusterState) -> None:
+        """Bring the KV projection in line now if a projection failed, without waiting
+        for the next commit: a quiet cluster may not commit again for minutes, and the
+        agents watch the projection, not the log (an assignment whose projection failed
+        while a NATS server restarted left its fragment starting forever)."""
+        async with self._lock:
+            await self._repair_pending(state)
+
+    async def _repair_pending(self, state: ClusterState) -> None:
+        if not self._needs_repair:
+            return
+        self._needs_repair = False  # set again by _project if a key fails
+        try:
+            repaired = await self._repair(state)
+        except NatsError as exc:  # reading the projection failed: try again later
+            self._needs_repair = True
+            log.warning("KV projection repair failed (%s); trying again", exc)
+            return
+        if repaired and not self._needs_repair:
+            log.info("KV projection repaired: %d keys", repaired)
 
     async def _append(self, record: r.Record, after: int) -> int:
         """Append after sequence ``after``. While the stream has no leader (a server of

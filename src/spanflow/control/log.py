@@ -12,6 +12,8 @@ assignments, topology).
 Recovery (:meth:`ControlLog.recover`) folds the whole log through the same ``apply``
 and repairs the projection key by key, so a coordinator that died between appending
 and projecting — or a standby taking over — ends with exactly the state the log says.
+A projection that failed while the leader lives is repaired at its next commit or
+its next lease pass (:meth:`ControlLog.repair_if_needed`), whichever comes first.
 """
 
 from __future__ import annotations

@@ -188,9 +188,12 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=200, help="rows per micro-batch")
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 2)
     parser.add_argument("--keep", type=Path, help="keep the NAB results files here")
+    parser.add_argument(
+        "--only", action="append", metavar="METHOD", help="run just this method (repeatable)"
+    )
     args = parser.parse_args()
     windows = json.loads((args.nab / "windows.json").read_text())
-    methods = [*SPANFLOW, *BASELINES]
+    methods = [m for m in (*SPANFLOW, *BASELINES) if not args.only or m in args.only]
     with tempfile.TemporaryDirectory() as tmp:
         root = args.keep or Path(tmp)
         jobs = [
@@ -217,6 +220,8 @@ def main() -> None:
         row = table[m]
         cells = [f"{row[p]['score']:9.1f}" for p in PROFILES]
         print(f"{m:24} {' '.join(cells)} {row['events_per_s']:10,.0f}")
+    if args.only:
+        return  # a partial run prints; the results file holds full runs only
     RESULTS.mkdir(exist_ok=True)
     out = {
         "benchmark": "anomaly_nab",

@@ -70,13 +70,17 @@ METHODS: dict[str, tuple[Callable[[], Detector], Callable[[], Threshold]]] = {
         lambda: make_detector("robust", FIELDS, {}, 86400.0),
         lambda: make_threshold("adaptive"),
     ),
-    "hst (UnitScaler + HST)": (
+    "hst (default threshold 0.75)": (
+        lambda: make_detector("hst", FIELDS, {}, None),
+        lambda: make_threshold(0.75),
+    ),
+    "hst, quantile(0.99)": (
         lambda: make_detector("hst", FIELDS, {}, None),
         lambda: make_threshold("quantile(0.99)"),
     ),
-    "river:anomaly.OneClassSVM": (
+    "river:anomaly.OneClassSVM (0.75)": (
         lambda: make_detector("river:anomaly.OneClassSVM", FIELDS, {}, None),
-        lambda: make_threshold("quantile(0.99)"),
+        lambda: make_threshold(0.75),
     ),
     "baseline: River HST defaults": (RiverDefaults, lambda: make_threshold("quantile(0.99)")),
 }

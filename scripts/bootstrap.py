@@ -68,7 +68,7 @@ def ensure_venv() -> None:
     say("installing spanflow and its dependencies (first run takes a few minutes)")
     pip = [str(PY), "-m", "pip", "install", "--disable-pip-version-check", "-q"]
     subprocess.run([*pip, "--upgrade", "pip"], check=True)
-    subprocess.run([*pip, "-e", f"{ROOT}[dev]"], check=True)
+    subprocess.run([*pip, "-e", f"{ROOT}[dev,all]"], check=True)
     STAMP.write_text(digest)
 
 

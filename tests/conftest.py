@@ -49,3 +49,13 @@ def uid() -> str:
 @pytest.fixture
 def checkpoints(tmp_path: Path) -> Path:
     return tmp_path / "checkpoints"
+
+
+@pytest.fixture(scope="session")
+def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real Kafka-wire broker (Tansu, in memory) for the session: its bootstrap."""
+    from spanflow.local.kafka_broker import LocalKafka
+
+    broker = LocalKafka(log=tmp_path_factory.mktemp("kafka") / "tansu.log").start()
+    yield broker.bootstrap
+    broker.stop()

@@ -194,3 +194,23 @@ def test_realtime_examples_load_run_and_fail_as_shown() -> None:
     with pytest.raises(Exception) as caught:
         load_pipeline_text(bad, "bad.yaml")
     assert str(caught.value).strip() == shown.strip()
+
+
+def test_connector_examples_load_and_say_the_same() -> None:
+    (text,) = blocks("connectors.md", "yaml pipeline")
+    spec = load_pipeline_text(text, "connectors.md")
+    (body,) = blocks("connectors.md", "python run")
+    scope: dict[str, object] = {}
+    exec(compile(body, "connectors.md", "exec"), scope)
+    built = scope["flow"].spec()  # type: ignore[attr-defined]
+    ends = [(s.options, s.key) for s in spec.sources()], [s.options for s in spec.sinks()]
+    assert ends == (
+        [(s.options, s.key) for s in built.sources()],
+        [s.options for s in built.sinks()],
+    )
+    table = (DOCS / "connectors.md").read_text()
+    from spanflow.spec.connectors import connectors
+
+    for role in ("source", "sink"):
+        for name in connectors(role):
+            assert f"| `{name}`" in table, f"{role} connector {name} is missing from the table"

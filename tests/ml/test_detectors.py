@@ -12,6 +12,7 @@ from river import anomaly, preprocessing
 import spanflow as sf
 from spanflow.errors import SpecError
 from spanflow.ml.anomaly import AnomalyDetection, judge
+from spanflow.ml.calibration import TailCalibration
 from spanflow.ml.detectors import make_detector
 from spanflow.ml.scaling import UnitScaler
 from spanflow.ml.synthetic import DAY, KINDS, labelled_series, quality
@@ -45,30 +46,61 @@ def _run(method: str, records: list[dict], threshold="quantile(0.99)", season=No
     return judge(detector, live, t, t.empty(), records, [r["ts"] for r in records], 0)
 
 
-def test_hst_scores_equal_rivers_own_run():
-    records = _readings(600)
+def test_hst_scores_are_rivers_own_run_over_values_and_changes_calibrated():
+    records = _readings(1000)
     ours = [score for score, _, _ in _run("hst", records)]
     model = UnitScaler() | anomaly.HalfSpaceTrees(seed=42)
-    theirs = []
+    calibration = TailCalibration()
+    tail = calibration.empty()
+    theirs, last = [], {}
     for r in records:
         x = {f: r[f] for f in FIELDS}
-        theirs.append(model.score_one(x))
+        x |= {f"{f}~d": r[f] - last.get(f, r[f]) for f in FIELDS}
+        last = {f: r[f] for f in FIELDS}
+        theirs.append(calibration.step(tail, model.score_one(x)))
         model.learn_one(x)
     assert ours == theirs
+    # Once the trees hold two windows (250 readings each) of reference mass, every
+    # spike (each 97th reading from the 50th) is rarer than one in 100, and the
+    # other readings are so in about one case in 100
+    later = range(500, len(records))
+    assert all(ours[i] >= 0.5 for i in later if i % 97 == 50)
+    assert sum(ours[i] >= 0.5 for i in later if i % 97 != 50) <= 10
 
 
-def test_a_river_detector_scores_equal_rivers_raw_scores_normalised():
+def test_a_river_detector_scores_equal_rivers_raw_scores_normalised_and_calibrated():
     records = _readings(300)
     ours = [score for score, _, _ in _run("river:anomaly.OneClassSVM", records)]
     model = preprocessing.StandardScaler() | anomaly.OneClassSVM()
+    calibration = TailCalibration()
+    tail = calibration.empty()
     expected, mean = [], 0.0
     for n, r in enumerate(records, start=1):
         x = {f: r[f] for f in FIELDS}
         raw = max(model.score_one(x), 0.0)
         model.learn_one(x)
-        expected.append(1 - math.exp(-raw / mean) if mean > 0 else 0.0)
+        normalised = 1 - math.exp(-raw / mean) if mean > 0 else 0.0
+        expected.append(calibration.step(tail, normalised))
         mean += (raw - mean) / min(n, 1000)
     assert ours == expected
+
+
+def test_the_calibrated_score_is_how_rare_a_raw_score_is_among_recent_ones():
+    rng = random.Random(3)
+    calibration = TailCalibration()
+    tail = calibration.empty()
+    scores = [calibration.step(tail, rng.random() * 0.9) for _ in range(20_000)]
+    # One in 100 raw scores is in the top 1 %: a calibrated score of 0.5 or more
+    share = sum(s >= 0.5 for s in scores[2000:]) / len(scores[2000:])
+    assert 0.007 < share < 0.013
+    # A raw score above every one seen is as rare as the memory (≈ 10,000 scores) tells
+    assert calibration.step(tail, 0.95) > 0.98
+    # Scores crowded near 1 (as Half-Space Trees give) are told apart as well
+    crowded = TailCalibration()
+    state = crowded.empty()
+    for _ in range(5000):
+        crowded.step(state, 0.97 + rng.random() * 0.02)
+    assert crowded.step(state, 0.995) > 0.85 > 0.15 > crowded.step(state, 0.98)
 
 
 @pytest.mark.parametrize("kind", KINDS)

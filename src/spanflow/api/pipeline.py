@@ -20,6 +20,7 @@ unless you pass ``id=``.
 from __future__ import annotations
 
 import itertools
+import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -115,21 +116,58 @@ class Pipeline:
         id: str | None = None,
     ) -> Stream:
         """Read a JetStream stream; each message is decoded into one record."""
-        step = _build(
-            SourceStep,
-            id=id or stream.lower().replace("-", "_"),
-            stream=stream,
+        return self._source(
+            id or stream.lower().replace("-", "_"),
+            dict(stream=stream, subjects=subjects, partitions=partitions),
             schema=dict(schema or {}),
-            subjects=subjects,
             format=format,
             key=key,
             event_time=event_time,
             max_out_of_orderness=max_out_of_orderness,
             start=start,
             max_rows_per_batch=max_rows_per_batch,
-            partitions=partitions,
         )
+
+    def _source(self, id: str, own: dict[str, Any], **common: Any) -> Stream:
+        step = _build(SourceStep, id=id, **own, **common)
         return Stream(self, (step,), {}, step.id)
+
+    def source_kafka(
+        self,
+        topic: str,
+        *,
+        bootstrap: str,
+        schema: Mapping[str, str] | None = None,
+        format: str = "json",
+        key: str | None = None,
+        event_time: str | None = None,
+        max_out_of_orderness: str | float = 0,
+        start: str = "earliest",
+        start_time: str | None = None,
+        max_rows_per_batch: int = 200_000,
+        config: Mapping[str, str] | None = None,
+        id: str | None = None,
+    ) -> Stream:
+        """Read a Kafka topic; each record's value is decoded into one record, with its
+        key, partition, offset, timestamp and headers as ``_key``, ``_partition``,
+        ``_seq``, ``_published`` and ``_headers``. ``event_time="_published"`` takes
+        the Kafka timestamp as event time. See docs/connectors.md."""
+        options: dict[str, Any] = {"topic": topic, "bootstrap": bootstrap}
+        if start_time is not None:
+            options["start_time"] = start_time
+        if config:
+            options["config"] = dict(config)
+        return self._source(
+            id or re.sub(r"[^A-Za-z0-9_]", "_", topic.lower()),
+            dict(connector="kafka", options=options),
+            schema=dict(schema or {}),
+            format=format,
+            key=key,
+            event_time=event_time,
+            max_out_of_orderness=max_out_of_orderness,
+            start=start,
+            max_rows_per_batch=max_rows_per_batch,
+        )
 
 
 class Stream:
@@ -333,7 +371,8 @@ class Stream:
 
         ``method``: ``"likelihood"`` (default), ``"robust"``, ``"hst"`` or
         ``"river:<module>.<Class>"``; ``threshold``: a score (default 0.5 for
-        likelihood), ``"quantile(0.99)"`` or ``"adaptive"``; the first ``warmup``
+        likelihood and robust, 0.75 for hst and river:), ``"quantile(0.99)"`` or
+        ``"adaptive"``; the first ``warmup``
         records of a key are never anomalies (default 300 for likelihood, 100 for the
         others); ``seasonality``: a period such as ``"1d"``, ``"none"``, or found in
         the data (default); ``emit="anomalies"`` keeps only anomalies, ``emit="episodes"``
@@ -563,6 +602,24 @@ class Stream:
         return self._sink(
             id, trigger, kind="jetstream", stream=stream, subject=subject, order_by=order_by
         )
+
+    def sink_kafka(
+        self,
+        topic: str,
+        *,
+        bootstrap: str,
+        key: str | None = None,
+        headers: Sequence[str] = (),
+        config: Mapping[str, str] | None = None,
+        trigger: str | float | None = None,
+        id: str | None = None,
+    ) -> Flow:
+        """Write each record as JSON to a Kafka topic, one transaction per micro-batch
+        (exactly once for read_committed consumers). ``key``: the column whose value is
+        the Kafka key; ``headers``: columns also sent as headers."""
+        options: dict[str, Any] = {"topic": topic, "bootstrap": bootstrap, "key": key}
+        options |= {"headers": tuple(headers), "config": dict(config or {})}
+        return self._sink(id, trigger, kind="kafka", options=options)
 
     def sink_parquet(
         self, path: str, *, trigger: str | float | None = None, id: str | None = None

@@ -37,6 +37,7 @@ from spanflow.errors import PipelineFileError
 from spanflow.spec import PipelineSpec
 from spanflow.spec.pipeline import StepInputError
 from spanflow.spec.steps import STEP_TYPES
+from spanflow.spec.steps.io import SinkStep, SourceStep
 
 Problems = list[tuple[int | None, str, str]]
 
@@ -121,12 +122,9 @@ def _native_document(
             step = dict(item)
             step.pop("to", None)
             if section == "sources":
-                step["type"] = step.get("type", "source")
-                if step["type"] in ("jetstream", "nats"):
-                    step["type"] = "source"
+                step = _connector_step(step, "source", "connector", SourceStep)
             elif section == "sinks":
-                step["kind"] = step.pop("type", "jetstream")
-                step["type"] = "sink"
+                step = _connector_step(step, "sink", "kind", SinkStep)
             steps.append(step)
             origin.append(at)
 
@@ -168,6 +166,24 @@ def _native_document(
     return document, origin, problems
 
 
+def _connector_step(
+    item: dict[str, Any], step_type: str, field: str, cls: type[SourceStep] | type[SinkStep]
+) -> dict[str, Any]:
+    """A source or sink as written (``type: kafka``, its options beside the step's own
+    fields) → the step: ``type`` names the connector, and every key that is not a field
+    of the step is one of the connector's options."""
+    step = dict(item)
+    name = step.pop("type", "jetstream")
+    if name in ("nats", step_type):
+        name = "jetstream"
+    step["type"], step[field] = step_type, name
+    own = {f.alias or n for n, f in cls.model_fields.items()} | set(cls.model_fields)
+    options = {k: step.pop(k) for k in list(step) if k not in own and k != "to"}
+    if options or "options" in step:
+        step["options"] = {**(step.get("options") or {}), **options}
+    return step
+
+
 def validated(
     document: dict[str, Any], origin: list[Path_ | None], lines: dict[Path_, int], path: str
 ) -> PipelineSpec:
@@ -201,8 +217,10 @@ def _located(
         if loc and loc[0] == "steps" and len(loc) > 1 and isinstance(loc[1], int):
             rest = loc[3:] if len(loc) > 2 and loc[2] in STEP_TYPES else loc[2:]
             at = origin[loc[1]] if loc[1] < len(origin) else None
-            if at is not None and at[0] == "sinks":
-                rest = tuple("type" if p == "kind" else p for p in rest)
+            if at is not None and at[0] in ("sources", "sinks"):
+                rest = tuple("type" if p in ("kind", "connector") else p for p in rest)
+                if rest[:1] == ("options",) and (*at, "options") not in lines:
+                    rest = rest[1:]  # the option was written beside the step's fields
             if rest[:1] == ("inputs",):
                 rest = ()
             if at is None:
@@ -210,6 +228,8 @@ def _located(
                 rest = ()
             file_loc = (*at, *rest)
         message = err["msg"].removeprefix("Value error, ")
+        if message.startswith(("unknown source type", "unknown sink type")):
+            file_loc = (*file_loc, "type")
         if err["type"] == "union_tag_invalid":
             message = (
                 f"unknown type {err['input'].get('type')!r} (allowed: {', '.join(STEP_TYPES)})"

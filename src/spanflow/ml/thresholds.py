@@ -13,9 +13,10 @@ score, so an anomaly does not raise the bar it is measured against.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from spanflow.ml.calibration import DecayingHistogram
 from spanflow.spec.steps.models import parse_threshold
 
 
@@ -43,36 +44,21 @@ class Static(Threshold):
 class Quantile(Threshold):
     """Anomalous above the ``q`` quantile of the key's scores so far.
 
-    The scores are counted in a histogram of 400 bins over ``-log(1 - score)`` (0 to
-    14), which is fine where scores crowd near 1 — Half-Space Trees score normal
-    points around 0.9 and outliers at 0.98 — as well as near 0. Counts decay by
-    ``decay`` per score, so the bar follows a changing stream (the default forgets
-    with a half-life of about 7,000 scores)."""
+    The scores are counted in a :class:`~spanflow.ml.calibration.DecayingHistogram`
+    (400 bins over ``-log(1 - score)``, fine where scores crowd near 1 as well as
+    near 0) whose counts forget with a half-life of about 7,000 scores, so the bar
+    follows a changing stream."""
 
     q: float
-    decay: float = 1e-4
-    bins: int = 400
-    top: float = 14.0  # -log(1 - score) of the last bin's upper edge (score 1 - 8e-7)
+    histogram: DecayingHistogram = field(default_factory=DecayingHistogram)
 
     def empty(self) -> dict[str, Any]:
-        # Decay without touching every bin: new scores weigh more and more instead
-        return {"h": [0.0] * self.bins, "n": 0.0, "w": 1.0}
-
-    def _bin(self, score: float) -> int:
-        position = -math.log(max(1.0 - score, 1e-12)) / self.top * self.bins
-        return min(max(int(position), 0), self.bins - 1)
+        return self.histogram.empty()
 
     def step(self, state: dict[str, Any], score: float) -> bool:
-        hist, total, weight = state["h"], state["n"], state["w"]
-        anomalous = total > 0 and self._bin(score) > self._bar_bin(hist, total)
-        hist[self._bin(score)] += weight
-        state["n"] = total + weight
-        weight /= 1.0 - self.decay
-        if weight > 1e12:  # rescale before the numbers grow too large
-            state["h"] = [c / weight for c in hist]
-            state["n"] /= weight
-            weight = 1.0
-        state["w"] = weight
+        total = state["n"]
+        anomalous = total > 0 and self.histogram.bin(score) > self._bar_bin(state["h"], total)
+        self.histogram.add(state, score)
         return anomalous
 
     def _bar_bin(self, hist: list[float], total: float) -> int:
@@ -82,7 +68,7 @@ class Quantile(Threshold):
             running += count
             if running >= self.q * total:
                 return i
-        return self.bins - 1
+        return len(hist) - 1
 
 
 @dataclass(frozen=True)

@@ -163,6 +163,8 @@ async def ensure_source_streams(
     stored must find it stored. Returns the streams' names."""
     names: list[str] = []
     for src in spec.sources():
+        if src.stream is None:
+            continue  # an external system's source
         if src.source_domain and src.source_domain != domain:
             await ensure_sourced(js, src.stream, src.source_domain, retention=retention)
         elif src.subjects:

@@ -171,6 +171,10 @@ def _analyse(spec: PipelineSpec, topology: Topology) -> tuple[PipelineSpec, dict
 
 
 def _source_facts(step: SourceStep, topology: Topology) -> _Facts:
+    if step.stream is None:  # an external system (Kafka, ...)
+        out = _Facts.of("global", frozenset(), step.facts([]), "")
+        out.reason = f"reads {step.connector} (an external system), from a cloud node"
+        return out
     sites = frozenset(n.site for n in topology.hosts_of(step.stream))
     out = _Facts.of("local", sites, step.facts([]), "")
     if step.at == "cloud":
@@ -217,7 +221,7 @@ def _whole(
         id=Fragment.make_id(spec.name, 0),
         pipeline=spec.name,
         spec=spec,
-        input_streams=tuple(dict.fromkeys(s.stream for s in spec.sources())),
+        input_streams=tuple(dict.fromkeys(s.stream for s in spec.sources() if s.stream)),
         kind="local" if site else "global",
         site=site,
         input_sites=tuple(sorted({s for f in facts.values() for s in f.sites})),
@@ -264,7 +268,7 @@ def _local(plan: PipelineSpec, facts: dict[str, _Facts], site: str, topo: Topolo
         f = facts[step.id]
         if f.scope != "local" or site not in f.sites:
             continue
-        if isinstance(step, SourceStep):
+        if isinstance(step, SourceStep) and step.stream:
             streams.append(step.stream)
             step = _at_site(step, site, topo)
         steps.append(step)
@@ -316,7 +320,7 @@ def _at_site(step: SourceStep, site: str, topo: Topology) -> SourceStep:
     subjects would make a site with its own server pull every other site's data."""
     hosted = tuple(
         subject
-        for node in topo.hosts_of(step.stream)
+        for node in topo.hosts_of(step.stream_name)
         if node.site == site
         for h in node.streams
         if h.name == step.stream
@@ -333,7 +337,7 @@ def _site_subjects(step: SourceStep, site: str, topo: Topology) -> tuple[str, ..
 
     One site hosting the stream reads all of it; several must each declare subjects,
     or a replica could not tell its records from another site's."""
-    hosts = topo.hosts_of(step.stream)
+    hosts = topo.hosts_of(step.stream_name)
     if len({n.site for n in hosts}) <= 1:
         return ()
     subjects: list[str] = []
@@ -368,7 +372,8 @@ def _global(plan: PipelineSpec, facts: dict[str, _Facts], topo: Topology) -> Fra
         if f.scope != "global":
             continue
         if isinstance(step, SourceStep):
-            streams.append(step.stream)
+            if step.stream:
+                streams.append(step.stream)
             input_sites |= f.sites
         inputs = tuple(renamed.get(i, i) for i in step.inputs)
         steps.append(step.model_copy(update={"inputs": inputs}) if inputs != step.inputs else step)

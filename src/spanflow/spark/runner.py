@@ -26,9 +26,10 @@ from pyspark.sql.streaming import StreamingQuery
 
 from spanflow.nats.fences import Fence, Fenced, check, claim, fences
 from spanflow.nats.streams import SyncNats, ensure_source_streams, ensure_stream, stream_usage
-from spanflow.spark import realtime
+from spanflow.spark import connectors, realtime
 from spanflow.spark.compile.pipeline import CompiledSink, compile_pipeline
 from spanflow.spark.compile.udf import UserFunction
+from spanflow.spark.connectors import BatchWriter, SinkContext
 from spanflow.spark.deadletter import DLQ_SUBJECT_PREFIX, dlq_subject
 from spanflow.spark.jetstream import SinkTarget, encode_rows, publish_encoded, register_isolated
 from spanflow.spark.stagger import BatchSlots, phase_ms
@@ -126,6 +127,8 @@ class PipelineRunner:
         self.on_rows = on_rows or _print_rows
         self.console_limit = console_limit
         self._queries: dict[str, _Supervised] = {}
+        self._writers: dict[str, BatchWriter] = {}
+        """Batch writers of other connectors' sinks (closed when the runner stops)."""
         self._client: SyncNats | None = None
         self._stopped = False
 
@@ -133,6 +136,7 @@ class PipelineRunner:
     def start(self) -> PipelineRunner:
         # Compile every sink before starting any, so a bad step fails with nothing running.
         compiled = {}
+        connectors.preflight(self.spec)  # an unreachable system or missing topic: now
         for sink in self.spec.sinks():
             sup = _Supervised(sink.id)
             self._queries[sink.id] = sup
@@ -310,8 +314,16 @@ class PipelineRunner:
             writer = writer.foreachBatch(self._driver_publisher(target))
         elif sink.kind == "parquet":
             writer = writer.format("parquet").option("path", sink.path or "")
-        else:
+        elif sink.kind == "console":
             writer = writer.foreachBatch(self._console_writer(sink))
+        else:
+            context = SinkContext(pipeline=self.spec.instance, check_fence=self._check_fence)
+            batch_writer = connectors.writer(sink)(context, sink)
+            old = self._writers.pop(sink.id, None)
+            if old is not None:
+                old.close()
+            self._writers[sink.id] = batch_writer
+            writer = writer.foreachBatch(batch_writer.write)
         sup.query = writer.start()
         log.info(
             "started %s.%s (%s mode) checkpoint %s", self.spec.instance, sink.id, mode, checkpoint
@@ -385,6 +397,10 @@ class PipelineRunner:
             if sup.query is not None and self._realtime(sup.sink_id):
                 with contextlib.suppress(Exception):
                     realtime.forget_live_read(self.spark, sup.query.id)
+        for batch_writer in self._writers.values():
+            with contextlib.suppress(Exception):
+                batch_writer.close()
+        self._writers.clear()
         if self._client is not None:
             self._client.close()
             self._client = None

@@ -1,5 +1,6 @@
-"""Sources: a JetStream stream read through spanflow's data source, watermarked where
-the source declares event time. (Sinks are written by the runner.)"""
+"""Sources: a JetStream stream read through spanflow's data source, or another
+connector's reader (:mod:`spanflow.spark.connectors`), watermarked where the source
+declares event time. (Sinks are written by the runner.)"""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ from dataclasses import replace
 
 from pyspark.sql import functions as F
 
+from spanflow.spark import connectors
 from spanflow.spark.compile.frame import CompileContext, Frame, with_watermark
 from spanflow.spark.compile.registry import compiles
+from spanflow.spark.connectors import SourceContext
 from spanflow.spark.formats import spark_ddl
 from spanflow.spec.pipeline import PipelineSpec
 from spanflow.spec.steps.io import SourceStep
@@ -25,14 +28,26 @@ def compile_source(
     from spanflow.spark.compile.pipeline import step_schema  # the graph walk uses this module
 
     schema = step_schema(ctx, step.schema_of) if step.schema_of else None
-    df = (
-        ctx.spark.readStream.format(ctx.source_format)
-        .options(**source_options(spec, step, ctx.nats_url, schema))
-        .option("phase_ms", str(ctx.slot[0]))
-        .option("interval_ms", str(ctx.slot[1]))
-        .option("heartbeat", step.event_time or "")
-        .load()
-    )
+    if step.connector == "jetstream":
+        df = (
+            ctx.spark.readStream.format(ctx.source_format)
+            .options(**source_options(spec, step, ctx.nats_url, schema))
+            .option("phase_ms", str(ctx.slot[0]))
+            .option("interval_ms", str(ctx.slot[1]))
+            .option("heartbeat", step.event_time or "")
+            .load()
+        )
+    else:
+        fields = dict(step.schema_ if schema is None else schema)
+        source = SourceContext(
+            spark=ctx.spark,
+            nats_url=ctx.nats_url,
+            pipeline=spec.instance,
+            query_token=f"{ctx.source_format}_{step.id}".replace("-", "_"),
+            ddl=spark_ddl(fields, step.format),
+            schema=fields,
+        )
+        df = connectors.reader(step)(source, step)
     frame = Frame(df, key=(step.key,) if step.key else ())
     if step.event_time:
         frame = with_watermark(frame, spec, step.event_time, step.max_out_of_orderness)
@@ -52,7 +67,7 @@ def source_options(
     fields = dict(step.schema_ if schema is None else schema)
     return {
         "url": nats_url,
-        "stream": step.stream,
+        "stream": step.stream_name,
         "pipeline": spec.instance,
         "step": step.id,
         "format": step.format.value,

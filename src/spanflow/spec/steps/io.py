@@ -3,22 +3,55 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, SerializeAsAny, model_validator
 
+from spanflow.errors import SpecError
+from spanflow.spec.connectors import Connector, ConnectorOptions, NoOptions, Role, lookup
 from spanflow.spec.durations import Duration
 from spanflow.spec.schema import Schema, StreamFormat
 from spanflow.spec.steps.base import StepBase, StreamFacts
 
+PUBLISHED = "_published"
+"""The broker's own timestamp of a record (JetStream's store time, Kafka's record
+timestamp): a source may take it as its event time."""
+
+
+def _typed_options(role: Role, field: str, data: Any) -> Any:
+    """Before validation: the step's ``options`` as its connector's typed model."""
+    if not isinstance(data, dict):
+        return data
+    name = data.get(field, "jetstream")
+    if not isinstance(name, str):
+        return data  # the field's own validation says what is wrong
+    try:
+        connector = lookup(role, name)
+    except SpecError as exc:
+        raise ValueError(str(exc)) from None
+    return {**data, "options": connector.parse(data.get("options"))}
+
 
 class SourceStep(StepBase):
-    """Reads a JetStream stream and decodes each message into one record."""
+    """Reads records from a connector (a JetStream stream by default) and decodes each
+    message into one record."""
 
     arity: ClassVar[tuple[int, int | None]] = (0, 0)
 
     type: Literal["source"] = "source"
-    stream: str = Field(pattern=r"^[A-Za-z0-9_-]+$", description="JetStream stream name.")
+    connector: str = Field(
+        default="jetstream",
+        description="Where records come from: jetstream (default), kafka, ... "
+        "(docs/connectors.md).",
+    )
+    options: SerializeAsAny[ConnectorOptions] = Field(
+        default_factory=NoOptions, description="The connector's own options."
+    )
+    stream: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z0-9_-]+$",
+        description="JetStream stream name (jetstream sources).",
+    )
     subjects: tuple[str, ...] | None = Field(
         default=None, description="Subjects the stream captures (created if the stream is missing)."
     )
@@ -66,8 +99,34 @@ class SourceStep(StepBase):
 
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _options(cls, data: Any) -> Any:
+        return _typed_options("source", "connector", data)
+
+    @property
+    def connector_info(self) -> Connector:
+        return lookup("source", self.connector)
+
+    @property
+    def stream_name(self) -> str:
+        """The JetStream stream a jetstream source reads (a ValueError for others)."""
+        if self.stream is None:
+            raise ValueError(f"source {self.id!r} reads {self.connector}, not a JetStream stream")
+        return self.stream
+
     @model_validator(mode="after")
     def _fields_exist(self) -> SourceStep:
+        if self.connector == "jetstream" and not self.stream:
+            raise ValueError("a jetstream source needs 'stream'")
+        if self.connector != "jetstream":
+            given = [
+                name
+                for name in ("stream", "subjects", "filter_subjects", "source_domain")
+                if getattr(self, name)
+            ]
+            if given:
+                raise ValueError(f"{', '.join(given)}: JetStream settings, not {self.connector}'s")
         if self.schema_of is not None:
             return self
         if self.format != StreamFormat.RAW and not self.schema_:
@@ -78,6 +137,8 @@ class SourceStep(StepBase):
             (self.scalar_field, "scalar_field"),
         )
         for name, role in roles:
+            if name == PUBLISHED and role == "event_time":
+                continue
             if name is not None and self.format != StreamFormat.RAW and name not in self.schema_:
                 raise ValueError(f"{role} {name!r} is not a field of the schema")
         if self.event_time and self.schema_.get(self.event_time, "timestamp").rstrip("?") != (
@@ -90,6 +151,8 @@ class SourceStep(StepBase):
         return self
 
     def realtime_problem(self) -> str | None:
+        if not self.connector_info.realtime:
+            return f"a {self.connector} source runs on micro-batches"
         if self.format != StreamFormat.JSON:
             return f"the real-time source reads JSON; this stream is {self.format.value}"
         return None
@@ -103,12 +166,20 @@ class SourceStep(StepBase):
 
 
 class SinkStep(StepBase):
-    """Writes records out: a JetStream stream, Parquet files or the console."""
+    """Writes records out through a connector: a JetStream stream (default), Kafka,
+    Parquet files, the console, ..."""
 
     local_reason: ClassVar[str] = "writes where its input is computed"
 
     type: Literal["sink"] = "sink"
-    kind: Literal["jetstream", "parquet", "console"] = "jetstream"
+    kind: str = Field(
+        default="jetstream",
+        description="Where records go: jetstream (default), kafka, parquet, console, ... "
+        "(docs/connectors.md).",
+    )
+    options: SerializeAsAny[ConnectorOptions] = Field(
+        default_factory=NoOptions, description="The connector's own options."
+    )
     stream: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_-]+$")
     subject: str | None = None
     path: str | None = None
@@ -138,8 +209,17 @@ class SinkStep(StepBase):
         "batches mean fewer such pauses and a longer replay after a crash.",
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _options(cls, data: Any) -> Any:
+        return _typed_options("sink", "kind", data)
+
+    @property
+    def connector_info(self) -> Connector:
+        return lookup("sink", self.kind)
+
     def realtime_problem(self) -> str | None:
-        if self.kind != "jetstream":
+        if not self.connector_info.realtime:
             return f"a {self.kind} sink runs on micro-batches; real time publishes to JetStream"
         if self.order_by:
             return "order_by sorts each micro-batch; real-time output leaves in arrival order"

@@ -91,8 +91,7 @@ class DetectAnomaliesStep(StepBase):
     threshold: float | str | None = Field(
         default=None,
         description="A score, 'quantile(q)' or 'adaptive(k)' (default: 0.5 for likelihood "
-        "and robust, "
-        "quantile(0.99) for the others).",
+        "and robust, 0.75 — one reading in 1,000 per key — for hst and river:).",
     )
     warmup: int | None = Field(
         default=None,
@@ -155,7 +154,7 @@ class DetectAnomaliesStep(StepBase):
     def threshold_or_default(self) -> float | str:
         if self.threshold is not None:
             return self.threshold
-        return 0.5 if self.method in ("likelihood", "robust") else "quantile(0.99)"
+        return 0.5 if self.method in ("likelihood", "robust") else 0.75
 
     @property
     def warmup_or_default(self) -> int:

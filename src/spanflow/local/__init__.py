@@ -1,0 +1,1 @@
+"""Servers spanflow starts on this machine for development, examples and tests."""

@@ -1,0 +1,137 @@
+"""How each connector runs on Spark: a reader (a streaming DataFrame for a source step)
+and a batch writer (what a sink does with each micro-batch), registered by connector
+name. The connector itself — its options and guarantees — is declared in
+:mod:`spanflow.spec.connectors`.
+
+JetStream, Parquet and the console are wired by :mod:`spanflow.spark.compile.io` and
+:mod:`spanflow.spark.runner` themselves (the planner and the real-time path know
+them); every other connector registers here and nothing else names it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from pyspark.sql import DataFrame, SparkSession
+
+from spanflow.errors import CompileError
+from spanflow.spec.pipeline import PipelineSpec
+from spanflow.spec.steps.io import SinkStep, SourceStep
+
+
+@dataclass(frozen=True)
+class SourceContext:
+    """What a reader gets besides its step: the session, where dead letters go, and a
+    name unique to this query (data sources are registered per query)."""
+
+    spark: SparkSession
+    nats_url: str
+    pipeline: str
+    query_token: str
+    ddl: str
+    schema: dict[str, str]
+
+
+@dataclass(frozen=True)
+class SinkContext:
+    """What a batch writer gets besides its step. ``check_fence`` raises when this
+    fragment no longer owns its output (call it before anything becomes visible)."""
+
+    pipeline: str
+    check_fence: Callable[[], None]
+
+
+Reader = Callable[[SourceContext, SourceStep], DataFrame]
+Check = Callable[[SourceStep | SinkStep], None]
+"""Raises CompileError when the step's external system cannot be used as configured
+(unreachable, a missing topic or table, refused credentials)."""
+BatchWrite = Callable[[DataFrame, int], None]
+"""``foreachBatch``'s function: (the micro-batch, its id)."""
+WriterFactory = Callable[[SinkContext, SinkStep], "BatchWriter"]
+
+
+class BatchWriter:
+    """A sink's writer for one query: ``write`` each micro-batch, ``close`` at the end."""
+
+    def write(self, batch: DataFrame, batch_id: int) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Release connections (the query stopped)."""
+
+
+_READERS: dict[str, Reader] = {}
+_WRITERS: dict[str, WriterFactory] = {}
+_CHECKS: dict[str, Check] = {}
+
+
+def reads(name: str) -> Callable[[Reader], Reader]:
+    def register(fn: Reader) -> Reader:
+        _READERS[name] = fn
+        return fn
+
+    return register
+
+
+def writes(name: str) -> Callable[[WriterFactory], WriterFactory]:
+    def register(fn: WriterFactory) -> WriterFactory:
+        _WRITERS[name] = fn
+        return fn
+
+    return register
+
+
+def checks(name: str) -> Callable[[Check], Check]:
+    def register(fn: Check) -> Check:
+        _CHECKS[name] = fn
+        return fn
+
+    return register
+
+
+def preflight(spec: PipelineSpec) -> None:
+    """Check every source and sink of an external system before a query starts, so a
+    wrong address, topic or credential is one clear error, not a restart loop."""
+    _import_connectors()
+    steps: list[tuple[str, SourceStep | SinkStep]] = [
+        *((s.connector, s) for s in spec.sources()),
+        *((s.kind, s) for s in spec.sinks()),
+    ]
+    for name, step in steps:
+        _check_library(step)
+        check = _CHECKS.get(name)
+        if check is not None:
+            check(step)
+
+
+def _import_connectors() -> None:
+    for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
+        if not info.name.startswith("_"):
+            importlib.import_module(f"{__name__}.{info.name}")
+
+
+def reader(step: SourceStep) -> Reader:
+    return _registered(_READERS, step.connector, step, "reader")
+
+
+def writer(sink: SinkStep) -> WriterFactory:
+    return _registered(_WRITERS, sink.kind, sink, "writer")
+
+
+def _registered(table: dict[str, Any], name: str, step: SourceStep | SinkStep, what: str) -> Any:
+    _import_connectors()
+    _check_library(step)
+    found = table.get(name)
+    if found is None:
+        raise CompileError(step.id, f"no Spark {what} for {name!r}")
+    return found
+
+
+def _check_library(step: Any) -> None:
+    problem = step.connector_info.missing_library()
+    if problem is not None:
+        raise CompileError(step.id, problem)

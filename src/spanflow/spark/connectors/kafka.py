@@ -1,0 +1,542 @@
+"""Kafka on Spark through confluent-kafka: a Python streaming data source and a
+transactional batch writer.
+
+Source (a ``DataSourceStreamReader``)
+    Offsets are ``{"p": {"<partition>": next_offset}}``. ``latestOffset`` asks the
+    brokers for each partition's end (the last stable offset, as the reader's
+    consumer is ``read_committed``) and caps the batch at ``max_rows`` spread over the
+    partitions; ``partitions`` gives one input partition per Kafka partition, so the
+    records of a key (one Kafka partition) keep their order; ``read`` assigns and
+    seeks to the range's start and stops at its end, so a replayed batch reads the
+    same records. Each record's value is decoded like a JetStream message (formats,
+    dead letters); its topic, offset and timestamp fill ``_subject``, ``_seq`` and
+    ``_published``, and ``_key``, ``_partition`` and ``_headers`` are added.
+    ``commit`` stores the offsets in the consumer group, for monitoring only.
+
+Sink (:class:`KafkaWriter`)
+    Each micro-batch is one Kafka transaction: the rows (JSON values, the key from a
+    column, headers from columns) and a marker record ``{"batch": id}`` on the sink's
+    marker topic ``_spanflow.<pipeline>.<sink>``. Before its first batch a writer
+    reads the last committed marker; a batch at or below it was committed before a
+    crash and is skipped. A crash inside a transaction leaves it open; the restarted
+    writer's ``init_transactions`` (same transactional id) aborts it. Consumers that
+    read with ``isolation.level=read_committed`` see every row exactly once.
+
+Where each hook runs: offsets and commits on the driver, ``read`` on executors; the
+writer on the driver (``toArrow``, as the JetStream sink).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import orjson
+import pyarrow as pa
+from pyspark.sql import DataFrame
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
+from pyspark.sql.types import StructType
+
+from spanflow.errors import CompileError
+from spanflow.nats.ranges import Message
+from spanflow.spark.connectors import (
+    BatchWriter,
+    SinkContext,
+    SourceContext,
+    checks,
+    reads,
+    writes,
+)
+from spanflow.spark.deadletter import DeadLetter, send_dead_letters
+from spanflow.spark.formats import Decoder
+from spanflow.spec.connectors.kafka import KafkaSinkOptions, KafkaSourceOptions
+from spanflow.spec.schema import StreamFormat
+from spanflow.spec.steps.io import SinkStep, SourceStep
+
+log = logging.getLogger(__name__)
+
+KAFKA_COLUMNS = "_key string, _partition int, _headers map<string,string>"
+"""Columns a Kafka source adds after the common metadata columns."""
+METADATA_TIMEOUT = 10.0
+"""Seconds to wait for the brokers' answer about a topic's partitions and offsets."""
+
+
+_LIBRDKAFKA_LOG = logging.getLogger("spanflow.kafka.client")
+
+
+def _client_config(bootstrap: str, config: dict[str, str]) -> dict[str, Any]:
+    """librdkafka settings: its own log goes through Python logging (not stderr), and a
+    broker that refuses connections is retried with back-off instead of every 100 ms."""
+    return {
+        "bootstrap.servers": bootstrap,
+        "client.id": "spanflow",
+        "logger": _LIBRDKAFKA_LOG,
+        "reconnect.backoff.ms": 500,
+        "reconnect.backoff.max.ms": 10_000,
+        **config,
+    }
+
+
+def describe_failure(what: str, bootstrap: str, exc: BaseException) -> str:
+    return f"{what} ({bootstrap}): {exc}"
+
+
+# -- source --------------------------------------------------------------------------------
+@reads("kafka")
+def read_kafka(ctx: SourceContext, step: SourceStep) -> DataFrame:
+    options = step.options
+    assert isinstance(options, KafkaSourceOptions)
+    name = f"spanflow_kafka_{ctx.query_token}"
+    # A registration of its own per query, as for JetStream (see register_isolated)
+    cls = type(
+        f"KafkaDataSource_{ctx.query_token}",
+        (KafkaDataSource,),
+        {"name": classmethod(lambda c: name)},
+    )
+    ctx.spark.dataSource.register(cls)
+    start_time = options.start_time.isoformat() if options.start_time else ""
+    return (
+        ctx.spark.readStream.format(name)
+        .option("bootstrap", options.bootstrap)
+        .option("topic", options.topic)
+        .option("config", json.dumps(options.config))
+        .option("group", options.group or f"spanflow.{ctx.pipeline}.{step.id}")
+        .option("start", step.start)
+        .option("start_time", start_time)
+        .option("read_timeout", str(options.read_timeout))
+        .option("max_rows", str(step.max_rows_per_batch))
+        .option("format", step.format.value)
+        .option("schema", json.dumps(ctx.schema))
+        .option("ddl", f"{ctx.ddl}, {KAFKA_COLUMNS}")
+        .option("csv_delimiter", step.csv_delimiter)
+        .option("scalar_field", step.scalar_field or "")
+        .option("url", ctx.nats_url)
+        .option("pipeline", ctx.pipeline)
+        .option("step", step.id)
+        .load()
+    )
+
+
+class KafkaDataSource(DataSource):
+    @classmethod
+    def name(cls) -> str:
+        return "spanflow_kafka"
+
+    def schema(self) -> str:
+        return self.options["ddl"]
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        return KafkaReader(dict(self.options))
+
+
+@dataclass
+class OffsetRange(InputPartition):
+    partition: int
+    start: int
+    end: int
+
+
+class KafkaReader(DataSourceStreamReader):
+    def __init__(self, options: dict[str, str]) -> None:
+        self.bootstrap = options["bootstrap"]
+        self.topic = options["topic"]
+        self.config: dict[str, str] = json.loads(options.get("config", "{}"))
+        self.group = options["group"]
+        self.start_at = options.get("start", "earliest")
+        self.start_time = options.get("start_time") or None
+        self.read_timeout = float(options.get("read_timeout", "30"))
+        self.max_rows = int(options.get("max_rows", "200000"))
+        self.format = StreamFormat(options.get("format", "json"))
+        self.schema_fields: dict[str, str] = json.loads(options.get("schema", "{}"))
+        self.csv_delimiter = options.get("csv_delimiter", ",")
+        self.scalar_field = options.get("scalar_field") or None
+        self.url = options["url"]
+        self.pipeline = options["pipeline"]
+        self.step = options["step"]
+        self._consumer: Any = None
+
+    # -- driver side -----------------------------------------------------------------
+    def _consumer_config(self) -> dict[str, Any]:
+        return {
+            **_client_config(self.bootstrap, self.config),
+            "group.id": self.group,
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "isolation.level": "read_committed",
+            "auto.offset.reset": "earliest",
+        }
+
+    @property
+    def consumer(self) -> Any:
+        if self._consumer is None:
+            from confluent_kafka import Consumer
+
+            self._consumer = Consumer(self._consumer_config())
+        return self._consumer
+
+    def _partition_ids(self) -> list[int]:
+        try:
+            meta = self.consumer.list_topics(self.topic, timeout=METADATA_TIMEOUT)
+        except Exception as exc:
+            raise RuntimeError(
+                describe_failure(f"kafka topic {self.topic!r} unreachable", self.bootstrap, exc)
+            ) from None
+        topic = meta.topics.get(self.topic)
+        if topic is None or topic.error is not None or not topic.partitions:
+            reason = topic.error if topic is not None and topic.error else "no partitions"
+            raise RuntimeError(f"kafka topic {self.topic!r} on {self.bootstrap}: {reason}")
+        return sorted(topic.partitions)
+
+    def _bounds(self) -> dict[int, tuple[int, int]]:
+        """(first, end) offsets of every partition; ``end`` is where the next record
+        will go (the last stable offset for this read_committed consumer)."""
+        from confluent_kafka import TopicPartition
+
+        out = {}
+        for p in self._partition_ids():
+            low, high = self.consumer.get_watermark_offsets(
+                TopicPartition(self.topic, p), timeout=METADATA_TIMEOUT, cached=False
+            )
+            out[p] = (max(low, 0), max(high, 0))
+        return out
+
+    def _at_time(self, partitions: list[int]) -> dict[int, int]:
+        from confluent_kafka import TopicPartition
+
+        assert self.start_time is not None
+        ms = int(datetime.fromisoformat(self.start_time).timestamp() * 1000)
+        found = self.consumer.offsets_for_times(
+            [TopicPartition(self.topic, p, ms) for p in partitions], timeout=METADATA_TIMEOUT
+        )
+        bounds = self._bounds()
+        # -1: no record at or after the time: start at the partition's end
+        return {
+            tp.partition: tp.offset if tp.offset >= 0 else bounds[tp.partition][1] for tp in found
+        }
+
+    def initialOffset(self) -> dict[str, Any]:
+        bounds = self._bounds()
+        if self.start_time:
+            starts = self._at_time(sorted(bounds))
+        elif self.start_at == "latest":
+            starts = {p: end for p, (_, end) in bounds.items()}
+        else:
+            starts = {p: first for p, (first, _) in bounds.items()}
+        return {"p": {str(p): o for p, o in sorted(starts.items())}}
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        return ReadMaxRows(self.max_rows)
+
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+        bounds = self._bounds()
+        begin = {
+            p: max(int(start["p"].get(str(p), first)), first) for p, (first, _) in bounds.items()
+        }
+        waiting = {p: max(bounds[p][1] - begin[p], 0) for p in bounds}
+        budget = self.max_rows
+        if isinstance(limit, ReadMaxRows):
+            budget = limit.max_rows
+        elif isinstance(limit, ReadAllAvailable):
+            budget = sum(waiting.values())
+        take = _share(waiting, budget)
+        end = {str(p): begin[p] + take[p] for p in sorted(bounds)}
+        # a partition the brokers no longer report keeps its offset
+        for p, offset in start["p"].items():
+            end.setdefault(p, int(offset))
+        return {"p": end}
+
+    def reportLatestOffset(self) -> dict[str, Any]:
+        return {"p": {str(p): end for p, (_, end) in sorted(self._bounds().items())}}
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:
+        ranges: list[InputPartition] = []
+        for p, stop in sorted(end["p"].items(), key=lambda kv: int(kv[0])):
+            begin = int(start["p"].get(p, stop))
+            if int(stop) > begin:
+                ranges.append(OffsetRange(int(p), begin, int(stop)))
+        return ranges
+
+    def commit(self, end: dict[str, Any]) -> None:
+        from confluent_kafka import TopicPartition
+
+        offsets = [TopicPartition(self.topic, int(p), int(o)) for p, o in end["p"].items()]
+        try:
+            self.consumer.commit(offsets=offsets, asynchronous=False)
+        except Exception as exc:  # monitoring only: the checkpoint holds the real offsets
+            log.warning("kafka group %s: offsets not committed: %s", self.group, exc)
+
+    def stop(self) -> None:
+        if self._consumer is not None:
+            self._consumer.close()
+            self._consumer = None
+
+    # -- executor side ---------------------------------------------------------------
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, OffsetRange)
+        records = self._fetch(partition)
+        decoder = Decoder(self.format, self.schema_fields, self.csv_delimiter, self.scalar_field)
+        messages = [
+            Message(seq=r.offset(), subject=self.topic, data=r.value() or b"",
+                    published_us=max(r.timestamp()[1], 0) * 1000)
+            for r in records
+        ]  # fmt: skip
+        batch, rejects = decoder.decode(messages)
+        if rejects:
+            letters = [
+                DeadLetter(
+                    msg_id=f"{self.pipeline}:{self.step}:{partition.partition}:{m.seq}",
+                    data=m.data,
+                    reason=reason,
+                    stream=f"kafka:{self.topic}",
+                    subject=f"{self.topic}[{partition.partition}]",
+                    seq=m.seq,
+                )
+                for m, reason in rejects
+            ]
+            send_dead_letters(self.url, self.pipeline, self.step, letters)
+        rejected = {m.seq for m, _ in rejects}
+        kept = [r for r in records if r.offset() not in rejected]
+        keys = [_text(r.key()) for r in kept]
+        headers = [[(k, _text(v) or "") for k, v in (r.headers() or [])] for r in kept]
+        extra = [
+            pa.array(keys, pa.string()),
+            pa.array([partition.partition] * len(kept), pa.int32()),
+            pa.array(headers, pa.map_(pa.string(), pa.string())),
+        ]
+        names = [*batch.schema.names, "_key", "_partition", "_headers"]
+        yield pa.RecordBatch.from_arrays([*batch.columns, *extra], names=names)
+
+    def _fetch(self, part: OffsetRange) -> list[Any]:
+        """The records at offsets [start, end) of one partition, in offset order (fewer
+        when transaction markers or aborted records fill some offsets)."""
+        from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+        consumer = Consumer({**self._consumer_config(), "enable.partition.eof": True})
+        tp = TopicPartition(self.topic, part.partition, part.start)
+        consumer.assign([tp])
+        out: list[Any] = []
+        deadline = time.monotonic() + self.read_timeout
+        try:
+            while True:
+                for record in consumer.consume(num_messages=10_000, timeout=0.5):
+                    error = record.error()
+                    if error is not None and error.code() != KafkaError._PARTITION_EOF:
+                        raise RuntimeError(f"kafka {self.topic}[{part.partition}]: {error}")
+                    offset = record.offset()
+                    if error is None and offset is not None and part.start <= offset < part.end:
+                        out.append(record)
+                position = consumer.position([tp])[0].offset
+                if position >= part.end or (out and out[-1].offset() >= part.end - 1):
+                    return out
+                if time.monotonic() > deadline:
+                    raise RuntimeError(
+                        f"kafka {self.topic}[{part.partition}]: offsets {part.start}..{part.end} "
+                        f"not readable within {self.read_timeout:g} s (at {position})"
+                    )
+        finally:
+            consumer.close()
+
+
+def _share(waiting: dict[int, int], budget: int) -> dict[int, int]:
+    """How many records to take from each partition: all when they fit the budget,
+    else a share proportional to what waits (at least one where something waits)."""
+    total = sum(waiting.values())
+    if total <= budget:
+        return dict(waiting)
+    return {p: min(n, max(1 if n else 0, n * budget // total)) for p, n in waiting.items()}
+
+
+def _text(value: bytes | str | None) -> str | None:
+    if value is None or isinstance(value, str):
+        return value
+    return value.decode("utf-8", errors="replace")
+
+
+# -- sink ----------------------------------------------------------------------------------
+@writes("kafka")
+def kafka_writer(ctx: SinkContext, sink: SinkStep) -> BatchWriter:
+    options = sink.options
+    assert isinstance(options, KafkaSinkOptions)
+    return KafkaWriter(ctx, sink.id, options)
+
+
+def marker_topic(pipeline: str, sink: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]", "_", f"_spanflow.{pipeline}.{sink}")[:249]
+
+
+class KafkaWriter(BatchWriter):
+    """One transaction per micro-batch, with the batch id on a marker topic."""
+
+    def __init__(self, ctx: SinkContext, sink_id: str, options: KafkaSinkOptions) -> None:
+        self.ctx = ctx
+        self.options = options
+        self.marker = marker_topic(ctx.pipeline, sink_id)
+        self.transactional_id = options.transactional_id or f"spanflow.{ctx.pipeline}.{sink_id}"
+        self.config = _client_config(options.bootstrap, options.config)
+        self._producer: Any = None
+        self.committed: int | None = None
+        """The last batch id committed to Kafka (read from the marker topic at start)."""
+
+    def _start(self) -> None:
+        from confluent_kafka import Producer
+
+        self._check_topics()
+        self.committed = self._last_marker()
+        producer = Producer(
+            {
+                **self.config,
+                "transactional.id": self.transactional_id,
+                "enable.idempotence": True,
+                # the Java client's partitioner: a key lands where Java producers put it
+                "partitioner": "murmur2_random",
+                "linger.ms": 5,
+                **self.options.config,
+            }
+        )
+        producer.init_transactions(30)  # aborts what a crashed writer left open
+        self._producer = producer
+
+    def _check_topics(self) -> None:
+        from confluent_kafka.admin import AdminClient, NewTopic
+
+        admin = AdminClient(self.config)
+        try:
+            topics = admin.list_topics(timeout=METADATA_TIMEOUT).topics
+        except Exception as exc:
+            raise RuntimeError(
+                describe_failure("kafka sink: brokers unreachable", self.options.bootstrap, exc)
+            ) from None
+        if self.options.topic not in topics:
+            raise RuntimeError(
+                f"kafka sink: topic {self.options.topic!r} does not exist on "
+                f"{self.options.bootstrap} (create it with the partitions you want)"
+            )
+        if self.marker not in topics:
+            futures = admin.create_topics([NewTopic(self.marker, num_partitions=1)])
+            for future in futures.values():
+                try:
+                    future.result(METADATA_TIMEOUT)
+                except Exception as exc:
+                    if "already exists" not in str(exc).lower() and "TOPIC_ALREADY" not in str(exc):
+                        raise
+
+    def _last_marker(self) -> int:
+        """The highest batch id committed on the marker topic (-1: none)."""
+        from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+        consumer = Consumer(
+            {
+                **self.config,
+                "group.id": f"{self.transactional_id}.markers",
+                "enable.auto.commit": False,
+                "isolation.level": "read_committed",
+                "enable.partition.eof": True,
+            }
+        )
+        tp = TopicPartition(self.marker, 0)
+        try:
+            low, _ = consumer.get_watermark_offsets(tp, timeout=METADATA_TIMEOUT, cached=False)
+            consumer.assign([TopicPartition(self.marker, 0, max(low, 0))])
+            last, deadline = -1, time.monotonic() + 30
+            while time.monotonic() < deadline:
+                for record in consumer.consume(num_messages=1000, timeout=0.5):
+                    error = record.error()
+                    if error is not None:
+                        if error.code() == KafkaError._PARTITION_EOF:
+                            return last
+                        raise RuntimeError(f"kafka marker topic {self.marker}: {error}")
+                    last = max(last, int(orjson.loads(record.value() or b"{}").get("batch", -1)))
+            raise RuntimeError(f"kafka marker topic {self.marker}: not read within 30 s")
+        finally:
+            consumer.close()
+
+    def write(self, batch: DataFrame, batch_id: int) -> None:
+        rows = batch.toArrow().to_pylist()
+        if self._producer is None:
+            self._start()
+        assert self.committed is not None
+        if batch_id <= self.committed:
+            log.info(
+                "kafka sink %s: batch %d was committed before a restart", self.marker, batch_id
+            )
+            return
+        self.ctx.check_fence()
+        producer = self._producer
+        producer.begin_transaction()
+        try:
+            for row in rows:
+                self._produce(row)
+            producer.produce(self.marker, orjson.dumps({"batch": batch_id, "rows": len(rows)}))
+            producer.commit_transaction(60)
+        except Exception:
+            self._abort()
+            raise
+        self.committed = batch_id
+
+    def _produce(self, row: dict[str, Any]) -> None:
+        record = {k: v for k, v in row.items() if not k.startswith("_")}
+        value = orjson.dumps(record, option=orjson.OPT_NAIVE_UTC | orjson.OPT_UTC_Z)
+        key = _key_bytes(record.get(self.options.key)) if self.options.key else None
+        headers = [(h, _header(record.get(h))) for h in self.options.headers]
+        while True:
+            try:
+                self._producer.produce(self.options.topic, value, key=key, headers=headers or None)
+                break
+            except BufferError:  # the local queue is full: let deliveries drain
+                self._producer.poll(0.1)
+        self._producer.poll(0)
+
+    def _abort(self) -> None:
+        try:
+            self._producer.abort_transaction(30)
+        except Exception as exc:  # a new producer (next restart) aborts it instead
+            log.warning("kafka sink %s: abort failed: %s", self.marker, exc)
+        self._producer = None
+
+    def close(self) -> None:
+        if self._producer is not None:
+            self._producer.flush(10)
+            self._producer = None
+
+
+def _key_bytes(value: Any) -> bytes | None:
+    if value is None:
+        return None
+    return value.encode() if isinstance(value, str) else orjson.dumps(value)
+
+
+def _header(value: Any) -> bytes:
+    if value is None:
+        return b""
+    return value.encode() if isinstance(value, str) else orjson.dumps(value)
+
+
+@checks("kafka")
+def check_kafka(step: SourceStep | SinkStep) -> None:
+    """The brokers answer and the topic exists (a sink's marker topic is created when
+    its first batch is written)."""
+    from confluent_kafka.admin import AdminClient
+
+    options = step.options
+    assert isinstance(options, KafkaSourceOptions | KafkaSinkOptions)
+    # the answer (or its absence) is the error raised below: the client's log is noise
+    admin = AdminClient({**_client_config(options.bootstrap, options.config), "log_level": 0})
+    try:
+        topics = admin.list_topics(timeout=METADATA_TIMEOUT).topics
+    except Exception as exc:
+        raise CompileError(
+            step.id, describe_failure("kafka brokers unreachable", options.bootstrap, exc)
+        ) from None
+    if options.topic not in topics:
+        raise CompileError(
+            step.id,
+            f"kafka topic {options.topic!r} does not exist on {options.bootstrap} "
+            "(create it with as many partitions as the parallelism you want)",
+        )

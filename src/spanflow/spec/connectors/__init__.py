@@ -1,0 +1,48 @@
+"""Connectors: the systems a source reads from and a sink writes to.
+
+A connector is one module here. It declares, in one place, what the rest of
+spanflow needs to know about it — its typed options (each default written once),
+how it is exactly once, whether it can run in Real-Time Mode, whether it reaches a
+system outside spanflow's own NATS servers (so the planner must place it where that
+system is reachable), and which install extra brings its client library — and
+registers itself. How it runs on Spark is registered apart, in
+:mod:`spanflow.spark.connectors`. Adding a connector is those two modules; nothing
+else switches on connector names.
+
+Every connector module in this package is imported on first use, like the step
+families of :mod:`spanflow.spec.steps`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+
+from spanflow.spec.connectors.base import (
+    Connector,
+    ConnectorOptions,
+    NoOptions,
+    Role,
+    connectors,
+    lookup,
+    register,
+)
+
+
+def _import_connectors() -> None:
+    for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
+        if info.name != "base" and not info.name.startswith("_"):
+            importlib.import_module(f"{__name__}.{info.name}")
+
+
+_import_connectors()
+
+__all__ = [
+    "Connector",
+    "ConnectorOptions",
+    "NoOptions",
+    "Role",
+    "connectors",
+    "lookup",
+    "register",
+]

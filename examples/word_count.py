@@ -1,6 +1,6 @@
 """Word count: lines of text in, a running count per word out (updated every batch).
 
-    ./dev run examples/word_count.yaml --feed examples/data/lines.jsonl
+./dev run examples/word_count.yaml --feed examples/data/lines.jsonl
 """
 
 import spanflow as sf

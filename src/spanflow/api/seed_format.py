@@ -44,7 +44,18 @@ Problems = list[tuple[int | None, str, str]]
 SINK = "sink"
 SOURCE = "source"
 SEED_SCHEMA = {"value": "double"}
-_MAPPING_KEYS = {"name", "processors", "trigger", "dead_letter_stream", "dead_letter_retention"}
+_MAPPING_KEYS = {
+    "name",
+    "processors",
+    "trigger",
+    "dead_letter_stream",
+    "dead_letter_retention",
+    *("source_topic", "sink_topic", "bootstrap", "parallelism"),
+}
+_KAFKA_KEYS = ("source_topic", "sink_topic", "bootstrap", "parallelism")
+KEYED = "source__key"
+"""The step that copies a Kafka record's key into the field ``key`` (kept per record
+through the classic processors, and the output record's Kafka key)."""
 
 
 def is_seed_format(data: Any) -> bool:
@@ -61,17 +72,21 @@ def seed_document(
     *,
     source_stream: str | None,
     sink_stream: str | None,
+    bootstrap: str | None = None,
 ) -> tuple[dict[str, Any], list[Path_ | None], Problems]:
     """The pipeline document a seed file stands for, where each step came from, and
-    the problems found (each located in the file)."""
+    the problems found (each located in the file). ``bootstrap`` overrides the Kafka
+    brokers of a file that names ``source_topic`` and ``sink_topic``."""
     problems: Problems = []
     base: Path_
     document: dict[str, Any]
+    kafka: dict[str, Any] = {}
     if isinstance(data, list):
         items, base, document = data, (), {}
     else:
         items, base = data.get("processors") or [], ("processors",)
-        document = {k: v for k, v in data.items() if k != "processors"}
+        document = {k: v for k, v in data.items() if k != "processors" and k not in _KAFKA_KEYS}
+        kafka = {k: data[k] for k in _KAFKA_KEYS if k in data}
         for key in data:
             if key not in _MAPPING_KEYS:
                 allowed = ", ".join(sorted(_MAPPING_KEYS))
@@ -81,13 +96,19 @@ def seed_document(
         if not isinstance(items, list):
             problems.append((lines.get(base), "processors", "must be a list of processors"))
             items = []
-    if not source_stream or not sink_stream:
+    on_kafka = "source_topic" in kafka or "sink_topic" in kafka
+    if bootstrap:
+        kafka["bootstrap"] = bootstrap
+    if on_kafka:
+        problems += _kafka_problems(kafka, lines, source_stream or sink_stream)
+    elif not source_stream or not sink_stream:
         problems.append(
             (
                 1,
                 "",
                 "a seed-format pipeline (a list of processors) reads the stream given by "
-                "--source-stream and writes the one given by --sink-stream: give both",
+                "--source-stream and writes the one given by --sink-stream (or the Kafka "
+                "topics given by source_topic and sink_topic): give both",
             )
         )
     document.setdefault("name", _name_from(path))
@@ -137,8 +158,9 @@ def seed_document(
     if SINK not in inputs and not problems:
         problems.append((1, "", "no processor sends its output to 'sink'"))
     unions: list[tuple[dict[str, Any], Path_ | None]] = []
+    first = KEYED if on_kafka else SOURCE
     for step, step_at in zip(steps, origin, strict=True):
-        feeds = inputs.get(step["id"]) or [SOURCE]
+        feeds = inputs.get(step["id"]) or [first]
         step["inputs"], union = _joined(step["id"], feeds, step.get("type") == "union")
         if union is not None:
             unions.append((union, step_at))
@@ -146,25 +168,67 @@ def seed_document(
     first_sink = next((where[s] for s in inputs.get(SINK, [])), None)
     if sink_union is not None:
         unions.append((sink_union, first_sink))
+    ends: list[dict[str, Any]]
+    if on_kafka:
+        source, sink, ends = _kafka_ends(kafka)
+    else:
+        source = {
+            "id": SOURCE,
+            "type": "source",
+            "stream": source_stream or "SOURCE",
+            "subjects": [source_stream or "SOURCE"],
+            "schema": dict(SEED_SCHEMA),
+            "scalar_field": "value",
+        }
+        out = sink_stream or "SINK"
+        sink = {"id": SINK, "type": "sink", "kind": "jetstream", "stream": out, "subject": out}
+        ends = []
+    sink["inputs"] = sink_inputs
+    document["steps"] = [source, *ends, *steps, *(u for u, _ in unions), sink]
+    origin = [None, *(None for _ in ends), *origin, *(at for _, at in unions), first_sink]
+    return document, origin, problems
+
+
+def _kafka_problems(kafka: dict[str, Any], lines: dict[Path_, int], streams: Any) -> Problems:
+    problems: Problems = []
+    for key in ("source_topic", "sink_topic", "bootstrap"):
+        if not isinstance(kafka.get(key), str):
+            problems.append(
+                (lines.get((key,), 1), key, "required when the pipeline runs between Kafka topics")
+            )
+    parallelism = kafka.get("parallelism", 1)
+    if isinstance(parallelism, bool) or not isinstance(parallelism, int) or parallelism < 1:
+        problems.append(
+            (lines.get(("parallelism",)), "parallelism", "a number of partitions, 1 or more")
+        )
+    if streams:
+        problems.append(
+            (1, "", "--source-stream/--sink-stream: this file runs between Kafka topics")
+        )
+    return problems
+
+
+def _kafka_ends(kafka: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], list[Any]]:
+    """A Kafka source and sink, topics created with ``parallelism`` partitions when
+    missing; the record key travels in the field ``key`` so that each key's records
+    leave in the order they came, on one partition."""
+    common = {"bootstrap": kafka["bootstrap"], "partitions": kafka.get("parallelism", 1)}
     source = {
         "id": SOURCE,
         "type": "source",
-        "stream": source_stream or "SOURCE",
-        "subjects": [source_stream or "SOURCE"],
+        "connector": "kafka",
+        "options": {"topic": kafka["source_topic"], **common},
         "schema": dict(SEED_SCHEMA),
         "scalar_field": "value",
     }
+    keyed = {"id": KEYED, "type": "map", "columns": {"key": "_key"}, "inputs": [SOURCE]}
     sink = {
         "id": SINK,
         "type": "sink",
-        "kind": "jetstream",
-        "stream": sink_stream or "SINK",
-        "subject": sink_stream or "SINK",
-        "inputs": sink_inputs,
+        "kind": "kafka",
+        "options": {"topic": kafka["sink_topic"], "key": "key", **common},
     }
-    document["steps"] = [source, *steps, *(u for u, _ in unions), sink]
-    origin = [None, *origin, *(at for _, at in unions), first_sink]
-    return document, origin, problems
+    return source, sink, [keyed]
 
 
 def _translate(item: dict[str, Any]) -> dict[str, Any]:

@@ -59,15 +59,22 @@ def load_pipeline_text(
     *,
     source_stream: str | None = None,
     sink_stream: str | None = None,
+    bootstrap: str | None = None,
 ) -> PipelineSpec:
     """Parse and validate a pipeline file's text into a spec.
 
     ``source_stream`` and ``sink_stream`` are the streams a seed-format file reads and
-    writes; spanflow's own format names its streams itself."""
+    writes (``bootstrap``: the Kafka brokers of one that names Kafka topics instead);
+    spanflow's own format names its streams itself."""
     data, lines = compose_located(text, path)
     if is_seed_format(data):
         document, origin, problems = seed_document(
-            data, lines, path, source_stream=source_stream, sink_stream=sink_stream
+            data,
+            lines,
+            path,
+            source_stream=source_stream,
+            sink_stream=sink_stream,
+            bootstrap=bootstrap,
         )
     else:
         if source_stream or sink_stream:
@@ -249,7 +256,11 @@ def _index_of(step_id: str, ids: list[Any]) -> int | None:
 
 
 def load_pipeline(
-    path: str | Path, *, source_stream: str | None = None, sink_stream: str | None = None
+    path: str | Path,
+    *,
+    source_stream: str | None = None,
+    sink_stream: str | None = None,
+    bootstrap: str | None = None,
 ) -> PipelineSpec:
     """Read a pipeline YAML (or JSON spec) file."""
     p = Path(path)
@@ -259,4 +270,6 @@ def load_pipeline(
         raise PipelineFileError(str(p), [(None, "", f"cannot read: {exc.strerror}")]) from None
     if p.suffix == ".json":
         return PipelineSpec.from_json(text)
-    return load_pipeline_text(text, str(p), source_stream=source_stream, sink_stream=sink_stream)
+    return load_pipeline_text(
+        text, str(p), source_stream=source_stream, sink_stream=sink_stream, bootstrap=bootstrap
+    )

@@ -47,14 +47,22 @@ def _error(exc: Exception) -> None:
 
 
 def load_target(
-    target: str, *, source_stream: str | None = None, sink_stream: str | None = None
+    target: str,
+    *,
+    source_stream: str | None = None,
+    sink_stream: str | None = None,
+    kafka: str | None = None,
 ) -> tuple[PipelineSpec, dict[str, Any]]:
     """A pipeline from a YAML/JSON file or a Python ``module:object`` (Flow or spec).
 
-    ``source_stream``/``sink_stream``: the streams of a seed-format file."""
+    ``source_stream``/``sink_stream``: the streams of a seed-format file; ``kafka``:
+    the brokers of one that runs between Kafka topics."""
     path = Path(target)
     if path.suffix in (".yaml", ".yml", ".json") or path.exists():
-        return load_pipeline(path, source_stream=source_stream, sink_stream=sink_stream), {}
+        spec = load_pipeline(
+            path, source_stream=source_stream, sink_stream=sink_stream, bootstrap=kafka
+        )
+        return spec, {}
     if source_stream or sink_stream:
         raise SpanflowError("--source-stream/--sink-stream apply to seed-format pipeline files")
     module_name, _, attr = target.partition(":")
@@ -83,6 +91,14 @@ SourceStreamOption = Annotated[
 SinkStreamOption = Annotated[
     str | None,
     typer.Option(help="Seed-format files: the JetStream stream the pipeline writes."),
+]
+KafkaOption = Annotated[
+    str | None,
+    typer.Option(
+        "--kafka",
+        help="Seed-format files with source_topic/sink_topic: the Kafka brokers, "
+        "HOST:PORT[,HOST:PORT] (overrides the file's bootstrap).",
+    ),
 ]
 
 

@@ -16,6 +16,7 @@ from rich.table import Table
 
 from spanflow.cli.common import (
     DataDirOption,
+    KafkaOption,
     NatsOption,
     SinkStreamOption,
     SourceStreamOption,
@@ -94,6 +95,7 @@ def run(
     ] = None,
     source_stream: SourceStreamOption = None,
     sink_stream: SinkStreamOption = None,
+    kafka: KafkaOption = None,
     feed: Annotated[
         list[str] | None,
         typer.Option(
@@ -104,7 +106,9 @@ def run(
 ) -> None:
     """Run a pipeline on this machine until Ctrl-C, with live status."""
     try:
-        spec, functions = load_target(target, source_stream=source_stream, sink_stream=sink_stream)
+        spec, functions = load_target(
+            target, source_stream=source_stream, sink_stream=sink_stream, kafka=kafka
+        )
         feeds = [_feed(spec, given) for given in feed or []]
     except SpanflowError as exc:
         _error(exc)
@@ -220,10 +224,13 @@ def validate(
     target: Annotated[str, typer.Argument(help="PIPELINE.yaml or module:object")],
     source_stream: SourceStreamOption = None,
     sink_stream: SinkStreamOption = None,
+    kafka: KafkaOption = None,
 ) -> None:
     """Check a pipeline definition and print its spec as JSON."""
     try:
-        spec, _ = load_target(target, source_stream=source_stream, sink_stream=sink_stream)
+        spec, _ = load_target(
+            target, source_stream=source_stream, sink_stream=sink_stream, kafka=kafka
+        )
     except SpanflowError as exc:
         _error(exc)
         raise typer.Exit(2) from None

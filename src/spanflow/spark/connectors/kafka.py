@@ -404,7 +404,7 @@ class KafkaWriter(BatchWriter):
         self._producer = producer
 
     def _check_topics(self) -> None:
-        from confluent_kafka.admin import AdminClient, NewTopic
+        from confluent_kafka.admin import AdminClient
 
         admin = AdminClient(self.config)
         try:
@@ -419,13 +419,7 @@ class KafkaWriter(BatchWriter):
                 f"{self.options.bootstrap} (create it with the partitions you want)"
             )
         if self.marker not in topics:
-            futures = admin.create_topics([NewTopic(self.marker, num_partitions=1)])
-            for future in futures.values():
-                try:
-                    future.result(METADATA_TIMEOUT)
-                except Exception as exc:
-                    if "already exists" not in str(exc).lower() and "TOPIC_ALREADY" not in str(exc):
-                        raise
+            _create_topic(admin, self.marker, 1)
 
     def _last_marker(self) -> int:
         """The highest batch id committed on the marker topic (-1: none)."""
@@ -483,8 +477,8 @@ class KafkaWriter(BatchWriter):
     def _produce(self, row: dict[str, Any]) -> None:
         record = {k: v for k, v in row.items() if not k.startswith("_")}
         value = orjson.dumps(record, option=orjson.OPT_NAIVE_UTC | orjson.OPT_UTC_Z)
-        key = _key_bytes(record.get(self.options.key)) if self.options.key else None
-        headers = [(h, _header(record.get(h))) for h in self.options.headers]
+        key = _key_bytes(row.get(self.options.key)) if self.options.key else None
+        headers = [(h, _header(row.get(h))) for h in self.options.headers]
         while True:
             try:
                 self._producer.produce(self.options.topic, value, key=key, headers=headers or None)
@@ -534,9 +528,28 @@ def check_kafka(step: SourceStep | SinkStep) -> None:
         raise CompileError(
             step.id, describe_failure("kafka brokers unreachable", options.bootstrap, exc)
         ) from None
-    if options.topic not in topics:
+    if options.topic in topics:
+        return
+    if options.partitions is None:
         raise CompileError(
             step.id,
             f"kafka topic {options.topic!r} does not exist on {options.bootstrap} "
-            "(create it with as many partitions as the parallelism you want)",
+            "(create it with as many partitions as the parallelism you want, or set "
+            "'partitions' to have spanflow create it)",
         )
+    try:
+        _create_topic(admin, options.topic, options.partitions)
+    except Exception as exc:
+        raise CompileError(step.id, f"kafka topic {options.topic!r} not created: {exc}") from None
+
+
+def _create_topic(admin: Any, topic: str, partitions: int) -> None:
+    """Create a topic; one that another writer created meanwhile is fine."""
+    from confluent_kafka.admin import NewTopic
+
+    for future in admin.create_topics([NewTopic(topic, num_partitions=partitions)]).values():
+        try:
+            future.result(METADATA_TIMEOUT)
+        except Exception as exc:
+            if "already exists" not in str(exc).lower() and "TOPIC_ALREADY" not in str(exc):
+                raise

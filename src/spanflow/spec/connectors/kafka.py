@@ -41,6 +41,13 @@ class _KafkaOptions(ConnectorOptions):
         description="More librdkafka settings (security.protocol, sasl.*, ssl.*...). "
         "Values of settings named like passwords or secrets are masked in logs.",
     )
+    partitions: int | None = Field(
+        default=None,
+        ge=1,
+        le=10_000,
+        description="Create the topic with this many partitions when it is missing "
+        "(default: a missing topic is an error at start).",
+    )
 
     _check_bootstrap = field_validator("bootstrap")(classmethod(lambda cls, v: _bootstrap(v)))
 

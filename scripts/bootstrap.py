@@ -110,11 +110,38 @@ def ensure_java() -> None:
     say(f"using the bundled JVM through {shim}")
 
 
+SYSTEM_PACKAGES = {
+    # what the connector tests run against: (a file the package installs, the package)
+    "PostgreSQL server (connector tests)": ("/usr/lib/postgresql/*/bin/initdb", "postgresql-15"),
+}
+
+
+def ensure_test_servers() -> None:
+    """Real servers the connector tests start (Debian packages; PyPI has no PostgreSQL).
+
+    Installed with apt-get when missing and this runs as root; otherwise the set-up
+    says what to install (the tests that need one then fail with the same message)."""
+    import glob
+
+    missing = {name: pkg for name, (path, pkg) in SYSTEM_PACKAGES.items() if not glob.glob(path)}
+    if not missing:
+        return
+    packages = sorted(set(missing.values()))
+    if os.geteuid() != 0 or not shutil.which("apt-get"):
+        say(f"missing: {', '.join(missing)}; install {' '.join(packages)} (apt-get, as root)")
+        return
+    say(f"installing {' '.join(packages)} with apt-get (a minute or two, once)")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    subprocess.run(["apt-get", "update", "-qq"], check=False, env=env)
+    subprocess.run(["apt-get", "install", "-y", "-qq", *packages], check=True, env=env)
+
+
 def main() -> None:
     if sys.version_info < (3, 11):
         sys.exit("spanflow needs Python 3.11 or newer")
     ensure_venv()
     ensure_java()
+    ensure_test_servers()
 
 
 if __name__ == "__main__":

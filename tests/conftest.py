@@ -59,3 +59,18 @@ def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     broker = LocalKafka(log=tmp_path_factory.mktemp("kafka") / "tansu.log").start()
     yield broker.bootstrap
     broker.stop()
+
+
+PG_PASSWORD_ENV = "SPANFLOW_TEST_PG_PASSWORD"
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[str]:
+    """A real PostgreSQL 15 server for the session: its DSN (no password in it); the
+    password is in the environment variable ``PG_PASSWORD_ENV``."""
+    from spanflow.local.postgres import LocalPostgres
+
+    server = LocalPostgres().start()
+    os.environ[PG_PASSWORD_ENV] = server.password
+    yield server.dsn
+    server.stop()

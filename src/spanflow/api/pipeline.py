@@ -621,6 +621,25 @@ class Stream:
         options |= {"headers": tuple(headers), "config": dict(config or {})}
         return self._sink(id, trigger, kind="kafka", options=options)
 
+    def sink_postgres(
+        self,
+        table: str,
+        *,
+        dsn: str,
+        key: str | Sequence[str] = (),
+        password_env: str | None = None,
+        create: bool = True,
+        trigger: str | float | None = None,
+        id: str | None = None,
+    ) -> Flow:
+        """Upsert each record into a PostgreSQL table by ``key`` (insert without one),
+        one transaction per micro-batch with the batch id recorded in it: exactly once.
+        The password comes from the environment variable ``password_env``."""
+        options: dict[str, Any] = {"table": table, "dsn": dsn, "key": key, "create": create}
+        if password_env is not None:
+            options["password_env"] = password_env
+        return self._sink(id, trigger, kind="postgres", options=options)
+
     def sink_parquet(
         self, path: str, *, trigger: str | float | None = None, id: str | None = None
     ) -> Flow:

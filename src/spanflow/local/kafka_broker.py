@@ -16,9 +16,9 @@ import socket
 import subprocess
 import time
 from pathlib import Path
-from types import TracebackType
 
 from spanflow.errors import SpanflowError
+from spanflow.local.server import LocalServer, free_port
 
 
 class BrokerError(SpanflowError):
@@ -42,17 +42,11 @@ def tansu_binary() -> Path:
     return path
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class LocalKafka:
+class LocalKafka(LocalServer):
     """One Tansu broker with in-memory storage on 127.0.0.1 (a context manager)."""
 
     def __init__(self, port: int | None = None, log: Path | None = None) -> None:
-        self.port = port or _free_port()
+        self.port = port or free_port()
         self.log = log
         self._proc: subprocess.Popen[bytes] | None = None
 
@@ -89,14 +83,3 @@ class LocalKafka:
                 self._proc.kill()
                 self._proc.wait()
         self._proc = None
-
-    def __enter__(self) -> LocalKafka:
-        return self.start()
-
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()

@@ -136,11 +136,12 @@ class PipelineRunner:
     def start(self) -> PipelineRunner:
         # Compile every sink before starting any, so a bad step fails with nothing running.
         compiled = {}
-        connectors.preflight(self.spec)  # an unreachable system or missing topic: now
         for sink in self.spec.sinks():
             sup = _Supervised(sink.id)
             self._queries[sink.id] = sup
             compiled[sink.id] = self._compile(sup)
+        # an unreachable system, a missing topic or table, a refused password: now
+        connectors.preflight(self.spec, {k: c.df.schema for k, c in compiled.items()})
         self._client = SyncNats(self.nats_url)
         self._ensure_streams()
         self._claim_fence()

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.types import StructType
 
 from spanflow.errors import CompileError
 from spanflow.spec.pipeline import PipelineSpec
@@ -46,9 +47,10 @@ class SinkContext:
 
 
 Reader = Callable[[SourceContext, SourceStep], DataFrame]
-Check = Callable[[SourceStep | SinkStep], None]
+Check = Callable[[SourceStep | SinkStep, StructType | None], None]
 """Raises CompileError when the step's external system cannot be used as configured
-(unreachable, a missing topic or table, refused credentials)."""
+(unreachable, a missing topic or table, refused credentials). A sink's check gets the
+schema of the rows it will write (to create or check a table)."""
 BatchWrite = Callable[[DataFrame, int], None]
 """``foreachBatch``'s function: (the micro-batch, its id)."""
 WriterFactory = Callable[[SinkContext, SinkStep], "BatchWriter"]
@@ -93,9 +95,10 @@ def checks(name: str) -> Callable[[Check], Check]:
     return register
 
 
-def preflight(spec: PipelineSpec) -> None:
+def preflight(spec: PipelineSpec, schemas: Mapping[str, StructType] | None = None) -> None:
     """Check every source and sink of an external system before a query starts, so a
-    wrong address, topic or credential is one clear error, not a restart loop."""
+    wrong address, topic or credential is one clear error, not a restart loop.
+    ``schemas``: each sink's row schema, by sink id."""
     _import_connectors()
     steps: list[tuple[str, SourceStep | SinkStep]] = [
         *((s.connector, s) for s in spec.sources()),
@@ -105,7 +108,7 @@ def preflight(spec: PipelineSpec) -> None:
         _check_library(step)
         check = _CHECKS.get(name)
         if check is not None:
-            check(step)
+            check(step, (schemas or {}).get(step.id))
 
 
 def _import_connectors() -> None:

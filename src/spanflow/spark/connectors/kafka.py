@@ -513,7 +513,7 @@ def _header(value: Any) -> bytes:
 
 
 @checks("kafka")
-def check_kafka(step: SourceStep | SinkStep) -> None:
+def check_kafka(step: SourceStep | SinkStep, schema: StructType | None = None) -> None:
     """The brokers answer and the topic exists (a sink's marker topic is created when
     its first batch is written)."""
     from confluent_kafka.admin import AdminClient

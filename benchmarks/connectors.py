@@ -11,7 +11,8 @@ runs once with a Kafka source and a Kafka sink (one transaction per micro-batch)
 once with a JetStream source and sink (two read tasks), each over every event;
 events/s over the batches after the first (the first pays Python worker start-up).
 Sinks alone: the JetStream events → filter → a PostgreSQL table (local PostgreSQL
-15, plain inserts, one transaction per micro-batch), rows/s written.
+15, plain inserts, one transaction per micro-batch), and → Parquet objects on a
+local S3 server (rclone serve s3, partitioned by nothing), rows/s written.
 
 Caveat: Tansu is not Apache Kafka (it keeps topics in memory, and its high watermark
 lags after multi-record produce batches: the preload ends with one single-record
@@ -43,6 +44,7 @@ from node_throughput import DEVICES, SCHEMA, measure_throughput, preload, window
 import spanflow as sf
 from spanflow.local.kafka_broker import LocalKafka
 from spanflow.local.postgres import LocalPostgres
+from spanflow.local.s3 import LocalS3
 from spanflow.nats import EmbeddedNats
 from spanflow.spark.session import build_session
 
@@ -120,6 +122,15 @@ def postgres_pipeline(dsn: str, batch_rows: int) -> sf.Flow:
     )
 
 
+def s3_pipeline(endpoint: str, batch_rows: int) -> sf.Flow:
+    return (
+        sf.Pipeline("bench-s3", trigger=0)
+        .source("BENCH_IN", schema=SCHEMA, max_rows_per_batch=batch_rows, partitions=PARTITIONS)
+        .filter("temperature > -50")
+        .sink_s3("bench", endpoint=endpoint)
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--events", type=int, default=500_000)
@@ -131,8 +142,14 @@ def main() -> None:
         EmbeddedNats(work / "nats", sync_always=False) as server,
         LocalKafka() as kafka,
         LocalPostgres() as postgres,
+        LocalS3() as s3,
     ):
         os.environ[PG_PASSWORD_ENV] = postgres.password
+        os.environ["AWS_ACCESS_KEY_ID"], os.environ["AWS_SECRET_ACCESS_KEY"] = (
+            s3.access_key,
+            s3.secret_key,
+        )
+        s3.make_bucket("bench")
         spark = build_session(app_name="spanflow-bench-connectors")
         print(f"pre-loading {args.events:,} events into JetStream and Kafka …", flush=True)
         js_rate = asyncio.run(preload(server.url, "BENCH_IN", "bench.in", args.events))
@@ -142,6 +159,7 @@ def main() -> None:
                                          partitions=PARTITIONS, batch_rows=args.batch_rows),
             "kafka": kafka_pipeline(kafka.bootstrap, "bench-in", args.batch_rows),
             "postgres_sink": postgres_pipeline(postgres.dsn, args.batch_rows),
+            "s3_sink": s3_pipeline(s3.endpoint, args.batch_rows),
         }  # fmt: skip
         results: dict[str, dict[str, Any]] = {}
         for case, flow in flows.items():

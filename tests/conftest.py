@@ -74,3 +74,18 @@ def postgres() -> Iterator[str]:
     os.environ[PG_PASSWORD_ENV] = server.password
     yield server.dsn
     server.stop()
+
+
+S3_KEY_ENV, S3_SECRET_ENV = "SPANFLOW_TEST_S3_KEY", "SPANFLOW_TEST_S3_SECRET"
+
+
+@pytest.fixture(scope="session")
+def s3() -> Iterator[object]:
+    """A real S3-compatible server (rclone serve s3, SigV4) for the session, its
+    credentials in the environment variables ``S3_KEY_ENV`` and ``S3_SECRET_ENV``."""
+    from spanflow.local.s3 import LocalS3
+
+    server = LocalS3().start()
+    os.environ[S3_KEY_ENV], os.environ[S3_SECRET_ENV] = server.access_key, server.secret_key
+    yield server
+    server.stop()

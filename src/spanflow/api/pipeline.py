@@ -640,6 +640,27 @@ class Stream:
             options["password_env"] = password_env
         return self._sink(id, trigger, kind="postgres", options=options)
 
+    def sink_s3(
+        self,
+        bucket: str,
+        *,
+        prefix: str | None = None,
+        endpoint: str | None = None,
+        format: str = "parquet",
+        partition_by: Sequence[str] = (),
+        trigger: str | float | None = None,
+        id: str | None = None,
+        **options: Any,
+    ) -> Flow:
+        """Write each micro-batch as Parquet (or JSON Lines) objects with deterministic
+        names, plus a manifest per batch; credentials from AWS_ACCESS_KEY_ID and
+        AWS_SECRET_ACCESS_KEY (or the variables ``access_key_env``/``secret_key_env``
+        name). See docs/connectors.md."""
+        given: dict[str, Any] = {"bucket": bucket, "prefix": prefix, "endpoint": endpoint}
+        given["format"] = format
+        given |= {"partition_by": tuple(partition_by), **options}
+        return self._sink(id, trigger, kind="s3", options=given)
+
     def sink_parquet(
         self, path: str, *, trigger: str | float | None = None, id: str | None = None
     ) -> Flow:

@@ -12,13 +12,10 @@ per batch (``linger.ms=0``, ``batch.num.messages=1``).
 from __future__ import annotations
 
 import shutil
-import socket
-import subprocess
-import time
 from pathlib import Path
 
 from spanflow.errors import SpanflowError
-from spanflow.local.server import LocalServer, free_port
+from spanflow.local.server import ProcessServer, free_port
 
 
 class BrokerError(SpanflowError):
@@ -42,13 +39,12 @@ def tansu_binary() -> Path:
     return path
 
 
-class LocalKafka(LocalServer):
+class LocalKafka(ProcessServer):
     """One Tansu broker with in-memory storage on 127.0.0.1 (a context manager)."""
 
     def __init__(self, port: int | None = None, log: Path | None = None) -> None:
         self.port = port or free_port()
         self.log = log
-        self._proc: subprocess.Popen[bytes] | None = None
 
     @property
     def bootstrap(self) -> str:
@@ -56,30 +52,10 @@ class LocalKafka(LocalServer):
 
     def start(self, timeout: float = 15.0) -> LocalKafka:
         url = f"tcp://127.0.0.1:{self.port}"
-        out = open(self.log, "ab") if self.log else subprocess.DEVNULL  # noqa: SIM115
-        self._proc = subprocess.Popen(
-            [str(tansu_binary()), "broker", "--listener-url", url,
-             "--advertised-listener-url", url, "--storage-engine", "memory://tansu/"],
-            stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self._proc.poll() is not None:
-                raise BrokerError(f"tansu exited with {self._proc.returncode} (log: {self.log})")
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
-                    return self
-            except OSError:
-                time.sleep(0.05)
-        self.stop()
-        raise BrokerError(f"tansu did not listen on {self.bootstrap} within {timeout:g} s")
+        args = [str(tansu_binary()), "broker", "--listener-url", url, "--advertised-listener-url",
+                url, "--storage-engine", "memory://tansu/"]  # fmt: skip
+        self._spawn(args, timeout, self.log)
+        return self
 
     def stop(self) -> None:
-        if self._proc is not None and self._proc.poll() is None:
-            self._proc.terminate()
-            try:
-                self._proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self._proc.wait()
-        self._proc = None
+        self._terminate()

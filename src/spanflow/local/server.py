@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import socket
+import subprocess
+import time
+from pathlib import Path
 from types import TracebackType
 from typing import Self
+
+from spanflow.errors import SpanflowError
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -32,3 +37,43 @@ class LocalServer:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
+
+
+class ProcessServer(LocalServer):
+    """A server that is one child process listening on ``port`` of 127.0.0.1."""
+
+    port: int
+    _proc: subprocess.Popen[bytes] | None = None
+
+    def _spawn(self, args: list[str], timeout: float, log: Path | None = None) -> None:
+        """Start ``args`` and wait until the port accepts connections (a SpanflowError
+        naming the program when it exits or stays silent)."""
+        name = Path(args[0]).name
+        out = open(log, "ab") if log else subprocess.DEVNULL  # noqa: SIM115
+        self._proc = subprocess.Popen(
+            args, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                code = self._proc.returncode
+                raise SpanflowError(
+                    f"{name} exited with {code}" + (f" (log: {log})" if log else "")
+                )
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
+                    return
+            except OSError:
+                time.sleep(0.05)
+        self._terminate()
+        raise SpanflowError(f"{name} did not listen on port {self.port} within {timeout:g} s")
+
+    def _terminate(self) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.terminate()
+            try:
+                self._proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+        self._proc = None

@@ -319,7 +319,7 @@ class PipelineRunner:
             writer = writer.foreachBatch(self._console_writer(sink))
         else:
             context = SinkContext(pipeline=self.spec.instance, check_fence=self._check_fence)
-            batch_writer = connectors.writer(sink)(context, sink)
+            batch_writer = connectors.writer(sink)(context, sink.id, sink.options)
             old = self._writers.pop(sink.id, None)
             if old is not None:
                 old.close()

@@ -53,7 +53,9 @@ Check = Callable[[SourceStep | SinkStep, StructType | None], None]
 schema of the rows it will write (to create or check a table)."""
 BatchWrite = Callable[[DataFrame, int], None]
 """``foreachBatch``'s function: (the micro-batch, its id)."""
-WriterFactory = Callable[[SinkContext, SinkStep], "BatchWriter"]
+WriterFactory = Callable[[SinkContext, str, Any], "BatchWriter"]
+"""Makes a sink's writer from (context, sink id, the sink's typed options): a
+:class:`BatchWriter` subclass registered with :func:`writes`."""
 
 
 class BatchWriter:

@@ -360,17 +360,11 @@ def _text(value: bytes | str | None) -> str | None:
 
 
 # -- sink ----------------------------------------------------------------------------------
-@writes("kafka")
-def kafka_writer(ctx: SinkContext, sink: SinkStep) -> BatchWriter:
-    options = sink.options
-    assert isinstance(options, KafkaSinkOptions)
-    return KafkaWriter(ctx, sink.id, options)
-
-
 def marker_topic(pipeline: str, sink: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]", "_", f"_spanflow.{pipeline}.{sink}")[:249]
 
 
+@writes("kafka")
 class KafkaWriter(BatchWriter):
     """One transaction per micro-batch, with the batch id on a marker topic."""
 

@@ -209,12 +209,6 @@ def _move_statement(options: PostgresSinkOptions, names: list[str], prefix: str 
 
 
 @writes("postgres")
-def postgres_writer(ctx: SinkContext, sink: SinkStep) -> BatchWriter:
-    options = sink.options
-    assert isinstance(options, PostgresSinkOptions)
-    return PostgresWriter(ctx, sink.id, options)
-
-
 class PostgresWriter(BatchWriter):
     """One transaction per micro-batch; the batch id recorded in the same transaction."""
 

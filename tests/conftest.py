@@ -89,3 +89,14 @@ def s3() -> Iterator[object]:
     os.environ[S3_KEY_ENV], os.environ[S3_SECRET_ENV] = server.access_key, server.secret_key
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def mongodb() -> Iterator[str]:
+    """A MongoDB wire-protocol server for the session — nx-27017, an emulator (no real
+    mongod installs here) — its URI."""
+    from spanflow.local.mongodb import LocalMongo
+
+    server = LocalMongo().start()
+    yield server.uri
+    server.stop()

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -209,3 +210,31 @@ def run_pipeline_process(
         start_new_session=True,
         env={**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"},
     )
+
+
+def sigkill_twice_then_finish(
+    pipeline: Path,
+    nats_url: str,
+    tmp_path: Path,
+    written: Callable[[], int],
+    expected: int,
+    timeout: float = 180.0,
+) -> Path:
+    """``spanflow run PIPELINE``, SIGKILLed (the whole process tree, as a power cut
+    would) once ``written()`` reaches 15 % and again at 50 % of ``expected``, then run
+    until it reaches ``expected`` and stopped. Returns the run's log."""
+    data_dir, log = tmp_path / "node", tmp_path / "run.log"
+    for fraction in (0.15, 0.5):
+        proc = run_pipeline_process(pipeline, nats_url, data_dir, log)
+        try:
+            wait_for(lambda f=fraction: written() >= expected * f, timeout=timeout)  # type: ignore[misc]
+        finally:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    proc = run_pipeline_process(pipeline, nats_url, data_dir, log)
+    try:
+        wait_for(lambda: written() >= expected, timeout=timeout)
+    finally:
+        proc.terminate()
+        proc.wait(60)
+    return log

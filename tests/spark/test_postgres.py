@@ -3,8 +3,6 @@ updates by key, and clear errors at start."""
 
 from __future__ import annotations
 
-from collections import Counter
-
 import psycopg
 import pytest
 
@@ -12,10 +10,10 @@ import spanflow as sf
 from spanflow.errors import CompileError, SpecError
 from spanflow.spark.runner import PipelineRunner
 from tests.conftest import PG_PASSWORD_ENV
-from tests.helpers import publish, wait_for
+from tests.helpers import wait_for
+from tests.spark import sink_cases
 
-BASE = 1_800_000_000
-SCHEMA = {"id": "long", "device": "string", "v": "double", "ts": "timestamp"}
+SCHEMA = sink_cases.SCHEMA
 
 
 def rows(dsn: str, query: str) -> list[tuple]:
@@ -31,40 +29,22 @@ def rows(dsn: str, query: str) -> list[tuple]:
 def test_rows_inserted_and_window_updates_upserted_by_key(
     spark, nats_url, postgres, checkpoints, uid
 ):
-    records = [
-        {"id": i, "device": "ab"[i % 2], "v": float(i), "ts": BASE + i * 0.5} for i in range(40)
-    ]
-    p = sf.Pipeline(f"pg-{uid}", trigger="0.5s")
-    readings = p.source(
-        f"PGIN_{uid}", subjects=[f"pgin{uid}"], schema=SCHEMA, event_time="ts",
-        max_out_of_orderness="1s",
-    )  # fmt: skip
+    records, readings = sink_cases.readings(uid, "pg")
     plain = readings.filter("id % 4 != 0").sink_postgres(
         f"readings_{uid}", dsn=postgres, password_env=PG_PASSWORD_ENV
     )
-    windows = (
-        readings.key_by("device")
-        .window(tumbling="5s")
-        .aggregate(emit="updates", n="count", total="sum(v)")
-        .sink_postgres(
-            f"windows_{uid}", dsn=postgres, password_env=PG_PASSWORD_ENV,
-            key=["device", "window_start"],
-        )
+    windows = sink_cases.windows_of(readings).sink_postgres(
+        f"windows_{uid}", dsn=postgres, password_env=PG_PASSWORD_ENV,
+        key=["device", "window_start"],
     )  # fmt: skip
-    flow = plain.merge(windows)
     expected_rows = sorted((r["id"], r["device"], r["v"]) for r in records if r["id"] % 4)
-    expected_windows: Counter = Counter()
-    totals: Counter = Counter()
-    for r in records:
-        key = (r["device"], int((r["ts"] // 5) * 5))
-        expected_windows[key] += 1
-        totals[key] += r["v"]
-    runner = PipelineRunner(spark, flow.spec(), nats_url=nats_url, checkpoint_dir=checkpoints)
-    runner.start()
+    runner = PipelineRunner(
+        spark, plain.merge(windows).spec(), nats_url=nats_url, checkpoint_dir=checkpoints
+    ).start()
     try:
-        publish(nats_url, f"PGIN_{uid}", f"pgin{uid}", records[:20])
+        sink_cases.publish_readings(nats_url, uid, "pg", records[:20])
         wait_for(lambda: len(rows(postgres, f"SELECT id FROM readings_{uid}")) >= 15)
-        publish(nats_url, f"PGIN_{uid}", f"pgin{uid}", records[20:])
+        sink_cases.publish_readings(nats_url, uid, "pg", records[20:])
         wait_for(lambda: len(rows(postgres, f"SELECT id FROM readings_{uid}")) >= 30)
 
         def windows_done() -> bool:
@@ -81,9 +61,7 @@ def test_rows_inserted_and_window_updates_upserted_by_key(
         postgres,
         f"SELECT device, extract(epoch from window_start)::bigint, n, total FROM windows_{uid}",
     )
-    assert {(d, s): (n, t) for d, s, n, t in got_windows} == {
-        k: (expected_windows[k], totals[k]) for k in expected_windows
-    }
+    assert {(d, s): (n, t) for d, s, n, t in got_windows} == sink_cases.expected_windows(records)
     markers = rows(postgres, f"SELECT sink FROM spanflow_sink_batches WHERE pipeline = 'pg-{uid}'")
     assert len(markers) == 2
 

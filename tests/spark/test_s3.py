@@ -4,9 +4,6 @@ objects and a manifest per batch, exactly once across a SIGKILL, clear start err
 from __future__ import annotations
 
 import io
-import os
-import signal
-from collections import Counter
 
 import boto3
 import orjson
@@ -17,7 +14,7 @@ import spanflow as sf
 from spanflow.errors import CompileError
 from spanflow.spark.runner import PipelineRunner
 from tests.conftest import S3_KEY_ENV, S3_SECRET_ENV
-from tests.helpers import publish, run_pipeline_process, wait_for
+from tests.helpers import publish, wait_for
 
 SCHEMA = {"id": "long", "site": "string", "v": "double"}
 CREDENTIALS = {"access_key_env": S3_KEY_ENV, "secret_key_env": S3_SECRET_ENV}
@@ -95,43 +92,3 @@ def test_a_missing_bucket_or_wrong_secret_is_one_clear_error_at_start(
         start(f"ok-{uid}", access_key_env="NOT_SET_HERE", secret_key_env=S3_SECRET_ENV)
     with pytest.raises(CompileError, match=r"partition_by \['nope'\]"):
         start(f"ok-{uid}", partition_by=["nope"], **CREDENTIALS)
-
-
-@pytest.mark.slow
-def test_s3_objects_exactly_once_across_sigkill_restarts(nats_url, s3, tmp_path, uid):
-    bucket, n = f"eo-{uid}", 3000
-    s3.make_bucket(bucket)
-    records = [{"id": i, "site": "ab"[i % 2], "v": float(i)} for i in range(n)]
-    publish(nats_url, f"S3EO_{uid}", f"s3eo{uid}.r", records)
-    pipeline = tmp_path / "pipeline.yaml"
-    pipeline.write_text(f"""
-name: s3eo-{uid}
-trigger: 0s
-sources:
-  - {{id: in, stream: S3EO_{uid}, subjects: ["s3eo{uid}.>"], max_rows_per_batch: 200,
-     schema: {{id: long, site: string, v: double}}, to: [out]}}
-sinks:
-  - {{id: out, type: s3, bucket: {bucket}, endpoint: "{s3.endpoint}", format: jsonl,
-     access_key_env: {S3_KEY_ENV}, secret_key_env: {S3_SECRET_ENV}, partition_by: [site]}}
-""")
-    data_dir, log = tmp_path / "node", tmp_path / "run.log"
-    prefix = f"s3eo-{uid}/out"
-
-    def written() -> int:
-        return len(committed_rows(s3, bucket, prefix))
-
-    for fraction in (0.15, 0.5):
-        proc = run_pipeline_process(pipeline, nats_url, data_dir, log)
-        try:
-            wait_for(lambda f=fraction: written() >= n * f, timeout=180)
-        finally:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    proc = run_pipeline_process(pipeline, nats_url, data_dir, log)
-    try:
-        wait_for(lambda: written() >= n, timeout=180)
-    finally:
-        proc.terminate()
-        proc.wait(60)
-    got = Counter(r["id"] for r in committed_rows(s3, bucket, prefix))
-    assert got == Counter(range(n)), log.read_text()[-3000:]

@@ -661,6 +661,22 @@ class Stream:
         given |= {"partition_by": tuple(partition_by), **options}
         return self._sink(id, trigger, kind="s3", options=given)
 
+    def sink_mongodb(
+        self,
+        collection: str,
+        *,
+        uri: str,
+        database: str,
+        key: str | Sequence[str] = (),
+        trigger: str | float | None = None,
+        id: str | None = None,
+        **options: Any,
+    ) -> Flow:
+        """Upsert each record as a document by a deterministic ``_id`` (the key's
+        values, or the batch and the row without a key). See docs/connectors.md."""
+        given = {"collection": collection, "uri": uri, "database": database, "key": key}
+        return self._sink(id, trigger, kind="mongodb", options={**given, **options})
+
     def sink_parquet(
         self, path: str, *, trigger: str | float | None = None, id: str | None = None
     ) -> Flow:

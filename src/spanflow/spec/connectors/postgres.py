@@ -10,11 +10,10 @@ the moment of a crash.
 from __future__ import annotations
 
 import re
-from typing import Any
 
 from pydantic import Field, field_validator
 
-from spanflow.spec.connectors.base import Connector, ConnectorOptions, register
+from spanflow.spec.connectors.base import Connector, ConnectorOptions, KeyFields, register
 
 IDENTIFIER = r"^[A-Za-z_][A-Za-z0-9_]{0,62}$"
 TABLE = r"^([A-Za-z_][A-Za-z0-9_]{0,62}\.)?[A-Za-z_][A-Za-z0-9_]{0,62}$"
@@ -31,7 +30,7 @@ class PostgresSinkOptions(ConnectorOptions):
         description="Environment variable holding the password (read where the query runs).",
     )
     table: str = Field(pattern=TABLE, description="Target table, optionally 'schema.table'.")
-    key: tuple[str, ...] = Field(
+    key: KeyFields = Field(
         default=(),
         description="Columns that identify a row: each row is upserted by them (a window's "
         "later update replaces its earlier one). Without a key rows are inserted.",
@@ -42,11 +41,6 @@ class PostgresSinkOptions(ConnectorOptions):
         "the key as primary key); false: a missing table is an error at start.",
     )
     connect_timeout: float = Field(default=10.0, gt=0, le=300)
-
-    @field_validator("key", mode="before")
-    @classmethod
-    def _one_or_many(cls, value: Any) -> Any:
-        return (value,) if isinstance(value, str) else value
 
     @field_validator("key")
     @classmethod

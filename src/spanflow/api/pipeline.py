@@ -677,6 +677,22 @@ class Stream:
         given = {"collection": collection, "uri": uri, "database": database, "key": key}
         return self._sink(id, trigger, kind="mongodb", options={**given, **options})
 
+    def sink_webhook(
+        self,
+        url: str,
+        *,
+        headers: Mapping[str, str] | None = None,
+        headers_env: Mapping[str, str] | None = None,
+        trigger: str | float | None = None,
+        id: str | None = None,
+        **options: Any,
+    ) -> Flow:
+        """POST each record as JSON to ``url`` with an ``Idempotency-Key`` header,
+        retrying with back-off; refused after the last try: dead-lettered.
+        ``headers_env`` maps header names to environment variables (secrets)."""
+        given = {"url": url, "headers": dict(headers or {}), "headers_env": dict(headers_env or {})}
+        return self._sink(id, trigger, kind="webhook", options={**given, **options})
+
     def sink_parquet(
         self, path: str, *, trigger: str | float | None = None, id: str | None = None
     ) -> Flow:

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
 from typing import Annotated, Any
@@ -96,6 +97,17 @@ def run(
     source_stream: SourceStreamOption = None,
     sink_stream: SinkStreamOption = None,
     kafka: KafkaOption = None,
+    http_listen: Annotated[
+        str | None,
+        typer.Option(
+            help="Also take readings over HTTP, HOST:PORT: POST /ingest/<subject> answers "
+            "once JetStream has stored them (beyond 127.0.0.1 it needs --http-token)."
+        ),
+    ] = None,
+    http_token: Annotated[
+        str | None,
+        typer.Option(help="Bearer token HTTP ingest requires.", envvar="SPANFLOW_HTTP_TOKEN"),
+    ] = None,
     feed: Annotated[
         list[str] | None,
         typer.Option(
@@ -120,9 +132,16 @@ def run(
 
     stop = _Interrupted()
     directory = _data_dir(data_dir)
-    with nats_url(
-        nats, directory, mqtt=mqtt, mqtt_listen=mqtt_listen, prepare=partial(_source_streams, spec)
-    ) as url:
+    with (
+        nats_url(
+            nats,
+            directory,
+            mqtt=mqtt,
+            mqtt_listen=mqtt_listen,
+            prepare=partial(_source_streams, spec),
+        ) as url,
+        _ingest(url, http_listen, http_token),
+    ):
         err.print(f"starting Spark for pipeline [bold]{spec.name}[/bold] …")
         spark = build_session(
             master=master, app_name=f"spanflow-{spec.name}", realtime_slots=spec.realtime_slots()
@@ -299,6 +318,29 @@ def simulate(
 
     with nats_url(nats, _data_dir(data_dir)) as url:
         asyncio.run(go(url))
+
+
+@contextlib.contextmanager
+def _ingest(url: str, listen: str | None, token: str | None) -> Iterator[None]:
+    """HTTP ingest for the duration of the block, when asked for (after the source
+    streams exist: a reading answered 200 must find its stream)."""
+    if not listen:
+        yield
+        return
+    from spanflow.nats.server import split_listen
+    from spanflow.server.ingest import IngestServer
+
+    try:
+        host, port = split_listen(listen)
+        server = IngestServer(url, host, port, token).start()
+    except (ValueError, RuntimeError) as exc:
+        _error(ValueError(f"--http-listen: {exc}"))
+        raise typer.Exit(2) from None
+    err.print(f"HTTP ingest on {server.host}:{server.port} (POST /ingest/<subject>)")
+    try:
+        yield
+    finally:
+        server.stop()
 
 
 def _check_mqtt(nats: str | None, mqtt: bool, mqtt_listen: str | None) -> None:

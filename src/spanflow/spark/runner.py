@@ -318,7 +318,9 @@ class PipelineRunner:
         elif sink.kind == "console":
             writer = writer.foreachBatch(self._console_writer(sink))
         else:
-            context = SinkContext(pipeline=self.spec.instance, check_fence=self._check_fence)
+            context = SinkContext(
+                pipeline=self.spec.instance, check_fence=self._check_fence, nats_url=self.nats_url
+            )
             batch_writer = connectors.writer(sink)(context, sink.id, sink.options)
             old = self._writers.pop(sink.id, None)
             if old is not None:

@@ -44,6 +44,8 @@ class SinkContext:
 
     pipeline: str
     check_fence: Callable[[], None]
+    nats_url: str = ""
+    """Where the pipeline's dead letters go (a writer that gives up on a record)."""
 
 
 Reader = Callable[[SourceContext, SourceStep], DataFrame]

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import importlib.util
+import re
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict
 
 from spanflow.errors import SpecError
 
@@ -14,6 +15,20 @@ Role = Literal["source", "sink"]
 
 KeyFields = Annotated[tuple[str, ...], BeforeValidator(lambda v: (v,) if isinstance(v, str) else v)]
 """The fields that identify a record in an external system: one name or a list."""
+
+
+def url_check(*schemes: str, what: str, passwords: bool = True) -> AfterValidator:
+    """A validator of a URL that must start with one of ``schemes`` (and, with
+    ``passwords=False``, hold no ``user:password@``: secrets stay out of specs)."""
+
+    def check(value: str) -> str:
+        if not value.startswith(schemes):
+            raise ValueError(f"{what} starts with {' or '.join(schemes)}")
+        if not passwords and re.search(r"://[^/@:]+:[^/@]+@", value):
+            raise ValueError(f"put no password in the {what}: name an environment variable")
+        return value
+
+    return AfterValidator(check)
 
 
 class ConnectorOptions(BaseModel):

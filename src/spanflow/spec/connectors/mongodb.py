@@ -4,15 +4,25 @@ again changes nothing."""
 
 from __future__ import annotations
 
-import re
+from typing import Annotated
 
-from pydantic import Field, field_validator
+from pydantic import Field
 
-from spanflow.spec.connectors.base import Connector, ConnectorOptions, KeyFields, register
+from spanflow.spec.connectors.base import (
+    Connector,
+    ConnectorOptions,
+    KeyFields,
+    register,
+    url_check,
+)
+
+MongoUri = Annotated[
+    str, url_check("mongodb://", "mongodb+srv://", what="MongoDB URI", passwords=False)
+]
 
 
 class MongoSinkOptions(ConnectorOptions):
-    uri: str = Field(
+    uri: MongoUri = Field(
         description="'mongodb://host:27017[,host2...]/?replicaSet=...'; no password in it: "
         "use username and password_env."
     )
@@ -31,16 +41,6 @@ class MongoSinkOptions(ConnectorOptions):
         "the row, so each row is one document.",
     )
     timeout: float = Field(default=10.0, gt=0, le=300, description="Server selection, seconds.")
-
-    @field_validator("uri")
-    @classmethod
-    def _no_password(cls, value: str) -> str:
-        if not value.startswith(("mongodb://", "mongodb+srv://")):
-            raise ValueError("a MongoDB URI starts with mongodb:// or mongodb+srv://")
-        if re.search(r"://[^/@:]+:[^/@]+@", value):
-            raise ValueError("put no password in the URI: name an environment variable with "
-                             "password_env")  # fmt: skip
-        return value
 
 
 SINK = register(

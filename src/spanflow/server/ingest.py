@@ -1,0 +1,190 @@
+"""HTTP ingest: devices and services POST JSON readings; the answer comes once
+JetStream has stored them.
+
+``POST /ingest/<subject>`` with a JSON body — one object (or value) is one message, a
+JSON array is one message per element, ``application/x-ndjson`` is one per line —
+publishes each to ``<subject>`` and waits for JetStream's acknowledgement:
+
+* **200** ``{"stored": n, "stream": ..., "first_seq": ..., "last_seq": ...}``: every
+  message is stored (a reading told 200 is never lost);
+* **400** with the reason (and the line or element) for a body that is not JSON, or
+  an empty one; **413** for one over ``max_body`` bytes; **401** without the token
+  when one is configured;
+* **404** when no stream captures the subject; **503** when JetStream does not answer
+  in time or refuses (a full stream with ``discard: new``): nothing is acknowledged,
+  so the client retries.
+
+An ``Idempotency-Key`` header makes a retried POST store nothing twice: each
+message's ``Nats-Msg-Id`` is ``<key>`` (or ``<key>:<n>`` for the n-th element), which
+JetStream de-duplicates within the stream's duplicate window. Stored messages carry
+no other change: what a pipeline's source reads is the JSON as posted.
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import orjson
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from spanflow.nats.streams import connect
+
+MAX_BODY = 4 * 1024 * 1024
+INGEST_TIMEOUT = 10.0
+
+
+class BadBody(ValueError):
+    """The body is not what the endpoint takes; the message says why and where."""
+
+
+def split_body(body: bytes, content_type: str) -> list[bytes]:
+    """The messages a body stands for, each as compact JSON (BadBody if malformed).
+
+    >>> split_body(b'[{"t": 1}, 2]', "application/json")
+    [b'{"t":1}', b'2']
+    >>> split_body(b'{"t": 1}\\n{"t": 2}\\n', "application/x-ndjson")
+    [b'{"t":1}', b'{"t":2}']
+    """
+    if not body.strip():
+        raise BadBody("empty body: send a JSON object, a JSON array or JSON lines")
+    if "ndjson" in content_type or "jsonlines" in content_type:
+        out = []
+        for n, line in enumerate(body.splitlines(), start=1):
+            if line.strip():
+                out.append(_compact(line, f"line {n}"))
+        return out
+    value = _parse(body, "body")
+    if isinstance(value, list):
+        if not value:
+            raise BadBody("an empty JSON array has no readings")
+        return [orjson.dumps(v) for v in value]
+    return [orjson.dumps(value)]
+
+
+def _parse(data: bytes, where: str) -> Any:
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise BadBody(f"{where}: not valid JSON: {exc}") from None
+
+
+def _compact(data: bytes, where: str) -> bytes:
+    return orjson.dumps(_parse(data, where))
+
+
+def create_ingest_app(nats_url: str, token: str | None = None) -> FastAPI:
+    """The ingest endpoint over the NATS server at ``nats_url``."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        app.state.nc = await connect(nats_url)
+        yield
+        await app.state.nc.close()
+
+    app = FastAPI(title="spanflow ingest", lifespan=lifespan, docs_url=None, redoc_url=None)
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.post("/ingest/{subject}")
+    async def ingest(subject: str, request: Request) -> JSONResponse:
+        if token is not None:
+            given = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
+            if not hmac.compare_digest(given.encode(), token.encode()):
+                return _error(401, "missing or wrong bearer token")
+        if not _valid_subject(subject):
+            return _error(400, f"{subject!r} is not a subject (tokens of letters, digits, -_)")
+        body = await request.body()
+        if len(body) > MAX_BODY:
+            return _error(413, f"body over {MAX_BODY} bytes: split it")
+        try:
+            messages = split_body(body, request.headers.get("content-type", ""))
+        except BadBody as exc:
+            return _error(400, str(exc))
+        key = request.headers.get("idempotency-key")
+        return await _store(request.app.state.nc, subject, messages, key)
+
+    return app
+
+
+def _valid_subject(subject: str) -> bool:
+    tokens = subject.split(".")
+    return all(t and all(c.isalnum() or c in "-_" for c in t) for t in tokens)
+
+
+async def _store(nc: Any, subject: str, messages: list[bytes], key: str | None) -> JSONResponse:
+    from nats.errors import NoRespondersError
+    from nats.errors import TimeoutError as NatsTimeout
+    from nats.js.errors import APIError, NoStreamResponseError
+
+    js = nc.jetstream()
+    acks = []
+    try:
+        for n, message in enumerate(messages):
+            headers = None
+            if key:
+                headers = {"Nats-Msg-Id": key if len(messages) == 1 else f"{key}:{n}"}
+            acks.append(await js.publish(subject, message, headers=headers, timeout=INGEST_TIMEOUT))
+    except (NoRespondersError, NoStreamResponseError):
+        return _error(404, f"no stream captures subject {subject!r}", stored=len(acks))
+    except NatsTimeout:
+        return _error(503, "JetStream did not acknowledge in time: retry", stored=len(acks))
+    except APIError as exc:
+        return _error(503, f"JetStream refused: {exc.description}", stored=len(acks))
+    return JSONResponse(
+        {
+            "stored": len(acks),
+            "duplicates": sum(bool(a.duplicate) for a in acks),
+            "stream": acks[0].stream,
+            "first_seq": acks[0].seq,
+            "last_seq": acks[-1].seq,
+        }
+    )
+
+
+def _error(status: int, detail: str, **extra: Any) -> JSONResponse:
+    return JSONResponse({"detail": detail, **extra}, status_code=status)
+
+
+class IngestServer:
+    """The ingest app served by uvicorn in a background thread (``spanflow run``)."""
+
+    def __init__(self, nats_url: str, host: str, port: int, token: str | None = None) -> None:
+        import uvicorn
+
+        if token is None and host not in ("127.0.0.1", "localhost", "::1"):
+            raise ValueError(
+                f"HTTP ingest on {host} would take readings from anyone on the network: "
+                "give a token (--http-token) or listen on 127.0.0.1"
+            )
+        config = uvicorn.Config(
+            create_ingest_app(nats_url, token), host=host, port=port, log_level="warning"
+        )
+        self.server = uvicorn.Server(config)
+        self.host, self.port = host, port
+        self._thread: Any = None
+
+    def start(self, timeout: float = 10.0) -> IngestServer:
+        import threading
+        import time
+
+        self._thread = threading.Thread(target=self.server.run, name="ingest", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + timeout
+        while not self.server.started:
+            if time.monotonic() > deadline or not self._thread.is_alive():
+                raise RuntimeError(f"HTTP ingest did not start on {self.host}:{self.port}")
+            time.sleep(0.05)
+        if self.port == 0:  # a free port was asked for: which one it got
+            self.port = self.server.servers[0].sockets[0].getsockname()[1]
+        return self
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(10)

@@ -1,0 +1,50 @@
+"""Webhooks: each record POSTed as JSON to a URL (alerts to an incident tool, a chat
+channel, a customer's endpoint), with retries and an idempotency key.
+
+HTTP has no transactions, so delivery is at least once with an ``Idempotency-Key``
+header that is the same whenever a record is sent again (a retry, or a replayed
+micro-batch): a receiver that remembers keys sees each record once. A record still
+refused after the last try goes to the dead-letter stream with the reason, and the
+pipeline goes on.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import Field
+
+from spanflow.spec.connectors.base import Connector, ConnectorOptions, register, url_check
+
+HttpUrl = Annotated[str, url_check("http://", "https://", what="webhook url")]
+
+
+class WebhookSinkOptions(ConnectorOptions):
+    url: HttpUrl = Field(description="Where each record is POSTed (http:// or https://).")
+    headers: dict[str, str] = Field(
+        default_factory=dict, description="Headers sent with every request (no secrets)."
+    )
+    headers_env: dict[str, str] = Field(
+        default_factory=dict,
+        description="Headers whose values come from environment variables, e.g. "
+        "{Authorization: ALERTS_WEBHOOK_AUTH}: secrets stay out of the pipeline.",
+    )
+    timeout: float = Field(default=10.0, gt=0, le=300, description="Seconds per request.")
+    retries: int = Field(default=5, ge=0, le=20, description="Tries after the first one.")
+    backoff: float = Field(
+        default=0.5, ge=0, le=60, description="Seconds before the first retry; doubles each time."
+    )
+    max_backoff: float = Field(default=30.0, ge=0, le=600)
+    concurrency: int = Field(default=16, ge=1, le=256, description="Requests in flight.")
+
+
+SINK = register(
+    Connector(
+        name="webhook",
+        role="sink",
+        options=WebhookSinkOptions,
+        exactly_once="at least once, with an Idempotency-Key header derived from (pipeline, "
+        "sink, batch, record content) that repeats on every resend: receivers that remember "
+        "keys see each record once; refused after the last try → dead letter",
+    )
+)

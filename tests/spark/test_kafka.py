@@ -107,3 +107,77 @@ sinks:
         load_pipeline_text(text, "k.yaml")
     assert "k.yaml:4: sources[0].bootstrap: Field required" in str(info.value)
     assert "k.yaml:6: sinks[0].topic: String should match pattern" in str(info.value)
+
+
+AVRO = {
+    "type": "record",
+    "name": "Reading",
+    "fields": [
+        {"name": "device", "type": "string"},
+        {"name": "t", "type": ["null", "double"]},
+        {"name": "ts", "type": {"type": "long", "logicalType": "timestamp-millis"}},
+    ],
+}
+
+
+def _avro(record: dict, schema_id: int | None) -> bytes:
+    import io
+
+    import fastavro
+
+    buffer = io.BytesIO()
+    fastavro.schemaless_writer(buffer, fastavro.parse_schema(AVRO), record)
+    body = buffer.getvalue()
+    return body if schema_id is None else b"\x00" + schema_id.to_bytes(4, "big") + body
+
+
+def test_avro_in_confluent_wire_format_is_read_and_bad_records_dead_lettered(
+    spark, nats_url, kafka, checkpoints, uid, tmp_path
+):
+    from datetime import UTC, datetime
+
+    src, out = f"avro-{uid}", f"avro-out-{uid}"
+    create_topic(kafka, src, partitions=2)
+    create_topic(kafka, out)
+    base = datetime(2026, 11, 25, tzinfo=UTC)
+    good = [
+        {"device": "ab"[i % 2], "t": None if i == 3 else 20.0 + i,
+         "ts": base.replace(second=i)}
+        for i in range(12)
+    ]  # fmt: skip
+    bad = [_avro(good[0], None), b"\x00\x00\x00\x00\x07\xff\xff", b"{not avro}"]
+    produce(kafka, src, [_avro(r, 7) for r in good] + bad)
+    (tmp_path / "reading.avsc").write_text(orjson.dumps(AVRO).decode())
+    spec = load_pipeline_text(
+        f"""
+name: av-{uid}
+trigger: 0.5s
+sources:
+  - {{id: readings, type: kafka, topic: {src}, bootstrap: "{kafka}", format: avro,
+     avro_schema: reading.avsc, avro_framing: confluent, event_time: ts, to: [out]}}
+sinks:
+  - {{id: out, type: kafka, topic: {out}, bootstrap: "{kafka}", key: device}}
+""",
+        str(tmp_path / "pipeline.yaml"),
+    )
+    assert spec.sources()[0].schema_ == {"device": "string", "t": "double?", "ts": "timestamp"}
+    runner = PipelineRunner(spark, spec, nats_url=nats_url, checkpoint_dir=checkpoints)
+    runner.start()
+    try:
+        wait_for(lambda: len(read_topic(kafka, out)) >= len(good))
+        wait_for(lambda: len(_letters(nats_url, f"av-{uid}")) >= len(bad))
+        runner.await_idle()
+    finally:
+        runner.stop()
+    got = sorted(
+        (orjson.loads(v) for _, _, _, v, _ in read_topic(kafka, out)), key=lambda r: r["ts"]
+    )
+    assert [(r["device"], r["t"]) for r in got] == [(r["device"], r["t"]) for r in good]
+    assert got[5]["ts"].startswith("2026-11-25T00:00:05")
+    reasons = sorted(h["Spanflow-Reason"] for h, _ in _letters(nats_url, f"av-{uid}"))
+    assert len(reasons) == 3 and all(r.startswith("not valid avro") for r in reasons)
+    assert sum("Confluent" in r for r in reasons) == 2
+
+
+def _letters(nats_url: str, pipeline: str) -> list:
+    return [(h, d) for h, d, s in read_all(nats_url, "SPANFLOW_DLQ") if pipeline in s]

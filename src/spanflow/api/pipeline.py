@@ -28,6 +28,7 @@ from pydantic import ValidationError
 
 from spanflow.api.patterns import Pattern
 from spanflow.api.processor import KeyedProcessor
+from spanflow.api.yaml_loader import read_avro_schema
 from spanflow.errors import SpecError
 from spanflow.spec import (
     AggregateStep,
@@ -146,20 +147,33 @@ class Pipeline:
         start_time: str | None = None,
         max_rows_per_batch: int = 200_000,
         config: Mapping[str, str] | None = None,
+        avro_schema: Mapping[str, Any] | str | None = None,
+        avro_framing: str = "plain",
         id: str | None = None,
     ) -> Stream:
         """Read a Kafka topic; each record's value is decoded into one record, with its
         key, partition, offset, timestamp and headers as ``_key``, ``_partition``,
         ``_seq``, ``_published`` and ``_headers``. ``event_time="_published"`` takes
-        the Kafka timestamp as event time. See docs/connectors.md."""
+        the Kafka timestamp as event time. ``format="avro"`` with ``avro_schema`` (a
+        mapping or an .avsc path; ``avro_framing="confluent"`` for Confluent's wire
+        format) reads Avro records; without ``schema`` their fields are the Avro
+        record's. See docs/connectors.md."""
         options: dict[str, Any] = {"topic": topic, "bootstrap": bootstrap}
         if start_time is not None:
             options["start_time"] = start_time
         if config:
             options["config"] = dict(config)
+        avro: dict[str, Any] = {}
+        if avro_schema is not None:
+            avro["avro_schema"] = (
+                read_avro_schema(avro_schema, ".")
+                if isinstance(avro_schema, str)
+                else dict(avro_schema)
+            )
+            avro["avro_framing"] = avro_framing
         return self._source(
             id or re.sub(r"[^A-Za-z0-9_]", "_", topic.lower()),
-            dict(connector="kafka", options=options),
+            dict(connector="kafka", options=options, **avro),
             schema=dict(schema or {}),
             format=format,
             key=key,

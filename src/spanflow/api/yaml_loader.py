@@ -26,6 +26,7 @@ Python objects are ever constructed from it.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -130,6 +131,12 @@ def _native_document(
             step.pop("to", None)
             if section == "sources":
                 step = _connector_step(step, "source", "connector", SourceStep)
+                if isinstance(step.get("avro_schema"), str):
+                    try:
+                        step["avro_schema"] = read_avro_schema(step["avro_schema"], path)
+                    except ValueError as exc:
+                        where = (*at, "avro_schema")
+                        problems.append((lines.get(where), field_text(where), str(exc)))
             elif section == "sinks":
                 step = _connector_step(step, "sink", "kind", SinkStep)
             steps.append(step)
@@ -171,6 +178,22 @@ def _native_document(
     }
     document["steps"] = steps
     return document, origin, problems
+
+
+def read_avro_schema(given: str, pipeline_path: str) -> dict[str, Any]:
+    """An .avsc file's schema; a relative path is relative to the pipeline file."""
+    path = Path(given)
+    if not path.is_absolute():
+        path = Path(pipeline_path).parent / path
+    try:
+        schema = json.loads(path.read_text())
+    except OSError as exc:
+        raise ValueError(f"cannot read {path}: {exc.strerror}") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path} is not JSON: {exc}") from None
+    if not isinstance(schema, dict):
+        raise ValueError(f"{path} holds no Avro record schema")
+    return schema
 
 
 def _connector_step(

@@ -49,6 +49,10 @@ compiled source drops such rows right after its watermark."""
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
+def _no_avro_schema(data: bytes) -> Any:
+    raise ValueError("format avro needs the source's avro_schema")
+
+
 class Invalid(ValueError):
     """A field does not match its declared type."""
 
@@ -145,6 +149,38 @@ def spark_ddl(schema: dict[str, str], fmt: StreamFormat) -> str:
     return ", ".join(fields)
 
 
+class AvroReader:
+    """Avro binary (plain, or in Confluent's wire format) → a dict, by the writer's
+    schema the source declares."""
+
+    def __init__(self, schema: dict[str, Any], framing: str = "plain") -> None:
+        import fastavro
+
+        self.schema = fastavro.parse_schema(schema)
+        self.framing = framing
+
+    @classmethod
+    def from_options(cls, options: dict[str, str]) -> AvroReader | None:
+        """The reader a source's options ask for (``avro_schema`` as JSON), if any."""
+        text = options.get("avro_schema") or ""
+        return cls(orjson.loads(text), options.get("avro_framing") or "plain") if text else None
+
+    def __call__(self, data: bytes) -> Any:
+        from fastavro import schemaless_reader
+
+        if self.framing == "confluent":
+            if len(data) < 5 or data[0] != 0:
+                raise ValueError(
+                    "not Confluent's wire format (a zero byte and a 4-byte schema id first)"
+                )
+            data = data[5:]
+        buffer = io.BytesIO(data)
+        record = schemaless_reader(buffer, self.schema, None)
+        if buffer.tell() != len(data):
+            raise ValueError(f"{len(data) - buffer.tell()} bytes left after the record")
+        return record
+
+
 class Decoder:
     """Turns a list of messages into one Arrow batch plus the rejects with reasons."""
 
@@ -155,6 +191,7 @@ class Decoder:
         csv_delimiter: str = ",",
         scalar_field: str | None = None,
         tombstones: bool = False,
+        avro: AvroReader | None = None,
     ) -> None:
         self.fmt = fmt
         self.tombstones = tombstones
@@ -182,6 +219,7 @@ class Decoder:
             StreamFormat.YAML: lambda b: yaml.load(b, Loader=_YamlLoader),
             StreamFormat.TOML: lambda b: tomllib.loads(b.decode()),
             StreamFormat.CSV: self._parse_csv,
+            StreamFormat.AVRO: avro or _no_avro_schema,
             StreamFormat.RAW: lambda b: b,
         }[fmt]
 

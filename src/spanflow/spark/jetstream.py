@@ -55,7 +55,7 @@ from spanflow.nats.fences import EPOCH_HEADER
 from spanflow.nats.ranges import last_before
 from spanflow.nats.streams import SyncNats, connect, token
 from spanflow.spark.deadletter import DeadLetter, publish_dead_letters
-from spanflow.spark.formats import Decoder
+from spanflow.spark.formats import AvroReader, Decoder
 from spanflow.spark.stagger import wait_for_slot
 from spanflow.spec.schema import StreamFormat
 
@@ -118,6 +118,7 @@ class JetStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.csv_delimiter = options.get("csv_delimiter", ",")
         self.scalar_field = options.get("scalar_field") or None
         self.tombstones = options.get("tombstones") == "true"
+        self.avro = AvroReader.from_options(options)
         self.heartbeat = options.get("heartbeat") or None
         """The event-time field of a source that sends heartbeats (see _heartbeat)."""
         self.filter_subjects: list[str] = json.loads(options.get("filter_subjects", "[]"))
@@ -223,7 +224,12 @@ class JetStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, SeqRange)
         decoder = Decoder(
-            self.format, self.schema_fields, self.csv_delimiter, self.scalar_field, self.tombstones
+            self.format,
+            self.schema_fields,
+            self.csv_delimiter,
+            self.scalar_field,
+            self.tombstones,
+            avro=self.avro,
         )
 
         async def fetch() -> list[Any]:

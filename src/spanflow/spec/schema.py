@@ -35,6 +35,7 @@ class StreamFormat(StrEnum):
     YAML = "yaml"
     TOML = "toml"
     CSV = "csv"
+    AVRO = "avro"
     RAW = "raw"
 
 

@@ -79,4 +79,6 @@ def source_options(
         "start": step.start,
         "csv_delimiter": step.csv_delimiter,
         "scalar_field": step.scalar_field or "",
+        "avro_schema": json.dumps(step.avro_schema) if step.avro_schema else "",
+        "avro_framing": step.avro_framing,
     }

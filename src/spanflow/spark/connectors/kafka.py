@@ -55,7 +55,7 @@ from spanflow.spark.connectors import (
     writes,
 )
 from spanflow.spark.deadletter import DeadLetter, send_dead_letters
-from spanflow.spark.formats import Decoder
+from spanflow.spark.formats import AvroReader, Decoder
 from spanflow.spec.connectors.kafka import KafkaSinkOptions, KafkaSourceOptions
 from spanflow.spec.schema import StreamFormat
 from spanflow.spec.steps.io import SinkStep, SourceStep
@@ -117,6 +117,8 @@ def read_kafka(ctx: SourceContext, step: SourceStep) -> DataFrame:
         .option("ddl", f"{ctx.ddl}, {KAFKA_COLUMNS}")
         .option("csv_delimiter", step.csv_delimiter)
         .option("scalar_field", step.scalar_field or "")
+        .option("avro_schema", json.dumps(step.avro_schema) if step.avro_schema else "")
+        .option("avro_framing", step.avro_framing)
         .option("url", ctx.nats_url)
         .option("pipeline", ctx.pipeline)
         .option("step", step.id)
@@ -157,6 +159,7 @@ class KafkaReader(DataSourceStreamReader):
         self.schema_fields: dict[str, str] = json.loads(options.get("schema", "{}"))
         self.csv_delimiter = options.get("csv_delimiter", ",")
         self.scalar_field = options.get("scalar_field") or None
+        self.avro = AvroReader.from_options(options)
         self.url = options["url"]
         self.pipeline = options["pipeline"]
         self.step = options["step"]
@@ -281,7 +284,9 @@ class KafkaReader(DataSourceStreamReader):
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, OffsetRange)
         records = self._fetch(partition)
-        decoder = Decoder(self.format, self.schema_fields, self.csv_delimiter, self.scalar_field)
+        decoder = Decoder(
+            self.format, self.schema_fields, self.csv_delimiter, self.scalar_field, avro=self.avro
+        )
         messages = [
             Message(seq=r.offset(), subject=self.topic, data=r.value() or b"",
                     published_us=max(r.timestamp()[1], 0) * 1000)

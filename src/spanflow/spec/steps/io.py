@@ -8,6 +8,8 @@ from typing import Any, ClassVar, Literal
 from pydantic import ConfigDict, Field, SerializeAsAny, model_validator
 
 from spanflow.errors import SpecError
+from spanflow.spec.avro import field_names as avro_field_names
+from spanflow.spec.avro import fields_of as avro_fields
 from spanflow.spec.connectors import Connector, ConnectorOptions, NoOptions, Role, lookup
 from spanflow.spec.durations import Duration
 from spanflow.spec.schema import Schema, StreamFormat
@@ -30,6 +32,17 @@ def _typed_options(role: Role, field: str, data: Any) -> Any:
     except SpecError as exc:
         raise ValueError(str(exc)) from None
     return {**data, "options": connector.parse(data.get("options"))}
+
+
+def _schema_from_avro(data: Any) -> bool:
+    """An Avro source without a schema of its own takes the Avro record's fields."""
+    return (
+        isinstance(data, dict)
+        and data.get("format") == "avro"
+        and not data.get("schema")
+        and not data.get("schema_of")
+        and isinstance(data.get("avro_schema"), dict)
+    )
 
 
 class SourceStep(StepBase):
@@ -77,6 +90,16 @@ class SourceStep(StepBase):
         description="Read tasks per micro-batch. 1 keeps per-key order for stateless pipelines.",
     )
     csv_delimiter: str = Field(default=",", min_length=1, max_length=1)
+    avro_schema: dict[str, Any] | None = Field(
+        default=None,
+        description="format avro: the writer's Avro record schema (in YAML also a path to "
+        "an .avsc file, relative to the pipeline file).",
+    )
+    avro_framing: Literal["plain", "confluent"] = Field(
+        default="plain",
+        description="format avro: 'plain' Avro binary, or Confluent's wire format (a zero "
+        "byte and a 4-byte schema id before it).",
+    )
     scalar_field: str | None = Field(
         default=None,
         description='JSON/YAML messages that are a bare value (42, "on") are read as a '
@@ -102,7 +125,10 @@ class SourceStep(StepBase):
     @model_validator(mode="before")
     @classmethod
     def _options(cls, data: Any) -> Any:
-        return _typed_options("source", "connector", data)
+        data = _typed_options("source", "connector", data)
+        if _schema_from_avro(data):
+            data = {**data, "schema": avro_fields(data["avro_schema"])}
+        return data
 
     @property
     def connector_info(self) -> Connector:
@@ -127,6 +153,13 @@ class SourceStep(StepBase):
             ]
             if given:
                 raise ValueError(f"{', '.join(given)}: JetStream settings, not {self.connector}'s")
+        if (self.format == StreamFormat.AVRO) != (self.avro_schema is not None):
+            raise ValueError("format avro and avro_schema go together")
+        if self.avro_schema is not None:
+            known = avro_field_names(self.avro_schema)
+            absent = [f for f in self.schema_ if f not in known]
+            if absent and self.schema_of is None:
+                raise ValueError(f"schema fields {absent} are not fields of the avro_schema")
         if self.schema_of is not None:
             return self
         if self.format != StreamFormat.RAW and not self.schema_:

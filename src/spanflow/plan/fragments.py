@@ -25,6 +25,7 @@ uplink) delays global results but never loses them.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -34,7 +35,7 @@ from spanflow.spec.pipeline import PipelineSpec
 from spanflow.spec.steps import Placement, Step, StepBase, StreamFacts, derived_id
 from spanflow.spec.steps.io import SinkStep, SourceStep
 from spanflow.spec.steps.stateless import KeyByStep, UnionStep
-from spanflow.spec.topology import Topology
+from spanflow.spec.topology import External, Topology, addresses_of
 
 Scope = Literal["local", "global"]
 
@@ -109,7 +110,7 @@ def compile_fragments(
     local_sites = sorted({s for f in facts.values() if f.scope == "local" for s in f.sites})
     has_global = any(f.scope == "global" for f in facts.values())
     if len(local_sites) + has_global <= 1:
-        fragment = _whole(spec, plan, facts, local_sites)
+        fragment = _whole(spec, plan, facts, local_sites, topology)
         return CompiledPipeline(spec, plan, [fragment], reasons, scopes)
     fragments = [_local(plan, facts, site, topology) for site in local_sites]
     if has_global:
@@ -157,6 +158,11 @@ def _analyse(spec: PipelineSpec, topology: Topology) -> tuple[PipelineSpec, dict
             out.scope, out.reason = "global", "reads data gathered from several sites"
         else:
             out.scope, out.reason = _local_or_global(step, ups, out)
+        ext = reach_of(step, topology) if isinstance(step, SinkStep) else None
+        if ext is not None and out.scope == "local" and not out.sites <= set(ext.sites):
+            out.scope = "global"
+            where = _site_list(frozenset(ext.sites))
+            out.reason = f"writes {step.kind} {ext.name}, reachable only from {where}"  # type: ignore[attr-defined]
         split = step.split(streams) if out.reason.startswith(SPLIT_REASON) else None
         if split is not None:
             partial = split.partial.facts(streams)
@@ -171,9 +177,17 @@ def _analyse(spec: PipelineSpec, topology: Topology) -> tuple[PipelineSpec, dict
 
 
 def _source_facts(step: SourceStep, topology: Topology) -> _Facts:
-    if step.stream is None:  # an external system (Kafka, ...)
+    if step.stream is None:  # an external system (Kafka, ...): read once, where reachable
+        ext = reach_of(step, topology)
         out = _Facts.of("global", frozenset(), step.facts([]), "")
-        out.reason = f"reads {step.connector} (an external system), from a cloud node"
+        if ext is None:
+            out.reason = (
+                f"reads {step.connector}, an external system the topology does not declare "
+                "(under externals:), from any node"
+            )
+        else:
+            where = _site_list(frozenset(ext.sites))
+            out.reason = f"reads {step.connector} {ext.name}, reachable from {where}"
         return out
     sites = frozenset(n.site for n in topology.hosts_of(step.stream))
     out = _Facts.of("local", sites, step.facts([]), "")
@@ -187,6 +201,45 @@ def _source_facts(step: SourceStep, topology: Topology) -> _Facts:
 
 
 SPLIT_REASON = "split: partial aggregates at each site, merged where they meet"
+
+
+def reach_of(step: Step, topology: Topology) -> External | None:
+    """The declared external system a source or sink reads or writes: the one it names
+    (``external:``), else the one its options point at (None: none declared)."""
+    if not isinstance(step, SourceStep | SinkStep):
+        return None
+    connector = step.connector if isinstance(step, SourceStep) else step.kind
+    if step.external:
+        ext = topology.external(step.external)
+        if ext is None:
+            known = ", ".join(e.name for e in topology.externals) or "none"
+            raise PlanError(
+                f"step {step.id!r} uses external {step.external!r}, which the topology does "
+                f"not declare (externals: {known})"
+            )
+        if ext.type != connector:
+            raise PlanError(
+                f"step {step.id!r} is a {connector} {step.type_name} but external "
+                f"{ext.name!r} is {ext.type}"
+            )
+        return ext
+    address = step.options.address()
+    return topology.external_at(connector, addresses_of(address)) if address else None
+
+
+def _reach_sites(steps: Sequence[Step], topology: Topology) -> tuple[str, ...] | None:
+    """Sites from which every external the steps use is reachable (None: they use none)."""
+    reach: set[str] | None = None
+    users: list[str] = []
+    for step in steps:
+        ext = reach_of(step, topology)
+        if ext is None:
+            continue
+        users.append(f"{step.id} ({ext.name}: {', '.join(ext.sites)})")
+        reach = set(ext.sites) if reach is None else reach & set(ext.sites)
+    if reach is not None and not reach:
+        raise PlanError(f"no site reaches every external these steps use: {'; '.join(users)}")
+    return None if reach is None else tuple(sorted(reach))
 
 
 def _local_or_global(step: Step, ups: list[_Facts], out: _Facts) -> tuple[Scope, str]:
@@ -213,7 +266,11 @@ def _local_or_global(step: Step, ups: list[_Facts], out: _Facts) -> tuple[Scope,
 
 # -- fragments ----------------------------------------------------------------------------
 def _whole(
-    spec: PipelineSpec, plan: PipelineSpec, facts: dict[str, _Facts], sites: list[str]
+    spec: PipelineSpec,
+    plan: PipelineSpec,
+    facts: dict[str, _Facts],
+    sites: list[str],
+    topology: Topology,
 ) -> Fragment:
     """No split needed: the pipeline as written, in one fragment."""
     site = sites[0] if sites else None
@@ -229,6 +286,7 @@ def _whole(
         cloud=any(s.at == "cloud" for s in spec.steps),
         node_tags=_tags(spec.steps),
         node_accelerators=_accelerators(spec.steps),
+        reach_sites=_reach_sites(spec.steps, topology),
     )
 
 
@@ -297,6 +355,7 @@ def _local(plan: PipelineSpec, facts: dict[str, _Facts], site: str, topo: Topolo
         steps=own,
         node_tags=_tags(steps),
         node_accelerators=_accelerators(steps),
+        reach_sites=_reach_sites(steps, topo),
     )
 
 
@@ -389,6 +448,7 @@ def _global(plan: PipelineSpec, facts: dict[str, _Facts], topo: Topology) -> Fra
         cloud=any(s.at == "cloud" for s in steps),
         node_tags=_tags(steps),
         node_accelerators=_accelerators(steps),
+        reach_sites=_reach_sites(steps, topo),
         plan=plan,
     )
 

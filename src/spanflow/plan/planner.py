@@ -218,6 +218,21 @@ def _place_local(fragment: Fragment, view: ClusterView, skip: set[str]) -> Decis
     return Decision(fragment, best.name, why)
 
 
+def _allowed_sites(fragment: Fragment, cloud_sites: frozenset[str]) -> frozenset[str] | None:
+    """Where a global fragment may run: the cloud when pinned there, and only sites
+    that reach the external systems it uses (PlacementError when nothing is left)."""
+    allowed = cloud_sites if fragment.cloud else None
+    if fragment.reach_sites is not None:
+        reach = frozenset(fragment.reach_sites)
+        allowed = reach if allowed is None else allowed & reach
+        if not allowed:
+            raise PlacementError(
+                f"fragment {fragment.id}: pinned to the cloud, but its external systems are "
+                f"reachable only from {', '.join(fragment.reach_sites)}"
+            )
+    return allowed
+
+
 def _usage(view: ClusterView, fragment: Fragment, n: NodeRecord) -> str:
     """``edge-a 2/2``, with the real-time task slots when the fragment needs some."""
     text = f"{n.name} {view.used_slots.get(n.name, 0)}/{view.slots(n.name)}"
@@ -228,8 +243,11 @@ def _usage(view: ClusterView, fragment: Fragment, n: NodeRecord) -> str:
 
 
 def _fits(fragment: Fragment, n: NodeRecord) -> bool:
-    """Has the node every tag and accelerator the fragment's steps are pinned to?"""
+    """Has the node every tag and accelerator the fragment's steps are pinned to, and
+    is it at a site that reaches the external systems the fragment uses?"""
     caps = n.spec.capabilities
+    if fragment.reach_sites is not None and n.spec.site not in fragment.reach_sites:
+        return False
     return set(fragment.node_tags) <= set(caps.tags) and set(fragment.node_accelerators) <= set(
         caps.accelerators
     )
@@ -315,7 +333,7 @@ def _place_global(
             tags=frozenset(f.node_tags),
             accelerators=frozenset(f.node_accelerators),
             latency_budget=budget,
-            sites=cloud_sites if f.cloud else None,
+            sites=_allowed_sites(f, cloud_sites),
         )
         for f in fragments
     ]
@@ -391,8 +409,11 @@ def _global_why(
     topo: Topology, fragment: Fragment, node: str, worst: float, view: ClusterView
 ) -> str:
     site = view.nodes[node].spec.site
+    reach = ""
+    if fragment.reach_sites is not None:
+        reach = f"; its external systems are reachable from {', '.join(fragment.reach_sites)}"
     if not fragment.input_sites:
-        return f"least-loaded live node ({site}); its input is not tied to a site"
+        return f"least-loaded live node ({site}); its input is not tied to a site{reach}"
     far = max(fragment.input_sites, key=lambda s: topo.latency(site, s) or 0.0)
     why = (
         f"MinMax: {_ms(worst)} from its farthest input site ({far}) of "
@@ -402,7 +423,7 @@ def _global_why(
         why += "; pinned to the cloud"
     if fragment.node_tags or fragment.node_accelerators:
         why += f"; {_needs(fragment)}"
-    return why
+    return why + reach
 
 
 def offline_view(topology: Topology) -> ClusterView:

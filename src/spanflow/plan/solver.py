@@ -171,6 +171,8 @@ class _Costs:
             if g.memory_mb:
                 wants.append(f"{g.memory_mb} MiB")
             where = f" in {sorted(g.sites)}" if g.sites is not None else ""
+            if not wants:
+                return f"group {g.id}: no live node at the sites it may run in{where}"
             return f"group {g.id}: no node{where} has {', '.join(wants)}"
         reachable = self.worst[gi][self.capable[gi]]
         best = float(reachable.min())

@@ -119,6 +119,11 @@ class Fragment(BaseModel):
     node_accelerators: tuple[str, ...] = Field(
         default=(), description="Accelerators its node must have."
     )
+    reach_sites: tuple[str, ...] | None = Field(
+        default=None,
+        description="Sites from which every external system it reads or writes is "
+        "reachable (None: it uses none the topology declares).",
+    )
     plan: PipelineSpec | None = Field(
         default=None,
         description="The planned pipeline it was cut from, where sources read another "

@@ -153,6 +153,54 @@ class Link(BaseModel):
         return frozenset(self.between)
 
 
+class External(BaseModel):
+    """A system outside spanflow (a Kafka cluster, a database, an object store) and the
+    sites whose nodes can reach it: the planner runs a fragment that reads or writes it
+    at one of those sites."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(pattern=NAME, max_length=64)
+    type: str = Field(description="Its connector: kafka, postgres, s3, mongodb, webhook.")
+    sites: tuple[str, ...] = Field(min_length=1, description="Sites that can reach it.")
+    address: str | None = Field(
+        default=None,
+        description="Where it is ('host:port[,host:port]', a URL or DSN): a source or sink "
+        "whose options point there is taken to use it (or name it with 'external:').",
+    )
+
+
+def addresses_of(text: str) -> frozenset[str]:
+    """``host:port`` pairs a bootstrap list, URL, URI or DSN points at (lowercase; a URL
+    without a port gets its scheme's).
+
+    >>> sorted(addresses_of("postgresql://u@DB.example:5433/plant"))
+    ['db.example:5433']
+    >>> sorted(addresses_of("k1:9092, k2:9092"))
+    ['k1:9092', 'k2:9092']
+    >>> sorted(addresses_of("https://alerts.example/hook"))
+    ['alerts.example:443']
+    """
+    defaults = {"http": 80, "https": 443, "postgresql": 5432, "postgres": 5432,
+                "mongodb": 27017}  # fmt: skip
+    scheme, sep, rest = text.partition("://")
+    if not sep:
+        rest, scheme = text, ""
+    hosts = rest.split("/")[0].split("@")[-1]
+    if "host=" in text and not sep:  # a key=value DSN
+        fields = dict(part.split("=", 1) for part in text.split() if "=" in part)
+        hosts = f"{fields.get('host', '')}:{fields.get('port', 5432)}"
+    out = set()
+    for host in hosts.split(","):
+        host = host.strip().lower()
+        if not host:
+            continue
+        if ":" not in host and scheme in defaults:
+            host = f"{host}:{defaults[scheme]}"
+        out.add(host)
+    return frozenset(out)
+
+
 class Topology(BaseModel):
     """Sites, nodes and links, checked for consistency."""
 
@@ -162,11 +210,21 @@ class Topology(BaseModel):
     sites: tuple[Site, ...] = ()
     nodes: tuple[NodeSpec, ...] = ()
     links: tuple[Link, ...] = ()
+    externals: tuple[External, ...] = Field(
+        default=(), description="Systems outside spanflow and the sites that reach them."
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> Topology:
         problems: list[str] = []
         site_names = [s.name for s in self.sites]
+        external_names = [e.name for e in self.externals]
+        for dup in sorted({n for n in external_names if external_names.count(n) > 1}):
+            problems.append(f"external {dup!r} is declared twice")
+        for ext in self.externals:
+            for site in ext.sites:
+                if site not in site_names:
+                    problems.append(f"external {ext.name!r} names unknown site {site!r}")
         for dup in sorted({n for n in site_names if site_names.count(n) > 1}):
             problems.append(f"site {dup!r} is declared twice")
         node_names = [n.name for n in self.nodes]
@@ -208,6 +266,16 @@ class Topology(BaseModel):
 
     def hosts_of(self, stream: str) -> list[NodeSpec]:
         return [n for n in self.nodes if n.hosts(stream)]
+
+    def external(self, name: str) -> External | None:
+        return next((e for e in self.externals if e.name == name), None)
+
+    def external_at(self, connector: str, addresses: frozenset[str]) -> External | None:
+        """The declared external of this connector type that the addresses point at."""
+        for ext in self.externals:
+            if ext.type == connector and ext.address and addresses & addresses_of(ext.address):
+                return ext
+        return None
 
     # -- live changes (each returns a new, validated topology) --------------------------
     def with_node(self, node: NodeSpec) -> Topology:

@@ -41,6 +41,11 @@ class ConnectorOptions(BaseModel):
         """The options as shown in logs, plans and errors: secrets masked."""
         return self.model_dump(mode="json")
 
+    def address(self) -> str | None:
+        """Where the external system is (brokers, a DSN, a URL), to match it with an
+        external declared in the topology; None for spanflow's own systems."""
+        return None
+
 
 class NoOptions(ConnectorOptions):
     """A connector whose settings are all fields of the step itself."""

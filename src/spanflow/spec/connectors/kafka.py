@@ -56,6 +56,9 @@ class _KafkaOptions(ConnectorOptions):
         shown["config"] = {k: ("***" if _SECRET.search(k) else v) for k, v in self.config.items()}
         return shown
 
+    def address(self) -> str | None:
+        return self.bootstrap
+
 
 class KafkaSourceOptions(_KafkaOptions):
     start_time: datetime | None = Field(

@@ -60,6 +60,9 @@ class PostgresSinkOptions(ConnectorOptions):
             )
         return value
 
+    def address(self) -> str | None:
+        return self.dsn
+
 
 SINK = register(
     Connector(

@@ -37,6 +37,9 @@ class WebhookSinkOptions(ConnectorOptions):
     max_backoff: float = Field(default=30.0, ge=0, le=600)
     concurrency: int = Field(default=16, ge=1, le=256, description="Requests in flight.")
 
+    def address(self) -> str | None:
+        return self.url
+
 
 SINK = register(
     Connector(

@@ -60,6 +60,12 @@ class SourceStep(StepBase):
     options: SerializeAsAny[ConnectorOptions] = Field(
         default_factory=NoOptions, description="The connector's own options."
     )
+    external: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]*$",
+        description="The topology's external system this source reads (default: the one "
+        "its options point at, if declared): the planner reads it where it is reachable.",
+    )
     stream: str | None = Field(
         default=None,
         pattern=r"^[A-Za-z0-9_-]+$",
@@ -212,6 +218,12 @@ class SinkStep(StepBase):
     )
     options: SerializeAsAny[ConnectorOptions] = Field(
         default_factory=NoOptions, description="The connector's own options."
+    )
+    external: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]*$",
+        description="The topology's external system this sink writes (default: the one "
+        "its options point at, if declared): the planner writes it where it is reachable.",
     )
     stream: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_-]+$")
     subject: str | None = None

@@ -96,3 +96,45 @@ def test_steps_whose_externals_share_no_site_are_refused():
     )
     with pytest.raises(SpecError, match="no site reaches every external these steps use"):
         _plan(flow)
+
+
+REGISTRY = TOPOLOGY.replace(
+    '{name: edge-a, site: factory-a, streams: [{name: SENSORS, subjects: ["s.a.>"]}]}',
+    '{name: edge-a, site: factory-a, streams: [{name: SENSORS, subjects: ["s.a.>"], '
+    "schema: {device: string, t: double, ts: timestamp}, key: device, event_time: ts}]}",
+).replace(
+    '{name: edge-b, site: factory-b, streams: [{name: SENSORS, subjects: ["s.b.>"]}]}',
+    '{name: edge-b, site: factory-b, streams: [{name: SENSORS, subjects: ["s.b.>"], '
+    "schema: {device: string, t: double, ts: timestamp}, key: device, event_time: ts}]}",
+)
+
+
+def test_sources_and_sinks_inherit_what_they_leave_out_from_the_registry():
+    from spanflow.api import load_pipeline_text
+
+    text = """
+name: inherit
+sources:
+  - {id: readings, stream: SENSORS, to: [hot]}
+  - {id: plant, type: kafka, external: plant-kafka, topic: r, schema: {device: string}, to: [p]}
+processors:
+  - {id: hot, type: filter, where: "t > 40", to: [h]}
+  - {id: h, type: select, columns: [device], to: [out]}
+  - {id: p, type: select, columns: [device], to: [console]}
+sinks:
+  - {id: out, type: postgres, external: warehouse, table: alerts}
+  - {id: console, type: console}
+"""
+    topo = load_topology_text(REGISTRY)
+    spec = load_pipeline_text(text, "p.yaml", topology=topo)
+    readings, plant = spec.sources()
+    assert (readings.schema_, readings.key, readings.event_time) == (
+        {"device": "string", "t": "double", "ts": "timestamp"}, "device", "ts",
+    )  # fmt: skip
+    assert plant.options.bootstrap == "10.0.0.5:9092,10.0.0.6:9092"  # type: ignore[attr-defined]
+    assert spec.sinks()[0].options.dsn == "postgresql://db.cloud:5432/w"  # type: ignore[attr-defined]
+    with pytest.raises(SpecError, match=r"p.yaml:4: sources\[0\]: format json needs a schema"):
+        load_pipeline_text(text, "p.yaml")  # without the registry, nothing to inherit
+    clash = REGISTRY.replace("key: device, event_time: ts}]}", "key: device}]}", 1)
+    with pytest.raises(SpecError, match="SENSORS is declared with different formats"):
+        load_pipeline_text(text, "p.yaml", topology=load_topology_text(clash))

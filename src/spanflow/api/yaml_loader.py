@@ -32,6 +32,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from spanflow.api.registry import with_registry
 from spanflow.api.seed_format import is_seed_format, seed_document
 from spanflow.api.yaml_source import Path_, compose_located, field_text, line_for
 from spanflow.errors import PipelineFileError
@@ -39,6 +40,7 @@ from spanflow.spec import PipelineSpec
 from spanflow.spec.pipeline import StepInputError
 from spanflow.spec.steps import STEP_TYPES
 from spanflow.spec.steps.io import SinkStep, SourceStep
+from spanflow.spec.topology import Topology
 
 Problems = list[tuple[int | None, str, str]]
 
@@ -61,12 +63,14 @@ def load_pipeline_text(
     source_stream: str | None = None,
     sink_stream: str | None = None,
     bootstrap: str | None = None,
+    topology: Topology | None = None,
 ) -> PipelineSpec:
     """Parse and validate a pipeline file's text into a spec.
 
     ``source_stream`` and ``sink_stream`` are the streams a seed-format file reads and
     writes (``bootstrap``: the Kafka brokers of one that names Kafka topics instead);
-    spanflow's own format names its streams itself."""
+    spanflow's own format names its streams itself. With a ``topology``, sources and
+    sinks inherit what they leave out from it (:mod:`spanflow.api.registry`)."""
     data, lines = compose_located(text, path)
     if is_seed_format(data):
         document, origin, problems = seed_document(
@@ -91,6 +95,11 @@ def load_pipeline_text(
                 ],
             )
         document, origin, problems = _native_document(data, lines, path)
+    if topology is not None:
+        document, conflicts = with_registry(document, topology)
+        for index, problem in conflicts:
+            at = origin[index] if index < len(origin) else None
+            problems.append((lines.get(at) if at else None, field_text(at or ()), problem))
     if problems:
         raise PipelineFileError(path, problems)
     return validated(document, origin, lines, path)
@@ -284,8 +293,10 @@ def load_pipeline(
     source_stream: str | None = None,
     sink_stream: str | None = None,
     bootstrap: str | None = None,
+    topology: Topology | None = None,
 ) -> PipelineSpec:
-    """Read a pipeline YAML (or JSON spec) file."""
+    """Read a pipeline YAML (or JSON spec) file (``topology``: see
+    :func:`load_pipeline_text`)."""
     p = Path(path)
     try:
         text = p.read_text()
@@ -294,5 +305,10 @@ def load_pipeline(
     if p.suffix == ".json":
         return PipelineSpec.from_json(text)
     return load_pipeline_text(
-        text, str(p), source_stream=source_stream, sink_stream=sink_stream, bootstrap=bootstrap
+        text,
+        str(p),
+        source_stream=source_stream,
+        sink_stream=sink_stream,
+        bootstrap=bootstrap,
+        topology=topology,
     )

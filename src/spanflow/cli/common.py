@@ -20,6 +20,7 @@ from rich.console import Console
 from spanflow.api import Flow, load_pipeline
 from spanflow.errors import SpanflowError
 from spanflow.spec import PipelineSpec
+from spanflow.spec.topology import Topology
 
 app = typer.Typer(
     add_completion=False,
@@ -52,6 +53,7 @@ def load_target(
     source_stream: str | None = None,
     sink_stream: str | None = None,
     kafka: str | None = None,
+    topology: Topology | None = None,
 ) -> tuple[PipelineSpec, dict[str, Any]]:
     """A pipeline from a YAML/JSON file or a Python ``module:object`` (Flow or spec).
 
@@ -60,7 +62,11 @@ def load_target(
     path = Path(target)
     if path.suffix in (".yaml", ".yml", ".json") or path.exists():
         spec = load_pipeline(
-            path, source_stream=source_stream, sink_stream=sink_stream, bootstrap=kafka
+            path,
+            source_stream=source_stream,
+            sink_stream=sink_stream,
+            bootstrap=kafka,
+            topology=topology,
         )
         return spec, {}
     if source_stream or sink_stream:

@@ -41,8 +41,8 @@ def plan(
     from spanflow.plan.planner import offline_view, plan_pipeline
 
     try:
-        spec, _ = load_target(target)
         topo = load_topology(topology)
+        spec, _ = load_target(target, topology=topo)
         budget = parse_duration(latency_budget) if latency_budget else None
         compiled = compile_fragments(spec, topo, parallelism)
         result = plan_pipeline(

@@ -29,7 +29,7 @@ from spanflow.server.rule_routes import add_rule_routes
 from spanflow.spec.cluster import ShedRequest
 from spanflow.spec.durations import Duration
 from spanflow.spec.pipeline import PipelineSpec, format_validation_error
-from spanflow.spec.topology import Capabilities, Link, Site
+from spanflow.spec.topology import Capabilities, Link, Site, Topology
 
 API = "/api/v1"
 
@@ -199,7 +199,7 @@ def create_app(coordinator: Coordinator) -> FastAPI:
 
     @app.post(f"{API}/pipelines", tags=["pipelines"], dependencies=guarded, status_code=201)
     async def submit(body: SubmitBody) -> dict[str, Any]:
-        spec = _spec_of(body)
+        spec = _spec_of(body, coordinator.topology())
         record = await coordinator.submit(
             Submission(
                 spec=spec,
@@ -242,11 +242,12 @@ def create_app(coordinator: Coordinator) -> FastAPI:
     return app
 
 
-def _spec_of(body: SubmitBody) -> PipelineSpec:
+def _spec_of(body: SubmitBody, topology: Topology | None = None) -> PipelineSpec:
     if (body.yaml is None) == (body.spec is None):
         raise RequestError(422, "give exactly one of 'yaml' (pipeline file text) or 'spec' (JSON)")
     if body.yaml is not None:
-        return load_pipeline_text(body.yaml, body.filename)  # a PipelineFileError is a 422
+        # a PipelineFileError is a 422; sources inherit what they leave out from the registry
+        return load_pipeline_text(body.yaml, body.filename, topology=topology)
     try:
         return PipelineSpec.model_validate(body.spec)
     except ValidationError as exc:

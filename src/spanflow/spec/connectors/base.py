@@ -70,6 +70,9 @@ class Connector:
     """The install extra that brings its client library (``pip install spanflow[kafka]``)."""
     module: str | None = None
     """The client library's import name, checked when a pipeline is validated."""
+    address_option: str | None = None
+    """The option that says where the external system is (``bootstrap``, ``dsn``...):
+    filled from the topology's ``externals`` when a step names one and leaves it out."""
 
     def parse(self, raw: Any) -> ConnectorOptions:
         """The typed options from a mapping (or an options object already typed)."""

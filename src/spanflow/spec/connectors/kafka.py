@@ -105,6 +105,7 @@ SOURCE = register(
         exactly_once="offsets {partition: next offset} are kept in Spark's checkpoint and a "
         "replayed batch re-reads exactly that range (assign + seek, read_committed)",
         external=True,
+        address_option="bootstrap",
         extra="kafka",
         module="confluent_kafka",
     )
@@ -118,6 +119,7 @@ SINK = register(
         "to a marker topic; a replayed batch whose id is already committed is skipped "
         "(consumers read with isolation.level=read_committed)",
         external=True,
+        address_option="bootstrap",
         extra="kafka",
         module="confluent_kafka",
     )

@@ -54,6 +54,7 @@ SINK = register(
         exactly_once="each row is an upsert by a deterministic _id (the key's values, or the "
         "batch and the row's content): a replayed batch rewrites the same documents",
         external=True,
+        address_option="uri",
         extra="mongodb",
         module="pymongo",
     )

@@ -73,6 +73,7 @@ SINK = register(
         "records the batch id in spanflow_sink_batches; a replayed batch already recorded "
         "changes nothing",
         external=True,
+        address_option="dsn",
         extra="postgres",
         module="psycopg",
     )

@@ -58,6 +58,7 @@ SINK = register(
         "batch overwrites the same objects; a manifest per batch, written last, lists what "
         "readers may trust",
         external=True,
+        address_option="endpoint",
         extra="s3",
         module="boto3",
     )

@@ -46,6 +46,7 @@ SINK = register(
         name="webhook",
         role="sink",
         options=WebhookSinkOptions,
+        address_option="url",
         exactly_once="at least once, with an Idempotency-Key header derived from (pipeline, "
         "sink, batch, record content) that repeats on every resend: receivers that remember "
         "keys see each record once; refused after the last try → dead letter",

@@ -102,3 +102,55 @@ def test_a_password_in_the_dsn_is_refused():
         sf.Pipeline("p").source("S", schema=SCHEMA).sink_postgres(
             "t", dsn="postgresql://u:secret@host/db"
         ).spec()
+
+
+def test_records_are_enriched_from_a_postgres_table_that_changes_while_running(
+    spark, nats_url, postgres, checkpoints, uid
+):
+    import os
+
+    from tests.helpers import publish, read_all, read_records
+
+    with psycopg.connect(postgres, password=os.environ[PG_PASSWORD_ENV], autocommit=True) as c:
+        c.execute(f"CREATE TABLE dev_{uid} (device text PRIMARY KEY, line text, t_max float8)")
+        c.execute(f"INSERT INTO dev_{uid} VALUES ('a', 'L1', 40), ('b', 'L2', 50)")
+    flow = (
+        sf.Pipeline(f"pge-{uid}", trigger="0.3s")
+        .source(f"PGE_{uid}", subjects=[f"pge{uid}.>"], schema={"device": "string", "n": "long"})
+        .enrich(
+            f"postgres:dev_{uid}", on="device", schema={"line": "string", "t_max": "double"},
+            postgres={"dsn": postgres, "password_env": PG_PASSWORD_ENV, "refresh": "1h",
+                      "notify": f"dev_{uid}"},
+        )
+        .sink_jetstream(f"PGEO_{uid}", subject=f"pgeo{uid}")
+    )  # fmt: skip
+    runner = PipelineRunner(spark, flow.spec(), nats_url=nats_url, checkpoint_dir=checkpoints)
+    runner.start()  # copies the table before any query runs
+    try:
+        publish(nats_url, f"PGE_{uid}", f"pge{uid}.r", [
+            {"device": "a", "n": 1}, {"device": "b", "n": 2}, {"device": "c", "n": 3}])  # fmt: skip
+        wait_for(lambda: len(read_records(nats_url, f"PGEO_{uid}")) >= 3)
+        with psycopg.connect(postgres, password=os.environ[PG_PASSWORD_ENV], autocommit=True) as c:
+            c.execute(f"UPDATE dev_{uid} SET line = 'L9' WHERE device = 'a'")
+            c.execute(f"DELETE FROM dev_{uid} WHERE device = 'b'")
+            c.execute(f"NOTIFY dev_{uid}")
+
+        def mirrored() -> bool:  # the new row for a, and a delete marker for b
+            latest = {s.rsplit(".", 1)[-1]: d for _, d, s in read_all(nats_url, bucket)}
+            return b"L9" in latest.get("a", b"") and latest.get("b") == b""
+
+        bucket = f"KV_PG_dev_{uid}"
+        wait_for(mirrored)
+        publish(nats_url, f"PGE_{uid}", f"pge{uid}.r", [
+            {"device": "a", "n": 4}, {"device": "b", "n": 5}])  # fmt: skip
+        wait_for(lambda: len(read_records(nats_url, f"PGEO_{uid}")) >= 5)
+        runner.await_idle()
+    finally:
+        runner.stop()
+    got = {
+        r["n"]: (r["device"], r["line"], r["t_max"]) for r in read_records(nats_url, f"PGEO_{uid}")
+    }
+    assert got == {
+        1: ("a", "L1", 40.0), 2: ("b", "L2", 50.0), 3: ("c", None, None),
+        4: ("a", "L9", 40.0), 5: ("b", None, None),
+    }  # fmt: skip

@@ -538,10 +538,14 @@ class Stream:
         schema: Mapping[str, str],
         how: str = "left",
         suffix: str = "_table",
+        postgres: Mapping[str, Any] | None = None,
         id: str | None = None,
     ) -> Stream:
         """Add a table's fields to each record whose ``on`` field matches a row's key:
-        ``table="kv:DEVICES"`` (a live key-value bucket) or ``"file:devices.csv"``."""
+        ``table="kv:DEVICES"`` (a live key-value bucket), ``"file:devices.csv"`` or
+        ``"postgres:devices"`` with ``postgres={"dsn": ..., "password_env": ...,
+        "refresh": "1m", "notify": "devices"}`` (mirrored live)."""
+        extra = {"postgres": dict(postgres)} if postgres is not None else {}
         return self._then(
             EnrichStep,
             "enrich",
@@ -551,6 +555,7 @@ class Stream:
             schema=dict(schema),
             how=how,
             suffix=suffix,
+            **extra,
         )
 
     def _combine(

@@ -38,6 +38,7 @@ from spanflow.spec.durations import spark_interval
 from spanflow.spec.pipeline import PipelineSpec
 from spanflow.spec.retention import DEFAULT_RETENTION, Retention
 from spanflow.spec.steps.io import SinkStep
+from spanflow.spec.steps.joins import EnrichStep
 
 log = logging.getLogger(__name__)
 
@@ -128,6 +129,8 @@ class PipelineRunner:
         self.console_limit = console_limit
         self._queries: dict[str, _Supervised] = {}
         self._writers: dict[str, BatchWriter] = {}
+        self._mirrors: list[Any] = []
+        """Threads copying postgres: lookup tables into their buckets."""
         """Batch writers of other connectors' sinks (closed when the runner stops)."""
         self._client: SyncNats | None = None
         self._stopped = False
@@ -145,9 +148,19 @@ class PipelineRunner:
         self._client = SyncNats(self.nats_url)
         self._ensure_streams()
         self._claim_fence()
+        self._start_mirrors()
         for sink_id, plan in compiled.items():
             self._launch(self._queries[sink_id], plan)
         return self
+
+    def _start_mirrors(self) -> None:
+        """Mirror each postgres: lookup table into its bucket (a first copy before any
+        query runs, so the first records find the table)."""
+        from spanflow.spark.connectors.postgres import TableMirror
+
+        for step in self.spec.steps:
+            if isinstance(step, EnrichStep) and step.pg_table is not None:
+                self._mirrors.append(TableMirror(self.nats_url, step).start())
 
     def _claim_fence(self) -> None:
         """Hold this fragment's fence before any query runs (raises Fenced if a newer
@@ -404,6 +417,9 @@ class PipelineRunner:
             with contextlib.suppress(Exception):
                 batch_writer.close()
         self._writers.clear()
+        for mirror in self._mirrors:
+            mirror.stop()
+        self._mirrors.clear()
         if self._client is not None:
             self._client.close()
             self._client = None

@@ -14,8 +14,11 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
+import time
 from typing import Any
 
+import orjson
 from pyspark.sql import DataFrame
 from pyspark.sql.types import (
     BinaryType,
@@ -37,6 +40,7 @@ from spanflow.errors import CompileError
 from spanflow.spark.connectors import BatchWriter, SinkContext, checks, writes
 from spanflow.spec.connectors.postgres import PostgresSinkOptions
 from spanflow.spec.steps.io import SinkStep, SourceStep
+from spanflow.spec.steps.joins import EnrichStep, mirror_bucket
 
 log = logging.getLogger(__name__)
 
@@ -283,3 +287,136 @@ class PostgresWriter(BatchWriter):
                 self._conn.close()
             finally:
                 self._conn = None
+
+
+class TableMirror:
+    """A PostgreSQL table copied into the key-value bucket an ``enrich`` step looks up
+    live (:func:`spanflow.spec.steps.joins.mirror_bucket`), keyed by its column named
+    like the step's ``on``.
+
+    Each sync reads the table's key and the step's fields and puts what changed since
+    the last sync (deleting keys whose rows are gone); a sync runs every ``refresh``,
+    and at once when a NOTIFY arrives on ``notify``. The enrichment itself then is the
+    live ``kv:`` lookup: table changes are stored in JetStream in order with the
+    records, so a replayed micro-batch sees the table it saw the first time."""
+
+    def __init__(self, nats_url: str, step: EnrichStep) -> None:
+        assert step.pg_table is not None and step.postgres is not None
+        self.step = step
+        self.settings = step.postgres
+        self.table = step.pg_table
+        self.bucket = mirror_bucket(self.table)
+        self.nats_url = nats_url
+        self.last: dict[str, bytes] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _connect(self) -> Any:
+        import psycopg
+
+        env = self.settings.password_env
+        return psycopg.connect(
+            self.settings.dsn,
+            password=os.environ.get(env, "") if env else None,
+            connect_timeout=10,
+            autocommit=True,
+            application_name="spanflow-mirror",
+        )
+
+    def read(self, conn: Any) -> dict[str, bytes]:
+        """The table as bucket entries: key → JSON of the step's fields."""
+        from psycopg import sql
+
+        fields = list(self.step.schema_)
+        pairs = sql.SQL(", ").join(
+            sql.SQL("{}, {}").format(sql.Literal(f), sql.Identifier(f)) for f in fields
+        )
+        query = sql.SQL("SELECT {}::text, jsonb_build_object({}) FROM {}").format(
+            sql.Identifier(self.step.on), pairs, _identifier(self.table)
+        )
+        rows = conn.execute(query).fetchall()
+        return {str(k): orjson.dumps(v) for k, v in rows if k is not None}
+
+    def sync(self, conn: Any | None = None) -> int:
+        """Put what changed into the bucket; the number of keys put or deleted."""
+        own = conn is None
+        conn = conn or self._connect()
+        try:
+            now = self.read(conn)
+        finally:
+            if own:
+                conn.close()
+        changed = {k: v for k, v in now.items() if self.last.get(k) != v}
+        gone = [k for k in self.last if k not in now]
+        if changed or gone:
+            _apply_to_bucket(self.nats_url, self.bucket, changed, gone)
+        self.last = now
+        return len(changed) + len(gone)
+
+    def start(self) -> TableMirror:
+        """A first sync now (a CompileError if the table cannot be read), then the loop."""
+        try:
+            self.sync()
+        except Exception as exc:
+            raise CompileError(
+                self.step.id, f"postgres table {self.table}: {_first_line(exc)}"
+            ) from None
+        self._thread = threading.Thread(target=self._loop, daemon=True, name=f"mirror-{self.table}")
+        self._thread.start()
+        return self
+
+    def _loop(self) -> None:
+        from psycopg import sql
+
+        while not self._stop.is_set():
+            try:
+                conn = self._connect()
+                if self.settings.notify:
+                    conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.settings.notify)))
+                while not self._stop.is_set():
+                    self.sync(conn)
+                    self._wait(conn)
+            except Exception as exc:  # the database or NATS is away: keep trying
+                log.warning("mirror of %s: %s", self.table, _first_line(exc))
+                self._stop.wait(min(self.settings.refresh, 10.0))
+
+    def _wait(self, conn: Any) -> None:
+        """Until ``refresh`` has passed, a NOTIFY has come, or the mirror stops."""
+        if not self.settings.notify:
+            self._stop.wait(self.settings.refresh)
+            return
+        deadline = time.monotonic() + self.settings.refresh
+        while not self._stop.is_set() and time.monotonic() < deadline:
+            for _ in conn.notifies(timeout=min(1.0, self.settings.refresh), stop_after=1):
+                return
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(15)
+
+
+def _apply_to_bucket(url: str, bucket: str, put: dict[str, bytes], gone: list[str]) -> None:
+    from nats.js.api import KeyValueConfig
+    from nats.js.errors import BucketNotFoundError, NotFoundError
+
+    from spanflow.nats.streams import SyncNats
+
+    client = SyncNats(url)
+    try:
+
+        async def apply() -> None:
+            try:
+                kv = await client.js.key_value(bucket)
+            except (BucketNotFoundError, NotFoundError):
+                kv = await client.js.create_key_value(
+                    config=KeyValueConfig(bucket=bucket, history=1)
+                )
+            for key, value in put.items():
+                await kv.put(key, value)
+            for key in gone:
+                await kv.delete(key)
+
+        client.run(apply)
+    finally:
+        client.close()

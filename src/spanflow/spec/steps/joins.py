@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, ClassVar, Literal
 
-from pydantic import ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from spanflow.spec.durations import SignedDuration
+from spanflow.spec.durations import Duration, SignedDuration
 from spanflow.spec.schema import Schema
 from spanflow.spec.steps.base import Placement, StepBase, StreamFacts, one_or_many
 
@@ -94,6 +94,30 @@ class JoinStep(StepBase):
         )
 
 
+class PostgresLookup(BaseModel):
+    """Where a ``postgres:`` lookup table is, and how often its mirror is refreshed."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    dsn: str = Field(description="'postgresql://user@host:port/db'; no password in it.")
+    password_env: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    refresh: Duration = Field(default=60.0, ge=0.5, le=86400, description="Full re-read.")
+    notify: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+        description="A LISTEN channel: a NOTIFY on it refreshes the mirror at once.",
+    )
+
+
+def mirror_bucket(table: str) -> str:
+    """The key-value bucket a ``postgres:`` table is mirrored into.
+
+    >>> mirror_bucket("public.devices")
+    'PG_public_devices'
+    """
+    return "PG_" + table.replace(".", "_")
+
+
 class EnrichStep(StepBase):
     """Adds the fields of a table's row to each record whose ``on`` field matches the
     row's key (a stream-table join).
@@ -102,15 +126,21 @@ class EnrichStep(StepBase):
     ``on`` as text, each entry a JSON object of ``schema``; updated live: an entry put
     (or deleted) applies to the records that arrive after it — or ``file:PATH``, a
     CSV (with a header) or JSON-lines file read when the pipeline starts, keyed by its
-    column named like ``on``. ``how: left`` (the default) keeps records with no row
-    (its fields null); ``inner`` drops them. A table field whose name the record
-    already uses gets ``suffix``.
+    column named like ``on`` — or ``postgres:TABLE``, a PostgreSQL table mirrored into
+    the bucket ``PG_<TABLE>`` (every ``refresh``, and at once on a NOTIFY on
+    ``notify``) and looked up live as a ``kv:`` table is. ``how: left`` (the default)
+    keeps records with no row (its fields null); ``inner`` drops them. A table field
+    whose name the record already uses gets ``suffix``.
     """
 
     type: Literal["enrich"] = "enrich"
     table: str = Field(
-        pattern=r"^(kv:[A-Za-z0-9_-]+|file:.+)$",
-        description="'kv:BUCKET' (live) or 'file:PATH' (.csv with a header, or .json lines).",
+        pattern=r"^(kv:[A-Za-z0-9_-]+|file:.+|postgres:([A-Za-z_]\w*\.)?[A-Za-z_]\w*)$",
+        description="'kv:BUCKET' (live), 'file:PATH' (.csv with a header, or .json lines) "
+        "or 'postgres:TABLE' (mirrored live; needs 'postgres').",
+    )
+    postgres: PostgresLookup | None = Field(
+        default=None, description="Where a postgres: table is and how it is refreshed."
     )
     on: str = Field(description="The record's field matched against the table's key.")
     schema_: Schema = Field(alias="schema", min_length=1, description="The table's fields.")
@@ -122,11 +152,24 @@ class EnrichStep(StepBase):
 
     def realtime_problem(self) -> str | None:
         if self.path is None:
-            return "a live kv: table is looked up in Python; a file: table runs in real time"
+            return "a live table is looked up in Python; a file: table runs in real time"
         return None
+
+    @model_validator(mode="after")
+    def _postgres_given(self) -> EnrichStep:
+        if self.table.startswith("postgres:") != (self.postgres is not None):
+            raise ValueError("a postgres: table and the 'postgres' settings go together")
+        return self
+
+    @property
+    def pg_table(self) -> str | None:
+        return self.table[len("postgres:") :] if self.table.startswith("postgres:") else None
 
     @property
     def bucket(self) -> str | None:
+        """The live table's bucket (a postgres: table's mirror)."""
+        if self.pg_table is not None:
+            return mirror_bucket(self.pg_table)
         return self.table[3:] if self.table.startswith("kv:") else None
 
     @property

@@ -137,3 +137,53 @@ def test_vectorised_json_path_gives_exactly_what_the_exact_path_gives(bad_rate):
     exact_batch, exact_rejects = Decoder(StreamFormat.JSON, SCHEMA)._decode_exact(msgs)
     assert fast_batch.to_pylist() == exact_batch.to_pylist()
     assert [(m.seq, r) for m, r in fast_rejects] == [(m.seq, r) for m, r in exact_rejects]
+
+
+def test_protobuf_messages_are_read_by_their_descriptors_and_bad_ones_dead_lettered(
+    spark, nats_url, checkpoints, uid, tmp_path
+):
+    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+    from spanflow.api import load_pipeline_text
+    from spanflow.spark.runner import PipelineRunner
+    from tests.helpers import publish, read_all, read_records, wait_for
+
+    proto = descriptor_pb2.FieldDescriptorProto
+    file = descriptor_pb2.FileDescriptorProto(name="reading.proto", package="plant",
+                                              syntax="proto3")  # fmt: skip
+    message = file.message_type.add(name="Reading")
+    for number, (name, kind) in enumerate(
+        [("device", proto.TYPE_STRING), ("t", proto.TYPE_DOUBLE), ("n", proto.TYPE_INT64)], 1
+    ):
+        message.field.add(name=name, number=number, type=kind, label=proto.LABEL_OPTIONAL)
+    (tmp_path / "reading.desc").write_bytes(
+        descriptor_pb2.FileDescriptorSet(file=[file]).SerializeToString()
+    )
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(file)
+    reading = message_factory.GetMessageClass(pool.FindMessageTypeByName("plant.Reading"))
+    good = [reading(device=f"d{i}", t=20.5 + i, n=10**12 + i).SerializeToString() for i in range(5)]
+    spec = load_pipeline_text(
+        f"""
+name: pb-{uid}
+sources:
+  - {{id: in, stream: PB_{uid}, subjects: ["pb{uid}.>"], format: protobuf,
+     protobuf: {{message: plant.Reading, descriptors: reading.desc}},
+     schema: {{device: string, t: double, n: long}}, to: [out]}}
+sinks:
+  - {{id: out, type: jetstream, stream: PBO_{uid}, subject: pbo{uid}}}
+""",
+        str(tmp_path / "p.yaml"),
+    )
+    runner = PipelineRunner(spark, spec, nats_url=nats_url, checkpoint_dir=checkpoints).start()
+    try:
+        publish(nats_url, f"PB_{uid}", f"pb{uid}.r", [*good, b"\xff\xff\xff"])
+        wait_for(lambda: len(read_records(nats_url, f"PBO_{uid}")) >= 5)
+        runner.await_idle()
+    finally:
+        runner.stop()
+    got = sorted((r["device"], r["t"], r["n"]) for r in read_records(nats_url, f"PBO_{uid}"))
+    assert got == [(f"d{i}", 20.5 + i, 10**12 + i) for i in range(5)]
+    letters = [(h, d) for h, d, s in read_all(nats_url, "SPANFLOW_DLQ") if f"pb-{uid}" in s]
+    assert [d for _, d in letters] == [b"\xff\xff\xff"]
+    assert letters[0][0]["Spanflow-Reason"].startswith("not valid protobuf")

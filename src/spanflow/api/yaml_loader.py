@@ -140,6 +140,14 @@ def _native_document(
             step.pop("to", None)
             if section == "sources":
                 step = _connector_step(step, "source", "connector", SourceStep)
+                given = step.get("protobuf")
+                if isinstance(given, dict) and isinstance(given.get("descriptors"), str):
+                    try:
+                        step["protobuf"] = {**given, "descriptors": read_descriptors(
+                            given["descriptors"], path)}  # fmt: skip
+                    except ValueError as exc:
+                        where = (*at, "protobuf", "descriptors")
+                        problems.append((lines.get(where), field_text(where), str(exc)))
                 if isinstance(step.get("avro_schema"), str):
                     try:
                         step["avro_schema"] = read_avro_schema(step["avro_schema"], path)
@@ -187,6 +195,22 @@ def _native_document(
     }
     document["steps"] = steps
     return document, origin, problems
+
+
+def read_descriptors(given: str, pipeline_path: str) -> str:
+    """A ``.desc`` file (a serialized FileDescriptorSet) as base64; text that is base64
+    already (a spec written out and read again) is kept."""
+    import base64
+
+    if not given.endswith(".desc"):
+        return given
+    path = Path(given)
+    if not path.is_absolute():
+        path = Path(pipeline_path).parent / path
+    try:
+        return base64.b64encode(path.read_bytes()).decode()
+    except OSError as exc:
+        raise ValueError(f"cannot read {path}: {exc.strerror}") from None
 
 
 def read_avro_schema(given: str, pipeline_path: str) -> dict[str, Any]:

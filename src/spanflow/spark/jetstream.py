@@ -55,7 +55,7 @@ from spanflow.nats.fences import EPOCH_HEADER
 from spanflow.nats.ranges import last_before
 from spanflow.nats.streams import SyncNats, connect, token
 from spanflow.spark.deadletter import DeadLetter, publish_dead_letters
-from spanflow.spark.formats import AvroReader, Decoder
+from spanflow.spark.formats import AvroReader, Decoder, ProtobufReader
 from spanflow.spark.stagger import wait_for_slot
 from spanflow.spec.schema import StreamFormat
 
@@ -119,6 +119,7 @@ class JetStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.scalar_field = options.get("scalar_field") or None
         self.tombstones = options.get("tombstones") == "true"
         self.avro = AvroReader.from_options(options)
+        self.protobuf = ProtobufReader.from_options(options)
         self.heartbeat = options.get("heartbeat") or None
         """The event-time field of a source that sends heartbeats (see _heartbeat)."""
         self.filter_subjects: list[str] = json.loads(options.get("filter_subjects", "[]"))
@@ -230,6 +231,7 @@ class JetStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self.scalar_field,
             self.tombstones,
             avro=self.avro,
+            protobuf=self.protobuf,
         )
 
         async def fetch() -> list[Any]:

@@ -36,6 +36,7 @@ class StreamFormat(StrEnum):
     TOML = "toml"
     CSV = "csv"
     AVRO = "avro"
+    PROTOBUF = "protobuf"
     RAW = "raw"
 
 

@@ -10,11 +10,12 @@ from dataclasses import replace
 
 from pyspark.sql import functions as F
 
+from spanflow.errors import CompileError
 from spanflow.spark import connectors
 from spanflow.spark.compile.frame import CompileContext, Frame, with_watermark
 from spanflow.spark.compile.registry import compiles
 from spanflow.spark.connectors import SourceContext
-from spanflow.spark.formats import spark_ddl
+from spanflow.spark.formats import ProtobufReader, spark_ddl
 from spanflow.spec.pipeline import PipelineSpec
 from spanflow.spec.steps.io import SourceStep
 
@@ -28,6 +29,11 @@ def compile_source(
     from spanflow.spark.compile.pipeline import step_schema  # the graph walk uses this module
 
     schema = step_schema(ctx, step.schema_of) if step.schema_of else None
+    if step.protobuf is not None:  # a bad descriptor set fails here, not in every batch
+        try:
+            ProtobufReader(step.protobuf.message, step.protobuf.descriptors)
+        except Exception as exc:
+            raise CompileError(step.id, f"protobuf {step.protobuf.message}: {exc}") from None
     if step.connector == "jetstream":
         df = (
             ctx.spark.readStream.format(ctx.source_format)
@@ -81,4 +87,5 @@ def source_options(
         "scalar_field": step.scalar_field or "",
         "avro_schema": json.dumps(step.avro_schema) if step.avro_schema else "",
         "avro_framing": step.avro_framing,
+        "protobuf": step.protobuf.model_dump_json() if step.protobuf else "",
     }

@@ -55,7 +55,7 @@ from spanflow.spark.connectors import (
     writes,
 )
 from spanflow.spark.deadletter import DeadLetter, send_dead_letters
-from spanflow.spark.formats import AvroReader, Decoder
+from spanflow.spark.formats import AvroReader, Decoder, ProtobufReader
 from spanflow.spec.connectors.kafka import KafkaSinkOptions, KafkaSourceOptions
 from spanflow.spec.schema import StreamFormat
 from spanflow.spec.steps.io import SinkStep, SourceStep
@@ -119,6 +119,7 @@ def read_kafka(ctx: SourceContext, step: SourceStep) -> DataFrame:
         .option("scalar_field", step.scalar_field or "")
         .option("avro_schema", json.dumps(step.avro_schema) if step.avro_schema else "")
         .option("avro_framing", step.avro_framing)
+        .option("protobuf", step.protobuf.model_dump_json() if step.protobuf else "")
         .option("url", ctx.nats_url)
         .option("pipeline", ctx.pipeline)
         .option("step", step.id)
@@ -160,6 +161,7 @@ class KafkaReader(DataSourceStreamReader):
         self.csv_delimiter = options.get("csv_delimiter", ",")
         self.scalar_field = options.get("scalar_field") or None
         self.avro = AvroReader.from_options(options)
+        self.protobuf = ProtobufReader.from_options(options)
         self.url = options["url"]
         self.pipeline = options["pipeline"]
         self.step = options["step"]
@@ -285,7 +287,12 @@ class KafkaReader(DataSourceStreamReader):
         assert isinstance(partition, OffsetRange)
         records = self._fetch(partition)
         decoder = Decoder(
-            self.format, self.schema_fields, self.csv_delimiter, self.scalar_field, avro=self.avro
+            self.format,
+            self.schema_fields,
+            self.csv_delimiter,
+            self.scalar_field,
+            avro=self.avro,
+            protobuf=self.protobuf,
         )
         messages = [
             Message(seq=r.offset(), subject=self.topic, data=r.value() or b"",

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, ClassVar, Literal
 
-from pydantic import ConfigDict, Field, SerializeAsAny, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, model_validator
 
 from spanflow.errors import SpecError
 from spanflow.spec.avro import field_names as avro_field_names
@@ -32,6 +32,22 @@ def _typed_options(role: Role, field: str, data: Any) -> Any:
     except SpecError as exc:
         raise ValueError(str(exc)) from None
     return {**data, "options": connector.parse(data.get("options"))}
+
+
+class ProtobufFormat(BaseModel):
+    """A Protobuf message type: its full name and a serialized ``FileDescriptorSet``
+    (``protoc --include_imports --descriptor_set_out=x.desc``) that defines it, base64
+    in the spec (the YAML front end reads a ``.desc`` path)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    message: str = Field(pattern=r"^[A-Za-z_][\w.]*$", description="e.g. plant.Reading")
+    descriptors: str = Field(min_length=4, description="base64 of a FileDescriptorSet")
+    framing: Literal["plain", "confluent"] = Field(
+        default="plain",
+        description="'confluent': Confluent's wire format (a zero byte, a 4-byte schema "
+        "id and the message-index list before the message).",
+    )
 
 
 def _schema_from_avro(data: Any) -> bool:
@@ -101,6 +117,10 @@ class SourceStep(StepBase):
         description="format avro: the writer's Avro record schema (in YAML also a path to "
         "an .avsc file, relative to the pipeline file).",
     )
+    protobuf: ProtobufFormat | None = Field(
+        default=None,
+        description="format protobuf: the message type and the descriptors that define it.",
+    )
     avro_framing: Literal["plain", "confluent"] = Field(
         default="plain",
         description="format avro: 'plain' Avro binary, or Confluent's wire format (a zero "
@@ -161,6 +181,8 @@ class SourceStep(StepBase):
                 raise ValueError(f"{', '.join(given)}: JetStream settings, not {self.connector}'s")
         if (self.format == StreamFormat.AVRO) != (self.avro_schema is not None):
             raise ValueError("format avro and avro_schema go together")
+        if (self.format == StreamFormat.PROTOBUF) != (self.protobuf is not None):
+            raise ValueError("format protobuf and protobuf (message, descriptors) go together")
         if self.avro_schema is not None:
             known = avro_field_names(self.avro_schema)
             absent = [f for f in self.schema_ if f not in known]

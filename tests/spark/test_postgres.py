@@ -154,3 +154,48 @@ def test_records_are_enriched_from_a_postgres_table_that_changes_while_running(
         1: ("a", "L1", 40.0), 2: ("b", "L2", 50.0), 3: ("c", None, None),
         4: ("a", "L9", 40.0), 5: ("b", None, None),
     }  # fmt: skip
+
+
+def test_rows_the_table_refuses_are_dead_lettered_and_the_others_written(
+    spark, nats_url, postgres, checkpoints, uid
+):
+    import os
+
+    import orjson
+
+    from tests.helpers import publish
+
+    with psycopg.connect(postgres, password=os.environ[PG_PASSWORD_ENV], autocommit=True) as c:
+        c.execute(f"CREATE TABLE chk_{uid} (id bigint, device text, v float8 CHECK (v < 100))")
+    flow = (
+        sf.Pipeline(f"pgc-{uid}", trigger="0.3s")
+        .source(f"PGC_{uid}", subjects=[f"pgc{uid}.>"], schema={"id": "long", "device": "string",
+                                                                  "v": "double"})
+        .sink_postgres(f"chk_{uid}", dsn=postgres, password_env=PG_PASSWORD_ENV, create=False)
+    )  # fmt: skip
+    records = [{"id": i, "device": "a", "v": 95.0 + i} for i in range(10)]  # 5.. break the check
+    runner = PipelineRunner(spark, flow.spec(), nats_url=nats_url, checkpoint_dir=checkpoints)
+    runner.start()
+    try:
+        publish(nats_url, f"PGC_{uid}", f"pgc{uid}.r", records)
+        wait_for(lambda: len(rows(postgres, f"SELECT id FROM chk_{uid}")) >= 5)
+        wait_for(lambda: len(_letters(nats_url, f"pgc-{uid}")) >= 5)
+        runner.await_idle()
+    finally:
+        runner.stop()
+    assert [i for (i,) in rows(postgres, f"SELECT id FROM chk_{uid} ORDER BY id")] == [
+        0,
+        1,
+        2,
+        3,
+        4,
+    ]
+    letters = _letters(nats_url, f"pgc-{uid}")
+    assert sorted(orjson.loads(d)["id"] for _, d in letters) == [5, 6, 7, 8, 9]
+    assert all("violates check constraint" in h["Spanflow-Reason"] for h, _ in letters)
+
+
+def _letters(nats_url: str, pipeline: str) -> list:
+    from tests.helpers import read_all
+
+    return [(h, d) for h, d, s in read_all(nats_url, "SPANFLOW_DLQ") if pipeline in s]

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
 from typing import Any
 
@@ -12,7 +11,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql.types import StructType
 
 from spanflow.errors import CompileError
-from spanflow.spark.connectors import BatchWriter, SinkContext, checks, writes
+from spanflow.spark.connectors import BatchWriter, SinkContext, checks, content_ids, writes
 from spanflow.spec.connectors.mongodb import MongoSinkOptions
 from spanflow.spec.steps.io import SinkStep, SourceStep
 
@@ -98,13 +97,5 @@ def document_ids(rows: list[dict[str, Any]], key: tuple[str, ...], batch: str) -
         if len(key) == 1:
             return [row.get(key[0]) for row in rows]
         return ["|".join(str(row.get(k)) for k in key) for row in rows]
-    seen: dict[bytes, int] = {}
-    out = []
-    for row in rows:
-        digest = hashlib.blake2b(
-            orjson.dumps(row, option=orjson.OPT_SORT_KEYS | orjson.OPT_NAIVE_UTC), digest_size=12
-        ).digest()
-        n = seen.get(digest, 0)
-        seen[digest] = n + 1
-        out.append(f"{batch}:{digest.hex()}:{n}")
-    return out
+    option = orjson.OPT_SORT_KEYS | orjson.OPT_NAIVE_UTC
+    return content_ids(batch, [orjson.dumps(row, option=option, default=str) for row in rows])

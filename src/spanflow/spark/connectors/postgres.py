@@ -37,7 +37,8 @@ from pyspark.sql.types import (
 )
 
 from spanflow.errors import CompileError
-from spanflow.spark.connectors import BatchWriter, SinkContext, checks, writes
+from spanflow.spark.connectors import BatchWriter, SinkContext, checks, content_ids, writes
+from spanflow.spark.deadletter import DeadLetter, send_dead_letters
 from spanflow.spec.connectors.postgres import PostgresSinkOptions
 from spanflow.spec.steps.io import SinkStep, SourceStep
 from spanflow.spec.steps.joins import EnrichStep, mirror_bucket
@@ -236,18 +237,58 @@ class PostgresWriter(BatchWriter):
                     log.info("postgres sink %s: batch %d written before", self.sink_id, batch_id)
                     return
                 self.ctx.check_fence()
-                if rows:
-                    self._stage(conn, columns, rows)
-                    conn.execute(_move_statement(self.options, names))
+                refused = self._move(conn, columns, rows) if rows else []
                 conn.execute(
                     f"INSERT INTO {MARKERS} (pipeline, sink, batch, rows) VALUES (%s, %s, %s, %s) "
                     "ON CONFLICT (pipeline, sink) DO UPDATE SET batch = EXCLUDED.batch, "
                     "rows = EXCLUDED.rows, written = now()",
-                    (self.ctx.pipeline, self.sink_id, batch_id, len(rows)),
+                    (self.ctx.pipeline, self.sink_id, batch_id, len(rows) - len(refused)),
                 )
         except Exception:
             self.close()  # a broken connection is not reused
             raise
+        if refused:
+            self._dead_letter(batch_id, refused)
+
+    def _move(
+        self, conn: Any, columns: list[tuple[str, str]], rows: list[dict[str, Any]]
+    ) -> list[tuple[dict[str, Any], str]]:
+        """Stage and move the batch's rows; if the table refuses the batch (a value that
+        breaks a constraint or does not fit a column), each row alone, in a savepoint
+        of its own, so the others are written. The refused rows, with the reason."""
+        import psycopg
+
+        names = [c for c, _ in columns]
+        try:
+            with conn.transaction():
+                self._stage(conn, columns, rows)
+                conn.execute(_move_statement(self.options, names))
+            return []
+        except (psycopg.errors.DataError, psycopg.errors.IntegrityError):
+            pass
+        refused = []
+        for row in rows:
+            try:
+                with conn.transaction():
+                    self._stage(conn, columns, [row])
+                    conn.execute(_move_statement(self.options, names))
+                    conn.execute("TRUNCATE spanflow_staged")
+            except (psycopg.errors.DataError, psycopg.errors.IntegrityError) as exc:
+                refused.append((row, f"postgres {self.options.table}: {_first_line(exc)}"))
+        return refused
+
+    def _dead_letter(self, batch_id: int, refused: list[tuple[dict[str, Any], str]]) -> None:
+        option = orjson.OPT_NAIVE_UTC | orjson.OPT_UTC_Z | orjson.OPT_SORT_KEYS
+        payloads = [orjson.dumps(row, option=option, default=str) for row, _ in refused]
+        prefix = f"{self.ctx.pipeline}:{self.sink_id}:{batch_id}"
+        letters = [
+            DeadLetter(msg_id=f"postgres:{key}", data=payload, reason=reason,
+                       stream=f"postgres:{self.options.table}", subject=self.sink_id)
+            for key, payload, (_, reason) in zip(
+                content_ids(prefix, payloads), payloads, refused, strict=True
+            )
+        ]  # fmt: skip
+        send_dead_letters(self.ctx.nats_url, self.ctx.pipeline, self.sink_id, letters)
 
     def _already_written(self, conn: Any, batch_id: int) -> bool:
         found = conn.execute(

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import os
 from typing import Any
@@ -12,7 +11,7 @@ from typing import Any
 import orjson
 from pyspark.sql import DataFrame
 
-from spanflow.spark.connectors import BatchWriter, SinkContext, writes
+from spanflow.spark.connectors import BatchWriter, SinkContext, content_ids, writes
 from spanflow.spark.deadletter import DeadLetter, send_dead_letters
 from spanflow.spec.connectors.webhook import WebhookSinkOptions
 
@@ -21,23 +20,6 @@ log = logging.getLogger(__name__)
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 RETRYABLE = frozenset({408, 425, 429, 500, 502, 503, 504})
 """Statuses worth another try; any other 4xx is the receiver refusing the record."""
-
-
-def idempotency_keys(prefix: str, payloads: list[bytes]) -> list[str]:
-    """``<prefix>:<content hash>:<occurrence>`` per payload: the same for the same
-    records whenever a batch is replayed, whatever their order.
-
-    >>> idempotency_keys("p:s:3", [b"{}", b"{}"])[1].endswith(":1")
-    True
-    """
-    seen: dict[bytes, int] = {}
-    out = []
-    for payload in payloads:
-        digest = hashlib.blake2b(payload, digest_size=12).digest()
-        n = seen.get(digest, 0)
-        seen[digest] = n + 1
-        out.append(f"{prefix}:{digest.hex()}:{n}")
-    return out
 
 
 @writes("webhook")
@@ -65,7 +47,7 @@ class WebhookWriter(BatchWriter):
             orjson.dumps({k: v for k, v in r.items() if not k.startswith("_")}, option=option)
             for r in rows
         ]
-        keys = idempotency_keys(f"{self.ctx.pipeline}:{self.sink_id}:{batch_id}", payloads)
+        keys = content_ids(f"{self.ctx.pipeline}:{self.sink_id}:{batch_id}", payloads)
         failures = asyncio.run(self._post_all(payloads, keys))
         self.sent += len(payloads) - len(failures)
         if failures:

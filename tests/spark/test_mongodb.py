@@ -63,3 +63,38 @@ def test_an_unreachable_server_is_one_clear_error_at_start(spark, nats_url, chec
     runner = PipelineRunner(spark, flow.spec(), nats_url=nats_url, checkpoint_dir=checkpoints)
     with pytest.raises(CompileError, match=rf"mongodb \({dead}\): .*refused"):
         runner.start()
+
+
+def test_documents_the_server_refuses_are_dead_lettered_and_the_others_written(
+    spark, nats_url, mongodb, checkpoints, uid
+):
+    import orjson
+
+    from tests.helpers import read_all
+
+    with pymongo.MongoClient(mongodb, serverSelectionTimeoutMS=5000) as client:
+        client[uid]["serials"].create_index("serial", unique=True)
+    records = [{"id": i, "serial": f"s{i % 4}"} for i in range(6)]  # ids 4 and 5 repeat serials
+    flow = (
+        sf.Pipeline(f"mgr-{uid}", trigger="0.3s")
+        .source(f"MGR_{uid}", subjects=[f"mgr{uid}.>"], schema={"id": "long", "serial": "string"})
+        .sink_mongodb("serials", uri=mongodb, database=uid, key="id")
+    )
+    runner = PipelineRunner(spark, flow.spec(), nats_url=nats_url, checkpoint_dir=checkpoints)
+    runner.start()
+
+    def letters() -> list:
+        return [(h, d) for h, d, s in read_all(nats_url, "SPANFLOW_DLQ") if f"mgr-{uid}" in s]
+
+    try:
+        sink_cases.publish_readings(nats_url, uid, "mgr", records)
+        wait_for(lambda: len(docs(mongodb, uid, "serials")) >= 4 and len(letters()) >= 2)
+        runner.await_idle()
+    finally:
+        runner.stop()
+    written = docs(mongodb, uid, "serials")
+    refused = [orjson.loads(d)["id"] for _, d in letters()]
+    # one document per serial; each of the others refused, none lost or doubled
+    assert sorted(d["serial"] for d in written) == ["s0", "s1", "s2", "s3"]
+    assert sorted([d["id"] for d in written] + refused) == list(range(6))
+    assert all(h["Spanflow-Reason"].startswith("mongodb: ") for h, _ in letters())

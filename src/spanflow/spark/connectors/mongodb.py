@@ -12,6 +12,7 @@ from pyspark.sql.types import StructType
 
 from spanflow.errors import CompileError
 from spanflow.spark.connectors import BatchWriter, SinkContext, checks, content_ids, writes
+from spanflow.spark.deadletter import DeadLetter, send_dead_letters
 from spanflow.spec.connectors.mongodb import MongoSinkOptions
 from spanflow.spec.steps.io import SinkStep, SourceStep
 
@@ -74,8 +75,34 @@ class MongoWriter(BatchWriter):
             ReplaceOne({"_id": _id}, {**row, "_id": _id}, upsert=True)
             for _id, row in zip(ids, rows, strict=True)
         ]
+        refused: list[tuple[int, str]] = []
         for lo in range(0, len(requests), 5000):
-            collection.bulk_write(requests[lo : lo + 5000], ordered=True)
+            refused += self._bulk(collection, requests[lo : lo + 5000], lo)
+        if refused:
+            option = orjson.OPT_NAIVE_UTC | orjson.OPT_UTC_Z
+            letters = [
+                DeadLetter(msg_id=f"mongodb:{ids[i]}", reason=reason,
+                           data=orjson.dumps(rows[i], option=option, default=str),
+                           stream=f"mongodb:{self.options.database}.{self.options.collection}",
+                           subject=self.sink_id)
+                for i, reason in refused
+            ]  # fmt: skip
+            send_dead_letters(self.ctx.nats_url, self.ctx.pipeline, self.sink_id, letters)
+
+    @staticmethod
+    def _bulk(collection: Any, requests: list[Any], offset: int) -> list[tuple[int, str]]:
+        """One unordered bulk; the documents the server refused (index, reason). Other
+        failures (the server away) raise: the batch is retried."""
+        from pymongo.errors import BulkWriteError
+
+        try:
+            collection.bulk_write(requests, ordered=False)
+        except BulkWriteError as exc:
+            errors = exc.details.get("writeErrors", [])
+            if not errors or exc.details.get("writeConcernErrors"):
+                raise
+            return [(offset + e["index"], f"mongodb: {e.get('errmsg', e)}"[:500]) for e in errors]
+        return []
 
     def close(self) -> None:
         if self._client is not None:

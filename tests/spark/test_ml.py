@@ -18,6 +18,7 @@ from river import anomaly, linear_model, metrics, preprocessing
 import spanflow as sf
 from spanflow.cep.nfa import NFA
 from spanflow.ml.anomaly import judge
+from spanflow.ml.calibration import TailCalibration
 from spanflow.ml.detectors import make_detector
 from spanflow.ml.episodes import Episodes
 from spanflow.ml.scaling import UnitScaler
@@ -76,11 +77,15 @@ def _expected_scores(
 
 
 def _expected_hst(records: list[dict]) -> dict[int, float]:
+    """River's HalfSpaceTrees over each field and its change, scores calibrated."""
     model = UnitScaler() | anomaly.HalfSpaceTrees(seed=42)
-    out = {}
+    calibration = TailCalibration()
+    tail, last, out = calibration.empty(), {}, {}
     for r in records:
-        x = {f: r[f] for f in FIELDS}
-        out[r["id"]] = model.score_one(x)
+        x = {f: float(r[f]) for f in FIELDS if r.get(f) is not None}
+        x |= {f"{f}~d": v - last.get(f, v) for f, v in list(x.items())}
+        last |= {f: v for f, v in x.items() if "~" not in f}
+        out[r["id"]] = calibration.step(tail, model.score_one(x))
         model.learn_one(x)
     return out
 

@@ -3,16 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    SerializeAsAny,
-    StringConstraints,
-    model_validator,
-)
+from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, model_validator
 
 from spanflow.errors import SpecError
 from spanflow.spec.avro import field_names as avro_field_names
@@ -21,15 +14,6 @@ from spanflow.spec.connectors import Connector, ConnectorOptions, NoOptions, Rol
 from spanflow.spec.durations import Duration
 from spanflow.spec.schema import Schema, StreamFormat
 from spanflow.spec.steps.base import StepBase, StreamFacts
-
-Options = SerializeAsAny[ConnectorOptions]
-"""A source's or sink's connector options, typed by the connector (see _typed_options)."""
-OPTIONS_HELP = "The connector's own options."
-ExternalName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]*$")] | None
-EXTERNAL_HELP = (
-    "The topology's external system this step {0} (default: the one its options point at, "
-    "if declared): the planner places the step where it is reachable."
-)
 
 PUBLISHED = "_published"
 """The broker's own timestamp of a record (JetStream's store time, Kafka's record
@@ -89,8 +73,15 @@ class SourceStep(StepBase):
         description="Where records come from: jetstream (default), kafka, ... "
         "(docs/connectors.md).",
     )
-    options: Options = Field(default_factory=NoOptions, description=OPTIONS_HELP)
-    external: ExternalName = Field(default=None, description=EXTERNAL_HELP.format("reads"))
+    options: SerializeAsAny[ConnectorOptions] = Field(
+        default_factory=NoOptions, description="The connector's own options."
+    )
+    external: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]*$",
+        description="The topology's external system this source reads (default: the one "
+        "its options point at, if declared): the planner reads it where it is reachable.",
+    )
     stream: str | None = Field(
         default=None,
         pattern=r"^[A-Za-z0-9_-]+$",
@@ -247,8 +238,15 @@ class SinkStep(StepBase):
         description="Where records go: jetstream (default), kafka, parquet, console, ... "
         "(docs/connectors.md).",
     )
-    options: Options = Field(default_factory=NoOptions, description=OPTIONS_HELP)
-    external: ExternalName = Field(default=None, description=EXTERNAL_HELP.format("writes"))
+    options: SerializeAsAny[ConnectorOptions] = Field(
+        default_factory=NoOptions, description="The connector's own options."
+    )
+    external: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]*$",
+        description="The topology's external system this sink writes (default: the one "
+        "its options point at, if declared): the planner writes it where it is reachable.",
+    )
     stream: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_-]+$")
     subject: str | None = None
     path: str | None = None

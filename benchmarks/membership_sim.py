@@ -43,6 +43,7 @@ from spanflow.runtime.membership.config import MembershipConfig
 from spanflow.runtime.membership.memory_network import MemoryNetwork
 from spanflow.runtime.membership.messages import State
 from spanflow.runtime.membership.protocol import Change
+from spanflow.security.keyring import OVERHEAD, Keyring, new_key
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SEEDS = 3
@@ -92,10 +93,16 @@ def summary(values: list[float]) -> dict[str, float] | None:
 class Scenario:
     """One group on one simulated network."""
 
-    def __init__(self, size: int, loss: float, lifeguard: bool, seed: int) -> None:
+    def __init__(
+        self, size: int, loss: float, lifeguard: bool, seed: int, sealed: bool = False
+    ) -> None:
         self.size = size
         self.config = MembershipConfig.lan().replace(lifeguard=lifeguard)
-        self.net = MemoryNetwork(seed=seed, loss=loss, wire=size <= 100)
+        keyring = None
+        if sealed:  # as GossipService seals: AES-GCM, a smaller budget per datagram
+            keyring = Keyring((new_key(),))
+            self.config = self.config.replace(packet_budget=self.config.packet_budget - OVERHEAD)
+        self.net = MemoryNetwork(seed=seed, loss=loss, wire=size <= 100, keyring=keyring)
         self.views = Views()
         self.net.observers.append(self.views.observe)
         self.names = [f"m{i:04d}" for i in range(size)]
@@ -188,10 +195,17 @@ class Scenario:
         return round(self.net.now - start, 3) if done else None
 
 
-def run_one(size: int, loss: float, lifeguard: bool, seed: int, steady: float) -> dict[str, Any]:
+def run_one(
+    size: int, loss: float, lifeguard: bool, seed: int, steady: float, sealed: bool = False
+) -> dict[str, Any]:
     began = time.perf_counter()
-    scenario = Scenario(size, loss, lifeguard, seed)
-    result: dict[str, Any] = {"members": size, "loss": loss, "lifeguard": lifeguard}
+    scenario = Scenario(size, loss, lifeguard, seed, sealed)
+    result: dict[str, Any] = {
+        "members": size,
+        "loss": loss,
+        "lifeguard": lifeguard,
+        "sealed": sealed,
+    }
     result["bootstrap_s"] = scenario.bootstrap()
     result["steady"] = scenario.steady(steady)
     kills = [scenario.kill(name) for name in scenario.names[SEEDS : SEEDS + KILLS.get(size, 3)]]
@@ -216,6 +230,8 @@ def show(result: dict[str, Any]) -> None:
 
     slow = result.get("slow_member", {})
     lifeguard = "on " if result["lifeguard"] else "off"
+    if result.get("sealed"):
+        lifeguard = "on+sealed"
     boot = result["bootstrap_s"] if result["bootstrap_s"] is not None else "-"
     dead, everyone = result["declared_dead_s"], result["everyone_knows_s"]
     steady = result["steady"]
@@ -240,6 +256,11 @@ def main() -> None:
         "--steady", type=float, default=30.0, help="simulated seconds without failures"
     )
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--sealed",
+        action="store_true",
+        help="also run every Lifeguard case with sealed gossip (AES-GCM), same seeds",
+    )
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     losses = [float(v) for v in args.loss.split(",")]
@@ -251,8 +272,9 @@ def main() -> None:
     results = []
     for size in sizes:
         for loss in losses:
-            for lifeguard in (True, False):
-                result = run_one(size, loss, lifeguard, args.seed, args.steady)
+            cases = [(True, False), (False, False)] + ([(True, True)] if args.sealed else [])
+            for lifeguard, sealed in cases:
+                result = run_one(size, loss, lifeguard, args.seed, args.steady, sealed)
                 show(result)
                 results.append(result)
     report = {

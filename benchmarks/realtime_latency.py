@@ -61,6 +61,7 @@ import spanflow as sf
 from spanflow.nats import EmbeddedNats
 from spanflow.nats.ranges import Message, read_range
 from spanflow.nats.streams import connect, ensure_stream
+from spanflow.security.secrets import SECRETS_ENV, Secrets, adopt
 from spanflow.spark.runner import PipelineRunner
 from spanflow.spark.session import build_session
 
@@ -170,9 +171,16 @@ def window_latencies(inputs: list[Message], updates: list[Message], since_us: in
 
 
 def run_one(
-    spark: Any, url: str, work: Path, mode: str, rate: int, seconds: float, warmup: float
+    spark: Any,
+    url: str,
+    work: Path,
+    mode: str,
+    rate: int,
+    seconds: float,
+    warmup: float,
+    doors: str = "open",
 ) -> dict[str, Any]:
-    name = f"rt{rate}{mode.replace('-', '')}"
+    name = f"rt{rate}{mode.replace('-', '')}{'' if doors == 'open' else doors}"
     stream, subject = f"{name.upper()}_IN", f"{name}.in"
     flow = pipeline(name, stream, mode)
 
@@ -220,6 +228,7 @@ def run_one(
             alert_ms.append((m.published_us - published_us) / 1000.0)
     return {
         "mode": mode,
+        "doors": doors,
         "rate": rate,
         "sent": sent,
         "stored": len(inputs),
@@ -247,6 +256,13 @@ def main() -> None:
     parser.add_argument(
         "--sync-always", action="store_true", help="the server fsyncs every message (default off)"
     )
+    parser.add_argument(
+        "--doors",
+        nargs="+",
+        default=["open"],
+        choices=["open", "locked"],
+        help="locked: a second server with TLS and role users (docs/security.md), same run",
+    )
     args = parser.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="spanflow-rt-bench-"))
@@ -254,26 +270,44 @@ def main() -> None:
     # lost); on these disks that caps it near 2,000 stored messages/s in all — inputs and
     # outputs — which would measure the disk. This server fsyncs on JetStream's default
     # schedule instead; ``--sync-always`` measures with the durable default.
-    server = EmbeddedNats(work / "nats", sync_always=args.sync_always).start()
+    secrets = Secrets(work / "secrets")
+    secrets.init()
+    servers = {
+        doors: EmbeddedNats(
+            work / f"nats-{doors}",
+            sync_always=args.sync_always,
+            secrets=secrets if doors == "locked" else None,
+        ).start()
+        for doors in args.doors
+    }
     spark = build_session(app_name="spanflow-rt-bench", realtime_slots=4)
     runs = []
     try:
         for rate in args.rates:
             for mode in args.modes:
-                print(f"{mode} at {rate:,}/s …", flush=True)
-                run = run_one(spark, server.url, work, mode, rate, args.seconds, args.warmup)
-                runs.append(run)
-                a, w = run["alert_ms"], run["window_update_ms"]
-                print(
-                    f"  alert p50 {a['p50']} p95 {a['p95']} p99 {a['p99']} p99.9 {a['p99.9']} ms"
-                    f" | window update p50 {w['p50']} p99 {w['p99']} p99.9 {w['p99.9']} ms"
-                    f" | broker p50 {run['broker_ms']['p50']} ms | alerts "
-                    f"{run['alerts']}/{run['expected_alerts']} | cpu {run['cpu_cores_used']}",
-                    flush=True,
-                )
+                for doors, server in servers.items():
+                    print(f"{mode} at {rate:,}/s, {doors} …", flush=True)
+                    if doors == "locked":  # this process, its publisher and the JVM: TLS + users
+                        adopt(secrets, "coordinator")
+                    else:
+                        os.environ.pop(SECRETS_ENV, None)
+                    run = run_one(
+                        spark, server.url, work, mode, rate, args.seconds, args.warmup, doors
+                    )
+                    runs.append(run)
+                    a, w = run["alert_ms"], run["window_update_ms"]
+                    print(
+                        f"  alert p50 {a['p50']} p95 {a['p95']} p99 {a['p99']}"
+                        f" p99.9 {a['p99.9']} ms"
+                        f" | window update p50 {w['p50']} p99 {w['p99']} p99.9 {w['p99.9']} ms"
+                        f" | broker p50 {run['broker_ms']['p50']} ms | alerts "
+                        f"{run['alerts']}/{run['expected_alerts']} | cpu {run['cpu_cores_used']}",
+                        flush=True,
+                    )
     finally:
         spark.stop()
-        server.stop()
+        for server in servers.values():
+            server.stop()
     report = {
         "benchmark": "realtime_latency",
         "when": datetime.now().isoformat(timespec="seconds"),
@@ -282,12 +316,14 @@ def main() -> None:
         "server_sync_always": args.sync_always,
         "warmup": args.warmup,
         "runs": runs,
-        "ratios": ratios(runs),
+        "ratios": ratios([r for r in runs if r["doors"] == "open"]),
+        "tls_cost": tls_cost(runs),
     }
     RESULTS.mkdir(exist_ok=True)
     out = RESULTS / "realtime_latency.json"
     out.write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps(report["ratios"], indent=2))
+    print("locked / open:", json.dumps(report["tls_cost"], indent=2))
     print(f"written {out}")
 
 
@@ -301,6 +337,30 @@ def ratios(runs: list[dict[str, Any]]) -> dict[str, Any]:
         mb, rt = by_mode["microbatch"], by_mode["realtime"]
         out[str(rate)] = {
             f"{path}_{q}": round(mb[path][q] / rt[path][q], 1) if rt[path][q] else None
+            for path in ("alert_ms", "window_update_ms")
+            for q in ("p50", "p99")
+        }
+    return out
+
+
+def tls_cost(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Locked (TLS, users) latency over open latency, per rate and mode (same run)."""
+    out: dict[str, Any] = {}
+    for run in runs:
+        if run["doors"] != "locked":
+            continue
+        twin = next(
+            (
+                r
+                for r in runs
+                if r["doors"] == "open" and (r["rate"], r["mode"]) == (run["rate"], run["mode"])
+            ),
+            None,
+        )
+        if twin is None:
+            continue
+        out[f"{run['rate']} {run['mode']}"] = {
+            f"{path}_{q}": round(run[path][q] / twin[path][q], 2) if twin[path][q] else None
             for path in ("alert_ms", "window_update_ms")
             for q in ("p50", "p99")
         }

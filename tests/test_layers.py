@@ -18,6 +18,7 @@ LAYERS: dict[str, float] = {
     "errors": -1,
     "clock": -1,
     "spec": 0,
+    "security": 0.5,  # certificates, credentials, keys: read by nats, runtime, servers
     "protocol": 1,
     "nats": 1,
     "api": 2,

@@ -57,6 +57,12 @@ class NatsError(SpanflowError):
     code = "nats_error"
 
 
+class SecurityError(SpanflowError):
+    """A door refused us, or a secret is missing, unreadable or expired. The message
+    names the door (NATS, MQTT, REST, gossip, the real-time client) and the cause, and
+    never the secret itself."""
+
+
 class ModelError(SpanflowError):
     """A model registry request cannot be met (the message says why)."""
 

@@ -8,6 +8,7 @@ import asyncio
 import httpx
 import pytest
 
+from spanflow.errors import SecurityError
 from spanflow.nats.streams import connect, ensure_stream
 from spanflow.server.ingest import IngestServer
 from tests.helpers import read_all
@@ -83,5 +84,5 @@ def test_a_retried_post_with_an_idempotency_key_stores_once(nats_url, ingest, ui
 
 
 def test_listening_beyond_loopback_needs_a_token(nats_url):
-    with pytest.raises(ValueError, match="give a token"):
+    with pytest.raises(SecurityError, match="give a token"):
         IngestServer(nats_url, "0.0.0.0", 0)

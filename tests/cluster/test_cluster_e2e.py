@@ -1,5 +1,6 @@
 """A real cluster on one machine: embedded NATS, the coordinator and two node agents,
-each in its own process with its own SparkSession, driven through the REST API.
+each in its own process with its own SparkSession, driven through the REST API. Locked
+(``up --secure``): every client below authenticates with TLS and a role's password.
 
 The tests share one cluster and run in file order: pipelines across both agents,
 then a coordinator restart, then a node killed with SIGKILL (the last, as it leaves
@@ -8,6 +9,7 @@ one node).
 
 from __future__ import annotations
 
+import json
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -18,6 +20,7 @@ import psutil
 import pytest
 
 from spanflow.cli.cluster import Api, LocalCluster
+from spanflow.security.secrets import ROLE_ENV, SECRETS_ENV
 from tests.helpers import publish, read_records, wait_for
 
 pytestmark = pytest.mark.slow
@@ -66,11 +69,18 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     home = tmp_path_factory.mktemp("cluster")
     topology = home / "topology.yaml"
     topology.write_text(TOPOLOGY)
-    c = LocalCluster(topology, home, port=0, token="e2e-token", heartbeat=0.5)
+    # Locked: TLS and role users on NATS, sealed gossip, the REST token. This test
+    # process is the operator, connecting as the coordinator role.
+    c = LocalCluster(topology, home, port=0, token="e2e-token", heartbeat=0.5, secure=True)
+    assert c.secrets is not None
     try:
-        c.start()
-        c.wait_for_nodes(timeout=240)
-        yield c
+        with pytest.MonkeyPatch.context() as env:
+            env.setenv(SECRETS_ENV, str(c.secrets.root))
+            env.setenv(ROLE_ENV, "coordinator")
+            c.start()
+            assert c.nats_url.startswith("tls://")
+            c.wait_for_nodes(timeout=240)
+            yield c
     except BaseException:
         _dump_logs(home)
         raise
@@ -287,3 +297,23 @@ def test_killed_node_fragments_move_and_output_stays_exactly_once(cluster: Local
     assert ids(url, "E2E_SURV") == expected
     kinds = [r["kind"] for r in api.call("GET", "/api/v1/cluster/log?limit=1000")]
     assert "move-start" in kinds and "move-done" in kinds
+
+
+def test_no_secret_shows_in_logs_status_api_or_metrics(cluster: LocalCluster) -> None:
+    """Passwords, the REST token and gossip keys stay in the secrets directory: not in
+    any process's log, not in what the API or /metrics answer."""
+    assert cluster.secrets is not None
+    creds = cluster.secrets.credentials()
+    secrets = [*creds.passwords.values(), creds.rest_token]
+    secrets += [line.strip() for line in cluster.secrets.keyring_file.read_text().splitlines()]
+    api = cluster.api()
+    seen = [
+        json.dumps(api.call("GET", path))
+        for path in ("/api/v1/nodes", "/api/v1/pipelines", "/api/v1/cluster/log?limit=1000")
+    ]
+    seen.append(api.client.request("GET", "/metrics").text)
+    seen += [p.read_text(errors="replace") for p in (cluster.data_dir / "logs").glob("*.log")]
+    assert len(seen) > 5
+    for text in seen:
+        for secret in secrets:
+            assert secret not in text

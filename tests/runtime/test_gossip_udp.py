@@ -11,6 +11,7 @@ import pytest
 from spanflow.runtime.membership.config import MembershipConfig
 from spanflow.runtime.membership.messages import State
 from spanflow.runtime.membership.udp import GossipService, split_addr
+from spanflow.security.keyring import Keyring, new_key
 
 CONFIG = MembershipConfig.local_test()
 
@@ -86,3 +87,49 @@ def test_addresses_are_host_and_port() -> None:
     assert split_addr("10.1.2.3:7946") == ("10.1.2.3", 7946)
     with pytest.raises(ValueError, match="host:port"):
         split_addr("10.1.2.3")
+
+
+def test_sealed_gossip_admits_the_keyring_and_drops_forgeries() -> None:
+    """With a keyring every packet is sealed (AES-GCM): members sharing a key converge;
+    a member with another key is never admitted and its packets are counted as
+    rejected; a plain (forged) packet is dropped; keys rotate without a restart."""
+
+    async def scenario() -> None:
+        old, new = new_key(), new_key()
+        ring = Keyring((old,))
+        services = [GossipService(f"s{i}", CONFIG, keyring=ring) for i in range(3)]
+        intruder = GossipService("intruder", CONFIG, keyring=Keyring((new_key(),)))
+        try:
+            await services[0].start()
+            for s in services[1:]:
+                await s.start(seeds=[services[0].addr])
+            a, b, c = services
+            await until(
+                lambda: all(
+                    sees(x, y, State.ALIVE) for x in services for y in services if x is not y
+                )
+            )
+            await intruder.start(seeds=[a.addr])
+            host, port = split_addr(a.addr)
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as raw:
+                raw.sendto(b'[["alive", "forger", 99, "127.0.0.1:1"]]', (host, port))
+            await until(lambda: a.stats.rejected >= 2)
+            assert a.membership is not None and "intruder" not in a.membership.members
+            assert "forger" not in a.membership.members
+            # rotation: install the new key everywhere, switch every member, drop the old
+            for s in services:
+                s.keyring = s.keyring.install(new) if s.keyring else None
+            for s in services:
+                s.keyring = s.keyring.use(new) if s.keyring else None
+            for s in services:
+                s.keyring = s.keyring.remove(old) if s.keyring else None
+            rejected = a.stats.rejected
+            await c.close()  # still detected: the group talks under the new key
+            await until(lambda: sees(a, c, State.DEAD) and sees(b, c, State.DEAD))
+            assert sees(a, b, State.ALIVE) and sees(b, a, State.ALIVE)
+            assert a.stats.rejected >= rejected  # only the intruder's packets are refused
+        finally:
+            for s in (*services, intruder):
+                await s.close()
+
+    asyncio.run(scenario())

@@ -21,8 +21,19 @@ from rich.console import Group
 from rich.live import Live
 from rich.table import Table
 
-from spanflow.cli.common import _data_dir, _Interrupted, _quiet_spark, app, console, err, fail
+from spanflow.cli.common import (
+    _data_dir,
+    _Interrupted,
+    _quiet_spark,
+    app,
+    console,
+    err,
+    fail,
+    local_rest_token,
+    use_secrets,
+)
 from spanflow.errors import SpanflowError
+from spanflow.security.policy import require_token
 
 DEFAULT_PORT = 7070
 
@@ -115,6 +126,13 @@ def coordinator(
     except SpanflowError as exc:
         raise fail(exc) from None
     directory = _data_dir(data_dir)
+    secrets = use_secrets(directory, "coordinator")
+    if not token and secrets is not None:
+        token = secrets.credentials().rest_token
+    try:
+        require_token("REST API", host, token, "--token or `spanflow secrets init`")
+    except SpanflowError as exc:
+        raise fail(exc) from None
     with nats_url(nats, directory) as url:
         settings = CoordinatorSettings(
             nats_url=url,
@@ -231,6 +249,9 @@ def node(
 
     _logging()
     _quiet_spark()
+    secrets = use_secrets(state_dir, "agent")
+    if not token and secrets is not None:
+        token = secrets.credentials().rest_token
     caps = None
     if any(v is not None for v in (cores, memory, slots, tag, realtime_slots)):
         detected = detect_capabilities()
@@ -291,7 +312,7 @@ class Api:
     def __init__(self, url: str, token: str | None, patience: float = 15.0) -> None:
         from spanflow.protocol.client import CoordinatorClient
 
-        self.client = CoordinatorClient(url, token, patience=patience)
+        self.client = CoordinatorClient(url, token or local_rest_token(), patience=patience)
 
     @property
     def url(self) -> str:
@@ -492,8 +513,10 @@ class LocalCluster:
         gossip_profile: str = "lan",
         node_args: list[str] | None = None,
         coordinator_args: list[str] | None = None,
+        secure: bool = False,
     ) -> None:
         from spanflow.api.topology_loader import load_topology
+        from spanflow.security.secrets import Secrets
 
         if ha and site_servers:
             raise SpanflowError(
@@ -528,6 +551,12 @@ class LocalCluster:
         """Edge site → the :class:`WanRelay` between its server and the hub."""
         self._nats: Any = None
         self._site_nats: dict[str, Any] = {}
+        self.secrets = Secrets(data_dir / "secrets") if secure else None
+        """Locked mode: every server requires TLS and a role's credentials, gossip is
+        sealed, the REST API requires the token (docs/security.md)."""
+        if self.secrets is not None:
+            self.secrets.init()
+            self.token = token or self.secrets.credentials().rest_token
 
     def start(self) -> LocalCluster:
         from spanflow.nats import EmbeddedNats
@@ -537,13 +566,16 @@ class LocalCluster:
         logs.mkdir(parents=True, exist_ok=True)
         edges = self._edge_sites() if self.site_servers else []
         if self.ha:
-            self._nats = NatsCluster(self.data_dir / "nats-cluster", 3, name="hub").start()
+            self._nats = NatsCluster(
+                self.data_dir / "nats-cluster", 3, name="hub", secrets=self.secrets
+            ).start()
         else:
             self._nats = EmbeddedNats(
                 self.data_dir / "nats",
                 name="hub",
                 domain=self.HUB_DOMAIN if edges else None,
                 leaf_listen=bool(edges),
+                secrets=self.secrets,
             ).start()
         self.nats_url = self._nats.url
         self._topology_for_coordinator = self.topology_path
@@ -634,6 +666,7 @@ class LocalCluster:
                 domain=site,
                 leaf_remote=relay.url,
                 deny_exports=(*EDGE_ONLY_SUBJECTS, *born_here),
+                secrets=self.secrets,
             ).start()
             self._site_nats[site] = server
             self.site_urls[site] = server.url
@@ -739,10 +772,14 @@ class LocalCluster:
 
     def _spawn(self, name: str, args: list[str]) -> None:
         from spanflow.nats.server import die_with_parent
+        from spanflow.security.secrets import ROLE_ENV, SECRETS_ENV
 
         env = dict(os.environ)
         if self.token:
             env["SPANFLOW_TOKEN"] = self.token
+        env.pop(ROLE_ENV, None)  # each command takes its own role
+        if self.secrets is not None:
+            env[SECRETS_ENV] = str(self.secrets.root.resolve())
         log = open(self.data_dir / "logs" / f"{name}.log", "ab")  # noqa: SIM115 (child owns it)
         self.procs[name] = subprocess.Popen(
             [sys.executable, "-m", "spanflow.cli", *args],
@@ -829,6 +866,15 @@ def up(
             "replicated three times) and three coordinators electing a leader.",
         ),
     ] = False,
+    secure: Annotated[
+        bool,
+        typer.Option(
+            "--secure/--open",
+            help="Lock every door: TLS and role credentials on NATS, sealed gossip, the "
+            "REST token (secrets in <data dir>/secrets). Real-Time Mode fragments need "
+            "--open for now (docs/security.md).",
+        ),
+    ] = False,
 ) -> None:
     """Start NATS, the coordinator and every local node of a topology, with one status view.
 
@@ -851,9 +897,15 @@ def up(
             site_servers=site_servers and not ha,
             wan_delay=delay,
             ha=ha,
+            secure=secure,
         )
     except SpanflowError as exc:
         raise fail(exc) from None
+    if not secure:
+        err.print(
+            "[yellow]OPEN MODE: NATS without TLS or users, gossip unsealed; anyone who "
+            "reaches these ports can read and write everything (--secure locks them)[/yellow]"
+        )
     try:
         local = sum(n.local for n in cluster.topology.nodes)
         what = "three NATS servers, three coordinators" if ha else "NATS, the coordinator"

@@ -108,6 +108,47 @@ KafkaOption = Annotated[
 ]
 
 
+def use_secrets(data_dir: Path | None, role: str) -> Any:
+    """Locked mode when a secrets directory exists (``SPANFLOW_SECRETS``, else
+    ``<data dir>/secrets``): this process and its children then connect as ``role``.
+    Returns the :class:`~spanflow.security.secrets.Secrets`, or None in open mode.
+    A role adopted earlier in this process (``spanflow node`` → agent) is kept."""
+    from spanflow.security.secrets import ROLE_ENV, adopt
+
+    found = find_secrets(data_dir)
+    if found is not None:
+        adopt(found, os.environ.get(ROLE_ENV) or role)
+    return found
+
+
+def find_secrets(data_dir: Path | None) -> Any:
+    """This host's secrets directory (``SPANFLOW_SECRETS``, else ``<data dir>/secrets``
+    if it exists), without adopting it."""
+    from spanflow.security.secrets import Secrets, secrets_from_env
+
+    found = secrets_from_env()
+    if found is None:
+        from spanflow.nats import default_data_dir
+
+        candidate = Secrets((data_dir or default_data_dir()) / "secrets")
+        found = candidate if candidate.exists() else None
+    return found
+
+
+def local_rest_token() -> str | None:
+    """The REST token of this host's secrets directory, if it has one (so CLI commands
+    on a locked host work without --token)."""
+    from spanflow.errors import SecurityError
+
+    found = find_secrets(None)
+    if found is None:
+        return None
+    try:
+        return str(found.credentials().rest_token)
+    except SecurityError:
+        return None
+
+
 @contextlib.contextmanager
 def nats_url(
     url: str | None,
@@ -120,12 +161,15 @@ def nats_url(
     """The given URL, or an embedded server's for the duration of the block.
     ``prepare(url)`` runs before the MQTT listener is announced (it creates the
     streams that capture what devices publish) and returns what to say is ready."""
+    secrets = use_secrets(data_dir, "coordinator")
     if url:
         yield url
         return
     from spanflow.nats import EmbeddedNats
 
-    with EmbeddedNats(data_dir / "nats", mqtt=mqtt, mqtt_listen=mqtt_listen) as server:
+    with EmbeddedNats(
+        data_dir / "nats", mqtt=mqtt, mqtt_listen=mqtt_listen, secrets=secrets
+    ) as server:
         err.print(f"[dim]embedded NATS at {server.url} (data in {data_dir / 'nats'})[/dim]")
         ready = prepare(server.url) if prepare is not None else ""
         if server.mqtt_port:

@@ -333,7 +333,7 @@ def _ingest(url: str, listen: str | None, token: str | None) -> Iterator[None]:
     try:
         host, port = split_listen(listen)
         server = IngestServer(url, host, port, token).start()
-    except (ValueError, RuntimeError) as exc:
+    except (ValueError, RuntimeError, SpanflowError) as exc:
         _error(ValueError(f"--http-listen: {exc}"))
         raise typer.Exit(2) from None
     err.print(f"HTTP ingest on {server.host}:{server.port} (POST /ingest/<subject>)")

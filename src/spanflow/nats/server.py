@@ -26,6 +26,13 @@ from pathlib import Path
 from types import TracebackType
 
 from spanflow.errors import NatsError
+from spanflow.security.nats_config import (
+    authorization_block,
+    redact_url,
+    tls_block,
+    with_userinfo,
+)
+from spanflow.security.secrets import Credentials, Secrets
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +70,11 @@ def _free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+def _dial(host: str) -> str:
+    """The address a client on this machine dials for a server bound to ``host``."""
+    return "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
 
 
 def split_listen(value: str) -> tuple[str, int]:
@@ -105,6 +117,8 @@ class EmbeddedNats:
         cluster_port: int | None = None,
         routes: tuple[str, ...] = (),
         port: int | None = None,
+        host: str = "127.0.0.1",
+        secrets: Secrets | None = None,
     ) -> None:
         self._own_dir = data_dir is None
         self.data_dir = Path(data_dir or tempfile.mkdtemp(prefix="spanflow-nats-"))
@@ -125,12 +139,18 @@ class EmbeddedNats:
         self.routes = routes
         self.port = port
         """Client port; None: one the server picks (a restart may get another)."""
+        self.host = host
+        """Address every listener binds (client, leaf, route, MQTT unless given)."""
+        self.secrets = secrets
+        """Locked mode: TLS on every listener, users per role, authenticated leaf links
+        and routes (docs/security.md). None: open, for a laptop demo."""
         """``nats-route://host:port`` of the cluster's other servers."""
         self.leaf_url = ""
         """``nats-leaf://...`` that other sites' servers connect to (when ``leaf_listen``)."""
         self.url = ""
         self.mqtt_port: int | None = None
         self._proc: subprocess.Popen[bytes] | None = None
+        self._leaf_port = 0
 
     def _config(self, ports_dir: Path) -> str:
         store = json.dumps(str(self.data_dir / "jetstream"))
@@ -141,38 +161,69 @@ class EmbeddedNats:
             js.append(f"domain: {self.domain}")
         lines = [
             f"server_name: {json.dumps(self.name)}",
-            f"listen: 127.0.0.1:{self.port or -1}",
+            f"listen: {self.host}:{self.port or -1}",
             f"ports_file_dir: {json.dumps(str(ports_dir))}",
             "max_payload: 8MB",
             "jetstream {\n  " + "\n  ".join(js) + "\n}",
         ]
+        creds = self.secrets.credentials() if self.secrets else None
+        if self.secrets is not None and creds is not None:
+            lines.append(tls_block(self.secrets, indent=""))
+            lines.append(authorization_block(creds))
         if self.leaf_listen:
             # The ports file does not report the leaf port, so pick one.
-            port = _free_port()
-            self.leaf_url = f"nats-leaf://127.0.0.1:{port}"
+            port = self._leaf_port = self._leaf_port or _free_port(self.host)
+            self.leaf_url = f"nats-leaf://{_dial(self.host)}:{port}"
             # no_advertise: leaves keep the URL they were given (a WAN relay stays in path)
-            lines.append(f"leafnodes {{\n  listen: 127.0.0.1:{port}\n  no_advertise: true\n}}")
+            leaf = [f"listen: {self.host}:{port}", "no_advertise: true"]
+            if self.secrets is not None and creds is not None:
+                leaf.append(tls_block(self.secrets))
+                leaf.append(
+                    "authorization { user: leaf, password: "
+                    + json.dumps(creds.passwords["leaf"])
+                    + " }"
+                )
+            lines.append("leafnodes {\n  " + "\n  ".join(leaf) + "\n}")
         if self.leaf_remote:
-            remote = {"url": self.leaf_remote}
+            remote: dict[str, object] = {"url": self.leaf_remote}
+            if self.secrets is not None and creds is not None:
+                remote["url"] = with_userinfo(self.leaf_remote, "leaf", creds.passwords["leaf"])
+                remote["tls"] = {
+                    "ca_file": str(self.secrets.ca_cert),
+                    "cert_file": str(self.secrets.client_cert("leaf")),
+                    "key_file": str(self.secrets.client_key("leaf")),
+                }
             if self.deny_exports:
-                remote["deny_exports"] = list(self.deny_exports)  # type: ignore[assignment]
+                remote["deny_exports"] = list(self.deny_exports)
             if os.environ.get("SPANFLOW_LEAF_COMPRESSION"):  # "off" to read the WAN tally
                 remote["compression"] = os.environ["SPANFLOW_LEAF_COMPRESSION"]
             lines.append(f"leafnodes {{\n  remotes: [{json.dumps(remote)}]\n}}")
         if self.cluster_name:
-            routes = ", ".join(json.dumps(r) for r in self.routes)
-            lines.append(
-                f"cluster {{\n  name: {json.dumps(self.cluster_name)}\n"
-                f"  listen: 127.0.0.1:{self.cluster_port or _free_port()}\n"
-                f"  routes: [{routes}]\n}}"
-            )
+            lines.append(self._cluster_block(creds))
         if self.mqtt:
-            host, port = split_listen(self.mqtt_listen) if self.mqtt_listen else ("127.0.0.1", 0)
-            self.mqtt_host, self.mqtt_port = host, port or _free_port(host)
-            lines.append(
-                f"mqtt {{\n  listen: {json.dumps(f'{self.mqtt_host}:{self.mqtt_port}')}\n}}"
-            )
+            host, port = split_listen(self.mqtt_listen) if self.mqtt_listen else (self.host, 0)
+            self.mqtt_host, self.mqtt_port = host, port or self.mqtt_port or _free_port(host)
+            mqtt = [f"listen: {json.dumps(f'{self.mqtt_host}:{self.mqtt_port}')}"]
+            if self.secrets is not None:
+                # Devices log in with a user and password (MQTT CONNECT) over TLS.
+                mqtt.append(tls_block(self.secrets, verify=False))
+            lines.append("mqtt {\n  " + "\n  ".join(mqtt) + "\n}")
         return "\n".join(lines) + "\n"
+
+    def _cluster_block(self, creds: Credentials | None) -> str:
+        self.cluster_port = self.cluster_port or _free_port(self.host)
+        routes = list(self.routes)
+        block = [
+            f"name: {json.dumps(self.cluster_name)}",
+            f"listen: {self.host}:{self.cluster_port}",
+        ]
+        if self.secrets is not None and creds is not None:
+            password = creds.passwords["route"]
+            routes = [with_userinfo(r, "route", password) for r in routes]
+            block.append(tls_block(self.secrets))
+            block.append(f"authorization {{ user: route, password: {json.dumps(password)} }}")
+        block.append(f"routes: [{', '.join(json.dumps(r) for r in routes)}]")
+        return "cluster {\n  " + "\n  ".join(block) + "\n}"
 
     def start(self, timeout: float = 20.0) -> EmbeddedNats:
         if self._proc is not None:
@@ -182,7 +233,10 @@ class EmbeddedNats:
         shutil.rmtree(ports_dir, ignore_errors=True)
         ports_dir.mkdir()
         conf = self.data_dir / "nats.conf"
-        conf.write_text(self._config(ports_dir))
+        conf.unlink(missing_ok=True)  # it may hold passwords: owner-only from the start
+        fd = os.open(conf, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(self._config(ports_dir))
         log_path = self.data_dir / "nats.log"
         with open(log_path, "ab") as log_file:
             self._proc = subprocess.Popen(
@@ -210,8 +264,29 @@ class EmbeddedNats:
         else:
             self.stop()
             raise NatsError(f"nats-server did not start within {timeout:.0f} s (log: {log_path})")
-        log.info("embedded NATS at %s (data in %s)", self.url, self.data_dir)
+        if self.secrets is not None:
+            self.url = self.url.replace("nats://", "tls://", 1)
+        else:
+            log.warning(
+                "NATS at %s is OPEN: no TLS, no users; anyone who reaches it may read and "
+                "write every stream (run `spanflow secrets init` to lock it)",
+                redact_url(self.url),
+            )
+        log.info("embedded NATS at %s (data in %s)", redact_url(self.url), self.data_dir)
         return self
+
+    def reload(self) -> None:
+        """Rewrite the configuration and have the running server re-read it (SIGHUP):
+        new device users, renewed certificates, without dropping connections. Listener
+        addresses and ports stay as they were."""
+        if self._proc is None:
+            return
+        conf = self.data_dir / "nats.conf"
+        ports_dir = self.data_dir / "ports"
+        self.port = self.port or int(self.url.rpartition(":")[2])
+        with open(conf, "w") as out:  # owner-only since start()
+            out.write(self._config(ports_dir))
+        self._proc.send_signal(signal.SIGHUP)
 
     @property
     def pid(self) -> int | None:
@@ -258,7 +333,14 @@ class NatsCluster:
     ``url`` lists every server's client URL, comma-separated, which spanflow's clients
     accept and fail over between."""
 
-    def __init__(self, data_dir: str | Path, size: int = 3, *, name: str = "spanflow") -> None:
+    def __init__(
+        self,
+        data_dir: str | Path,
+        size: int = 3,
+        *,
+        name: str = "spanflow",
+        secrets: Secrets | None = None,
+    ) -> None:
         if size < 1:
             raise ValueError("a cluster has at least one server")
         self.data_dir = Path(data_dir)
@@ -272,6 +354,7 @@ class NatsCluster:
                 cluster_port=ports[i],
                 routes=tuple(f"nats-route://127.0.0.1:{p}" for j, p in enumerate(ports) if j != i),
                 port=clients[i],
+                secrets=secrets,
             )
             for i in range(size)
         ]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import ssl
 import threading
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import replace
@@ -15,12 +17,15 @@ from nats.js.api import DiscardPolicy, ExternalStream, StreamConfig, StreamSourc
 from nats.js.errors import APIError, NotFoundError
 
 import nats
-from spanflow.errors import NatsError
+from spanflow.errors import NatsError, SecurityError
+from spanflow.security.nats_config import redact_url
+from spanflow.security.secrets import NatsIdentity, identity_from_env
 from spanflow.spec.cluster import StreamUsage
 from spanflow.spec.pipeline import PipelineSpec
 from spanflow.spec.retention import DEFAULT_RETENTION, Retention
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 DEFAULT_DUPLICATE_WINDOW = 15 * 60.0
 """Seconds a sink stream remembers message ids. Longer than any restart we expect:
@@ -33,17 +38,97 @@ def server_list(url: str) -> list[str]:
     return [u.strip() for u in url.split(",") if u.strip()]
 
 
-async def connect(url: str, **options: Any) -> Client:
+class _DropEofNotice(logging.Filter):
+    """asyncio warns "returning true from eof_received() has no effect when using ssl"
+    on every TLS connection nats-py closes: noise, not a fault."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "eof_received()" not in record.getMessage()
+
+
+_EOF_FILTER = _DropEofNotice()
+
+
+def _quiet_asyncio_tls_notice() -> None:
+    logging.getLogger("asyncio").addFilter(_EOF_FILTER)  # adding twice is a no-op
+
+
+TLS_ALERTS = ("unknown ca", "bad certificate", "certificate expired", "certificate required")
+
+
+def refusal(exc: BaseException) -> str | None:
+    """Why a NATS server refused us, if ``exc`` is a refusal that retrying cannot cure
+    (a wrong password, a certificate the other side does not trust); None for errors
+    worth retrying (a server down, a reset link)."""
+    text = str(exc)
+    lowered = text.lower()
+    if "authorization violation" in lowered:
+        return "wrong user or password (Authorization Violation)"
+    if "authentication expired" in lowered or "authentication revoked" in lowered:
+        return f"credentials no longer valid ({text.strip()})"
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        return (
+            f"the server's certificate is not trusted ({exc.verify_message}): "
+            "unknown CA, wrong host name, or expired"
+        )
+    if isinstance(exc, ssl.SSLError):
+        for alert in (
+            "unknown ca",
+            "bad certificate",
+            "certificate expired",
+            "certificate required",
+        ):
+            if alert in lowered:
+                return f"the server refused our client certificate (TLS alert: {alert})"
+    return None
+
+
+async def connect(url: str, *, identity: NatsIdentity | None = None, **options: Any) -> Client:
     """Connect with settings suited to a long-lived data-path client. ``url`` may list
-    the servers of a cluster, comma-separated: the client fails over between them."""
-    return await nats.connect(
-        server_list(url),
-        connect_timeout=5,
-        max_reconnect_attempts=-1,
-        reconnect_time_wait=0.5,
-        pending_size=64 * 1024 * 1024,
-        **options,
+    the servers of a cluster, comma-separated: the client fails over between them.
+
+    ``identity`` (default: this process's, from ``SPANFLOW_SECRETS``/``SPANFLOW_ROLE``;
+    none in open mode) supplies the user, password and TLS files. A refusal no retry can
+    cure — a wrong password, an unknown CA, an expired certificate — fails at once with
+    :class:`SecurityError` naming the door and the cause, instead of retrying forever."""
+    identity = identity or identity_from_env()
+    if identity is not None:
+        options = {**identity.connect_options(), **options}
+        _quiet_asyncio_tls_notice()
+    caller_cb = options.pop("error_cb", None)
+    refused: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+    reported: set[str] = set()
+
+    async def on_error(exc: Exception) -> None:
+        reason = refusal(exc)
+        if reason is not None and not refused.done():
+            refused.set_result(reason)
+        elif "permissions violation" in str(exc).lower() and str(exc) not in reported:
+            reported.add(str(exc))  # once per subject: a loop must not flood the log
+            log.warning("NATS refused %s: %s", identity.user if identity else "client", exc)
+        if caller_cb is not None:
+            await caller_cb(exc)
+
+    connecting = asyncio.ensure_future(
+        nats.connect(
+            server_list(url),
+            connect_timeout=5,
+            max_reconnect_attempts=-1,
+            reconnect_time_wait=0.5,
+            pending_size=64 * 1024 * 1024,
+            error_cb=on_error,
+            **options,
+        )
     )
+    waiting: set[asyncio.Future[Any]] = {connecting, refused}
+    await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+    if connecting.done():
+        return connecting.result()
+    connecting.cancel()
+    with contextlib.suppress(BaseException):
+        await connecting
+    who = f"user {identity.user!r}" if identity else "a client without credentials"
+    raise SecurityError(f"NATS at {redact_url(url)} refused {who}: {refused.result()}")
 
 
 def subject_covers(pattern: str, subject: str) -> bool:

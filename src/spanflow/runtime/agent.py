@@ -59,6 +59,7 @@ from spanflow.runtime.shedding.policy import (
     Shedder,
     SheddingConfig,
 )
+from spanflow.security.secrets import secrets_from_env
 from spanflow.spec.cluster import (
     Activity,
     ActivityEvent,
@@ -170,6 +171,7 @@ class NodeAgent:
                 advertise=settings.gossip_advertise,
                 on_verdict=self._gossip_verdict,
                 connected=self._nats_connected,
+                keyring_file=_keyring_file(),
             )
             if settings.gossip
             else None
@@ -755,3 +757,9 @@ def _detail(r: httpx.Response) -> str:
     except ValueError:
         return r.text[:300]
     return str(detail)
+
+
+def _keyring_file() -> Path | None:
+    """The gossip keyring of this process's secrets (locked mode), else None (plain)."""
+    found = secrets_from_env()
+    return found.keyring_file if found is not None else None

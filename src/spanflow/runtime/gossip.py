@@ -14,18 +14,22 @@ import asyncio
 import logging
 import threading
 from collections.abc import Callable, Coroutine
+from pathlib import Path
 from typing import Any, TypeVar
 
+from spanflow.errors import SecurityError
 from spanflow.runtime.membership.config import MembershipConfig
 from spanflow.runtime.membership.messages import State
 from spanflow.runtime.membership.protocol import Change
 from spanflow.runtime.membership.udp import GossipService
+from spanflow.security.keyring import Keyring
 from spanflow.spec.cluster import PeerView
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 CONNECTION_CHECK = 0.2
+KEYRING_CHECK = 2.0
 STATE_NAMES = {
     State.ALIVE: "alive",
     State.SUSPECT: "suspect",
@@ -44,14 +48,22 @@ class AgentGossip:
         advertise: str | None = None,
         on_verdict: Callable[[list[Change]], None] | None = None,
         connected: Callable[[], bool] | None = None,
+        keyring_file: Path | None = None,
     ) -> None:
         self.name = name
+        self._keyring_file = keyring_file
+        self._keyring_mtime = 0.0
         self._on_verdict = on_verdict
         self._connected = connected
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="gossip", daemon=True)
         self.service = GossipService(
-            name, bind=bind, port=port, advertise=advertise, on_change=self._changed
+            name,
+            bind=bind,
+            port=port,
+            advertise=advertise,
+            on_change=self._changed,
+            keyring=self._read_keyring(),
         )
         self.started = False
 
@@ -75,6 +87,27 @@ class AgentGossip:
         self.started = True
         if self._connected is not None:
             self._loop.call_soon_threadsafe(self._watch_connection)
+        if self._keyring_file is not None:
+            self._loop.call_soon_threadsafe(self._watch_keyring)
+
+    def _read_keyring(self) -> Keyring | None:
+        if self._keyring_file is None:
+            return None
+        self._keyring_mtime = self._keyring_file.stat().st_mtime
+        return Keyring.load(self._keyring_file)
+
+    def _watch_keyring(self) -> None:
+        """Every few seconds, pick up a rotated keyring file (``spanflow secrets
+        gossip-key``): keys change without restarting the agent. A bad file keeps the
+        old ring and says why."""
+        assert self._keyring_file is not None
+        try:
+            if self._keyring_file.stat().st_mtime != self._keyring_mtime:
+                self.service.keyring = self._read_keyring()
+                log.info("gossip %s: keyring reloaded from %s", self.name, self._keyring_file)
+        except (OSError, SecurityError) as exc:
+            log.warning("gossip %s: keyring not reloaded: %s", self.name, exc)
+        self._loop.call_later(KEYRING_CHECK, self._watch_keyring)
 
     def _watch_connection(self) -> None:
         """Every 0.2 s, put the data path's state in what this node gossips: a lost NATS

@@ -32,6 +32,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from spanflow.nats.streams import connect
+from spanflow.security.policy import require_token
 
 MAX_BODY = 4 * 1024 * 1024
 INGEST_TIMEOUT = 10.0
@@ -157,11 +158,7 @@ class IngestServer:
     def __init__(self, nats_url: str, host: str, port: int, token: str | None = None) -> None:
         import uvicorn
 
-        if token is None and host not in ("127.0.0.1", "localhost", "::1"):
-            raise ValueError(
-                f"HTTP ingest on {host} would take readings from anyone on the network: "
-                "give a token (--http-token) or listen on 127.0.0.1"
-            )
+        require_token("HTTP ingest", host, token, "--http-token")
         config = uvicorn.Config(
             create_ingest_app(nats_url, token), host=host, port=port, log_level="warning"
         )

@@ -16,6 +16,7 @@ above the core count (:func:`spanflow.spark.session.build_session`'s
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from dataclasses import dataclass
@@ -49,6 +50,22 @@ def session_conf() -> dict[str, str]:
     }
 
 
+def share_identity(spark: SparkSession) -> None:
+    """Tell the JVM client which secrets and role this process uses (locked mode,
+    docs/security.md): system properties, since the JVM's environment was fixed when it
+    started. Only the directory and the role cross over; the client reads the files."""
+    from spanflow.security.secrets import ROLE_ENV, SECRETS_ENV
+
+    jvm: Any = spark._jvm
+    system = jvm.java.lang.System
+    root = os.environ.get(SECRETS_ENV, "")
+    if root:
+        system.setProperty("spanflow.secrets", root)
+        system.setProperty("spanflow.role", os.environ.get(ROLE_ENV) or "agent")
+    else:
+        system.clearProperty("spanflow.secrets")
+
+
 def start_realtime_query(
     spark: SparkSession,
     df: DataFrame,
@@ -64,6 +81,7 @@ def start_realtime_query(
 ) -> StreamingQuery:
     """Start ``df`` in Real-Time Mode, publishing each row to JetStream from the JVM."""
     jvm: Any = spark._jvm
+    share_identity(spark)
     writer = jvm.dev.spanflow.realtime.JetStreamWriter(
         nats_url, pipeline, sink_id, subject, "" if epoch is None else str(epoch), MAX_IN_FLIGHT
     )

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from spanflow.runtime.membership.config import MembershipConfig
 from spanflow.runtime.membership.messages import Message, decode, encode
 from spanflow.runtime.membership.protocol import Change, Membership, Send
+from spanflow.security.keyring import Keyring
 
 Observer = Callable[[str, list[Change]], None]
 
@@ -60,11 +61,15 @@ class MemoryNetwork:
         loss: float = 0.0,
         delay: tuple[float, float] = (0.0002, 0.002),
         wire: bool = False,
+        keyring: Keyring | None = None,
     ) -> None:
         self.now = 0.0
+        self.keyring = keyring
+        """Seal every packet as sealed gossip does (implies ``wire``): the CPU and the
+        bytes are real, so a run says what encryption costs."""
         self.loss = loss
         self.delay = delay
-        self.wire = wire
+        self.wire = wire or keyring is not None
         self.rng = random.Random(seed)
         self.stats = NetworkStats()
         self.nodes: dict[str, _Node] = {}
@@ -131,7 +136,11 @@ class MemoryNetwork:
                 self._dispatch(addr, node.membership.tick(at))
             else:
                 self.stats.delivered += 1
-                messages = decode(payload) if isinstance(payload, bytes) else list(payload)
+                if isinstance(payload, bytes):
+                    data = self.keyring.open(payload) if self.keyring else payload
+                    messages = decode(data)
+                else:
+                    messages = list(payload)
                 self._dispatch(addr, node.membership.receive(messages, at, reliable=reliable))
             self._reschedule(addr)
         self.now = max(self.now, until)
@@ -169,6 +178,8 @@ class MemoryNetwork:
         payload: tuple[Message, ...] | bytes = send.messages
         if self.wire:
             payload = encode(send.messages)
+            if self.keyring is not None:
+                payload = self.keyring.seal(payload)
             self.stats.bytes += len(payload)
         at = self.now + self.rng.uniform(*self.delay) + self.nodes[source].slow + target.slow
         self._push(at, _DELIVER, send.to, payload, send.reliable)

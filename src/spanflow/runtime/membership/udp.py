@@ -21,12 +21,13 @@ import random
 import socket
 import struct
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from spanflow.clock import Clock, SystemClock
 from spanflow.runtime.membership.config import MembershipConfig
 from spanflow.runtime.membership.messages import MAX_PACKET, CodecError, decode, encode
 from spanflow.runtime.membership.protocol import Change, Member, Membership, Send
+from spanflow.security.keyring import OVERHEAD, Keyring, SealError
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +55,8 @@ class GossipStats:
     reliable_out: int = 0
     malformed: int = 0
     send_errors: int = 0
+    rejected: int = 0
+    """Packets no key of the keyring opened (forged, another cluster's, plain text)."""
 
 
 class GossipService:
@@ -69,8 +72,13 @@ class GossipService:
         advertise: str | None = None,
         clock: Clock | None = None,
         on_change: ChangeListener | None = None,
+        keyring: Keyring | None = None,
     ) -> None:
         self.name = name
+        self.keyring = keyring
+        """Seals every packet (AES-GCM) and opens what arrives; None: plain, for open
+        mode. Swap it at any time to rotate keys (docs/security.md)."""
+        self._rejected_from: set[str] = set()
         self.config = config or MembershipConfig.lan()
         self.host = bind
         self.port = port
@@ -94,16 +102,20 @@ class GossipService:
         if self._udp is None:
             await self.bind()
         loop = asyncio.get_running_loop()
+        if self.keyring is not None:  # sealing adds bytes: keep datagrams under the MTU
+            budget = self.config.packet_budget - OVERHEAD
+            self.config = replace(self.config, packet_budget=budget)
         self.membership = Membership(
             self.name, self.addr, self.config, now=self.clock.monotonic(), rng=random.Random()
         )
         self._dispatch(self.membership.join(list(seeds), self.clock.monotonic()))
         self._task = loop.create_task(self._run(), name=f"gossip-{self.name}")
         log.info(
-            "gossip %s on %s (%s profile), seeds %s",
+            "gossip %s on %s (%s profile, %s), seeds %s",
             self.name,
             self.addr,
             self.config.profile,
+            "sealed with AES-GCM" if self.keyring else "PLAIN: anyone on the network may forge",
             list(seeds),
         )
 
@@ -193,6 +205,12 @@ class GossipService:
         membership = self.membership
         if membership is None:
             return
+        if self.keyring is not None:
+            try:
+                data = self.keyring.open(data)
+            except SealError as exc:
+                self._reject(peer, exc)
+                return
         try:
             messages = decode(data)
         except CodecError as exc:
@@ -205,6 +223,21 @@ class GossipService:
             self.stats.malformed += 1
             log.exception("gossip %s: packet from %s not handled", self.name, peer)
         self._wake.set()
+
+    def _reject(self, peer: str, exc: SealError) -> None:
+        """Drop and count a packet that does not open; log once per sending host (a
+        flood of forgeries must not flood the log)."""
+        self.stats.rejected += 1
+        host = peer.rpartition(":")[0] or peer
+        if host not in self._rejected_from:
+            self._rejected_from.add(host)
+            log.warning(
+                "gossip %s: packet from %s dropped: %s (further ones from this host are "
+                "only counted)",
+                self.name,
+                peer,
+                exc,
+            )
 
     def _dispatch(self, sends: list[Send]) -> None:
         membership = self.membership
@@ -219,6 +252,8 @@ class GossipService:
                 log.warning("gossip %s: %s", self.name, exc)
                 continue
             payload = encode(send.messages)
+            if self.keyring is not None:
+                payload = self.keyring.seal(payload)
             if send.reliable:
                 task = asyncio.get_running_loop().create_task(
                     self._send_reliable(host, port, payload)
@@ -250,7 +285,7 @@ class GossipService:
         try:
             async with asyncio.timeout(TCP_TIMEOUT):
                 (length,) = struct.unpack(">I", await reader.readexactly(4))
-                if length > MAX_PACKET:
+                if length > MAX_PACKET + OVERHEAD:
                     raise CodecError(f"frame of {length} bytes")
                 data = await reader.readexactly(length)
         except (OSError, TimeoutError, asyncio.IncompleteReadError, CodecError) as exc:

@@ -69,15 +69,38 @@ public final class NatsClient implements AutoCloseable {
   private volatile IOException failure;
   private volatile boolean closed;
 
-  private NatsClient(Socket socket, String user, String password, String token, String name)
-      throws IOException {
-    this.socket = socket;
-    this.in = new BufferedInputStream(socket.getInputStream(), 1 << 16);
-    this.out = new BufferedOutputStream(socket.getOutputStream(), 1 << 16);
-    String info = readLine();
+  private NatsClient(Socket plain, String host, int port, boolean tls, String user,
+      String password, String token, String name) throws IOException {
+    NatsTls identity = NatsTls.fromEnv();
+    if (user == null && token == null && identity != null) {
+      user = identity.user;
+      password = identity.password;
+    }
+    InputStream plainIn = new BufferedInputStream(plain.getInputStream(), 1 << 16);
+    String info = readLine(plainIn);
     if (info == null || !info.startsWith("INFO")) {
       throw new IOException("not a NATS server (first line: " + info + ")");
     }
+    if (tls || info.contains("\"tls_required\":true")) {
+      if (identity == null) {
+        throw new IOException("NATS at " + host + ":" + port + " requires TLS: this process has "
+            + "no secrets (SPANFLOW_SECRETS; see docs/security.md)");
+      }
+      Socket secured;
+      try {
+        secured = NatsTls.upgrade(identity.context(), plain, host, port);
+      } catch (IOException exc) {
+        plain.close();
+        throw new IOException("NATS at " + host + ":" + port + " refused TLS for user "
+            + identity.user + ": " + exc.getMessage(), exc);
+      }
+      this.socket = secured;
+      this.in = new BufferedInputStream(secured.getInputStream(), 1 << 16);
+    } else {
+      this.socket = plain;
+      this.in = plainIn;
+    }
+    this.out = new BufferedOutputStream(socket.getOutputStream(), 1 << 16);
     StringBuilder connect = new StringBuilder("{\"verbose\":false,\"pedantic\":false,")
         .append("\"headers\":true,\"no_responders\":true,\"protocol\":1,")
         .append("\"lang\":\"java-spanflow\",\"version\":\"1\",\"name\":")
@@ -99,7 +122,8 @@ public final class NatsClient implements AutoCloseable {
       answer = readLine();
     }
     if (answer == null || !answer.equals("PONG")) {
-      throw new IOException("NATS refused the connection: " + answer);
+      throw new IOException("NATS at " + host + ":" + port + " refused "
+          + (user == null ? "a client without credentials" : "user " + user) + ": " + answer);
     }
     reader = new Thread(this::readLoop, "spanflow-nats-reader");
     reader.setDaemon(true);
@@ -132,9 +156,10 @@ public final class NatsClient implements AutoCloseable {
         }
         Socket socket = new Socket();
         socket.setTcpNoDelay(true);
-        socket.connect(new InetSocketAddress(uri.getHost(), uri.getPort() < 0 ? 4222 : uri.getPort()),
-            5000);
-        return new NatsClient(socket, user, password, token, name);
+        int port = uri.getPort() < 0 ? 4222 : uri.getPort();
+        socket.connect(new InetSocketAddress(uri.getHost(), port), 5000);
+        boolean tls = "tls".equals(uri.getScheme());
+        return new NatsClient(socket, uri.getHost(), port, tls, user, password, token, name);
       } catch (IOException | IllegalArgumentException exc) {
         last = exc instanceof IOException ? (IOException) exc : new IOException(exc.getMessage());
       }
@@ -366,6 +391,10 @@ public final class NatsClient implements AutoCloseable {
   }
 
   private String readLine() throws IOException {
+    return readLine(in);
+  }
+
+  private static String readLine(InputStream in) throws IOException {
     ByteArrayOutputStream line = new ByteArrayOutputStream(128);
     int b;
     while ((b = in.read()) >= 0) {

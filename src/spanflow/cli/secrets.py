@@ -1,0 +1,187 @@
+"""``spanflow secrets``: the CA, certificates, credentials and gossip keys that lock
+every door (docs/security.md). Nothing here prints a password or key, except a new
+device's password, once, to the operator who asked for it."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from spanflow.cli.common import _data_dir, app, console
+from spanflow.security import pki
+from spanflow.security.keyring import Keyring, decode_key, new_key
+from spanflow.security.secrets import ROLES, Secrets
+
+secrets_app = typer.Typer(
+    no_args_is_help=True,
+    help="Certificates, credentials and gossip keys that lock spanflow's doors.",
+)
+app.add_typer(secrets_app, name="secrets")
+
+SecretsDirOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--secrets-dir",
+        envvar="SPANFLOW_SECRETS",
+        help="The secrets directory (default: <data dir>/secrets).",
+    ),
+]
+DataDir = Annotated[
+    Path | None, typer.Option("--data-dir", help="Default ./spanflow-data (or SPANFLOW_HOME).")
+]
+
+
+def secrets_at(secrets_dir: Path | None, data_dir: Path | None) -> Secrets:
+    return Secrets(secrets_dir or _data_dir(data_dir) / "secrets")
+
+
+def key_id(key: bytes) -> str:
+    """A short public name for a gossip key (its SHA-256 prefix), safe to print."""
+    return hashlib.sha256(key).hexdigest()[:12]
+
+
+@secrets_app.command("init")
+def init(
+    host: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--host",
+            help="A name or address clients dial the servers at (repeat); "
+            "localhost and 127.0.0.1 are always included.",
+        ),
+    ] = None,
+    renew: Annotated[
+        bool, typer.Option(help="Reissue server and client certificates (same CA, same keys).")
+    ] = False,
+    secrets_dir: SecretsDirOption = None,
+    data_dir: DataDir = None,
+) -> None:
+    """Create the CA, certificates, role passwords, REST token and gossip keyring
+    (what is missing; files owner-only). Servers and clients started with this data
+    directory then require them."""
+    secrets = secrets_at(secrets_dir, data_dir)
+    written = secrets.init(tuple(host or ()), renew=renew)
+    if not written:
+        console.print(f"{secrets.root}: complete, nothing to write (--renew reissues certificates)")
+        return
+    for path in written:
+        console.print(f"wrote {path}")
+    console.print(
+        f"copy {secrets.root} to every host (owner-only); `spanflow secrets show` lists it"
+    )
+
+
+@secrets_app.command("show")
+def show(secrets_dir: SecretsDirOption = None, data_dir: DataDir = None) -> None:
+    """Certificates (subject, expiry, names, fingerprint), roles, devices and gossip key
+    ids — never a password or a key."""
+    secrets = secrets_at(secrets_dir, data_dir)
+    table = Table("file", "subject", "expires", "names", "sha256")
+    for path in (secrets.ca_cert, secrets.server_cert, *(secrets.client_cert(r) for r in ROLES)):
+        if path.exists():
+            info = pki.describe(path)
+            expires = info.not_after.strftime("%Y-%m-%d")
+            if info.expired():
+                expires = f"[red]{expires} EXPIRED[/red]"
+            table.add_row(
+                str(path.relative_to(secrets.root)),
+                info.subject,
+                expires,
+                ", ".join(info.hosts),
+                info.fingerprint[:23],
+            )
+    console.print(table)
+    creds = secrets.credentials()
+    console.print(f"NATS users: {', '.join(sorted(creds.passwords))}; REST token: set")
+    for name, device in sorted(creds.devices.items()):
+        console.print(f"device {name}: may publish {', '.join(device.publish)}")
+    ring = secrets.keyring()
+    ids = [key_id(k) for k in ring.keys]
+    console.print(f"gossip keys: {ids[0]} (primary)" + "".join(f", {i}" for i in ids[1:]))
+
+
+@secrets_app.command("device")
+def device(
+    name: Annotated[str, typer.Argument(help="Device name: its NATS/MQTT user.")],
+    publish: Annotated[
+        list[str],
+        typer.Option(
+            "--publish", help="A subject it may publish on (repeat), e.g. sensors.press-7.>"
+        ),
+    ],
+    secrets_dir: SecretsDirOption = None,
+    data_dir: DataDir = None,
+) -> None:
+    """Add (or re-key) a device allowed to publish on its subjects and nothing else;
+    prints its password once. Running servers pick it up on reload (SIGHUP)."""
+    password = secrets_at(secrets_dir, data_dir).add_device(name, tuple(publish))
+    console.print(f"device {name}: password {password}", markup=False, highlight=False)
+    console.print("(shown once: give it to the device; it is not logged anywhere)")
+
+
+gossip_app = typer.Typer(
+    no_args_is_help=True,
+    help="Gossip keys: rotate without downtime (new → copy → use → copy → remove).",
+)
+secrets_app.add_typer(gossip_app, name="gossip-key")
+
+
+def _ring_edit(secrets: Secrets, ring: Keyring, said: str) -> None:
+    secrets.write_keyring(ring)
+    console.print(said)
+    console.print(f"copy {secrets.keyring_file} to every host; agents reload it within seconds")
+
+
+def _find(ring: Keyring, wanted: str) -> bytes:
+    for key in ring.keys:
+        if key_id(key) == wanted:
+            return key
+    raise typer.BadParameter(f"no key {wanted!r} in the keyring (`spanflow secrets show`)")
+
+
+@gossip_app.command("new")
+def gossip_new(
+    key: Annotated[
+        str | None, typer.Option(help="A base64 key to install (default: a new random one).")
+    ] = None,
+    secrets_dir: SecretsDirOption = None,
+    data_dir: DataDir = None,
+) -> None:
+    """Install a key beside the current ones (step 1: every member can then open it)."""
+    secrets = secrets_at(secrets_dir, data_dir)
+    added = decode_key(key) if key else new_key()
+    _ring_edit(secrets, secrets.keyring().install(added), f"installed {key_id(added)}")
+
+
+KeyIdArgument = Annotated[str, typer.Argument(help="Key id (from `secrets show`).")]
+
+
+def _edit_key(secrets_dir: Path | None, data_dir: Path | None, key_name: str, step: str) -> None:
+    """Make ``key_name`` primary (``use``) or drop it (``remove``)."""
+    secrets = secrets_at(secrets_dir, data_dir)
+    ring = secrets.keyring()
+    key = _find(ring, key_name)
+    if step == "use":
+        _ring_edit(secrets, ring.use(key), f"{key_name} is now primary")
+    else:
+        _ring_edit(secrets, ring.remove(key), f"removed {key_name}")
+
+
+@gossip_app.command("use")
+def gossip_use(
+    key_name: KeyIdArgument, secrets_dir: SecretsDirOption = None, data_dir: DataDir = None
+) -> None:
+    """Make an installed key the primary (step 2: members seal with it)."""
+    _edit_key(secrets_dir, data_dir, key_name, "use")
+
+
+@gossip_app.command("remove")
+def gossip_remove(
+    key_name: KeyIdArgument, secrets_dir: SecretsDirOption = None, data_dir: DataDir = None
+) -> None:
+    """Remove a retired key (step 3: packets sealed with it no longer open)."""
+    _edit_key(secrets_dir, data_dir, key_name, "remove")

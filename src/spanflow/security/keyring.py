@@ -1,0 +1,136 @@
+"""Symmetric keys for gossip, as HashiCorp memberlist keeps them: a keyring whose first
+key (the primary) seals every outgoing packet, while every key in the ring may open an
+incoming one — so keys rotate without a flag day (install the new key everywhere, make
+it primary everywhere, then remove the old one).
+
+A sealed packet is ``version (1 byte) | nonce (12 bytes) | AES-GCM(ciphertext + tag)``
+with a label bound in as associated data, so a packet sealed for one cluster does not
+open in another even under the same key. A packet that no key opens — forged, from
+another cluster, corrupted — raises :class:`SealError`; the caller drops and counts it.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+from spanflow.errors import SecurityError
+
+VERSION = 1
+NONCE_BYTES = 12
+OVERHEAD = 1 + NONCE_BYTES + 16
+"""Bytes a sealed packet adds to the plain one."""
+KEY_SIZES = (16, 24, 32)
+"""AES-128, -192 or -256, as memberlist accepts."""
+
+
+class SealError(ValueError):
+    """A packet that no key of the ring opens."""
+
+
+def new_key(size: int = 32) -> bytes:
+    if size not in KEY_SIZES:
+        raise SecurityError(f"a gossip key is 16, 24 or 32 bytes, not {size}")
+    return os.urandom(size)
+
+
+def encode_key(key: bytes) -> str:
+    return base64.b64encode(key).decode()
+
+
+def decode_key(text: str) -> bytes:
+    """A base64 key; a clear error for anything that is not 16, 24 or 32 bytes."""
+    try:
+        key = base64.b64decode(text.strip(), validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise SecurityError(f"a gossip key is base64 text: {exc}") from exc
+    if len(key) not in KEY_SIZES:
+        raise SecurityError(f"a gossip key is 16, 24 or 32 bytes, not {len(key)}")
+    return key
+
+
+@dataclass(frozen=True)
+class Keyring:
+    """Keys, primary first.
+
+    >>> ring = Keyring((b"k" * 32,))
+    >>> ring.open(ring.seal(b"ping"))
+    b'ping'
+    """
+
+    keys: tuple[bytes, ...]
+    label: bytes = b"spanflow-gossip"
+
+    def __post_init__(self) -> None:
+        if not self.keys:
+            raise SecurityError("a gossip keyring holds at least one key")
+        for key in self.keys:
+            if len(key) not in KEY_SIZES:
+                raise SecurityError(f"a gossip key is 16, 24 or 32 bytes, not {len(key)}")
+
+    @property
+    def primary(self) -> bytes:
+        return self.keys[0]
+
+    def seal(self, data: bytes) -> bytes:
+        nonce = os.urandom(NONCE_BYTES)
+        sealed = AESGCM(self.primary).encrypt(nonce, data, self.label)
+        return bytes([VERSION]) + nonce + sealed
+
+    def open(self, packet: bytes) -> bytes:
+        if len(packet) < OVERHEAD or packet[0] != VERSION:
+            raise SealError("not a sealed gossip packet (plain text, or another version)")
+        nonce, sealed = packet[1 : 1 + NONCE_BYTES], packet[1 + NONCE_BYTES :]
+        for key in self.keys:
+            try:
+                return AESGCM(key).decrypt(nonce, sealed, self.label)
+            except InvalidTag:
+                continue
+        raise SealError("no key of the keyring opens it (wrong key, or forged)")
+
+    # ------------------------------------------------------------- rotation
+
+    def install(self, key: bytes) -> Keyring:
+        """The ring with ``key`` added (not yet primary): others may start sealing with it."""
+        return self if key in self.keys else Keyring((*self.keys, key), self.label)
+
+    def use(self, key: bytes) -> Keyring:
+        """The ring with ``key`` made primary (installed if it was not)."""
+        rest = tuple(k for k in self.keys if k != key)
+        return Keyring((key, *rest), self.label)
+
+    def remove(self, key: bytes) -> Keyring:
+        """The ring without ``key``; the primary cannot be removed."""
+        if key == self.primary:
+            raise SecurityError("the primary gossip key cannot be removed: use another first")
+        return Keyring(tuple(k for k in self.keys if k != key), self.label)
+
+    # ------------------------------------------------------------- files
+
+    def dumps(self) -> str:
+        return "".join(encode_key(k) + "\n" for k in self.keys)
+
+    @classmethod
+    def loads(cls, text: str, *, source: str = "keyring") -> Keyring:
+        keys = []
+        for number, line in enumerate(text.splitlines(), 1):
+            if line.strip() and not line.lstrip().startswith("#"):
+                try:
+                    keys.append(decode_key(line))
+                except SecurityError as exc:
+                    raise SecurityError(f"{source}, line {number}: {exc}") from None
+        return cls(tuple(keys))
+
+    @classmethod
+    def load(cls, path: Path) -> Keyring:
+        try:
+            text = path.read_text()
+        except OSError as exc:
+            raise SecurityError(f"gossip keyring {path}: {exc.strerror or exc}") from exc
+        return cls.loads(text, source=str(path))

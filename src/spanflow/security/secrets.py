@@ -1,0 +1,291 @@
+"""The secrets directory: what ``spanflow secrets init`` writes and every door reads.
+
+Layout (all under ``<state>/secrets``; directories 0700, files 0600)::
+
+    ca.crt, ca.key               the deployment's CA (ca.key only on the host that issues)
+    server.crt, server.key       every spanflow server: NATS (client, leaf, route, MQTT)
+    clients/<role>.crt, .key     a client certificate per role
+    credentials.json             NATS passwords per role and per device, the REST token
+    gossip.keyring               gossip keys, base64, primary first
+
+Copy the directory to each host (or only what a host's roles need, docs/security.md).
+A process learns where it is and which role it plays from ``SPANFLOW_SECRETS`` and
+``SPANFLOW_ROLE`` (the commands set both), so Spark's Python workers, which inherit the
+environment, connect with the same identity as their agent.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets as _random
+import ssl
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from spanflow.errors import SecurityError
+from spanflow.security import pki
+from spanflow.security.keyring import Keyring, new_key
+
+ROLES = ("coordinator", "agent", "reader", "device", "leaf", "route")
+"""Who connects to NATS: the control plane, node agents (and their Spark workers),
+read-only tools and dashboards, devices, leaf links between sites, cluster routes."""
+
+SECRETS_ENV = "SPANFLOW_SECRETS"
+ROLE_ENV = "SPANFLOW_ROLE"
+DEFAULT_HOSTS = ("localhost", "127.0.0.1")
+
+
+def _password() -> str:
+    return _random.token_urlsafe(24)
+
+
+def _write_private(path: Path, data: bytes | str) -> None:
+    """Create ``path`` owner-only from the first byte (never world-readable, not even
+    between the write and a chmod)."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    raw = data.encode() if isinstance(data, str) else data
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.write(fd, raw)
+    finally:
+        os.close(fd)
+    os.chmod(path, 0o600)
+
+
+@dataclass(frozen=True)
+class Device:
+    """A device's NATS/MQTT user: it may publish on ``publish`` subjects only."""
+
+    password: str
+    publish: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Credentials:
+    passwords: dict[str, str]
+    rest_token: str
+    devices: dict[str, Device] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "nats": self.passwords,
+                "rest_token": self.rest_token,
+                "devices": {
+                    name: {"password": d.password, "publish": list(d.publish)}
+                    for name, d in sorted(self.devices.items())
+                },
+            },
+            indent=2,
+        )
+
+    @classmethod
+    def from_json(cls, text: str, source: str) -> Credentials:
+        try:
+            raw = json.loads(text)
+            devices = {
+                str(name): Device(str(d["password"]), tuple(str(s) for s in d["publish"]))
+                for name, d in (raw.get("devices") or {}).items()
+            }
+            return cls(
+                {str(k): str(v) for k, v in raw["nats"].items()}, str(raw["rest_token"]), devices
+            )
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise SecurityError(f"{source} is not a spanflow credentials file: {exc!r}") from exc
+
+
+class Secrets:
+    """Paths and contents of one secrets directory."""
+
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root)
+
+    # ------------------------------------------------------------------ paths
+    @property
+    def ca_cert(self) -> Path:
+        return self.root / "ca.crt"
+
+    @property
+    def ca_key(self) -> Path:
+        return self.root / "ca.key"
+
+    @property
+    def server_cert(self) -> Path:
+        return self.root / "server.crt"
+
+    @property
+    def server_key(self) -> Path:
+        return self.root / "server.key"
+
+    def client_cert(self, role: str) -> Path:
+        return self.root / "clients" / f"{role}.crt"
+
+    def client_key(self, role: str) -> Path:
+        return self.root / "clients" / f"{role}.key"
+
+    @property
+    def credentials_file(self) -> Path:
+        return self.root / "credentials.json"
+
+    @property
+    def keyring_file(self) -> Path:
+        return self.root / "gossip.keyring"
+
+    def exists(self) -> bool:
+        return self.credentials_file.exists() and self.ca_cert.exists()
+
+    # ---------------------------------------------------------------- reading
+    def credentials(self) -> Credentials:
+        try:
+            text = self.credentials_file.read_text()
+        except OSError as exc:
+            raise SecurityError(
+                f"credentials {self.credentials_file}: {exc.strerror or exc} "
+                "(run `spanflow secrets init`)"
+            ) from exc
+        return Credentials.from_json(text, str(self.credentials_file))
+
+    def keyring(self) -> Keyring:
+        return Keyring.load(self.keyring_file)
+
+    def identity(self, role: str) -> NatsIdentity:
+        if role not in ROLES:
+            raise SecurityError(f"unknown role {role!r}: one of {', '.join(ROLES)}")
+        password = self.credentials().passwords.get(role)
+        if password is None:
+            raise SecurityError(f"{self.credentials_file} has no password for role {role!r}")
+        return NatsIdentity(
+            user=role,
+            password=password,
+            ca_file=self.ca_cert,
+            cert_file=self.client_cert(role),
+            key_file=self.client_key(role),
+        )
+
+    def device_identity(self, name: str) -> NatsIdentity:
+        device = self.credentials().devices.get(name)
+        if device is None:
+            raise SecurityError(f"no device {name!r}: add it with `spanflow secrets device`")
+        return NatsIdentity(
+            user=name,
+            password=device.password,
+            ca_file=self.ca_cert,
+            cert_file=self.client_cert("device"),
+            key_file=self.client_key("device"),
+        )
+
+    # ---------------------------------------------------------------- writing
+    def init(self, hosts: tuple[str, ...] = (), *, renew: bool = False) -> list[Path]:
+        """Create what is missing (everything, the first time). ``renew`` reissues the
+        server and client certificates (new hosts, near expiry) under the same CA and
+        keeps passwords and keys. Returns the files written."""
+        written: list[Path] = []
+        self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        os.chmod(self.root, 0o700)
+        if not self.ca_cert.exists():
+            ca = pki.create_ca()
+            _write_private(self.ca_key, ca.key_pem)
+            _write_private(self.ca_cert, ca.cert_pem)
+            written += [self.ca_cert, self.ca_key]
+            renew = True
+        if renew or not self.server_cert.exists():
+            ca = self._ca()
+            names = tuple(dict.fromkeys((*DEFAULT_HOSTS, *hosts)))
+            server = pki.issue(ca, "spanflow server", hosts=names, server=True, client=True)
+            _write_private(self.server_key, server.key_pem)
+            _write_private(self.server_cert, server.cert_pem)
+            written.append(self.server_cert)
+        for role in ROLES:
+            if renew or not self.client_cert(role).exists():
+                cert = pki.issue(self._ca(), role, client=True)
+                _write_private(self.client_key(role), cert.key_pem)
+                _write_private(self.client_cert(role), cert.cert_pem)
+                written.append(self.client_cert(role))
+        if not self.credentials_file.exists():
+            creds = Credentials({role: _password() for role in ROLES}, _password())
+            _write_private(self.credentials_file, creds.to_json())
+            written.append(self.credentials_file)
+        if not self.keyring_file.exists():
+            _write_private(self.keyring_file, Keyring((new_key(),)).dumps())
+            written.append(self.keyring_file)
+        return written
+
+    def add_device(self, name: str, publish: tuple[str, ...]) -> str:
+        """Add (or re-key) a device user allowed to publish on ``publish`` only;
+        returns its password (shown once to the operator, never logged)."""
+        if not name or any(c in name for c in " .*>\t\n"):
+            raise SecurityError(f"a device name is one token without spaces or dots: {name!r}")
+        if name in ROLES:
+            raise SecurityError(f"{name!r} is a role, not a device name")
+        if not publish:
+            raise SecurityError("a device needs at least one subject it may publish on")
+        creds = self.credentials()
+        password = _password()
+        devices = {**creds.devices, name: Device(password, publish)}
+        updated = Credentials(creds.passwords, creds.rest_token, devices)
+        _write_private(self.credentials_file, updated.to_json())
+        return password
+
+    def write_keyring(self, ring: Keyring) -> None:
+        _write_private(self.keyring_file, ring.dumps())
+
+    def _ca(self) -> pki.Issued:
+        try:
+            return pki.Issued(self.ca_cert.read_bytes(), self.ca_key.read_bytes())
+        except OSError as exc:
+            raise SecurityError(
+                f"issuing certificates needs the CA key {self.ca_key}: {exc.strerror or exc}"
+            ) from exc
+
+
+@dataclass(frozen=True)
+class NatsIdentity:
+    """Who a NATS client is: a user and password, over TLS with a client certificate."""
+
+    user: str
+    password: str = field(repr=False)
+    ca_file: Path | None = None
+    cert_file: Path | None = None
+    key_file: Path | None = None
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        if self.ca_file is None:
+            return None
+        try:
+            ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=str(self.ca_file))
+            if self.cert_file is not None and self.key_file is not None:
+                ctx.load_cert_chain(str(self.cert_file), str(self.key_file))
+        except (OSError, ssl.SSLError) as exc:
+            raise SecurityError(f"NATS client TLS files for {self.user!r}: {exc}") from exc
+        return ctx
+
+    def connect_options(self) -> dict[str, Any]:
+        """Keyword arguments for ``nats.connect``."""
+        options: dict[str, Any] = {"user": self.user, "password": self.password}
+        ctx = self.ssl_context()
+        if ctx is not None:
+            options["tls"] = ctx
+        return options
+
+
+def secrets_from_env() -> Secrets | None:
+    root = os.environ.get(SECRETS_ENV)
+    return Secrets(root) if root else None
+
+
+def identity_from_env() -> NatsIdentity | None:
+    """This process's NATS identity (``SPANFLOW_SECRETS`` + ``SPANFLOW_ROLE``), or None
+    in open mode."""
+    found = secrets_from_env()
+    if found is None:
+        return None
+    return found.identity(os.environ.get(ROLE_ENV, "agent"))
+
+
+def adopt(secrets: Secrets, role: str) -> None:
+    """Make this process (and every child it starts, Spark's workers included) use
+    ``secrets`` as ``role``."""
+    os.environ[SECRETS_ENV] = str(secrets.root.resolve())
+    os.environ[ROLE_ENV] = role

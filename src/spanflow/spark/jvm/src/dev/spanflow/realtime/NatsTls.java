@@ -1,0 +1,120 @@
+package dev.spanflow.realtime;
+
+import com.fasterxml.jackson.databind.JsonNode;
+import java.io.ByteArrayInputStream;
+import java.io.IOException;
+import java.net.Socket;
+import java.nio.charset.StandardCharsets;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.nio.file.Paths;
+import java.security.GeneralSecurityException;
+import java.security.KeyFactory;
+import java.security.KeyStore;
+import java.security.PrivateKey;
+import java.security.cert.Certificate;
+import java.security.cert.CertificateFactory;
+import java.security.spec.PKCS8EncodedKeySpec;
+import java.util.Base64;
+import javax.net.ssl.KeyManagerFactory;
+import javax.net.ssl.SSLContext;
+import javax.net.ssl.SSLParameters;
+import javax.net.ssl.SSLSocket;
+import javax.net.ssl.TrustManagerFactory;
+
+/**
+ * This process's NATS identity in locked mode, read as the Python side reads it
+ * (docs/security.md): the system property {@code spanflow.secrets} (set by the driver;
+ * on a cluster, pass {@code -Dspanflow.secrets=...} to the executors) or else
+ * {@code SPANFLOW_SECRETS} names the secrets directory, and {@code spanflow.role} /
+ * {@code SPANFLOW_ROLE} the role (default agent). The password comes from
+ * {@code credentials.json}, the TLS files from {@code ca.crt} and
+ * {@code clients/<role>.crt|.key} (PEM, PKCS#8 EC key). Nothing here is logged.
+ */
+final class NatsTls {
+  final String user;
+  final String password;
+  private final Path root;
+  private final String role;
+
+  private NatsTls(Path root, String role, String password) {
+    this.root = root;
+    this.role = role;
+    this.user = role;
+    this.password = password;
+  }
+
+  /** The identity of this process, or null in open mode. */
+  static NatsTls fromEnv() throws IOException {
+    String dir = setting("spanflow.secrets", "SPANFLOW_SECRETS");
+    if (dir == null || dir.isEmpty()) {
+      return null;
+    }
+    String role = setting("spanflow.role", "SPANFLOW_ROLE");
+    if (role == null || role.isEmpty()) {
+      role = "agent";
+    }
+    Path root = Paths.get(dir);
+    JsonNode creds = Json.MAPPER.readTree(Files.readAllBytes(root.resolve("credentials.json")));
+    JsonNode password = creds.path("nats").path(role);
+    if (!password.isTextual()) {
+      throw new IOException(root.resolve("credentials.json") + " has no password for role " + role);
+    }
+    return new NatsTls(root, role, password.asText());
+  }
+
+  /** A system property (set by the Python driver at run time), else the environment. */
+  private static String setting(String property, String env) {
+    String value = System.getProperty(property);
+    return value != null ? value : System.getenv(env);
+  }
+
+  /** A TLS context trusting the deployment's CA and presenting this role's certificate. */
+  SSLContext context() throws IOException {
+    try {
+      CertificateFactory x509 = CertificateFactory.getInstance("X.509");
+      KeyStore trust = KeyStore.getInstance("PKCS12");
+      trust.load(null, null);
+      trust.setCertificateEntry("ca", read(x509, root.resolve("ca.crt")));
+      TrustManagerFactory tmf =
+          TrustManagerFactory.getInstance(TrustManagerFactory.getDefaultAlgorithm());
+      tmf.init(trust);
+      KeyStore keys = KeyStore.getInstance("PKCS12");
+      keys.load(null, null);
+      Certificate cert = read(x509, root.resolve("clients").resolve(role + ".crt"));
+      PrivateKey key = privateKey(root.resolve("clients").resolve(role + ".key"));
+      char[] none = new char[0];
+      keys.setKeyEntry("client", key, none, new Certificate[] {cert});
+      KeyManagerFactory kmf = KeyManagerFactory.getInstance(KeyManagerFactory.getDefaultAlgorithm());
+      kmf.init(keys, none);
+      SSLContext ctx = SSLContext.getInstance("TLS");
+      ctx.init(kmf.getKeyManagers(), tmf.getTrustManagers(), null);
+      return ctx;
+    } catch (GeneralSecurityException exc) {
+      throw new IOException("TLS files in " + root + " for role " + role + ": " + exc.getMessage(), exc);
+    }
+  }
+
+  /** Upgrade a connected socket (after the server's INFO), verifying the server's name. */
+  static SSLSocket upgrade(SSLContext ctx, Socket plain, String host, int port) throws IOException {
+    SSLSocket ssl = (SSLSocket) ctx.getSocketFactory().createSocket(plain, host, port, true);
+    SSLParameters params = ssl.getSSLParameters();
+    params.setEndpointIdentificationAlgorithm("HTTPS");
+    ssl.setSSLParameters(params);
+    ssl.setUseClientMode(true);
+    ssl.startHandshake();
+    return ssl;
+  }
+
+  private static Certificate read(CertificateFactory x509, Path path) throws IOException,
+      GeneralSecurityException {
+    return x509.generateCertificate(new ByteArrayInputStream(Files.readAllBytes(path)));
+  }
+
+  private static PrivateKey privateKey(Path path) throws IOException, GeneralSecurityException {
+    String pem = new String(Files.readAllBytes(path), StandardCharsets.US_ASCII);
+    String body = pem.replaceAll("-----(BEGIN|END) PRIVATE KEY-----", "").replaceAll("\\s", "");
+    byte[] der = Base64.getDecoder().decode(body);
+    return KeyFactory.getInstance("EC").generatePrivate(new PKCS8EncodedKeySpec(der));
+  }
+}

@@ -1,0 +1,81 @@
+"""Real-Time Mode against a locked NATS server: the JVM source and sink connect over
+TLS with the agent's certificate and password, and give the same results as on an
+open server; with another deployment's secrets they fail with the door and the cause."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from spanflow.nats.server import EmbeddedNats
+from spanflow.security.secrets import ROLE_ENV, SECRETS_ENV, Secrets
+from spanflow.spark import realtime
+from tests.helpers import publish, read_all, wait_for
+from tests.spark.test_realtime import _payloads, _pipeline, _records, _runner
+
+
+@pytest.fixture
+def locked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[str, Secrets]]:
+    secrets = Secrets(tmp_path / "secrets")
+    secrets.init()
+    monkeypatch.setenv(SECRETS_ENV, str(secrets.root))
+    monkeypatch.setenv(ROLE_ENV, "agent")
+    with EmbeddedNats(tmp_path / "nats", secrets=secrets) as server:
+        yield server.url, secrets
+
+
+def test_realtime_runs_over_tls_with_credentials(spark, locked, uid, tmp_path):
+    url, _ = locked
+    n = 300
+    publish(url, f"IN_{uid}", f"in{uid}.x", _records(0, n))
+    real = _runner(spark, _pipeline(uid, "lk", "realtime"), url, tmp_path / "rt")
+    real.start()
+    try:
+        expected = sum(1 for i in range(n) if i % 40 >= 20)
+        wait_for(lambda: len(read_all(url, f"ALERTS_lk_{uid}")) >= expected, 90)
+        wait_for(lambda: len(read_all(url, f"TOTALS_lk_{uid}")) >= n, 90)
+        assert all(s.active and s.error is None for s in real.status())
+    finally:
+        real.stop()
+    alerts = _payloads(url, f"ALERTS_lk_{uid}")
+    assert sorted(r["id"] for r in alerts) == [i for i in range(n) if i % 40 >= 20]
+
+
+def _jvm_connect(spark, url: str) -> str:
+    """Connect the JVM client as a real-time query would; its error, or 'connected'."""
+    from py4j.protocol import Py4JJavaError
+
+    realtime.share_identity(spark)
+    try:
+        client = spark._jvm.dev.spanflow.realtime.NatsClient.connect(url, "probe")
+    except Py4JJavaError as exc:
+        return str(exc.java_exception.getMessage())
+    client.close()
+    return "connected"
+
+
+def test_the_jvm_client_refuses_foreign_or_wrong_secrets_naming_the_door(
+    spark, locked, tmp_path, monkeypatch
+):
+    url, secrets = locked
+    assert _jvm_connect(spark, url) == "connected"
+    foreign = Secrets(tmp_path / "foreign")
+    foreign.init()
+    monkeypatch.setenv(SECRETS_ENV, str(foreign.root))  # trusts another CA
+    message = _jvm_connect(spark, url)
+    assert "refused TLS for user agent" in message and "127.0.0.1" in message, message
+    wrong = Secrets(tmp_path / "wrong")
+    shutil.copytree(secrets.root, wrong.root)
+    creds = json.loads(wrong.credentials_file.read_text())
+    creds["nats"]["agent"] = "guess"
+    wrong.credentials_file.write_text(json.dumps(creds))
+    monkeypatch.setenv(SECRETS_ENV, str(wrong.root))
+    message = _jvm_connect(spark, url)
+    assert "refused user agent" in message and "Authorization Violation" in message, message
+    assert "guess" not in message
+    monkeypatch.delenv(SECRETS_ENV)
+    assert "requires TLS" in _jvm_connect(spark, url)

@@ -289,7 +289,7 @@ def main() -> None:
         "results": results,
     }
     RESULTS.mkdir(exist_ok=True)
-    out = RESULTS / "membership_sim.json"
+    out = RESULTS / ("membership_sim_sealed.json" if args.sealed else "membership_sim.json")
     out.write_text(json.dumps(report, indent=2) + "\n")
     print(f"wrote {out}")
 

@@ -320,7 +320,9 @@ def main() -> None:
         "tls_cost": tls_cost(runs),
     }
     RESULTS.mkdir(exist_ok=True)
-    out = RESULTS / "realtime_latency.json"
+    out = RESULTS / (
+        "realtime_latency_tls.json" if "locked" in args.doors else "realtime_latency.json"
+    )
     out.write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps(report["ratios"], indent=2))
     print("locked / open:", json.dumps(report["tls_cost"], indent=2))

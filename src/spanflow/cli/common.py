@@ -166,15 +166,22 @@ def nats_url(
         yield url
         return
     from spanflow.nats import EmbeddedNats
+    from spanflow.nats.server import split_listen
+    from spanflow.server.mqtt_gateway import GatewayThread
 
-    with EmbeddedNats(
-        data_dir / "nats", mqtt=mqtt, mqtt_listen=mqtt_listen, secrets=secrets
-    ) as server:
+    with EmbeddedNats(data_dir / "nats", secrets=secrets) as server:
         err.print(f"[dim]embedded NATS at {server.url} (data in {data_dir / 'nats'})[/dim]")
         ready = prepare(server.url) if prepare is not None else ""
-        if server.mqtt_port:
-            err.print(f"MQTT listener on {server.mqtt_host}:{server.mqtt_port}{ready}")
-        yield server.url
+        gateway = None
+        if mqtt or mqtt_listen:
+            host, port = split_listen(mqtt_listen) if mqtt_listen else ("127.0.0.1", 0)
+            gateway = GatewayThread(server.url, host, port, secrets=secrets).start()
+            err.print(f"MQTT listener on {gateway.host}:{gateway.port}{ready}")
+        try:
+            yield server.url
+        finally:
+            if gateway is not None:
+                gateway.stop()
 
 
 def _data_dir(given: Path | None) -> Path:

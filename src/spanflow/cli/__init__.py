@@ -1,6 +1,6 @@
 """The ``spanflow`` command line."""
 
-from spanflow.cli import cluster, demo, local, models, plan, rules, secrets  # noqa: F401
+from spanflow.cli import cluster, demo, local, models, plan, rules, secrets, servers  # noqa: F401
 from spanflow.cli.common import SpanflowError, _error, app
 
 

@@ -119,6 +119,8 @@ class EmbeddedNats:
         port: int | None = None,
         host: str = "127.0.0.1",
         secrets: Secrets | None = None,
+        leaf_port: int = 0,
+        leaf_host: str | None = None,
     ) -> None:
         self._own_dir = data_dir is None
         self.data_dir = Path(data_dir or tempfile.mkdtemp(prefix="spanflow-nats-"))
@@ -150,7 +152,8 @@ class EmbeddedNats:
         self.url = ""
         self.mqtt_port: int | None = None
         self._proc: subprocess.Popen[bytes] | None = None
-        self._leaf_port = 0
+        self._leaf_port = leaf_port
+        self.leaf_host = leaf_host or host
 
     def _config(self, ports_dir: Path) -> str:
         store = json.dumps(str(self.data_dir / "jetstream"))
@@ -172,10 +175,10 @@ class EmbeddedNats:
             lines.append(authorization_block(creds))
         if self.leaf_listen:
             # The ports file does not report the leaf port, so pick one.
-            port = self._leaf_port = self._leaf_port or _free_port(self.host)
-            self.leaf_url = f"nats-leaf://{_dial(self.host)}:{port}"
+            port = self._leaf_port = self._leaf_port or _free_port(self.leaf_host)
+            self.leaf_url = f"nats-leaf://{_dial(self.leaf_host)}:{port}"
             # no_advertise: leaves keep the URL they were given (a WAN relay stays in path)
-            leaf = [f"listen: {self.host}:{port}", "no_advertise: true"]
+            leaf = [f"listen: {self.leaf_host}:{port}", "no_advertise: true"]
             if self.secrets is not None and creds is not None:
                 leaf.append(tls_block(self.secrets))
                 leaf.append(

@@ -1,0 +1,102 @@
+"""``spanflow site-server``: one site's NATS server (a leaf of the hub, or the hub
+itself) with the MQTT gateway, on its own host."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from spanflow.cli.common import _data_dir, _Interrupted, app, err, fail, use_secrets
+from spanflow.errors import SpanflowError
+
+
+def _listen(value: str, option: str) -> tuple[str, int]:
+    from spanflow.nats.server import split_listen
+
+    try:
+        return split_listen(value)
+    except ValueError as exc:
+        raise fail(SpanflowError(f"{option}: {exc}")) from None
+
+
+@app.command("site-server")
+def site_server(
+    site: Annotated[str, typer.Option(help="Site name: the server's name and JetStream domain.")],
+    hub: Annotated[
+        str | None,
+        typer.Option(
+            help="The hub's leaf URL (nats-leaf://HOST:7422); without it this server is the hub."
+        ),
+    ] = None,
+    listen: Annotated[str, typer.Option(help="Client listener, HOST:PORT.")] = "127.0.0.1:4222",
+    leaf_listen: Annotated[
+        str, typer.Option(help="The hub's listener for site servers, HOST:PORT.")
+    ] = "127.0.0.1:7422",
+    mqtt_listen: Annotated[
+        str | None, typer.Option(help="MQTT gateway for devices, HOST:PORT (none without it).")
+    ] = None,
+    deny_export: Annotated[
+        list[str] | None,
+        typer.Option(help="A subject that stays on this site (repeat), e.g. local.>"),
+    ] = None,
+    data_dir: Annotated[Path | None, typer.Option(help="Default ./spanflow-data.")] = None,
+    open_: Annotated[
+        bool,
+        typer.Option("--open", help="Run without secrets beyond loopback (a trusted network)."),
+    ] = False,
+) -> None:
+    """Run one site's NATS server with JetStream (domain = the site) and, with
+    ``--mqtt-listen``, the MQTT gateway (a PUBACK means stored). With ``--hub`` it joins
+    the hub as a leaf node; locked when the data directory has secrets."""
+    from spanflow.nats.server import EmbeddedNats
+    from spanflow.security.policy import is_loopback
+    from spanflow.server.mqtt_gateway import GatewayThread
+
+    directory = _data_dir(data_dir)
+    secrets = use_secrets(directory, "coordinator")
+    host, port = _listen(listen, "--listen")
+    leaf_host, leaf_port = _listen(leaf_listen, "--leaf-listen")
+    exposed = not (is_loopback(host) and (hub or is_loopback(leaf_host)))
+    if secrets is None and exposed and not open_:
+        raise fail(
+            SpanflowError(
+                f"site server {site} would listen beyond loopback without TLS or users: "
+                "run `spanflow secrets init` (then copy the secrets here) or pass --open"
+            )
+        )
+    if secrets is None:
+        err.print(f"[yellow]OPEN MODE: site server {site} has no TLS and no users[/yellow]")
+    server = EmbeddedNats(
+        directory / f"nats-{site}",
+        name=site,
+        domain=site,
+        host=host,
+        port=port or None,
+        leaf_listen=hub is None,
+        leaf_port=leaf_port,
+        leaf_host=leaf_host,
+        leaf_remote=hub,
+        deny_exports=tuple(deny_export or ()),
+        secrets=secrets,
+    )
+    stop = _Interrupted()
+    try:
+        server.start()
+    except SpanflowError as exc:
+        raise fail(exc) from None
+    gateway = None
+    try:
+        err.print(f"site {site}: NATS {server.url} (JetStream domain {site})")
+        if hub is None:
+            err.print(f"hub leaf listener: {server.leaf_url}")
+        if mqtt_listen:
+            mqtt_host, mqtt_port = _listen(mqtt_listen, "--mqtt-listen")
+            gateway = GatewayThread(server.url, mqtt_host, mqtt_port, secrets=secrets).start()
+            err.print(f"MQTT listener on {gateway.host}:{gateway.port}")
+        stop.event.wait()
+    finally:
+        if gateway is not None:
+            gateway.stop()
+        server.stop()

@@ -48,3 +48,14 @@ def test_init_show_device_and_rotate_the_gossip_key(tmp_path: Path) -> None:
     assert [key_id(k) for k in secrets.keyring().keys] == [new]
     refused = runner.invoke(app, ["secrets", "gossip-key", "remove", "nope", *data])
     assert refused.exit_code != 0 and "no key 'nope'" in refused.output
+
+
+def test_doors_beyond_loopback_refuse_to_open_without_a_lock(tmp_path: Path) -> None:
+    """Without secrets or a token, a coordinator or a site server asked to listen on the
+    network refuses to start, saying what to do."""
+    data = ["--data-dir", str(tmp_path)]
+    coordinator = runner.invoke(app, ["coordinator", "--host", "0.0.0.0", "--port", "0", *data])
+    assert coordinator.exit_code == 2
+    assert "REST API on 0.0.0.0 would answer anyone" in coordinator.output
+    site = runner.invoke(app, ["site-server", "--site", "s1", "--listen", "0.0.0.0:0", *data])
+    assert site.exit_code == 2 and "spanflow secrets init" in site.output

@@ -1,9 +1,11 @@
 """spanflow across hosts: a cloud host and a factory host, each in its own network
 namespace with its own address, everything locked (TLS, role users, device logins).
 A device in the factory publishes over MQTT to its site server; the hub, on the cloud
-host, sources the factory's stream over an authenticated leaf link. A 30 s cut of the
-factory's link is survived: the device is acknowledged throughout (its readings are
-stored at the edge), and after the cut the cloud has every reading exactly once."""
+host, sources the factory's stream over an authenticated leaf link; a coordinator and
+a node agent (Spark) on the cloud host count the readings in 10 s windows. A 30 s cut
+of the factory's link is survived: the device is acknowledged throughout (its readings
+are stored at the edge), and after the cut the cloud has every reading exactly once and
+its windows count each once."""
 
 from __future__ import annotations
 
@@ -12,13 +14,16 @@ import re
 import sys
 import time
 from collections import Counter
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
+import httpx
 import orjson
 import pytest
 from nats.js.api import ExternalStream, StreamConfig, StreamSource
 
-from spanflow.local.hosts import Hosts, can_make_hosts
+from spanflow.local.hosts import Host, Hosts, can_make_hosts
 from spanflow.nats.streams import connect
 from spanflow.security.secrets import SECRETS_ENV, Secrets
 from tests.helpers import wait_for
@@ -26,6 +31,31 @@ from tests.helpers import wait_for
 pytestmark = pytest.mark.slow
 
 DEVICE = Path(__file__).with_name("mqtt_device.py")
+TOPOLOGY = """\
+sites: [{name: cloud, kind: cloud}]
+nodes:
+  - {name: n1, site: cloud, capabilities: {cores: 2, slots: 4}}
+"""
+WINDOWS = """\
+name: plant-windows
+trigger: 1s
+sources:
+  - id: readings
+    stream: PLANT_AT_HUB
+    schema: {id: long, device: string, ts: timestamp, temp: double}
+    event_time: ts
+    max_out_of_orderness: 5s
+    to: [by_device]
+processors:
+  - {id: by_device, type: key_by, key: device, to: [per_10s]}
+  - id: per_10s
+    type: window
+    tumbling: 10s
+    aggregates: {readings: count}
+    to: [out]
+sinks:
+  - {id: out, type: jetstream, stream: PLANT_WINDOWS, subject: "plantwindows.{device}"}
+"""
 READINGS = 200
 INTERVAL = 0.25  # 50 s of readings: before, during and after a 30 s cut
 
@@ -72,6 +102,109 @@ async def _ids(url: str, stream: str, secrets: Secrets) -> Counter[int]:
         return seen
     finally:
         await nc.close()
+
+
+def _rest_needs_the_token_from_another_host(
+    net: Hosts,
+    cloud: Host,
+    hub_url: str,
+    secrets: Secrets,
+    env: dict[str, str],
+    tmp: Path,
+    topology: Path,
+) -> str:
+    """The coordinator on the cloud host's address: from this machine (another
+    address) a call without the token is refused, with it answered."""
+    log = tmp / "coordinator.log"
+    net.run(
+        cloud,
+        [
+            sys.executable,
+            "-m",
+            "spanflow.cli",
+            "coordinator",
+            "--nats",
+            hub_url,
+            "--host",
+            cloud.address,
+            "--port",
+            "7070",
+            "--data-dir",
+            str(tmp / "coordinator"),
+            "--topology",
+            str(topology),
+            "--heartbeat",
+            "0.5",
+        ],
+        log=log,
+        env=env,
+    )
+    assert "token required" in _wait_line(log, r"coordinator on \S+ .*").group(0)
+    base = f"http://{cloud.address}:7070"
+    wait_for(lambda: _status(f"{base}/healthz") == 200, timeout=60)
+    assert _status(f"{base}/api/v1/nodes") == 401
+    assert _status(f"{base}/api/v1/nodes", wrong="not-the-token") == 401
+    token = secrets.credentials().rest_token
+    assert _status(f"{base}/api/v1/nodes", token=token) == 200
+    assert token not in log.read_text()
+    return base
+
+
+class _Api:
+    def __init__(self, base: str, token: str) -> None:
+        self.base, self.headers = base, {"Authorization": f"Bearer {token}"}
+
+    def node_state(self, name: str) -> str | None:
+        r = httpx.get(f"{self.base}/api/v1/nodes", headers=self.headers, timeout=5)
+        return next((n["state"] for n in r.json() if n["name"] == name), None)
+
+    def submit(self, text: str) -> None:
+        r = httpx.post(
+            f"{self.base}/api/v1/pipelines", json={"yaml": text}, headers=self.headers, timeout=30
+        )
+        assert r.status_code < 300, r.text
+
+
+def _window_of(ts: str) -> str:
+    moment = datetime.fromisoformat(ts)
+    start = moment.replace(second=moment.second - moment.second % 10, microsecond=0)
+    return start.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S")
+
+
+async def _rows(url: str, stream: str, secrets: Secrets) -> list[dict[str, Any]]:
+    nc = await connect(url, identity=secrets.identity("reader"))
+    try:
+        js = nc.jetstream()
+        total = (await js.stream_info(stream)).state.messages
+        out = []
+        if total:
+            sub = await js.subscribe(">", ordered_consumer=True, stream=stream)
+            for _ in range(total):
+                out.append(orjson.loads((await sub.next_msg(timeout=5)).data))
+            await sub.unsubscribe()
+        return out
+    finally:
+        await nc.close()
+
+
+def _window_counts(url: str, secrets: Secrets) -> Counter[str]:
+    try:
+        rows = asyncio.run(_rows(url, "PLANT_WINDOWS", secrets))
+    except Exception:  # the sink stream does not exist before the first window
+        return Counter()
+    out: Counter[str] = Counter()
+    for row in rows:
+        out[str(row["window_start"])[:19]] += int(row["readings"])
+    return out
+
+
+def _status(url: str, token: str | None = None, wrong: str | None = None) -> int:
+    bearer = token or wrong
+    headers = {"Authorization": f"Bearer {bearer}"} if bearer else {}
+    try:
+        return httpx.get(url, headers=headers, timeout=5).status_code
+    except httpx.HTTPError:
+        return 0
 
 
 def test_a_locked_factory_survives_a_cut_across_namespaced_hosts(tmp_path: Path) -> None:
@@ -124,6 +257,33 @@ def test_a_locked_factory_survives_a_cut_across_namespaced_hosts(tmp_path: Path)
         _wait_line(site_log, r"MQTT listener on")
         assert hub_url.startswith("tls://10.") and site_url.startswith("tls://10.")
         asyncio.run(_setup_streams(hub_url, site_url, secrets))
+        topology = tmp_path / "topology.yaml"
+        topology.write_text(TOPOLOGY)
+        base = _rest_needs_the_token_from_another_host(
+            net, cloud, hub_url, secrets, env, tmp_path, topology
+        )
+        api = _Api(base, secrets.credentials().rest_token)
+        net.run(
+            cloud,
+            [
+                sys.executable,
+                "-m",
+                "spanflow.cli",
+                "node",
+                "--name",
+                "n1",
+                "--site",
+                "cloud",
+                "--coordinator",
+                base,
+                "--state-dir",
+                str(tmp_path / "n1"),
+            ],
+            log=tmp_path / "node.log",
+            env={**env, "SPARK_LOCAL_IP": "127.0.0.1"},
+        )
+        wait_for(lambda: api.node_state("n1") == "alive", timeout=240)
+        api.submit(WINDOWS)
 
         device_log = tmp_path / "device.log"
         device = net.run(
@@ -152,13 +312,19 @@ def test_a_locked_factory_survives_a_cut_across_namespaced_hosts(tmp_path: Path)
         print(f"link cut for {time.monotonic() - cut_at:.1f} s")
         assert device.wait(timeout=120) == 0
         assert _wait_line(device_log, r"acked (\d+)").group(1) == str(READINGS)
-        expected = Counter(range(READINGS))
+        expected = Counter([*range(READINGS), -1])  # -1 closes the windows
         assert asyncio.run(_ids(site_url, "PLANT", secrets)) == expected  # all stored at the edge
         wait_for(
             lambda: sum(asyncio.run(_ids(hub_url, "PLANT_AT_HUB", secrets)).values()) >= READINGS,
             timeout=180,
         )
         assert asyncio.run(_ids(hub_url, "PLANT_AT_HUB", secrets)) == expected
+        # The cloud's windows count every reading exactly once.
+        readings = asyncio.run(_rows(site_url, "PLANT", secrets))
+        want = Counter(_window_of(r["ts"]) for r in readings if r["id"] >= 0)
+        wait_for(lambda: _window_counts(hub_url, secrets) == want, timeout=240)
+        rows = asyncio.run(_rows(hub_url, "PLANT_WINDOWS", secrets))
+        assert len(rows) == len(want), "a window was emitted twice"
         for log in (hub_log, site_log):
             text = log.read_text()
             assert password not in text and secrets.credentials().passwords["leaf"] not in text

@@ -549,6 +549,8 @@ class LocalCluster:
         """Edge site → its own NATS server's URL (with ``site_servers``)."""
         self.relays: dict[str, Any] = {}
         """Edge site → the :class:`WanRelay` between its server and the hub."""
+        self.site_mqtt: dict[str, Any] = {}
+        """Edge site → its MQTT gateway (devices publish here; a PUBACK means stored)."""
         self._nats: Any = None
         self._site_nats: dict[str, Any] = {}
         self.secrets = Secrets(data_dir / "secrets") if secure else None
@@ -646,6 +648,7 @@ class LocalCluster:
         from spanflow.nats import EmbeddedNats
         from spanflow.nats.cluster import EDGE_ONLY_SUBJECTS
         from spanflow.nats.relay import WanRelay
+        from spanflow.server.mqtt_gateway import GatewayThread
 
         hub_leaf = urlparse(self._nats.leaf_url)
         for site in sites:
@@ -670,6 +673,8 @@ class LocalCluster:
             ).start()
             self._site_nats[site] = server
             self.site_urls[site] = server.url
+            gateway = GatewayThread(server.url, "127.0.0.1", 0, secrets=self.secrets)
+            self.site_mqtt[site] = gateway.start()
 
     def _effective_topology(self) -> str:
         """The topology file as the coordinator must see it: each edge site's server URL."""
@@ -824,6 +829,9 @@ class LocalCluster:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+        for gateway in self.site_mqtt.values():
+            gateway.stop()
+        self.site_mqtt.clear()
         for server in self._site_nats.values():
             server.stop()
         self._site_nats.clear()
@@ -915,7 +923,10 @@ def up(
         if ha:
             err.print(f"NATS cluster: {cluster.nats_url}; leader: {cluster.leader()}")
         for site, url in cluster.site_urls.items():
-            err.print(f"site {site}: NATS {url} (JetStream domain {site})")
+            mqtt = cluster.site_mqtt[site]
+            err.print(
+                f"site {site}: NATS {url} (JetStream domain {site}), MQTT {mqtt.host}:{mqtt.port}"
+            )
         if submit_:
             cluster.wait_for_nodes()
         for path in submit_ or []:

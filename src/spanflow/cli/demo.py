@@ -285,6 +285,10 @@ def demo(
             "starting NATS (a server per factory, linked to the cloud's), the coordinator "
             f"and 3 nodes (logs in {work / 'logs'}) …"
         )
+        err.print(
+            "[yellow]OPEN MODE (a laptop demo): servers on 127.0.0.1 without TLS or users; "
+            "see docs/security.md to lock every door[/yellow]"
+        )
         cluster.start()
         err.print(f"coordinator {cluster.url}; waiting for the nodes (each starts Spark) …")
         cluster.wait_for_nodes()

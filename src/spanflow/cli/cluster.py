@@ -878,11 +878,11 @@ def up(
         bool,
         typer.Option(
             "--secure/--open",
-            help="Lock every door: TLS and role credentials on NATS, sealed gossip, the "
-            "REST token (secrets in <data dir>/secrets). Real-Time Mode fragments need "
-            "--open for now (docs/security.md).",
+            help="Lock every door (the default): TLS and role credentials on NATS, sealed "
+            "gossip, the REST token, with secrets made in <data dir>/secrets if missing; "
+            "--open runs without them (docs/security.md).",
         ),
-    ] = False,
+    ] = True,
 ) -> None:
     """Start NATS, the coordinator and every local node of a topology, with one status view.
 
@@ -909,10 +909,15 @@ def up(
         )
     except SpanflowError as exc:
         raise fail(exc) from None
-    if not secure:
+    if cluster.secrets is None:
         err.print(
             "[yellow]OPEN MODE: NATS without TLS or users, gossip unsealed; anyone who "
             "reaches these ports can read and write everything (--secure locks them)[/yellow]"
+        )
+    else:
+        err.print(
+            f"locked: secrets in {cluster.secrets.root} (other commands find them with "
+            f"--data-dir {directory} or SPANFLOW_SECRETS={cluster.secrets.root})"
         )
     try:
         local = sum(n.local for n in cluster.topology.nodes)

@@ -51,6 +51,14 @@ from spanflow.runtime.gossip import AgentGossip
 from spanflow.runtime.load import FragmentLoad, LoadReport, load_score
 from spanflow.runtime.membership.protocol import Change
 from spanflow.runtime.node_cpu import NodeCpu
+from spanflow.runtime.reconcile import (
+    Failure,
+    Forget,
+    Savepoint,
+    Stop,
+    reconcile,
+    savepoint_marker,
+)
 from spanflow.runtime.registration import LAST_ASSIGNMENTS_BUCKET, Backoff, RegistrationCache
 from spanflow.runtime.shedding.policy import (
     PeerLoad,
@@ -76,7 +84,6 @@ from spanflow.spec.topology import Capabilities
 log = logging.getLogger(__name__)
 
 PROGRESS_EVERY = 5.0
-RETRY_AFTER = 5.0
 USAGE_EVERY = 10.0
 REJOIN_EVERY = 10.0
 """Longest wait between attempts to reach the control plane after starting without it."""
@@ -143,7 +150,7 @@ class NodeAgent:
         self._control_js: JetStreamContext | None = None
         self._changes: queue.Queue[tuple[str, Assignment | None]] = queue.Queue()
         self._desired: dict[str, Assignment] = {}
-        self._failed: dict[str, tuple[int, float, bool]] = {}  # fragment → (epoch, at, fatal)
+        self._failed: dict[str, Failure] = {}
         self._savepointed: set[tuple[str, int, str]] = set()
         self._runtime: dict[str, FragmentRuntime] = {}
         self._hb_seq = 0
@@ -638,52 +645,54 @@ class NodeAgent:
                 return
 
     def _reconcile(self) -> None:
-        """Make what runs match what is assigned."""
+        """Make what runs match what is assigned: :func:`reconcile` decides, this
+        carries its actions out and reports each."""
         ex = self._executor
         assert ex is not None
-        for fid in list(ex.fragments):
-            if fid not in self._desired:
-                running = ex.fragments[fid]
-                ex.stop(fid)
-                self._report("stopped", self._stopped_runtime(running.assignment))
-                self._runtime.pop(fid, None)
-        for fid in list(self._runtime):
-            if fid not in self._desired and fid not in ex.fragments:
-                self._runtime.pop(fid, None)
-        for fid, a in self._desired.items():
-            current = ex.fragments.get(fid)
-            if a.action == "savepoint":
-                marker = (fid, a.epoch, a.savepoint_dir or "")
-                if marker in self._savepointed:
-                    continue
+        running = {fid: f.assignment.epoch for fid, f in ex.fragments.items()}
+        actions = reconcile(
+            self._desired,
+            running,
+            self._failed,
+            self._savepointed,
+            set(self._runtime),
+            time.monotonic(),
+        )
+        for action in actions:
+            if isinstance(action, Stop):
+                stopped = ex.fragments[action.fragment_id].assignment
+                ex.stop(action.fragment_id)
+                self._report("stopped", self._stopped_runtime(stopped))
+                self._runtime.pop(action.fragment_id, None)
+            elif isinstance(action, Forget):
+                self._runtime.pop(action.fragment_id, None)
+            elif isinstance(action, Savepoint):
+                a = action.assignment
                 path = ex.savepoint(a)
-                self._savepointed.add(marker)
+                self._savepointed.add(savepoint_marker(a))
                 rt = self._stopped_runtime(a)
-                self._runtime[fid] = rt
+                self._runtime[a.fragment.id] = rt
                 self._report("savepointed", rt, savepoint_dir=path)
-                continue
-            if current is not None and current.assignment.epoch == a.epoch:
-                continue
-            failed = self._failed.get(fid)
-            if (
-                failed is not None
-                and failed[0] == a.epoch
-                and (failed[2] or time.monotonic() - failed[1] < RETRY_AFTER)
-            ):
-                continue
-            self._runtime[fid] = FragmentRuntime(fragment_id=fid, epoch=a.epoch, status="starting")
-            try:
-                ex.start(a)
-            except (SpanflowError, FileNotFoundError) as exc:  # the fragment itself is wrong
-                self._fail(a, exc, fatal=True)
-                continue
-            except Exception as exc:  # e.g. the broker is briefly unreachable: retry
-                self._fail(a, exc, fatal=False)
-                continue
-            self._failed.pop(fid, None)
-            rt = ex.runtime(fid)
-            self._runtime[fid] = rt
-            self._report("started", rt)
+            else:
+                self._start(action.assignment)
+
+    def _start(self, a: Assignment) -> None:
+        ex = self._executor
+        assert ex is not None
+        fid = a.fragment.id
+        self._runtime[fid] = FragmentRuntime(fragment_id=fid, epoch=a.epoch, status="starting")
+        try:
+            ex.start(a)
+        except (SpanflowError, FileNotFoundError) as exc:  # the fragment itself is wrong
+            self._fail(a, exc, fatal=True)
+            return
+        except Exception as exc:  # e.g. the broker is briefly unreachable: retry
+            self._fail(a, exc, fatal=False)
+            return
+        self._failed.pop(fid, None)
+        rt = ex.runtime(fid)
+        self._runtime[fid] = rt
+        self._report("started", rt)
 
     def _fail(self, a: Assignment, exc: BaseException, *, fatal: bool) -> None:
         fid = a.fragment.id
@@ -691,7 +700,7 @@ class NodeAgent:
         log.error(
             "fragment %s failed to start%s: %s", fid, "" if fatal else " (will retry)", message
         )
-        self._failed[fid] = (a.epoch, time.monotonic(), fatal)
+        self._failed[fid] = Failure(a.epoch, time.monotonic(), fatal)
         rt = FragmentRuntime(
             fragment_id=fid, epoch=a.epoch, status="failed" if fatal else "failing", error=message
         )

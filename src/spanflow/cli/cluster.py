@@ -76,6 +76,13 @@ def coordinator(
     ] = None,
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port (0 = any free port).")] = DEFAULT_PORT,
+    advertise: Annotated[
+        str | None,
+        typer.Option(
+            help="URL other coordinators and clients reach this one at (behind NAT or when "
+            "listening on 0.0.0.0), e.g. http://cloud-1.example.com:7070."
+        ),
+    ] = None,
     port_file: Annotated[
         Path | None, typer.Option(help="Write the port listened on to this file.")
     ] = None,
@@ -156,7 +163,7 @@ def coordinator(
             raise fail(SpanflowError(f"cannot listen on {host}:{port}: {exc.strerror}")) from None
         actual = sock.getsockname()[1]
         shown = socket.gethostname() if host in ("0.0.0.0", "::") else host
-        settings.url = f"http://{shown}:{actual}"
+        settings.url = advertise or f"http://{shown}:{actual}"
         if port_file:
             port_file.write_text(str(actual))
         err.print(

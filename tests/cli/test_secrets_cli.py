@@ -59,3 +59,8 @@ def test_doors_beyond_loopback_refuse_to_open_without_a_lock(tmp_path: Path) -> 
     assert "REST API on 0.0.0.0 would answer anyone" in coordinator.output
     site = runner.invoke(app, ["site-server", "--site", "s1", "--listen", "0.0.0.0:0", *data])
     assert site.exit_code == 2 and "spanflow secrets init" in site.output
+
+
+def test_the_hosts_demo_refuses_a_cut_it_cannot_make() -> None:
+    result = runner.invoke(app, ["demo", "--hosts", "--cut", "factory-z:30"])
+    assert result.exit_code == 2 and "expected SITE:SECONDS" in result.output

@@ -228,6 +228,18 @@ def demo(
         int | None,
         typer.Option(hidden=True, help="Stop once every site has this many global summaries."),
     ] = None,
+    hosts: Annotated[
+        bool,
+        typer.Option(
+            "--hosts",
+            help="Run it across hosts: cloud and factories in their own network namespaces "
+            "and addresses, every door locked (needs root).",
+        ),
+    ] = False,
+    cut: Annotated[
+        str | None,
+        typer.Option(help="With --hosts: unplug a factory for a while, e.g. factory-a:30."),
+    ] = None,
 ) -> None:
     """Two factories and a cloud on this machine, each factory with its own NATS server:
     one pipeline, split by the planner into per-machine anomaly detection and an
@@ -236,6 +248,15 @@ def demo(
     cluster's status live."""
     if single_node:
         single_node_demo(duration=duration, rate=rate * 2, devices=devices, nats=nats)
+        return
+    if hosts:
+        from spanflow.cli.demo_hosts import run_hosts_demo
+
+        try:
+            run_hosts_demo(duration, rate, devices, cut)
+        except SpanflowError as exc:
+            _error(exc)
+            raise typer.Exit(2) from None
         return
     import tempfile
 

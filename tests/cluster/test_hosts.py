@@ -23,6 +23,7 @@ import orjson
 import pytest
 from nats.js.api import ExternalStream, StreamConfig, StreamSource
 
+from spanflow.cli.demo_hosts import hub_args
 from spanflow.local.hosts import Host, Hosts, can_make_hosts
 from spanflow.nats.streams import connect
 from spanflow.security.secrets import SECRETS_ENV, Secrets
@@ -220,17 +221,7 @@ def test_a_locked_factory_survives_a_cut_across_namespaced_hosts(tmp_path: Path)
         hub_log, site_log = tmp_path / "hub.log", tmp_path / "site.log"
         net.run(
             cloud,
-            [
-                *cli,
-                "--site",
-                "hub",
-                "--listen",
-                f"{cloud.address}:4222",
-                "--leaf-listen",
-                f"{cloud.address}:7422",
-                "--data-dir",
-                str(tmp_path / "cloud"),
-            ],
+            [sys.executable, "-m", "spanflow.cli", *hub_args(cloud.address, tmp_path / "cloud")],
             log=hub_log,
             env=env,
         )

@@ -39,6 +39,12 @@ def _wait_line(log: Path, pattern: str, proc: Any, timeout: float = 120.0) -> re
     raise SpanflowError(f"{log.stem} did not say {pattern!r} within {timeout:.0f} s")
 
 
+def hub_args(address: str, data_dir: Path) -> list[str]:
+    """``spanflow site-server`` arguments of the hub on ``address``."""
+    listen = ["--listen", f"{address}:4222", "--leaf-listen", f"{address}:7422"]
+    return ["site-server", "--site", "hub", *listen, "--data-dir", str(data_dir)]
+
+
 def _topology(addresses: dict[str, str]) -> str:
     from spanflow.cli.demo import DEMO_TOPOLOGY
 
@@ -82,17 +88,7 @@ def run_hosts_demo(duration: float | None, rate: float, devices: int, cut: str |
         log, proc = start(
             cloud,
             "hub",
-            [
-                "site-server",
-                "--site",
-                "hub",
-                "--listen",
-                f"{cloud.address}:4222",
-                "--leaf-listen",
-                f"{cloud.address}:7422",
-                "--data-dir",
-                str(work / "hub"),
-            ],
+            hub_args(cloud.address, work / "hub"),
         )
         hub_url = _wait_line(log, r"site hub: NATS (\S+)", proc).group(1)
         for site, host in factories.items():

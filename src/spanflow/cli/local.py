@@ -140,7 +140,7 @@ def run(
             mqtt_listen=mqtt_listen,
             prepare=partial(_source_streams, spec),
         ) as url,
-        _ingest(url, http_listen, http_token),
+        ingest(url, http_listen, http_token),
     ):
         err.print(f"starting Spark for pipeline [bold]{spec.name}[/bold] …")
         spark = build_session(
@@ -321,7 +321,7 @@ def simulate(
 
 
 @contextlib.contextmanager
-def _ingest(url: str, listen: str | None, token: str | None) -> Iterator[None]:
+def ingest(url: str, listen: str | None, token: str | None) -> Iterator[None]:
     """HTTP ingest for the duration of the block, when asked for (after the source
     streams exist: a reading answered 200 must find its stream)."""
     if not listen:

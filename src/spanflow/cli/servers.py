@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from spanflow.cli.common import _data_dir, _Interrupted, app, err, fail, use_secrets
+from spanflow.cli.local import ingest
 from spanflow.errors import SpanflowError
 
 
@@ -36,6 +37,20 @@ def site_server(
     ] = "127.0.0.1:7422",
     mqtt_listen: Annotated[
         str | None, typer.Option(help="MQTT gateway for devices, HOST:PORT (none without it).")
+    ] = None,
+    http_listen: Annotated[
+        str | None,
+        typer.Option(
+            help="HTTP ingest for devices, HOST:PORT: POST /ingest/<subject> answers once "
+            "JetStream stored the readings (needs a token beyond loopback)."
+        ),
+    ] = None,
+    http_token: Annotated[
+        str | None,
+        typer.Option(
+            help="Bearer token of HTTP ingest (locked mode: the REST token by default).",
+            envvar="SPANFLOW_HTTP_TOKEN",
+        ),
     ] = None,
     deny_export: Annotated[
         list[str] | None,
@@ -87,6 +102,8 @@ def site_server(
     except SpanflowError as exc:
         raise fail(exc) from None
     gateway = None
+    if secrets is not None and not http_token:
+        http_token = secrets.credentials().rest_token
     try:
         err.print(f"site {site}: NATS {server.url} (JetStream domain {site})")
         if hub is None:
@@ -95,7 +112,8 @@ def site_server(
             mqtt_host, mqtt_port = _listen(mqtt_listen, "--mqtt-listen")
             gateway = GatewayThread(server.url, mqtt_host, mqtt_port, secrets=secrets).start()
             err.print(f"MQTT listener on {gateway.host}:{gateway.port}")
-        stop.event.wait()
+        with ingest(server.url, http_listen, http_token):
+            stop.event.wait()
     finally:
         if gateway is not None:
             gateway.stop()

@@ -10,6 +10,8 @@ one node).
 from __future__ import annotations
 
 import json
+import re
+import socket
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -317,3 +319,17 @@ def test_no_secret_shows_in_logs_status_api_or_metrics(cluster: LocalCluster) ->
     for text in seen:
         for secret in secrets:
             assert secret not in text
+
+
+def test_a_forged_gossip_packet_is_dropped_and_counted(cluster: LocalCluster) -> None:
+    """Gossip is sealed: a plain packet sent to a node's membership port is dropped and
+    counted, in the node's status and in /metrics."""
+    api = cluster.api()
+    node = api.call("GET", "/api/v1/nodes/n2")
+    host, port = str(node["gossip_addr"]).rsplit(":", 1)
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as raw:
+        raw.sendto(b'[["alive", "forger", 9, "127.0.0.1:9"]]', (host, int(port)))
+    wait_for(lambda: api.call("GET", "/api/v1/nodes/n2")["gossip_rejected"] >= 1, timeout=30)
+    metrics = api.client.request("GET", "/metrics").text
+    assert re.search(r'spanflow_gossip_rejected_packets_total\{node="n2"\} [1-9]', metrics)
+    assert "forger" not in json.dumps(api.call("GET", "/api/v1/nodes"))

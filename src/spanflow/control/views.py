@@ -117,6 +117,8 @@ def node_status(state: ClusterState, observed: Observed, name: str, now: float) 
         "ready": hb.ready if hb else False,
         "load": hb.load if hb else None,
         "bottleneck": hb.bottleneck if hb else None,
+        "gossip_addr": record.gossip,
+        "gossip_rejected": hb.gossip_rejected if hb else 0,
         "gossip": {
             peer: view.model_dump(exclude_none=True) for peer, view in sorted(hb.peers.items())
         }

@@ -510,6 +510,7 @@ class NodeAgent:
                     bottleneck=load.bottleneck if load.score > 0 else None,
                     gossip=self._gossip_addr,
                     peers=peers,
+                    gossip_rejected=self.gossip.service.stats.rejected if self.gossip else 0,
                 )
                 assert self._client is not None
                 try:

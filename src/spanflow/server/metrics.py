@@ -10,7 +10,7 @@ from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
@@ -44,9 +44,16 @@ class _ClusterCollector(Collector):
             "spanflow_utilisation", "Assigned fragments / slots", value=summary["utilisation"]
         )
         cpu = GaugeMetricFamily("spanflow_node_cpu_percent", "Node CPU use", labels=["node"])
+        rejected = CounterMetricFamily(
+            "spanflow_gossip_rejected_packets",
+            "Gossip packets a node's keyring did not open (forged or wrong key)",
+            labels=["node"],
+        )
         for name, hb in observed.heartbeats.items():
             cpu.add_metric([name], hb.cpu_percent)
+            rejected.add_metric([name], hb.gossip_rejected)
         yield cpu
+        yield rejected
         labels = ["pipeline", "fragment", "node"]
         rate = GaugeMetricFamily(
             "spanflow_fragment_input_rows_per_second", "Input rate per fragment", labels=labels

@@ -330,6 +330,11 @@ class Heartbeat(BaseModel):
     peers: dict[str, PeerView] = Field(
         default_factory=dict, description="Its membership's view of its partition's other nodes."
     )
+    gossip_rejected: int = Field(
+        default=0,
+        description="Gossip packets its keyring did not open (forged, another cluster's, a "
+        "key not yet installed) since the agent started.",
+    )
 
 
 ActivityEvent = Literal[

@@ -16,8 +16,10 @@ import httpx
 import paho.mqtt.client as paho
 from nats.js.api import StreamConfig
 
+from spanflow.errors import SecurityError
 from spanflow.local.server import free_port
 from spanflow.nats.streams import connect
+from spanflow.security.secrets import Secrets
 
 
 def _wait_line(log: Path, pattern: str, proc: subprocess.Popen[bytes]) -> re.Match[str]:
@@ -72,6 +74,43 @@ def test_a_site_server_takes_mqtt_and_http_readings(tmp_path: Path) -> None:
         client.disconnect()
         client.loop_stop()
         assert asyncio.run(_count(url)) == 3
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+
+
+def test_a_locked_site_server_admits_a_new_device_on_sighup(tmp_path: Path) -> None:
+    secrets = Secrets(tmp_path / "secrets")
+    secrets.init()
+    log = tmp_path / "site.log"
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("SPANFLOW_")}
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "spanflow.cli", "site-server", "--site", "s2",
+             "--listen", "127.0.0.1:0", "--data-dir", str(tmp_path)],
+            stdout=out, stderr=subprocess.STDOUT, env=clean,
+        )  # fmt: skip
+    try:
+        url = _wait_line(log, r"site s2: NATS (\S+)", proc).group(1)
+        assert url.startswith("tls://") and "OPEN MODE" not in log.read_text()
+        secrets.add_device("press-3", ("site.press-3.>",))
+        identity = secrets.device_identity("press-3")
+
+        async def attempt() -> bool:
+            try:
+                nc = await connect(url, identity=identity)
+            except SecurityError:
+                return False
+            await nc.close()
+            return True
+
+        assert not asyncio.run(attempt())
+        proc.send_signal(signal.SIGHUP)
+        _wait_line(log, r"configuration reloaded", proc)
+        deadline = time.monotonic() + 10
+        while not asyncio.run(attempt()):
+            assert time.monotonic() < deadline, "the reloaded server never admitted press-3"
+            time.sleep(0.1)
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0

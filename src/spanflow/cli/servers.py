@@ -3,6 +3,8 @@ itself) with the MQTT gateway, on its own host."""
 
 from __future__ import annotations
 
+import signal
+import threading
 from pathlib import Path
 from typing import Annotated
 
@@ -64,7 +66,8 @@ def site_server(
 ) -> None:
     """Run one site's NATS server with JetStream (domain = the site) and, with
     ``--mqtt-listen``, the MQTT gateway (a PUBACK means stored). With ``--hub`` it joins
-    the hub as a leaf node; locked when the data directory has secrets."""
+    the hub as a leaf node; locked when the data directory has secrets. SIGHUP reloads
+    the server's users and certificates (after `spanflow secrets device`)."""
     from spanflow.nats.server import EmbeddedNats
     from spanflow.security.policy import is_loopback
     from spanflow.server.mqtt_gateway import GatewayThread
@@ -112,8 +115,14 @@ def site_server(
             mqtt_host, mqtt_port = _listen(mqtt_listen, "--mqtt-listen")
             gateway = GatewayThread(server.url, mqtt_host, mqtt_port, secrets=secrets).start()
             err.print(f"MQTT listener on {gateway.host}:{gateway.port}")
+        reload = threading.Event()
+        signal.signal(signal.SIGHUP, lambda *_: reload.set())
         with ingest(server.url, http_listen, http_token):
-            stop.event.wait()
+            while not stop.event.wait(0.5):
+                if reload.is_set():  # new devices or certificates in the secrets
+                    reload.clear()
+                    server.reload()
+                    err.print(f"site {site}: configuration reloaded")
     finally:
         if gateway is not None:
             gateway.stop()

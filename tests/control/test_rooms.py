@@ -648,6 +648,25 @@ def test_leadership_steps_and_office() -> None:
     assert other.add(r.NodeRemoved, node="a1").epoch == 2  # its later records carry it
 
 
+def test_the_lease_outlives_jetstream_failover() -> None:
+    from spanflow.control.leadership import (
+        JETSTREAM_FAILOVER,
+        RENEWALS_PER_LEASE,
+        keeps_office,
+        lease_for,
+    )
+
+    assert lease_for(1) == 3.0  # one server: nothing to fail over
+    lease = lease_for(3)
+    # after its last renewal a leader may go a renewal period plus a whole failover
+    # without an answer; the lease must still hold then
+    assert lease - lease / RENEWALS_PER_LEASE >= JETSTREAM_FAILOVER
+    assert lease == 17.0
+    assert keeps_office(last_renewed=100.0, now=110.0, lease_seconds=lease)
+    assert not keeps_office(last_renewed=100.0, now=116.6, lease_seconds=lease)
+    assert not keeps_office(last_renewed=float("-inf"), now=0.0, lease_seconds=lease)
+
+
 def test_a_restarted_agents_status_is_not_its_predecessors(cluster: Cluster) -> None:
     from spanflow.control import views
 

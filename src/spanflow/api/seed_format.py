@@ -212,12 +212,12 @@ def _kafka_ends(kafka: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], 
     """A Kafka source and sink, topics created with ``parallelism`` partitions when
     missing; the record key travels in the field ``key`` so that each key's records
     leave in the order they came, on one partition."""
-    common = {"bootstrap": kafka["bootstrap"], "partitions": kafka.get("parallelism", 1)}
+    common = {"bootstrap": kafka.get("bootstrap"), "partitions": kafka.get("parallelism", 1)}
     source = {
         "id": SOURCE,
         "type": "source",
         "connector": "kafka",
-        "options": {"topic": kafka["source_topic"], **common},
+        "options": {"topic": kafka.get("source_topic"), **common},
         "schema": dict(SEED_SCHEMA),
         "scalar_field": "value",
     }
@@ -226,7 +226,7 @@ def _kafka_ends(kafka: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], 
         "id": SINK,
         "type": "sink",
         "kind": "kafka",
-        "options": {"topic": kafka["sink_topic"], "key": "key", **common},
+        "options": {"topic": kafka.get("sink_topic"), "key": "key", **common},
     }
     return source, sink, [keyed]
 
@@ -238,7 +238,7 @@ def _translate(item: dict[str, Any]) -> dict[str, Any]:
     kind = step.get("type")
     running = {"sum": "sum", "count": "count", "average": "avg"}
     own_params = {"sum": "value", "count": "key", "average": "window"}
-    if kind in running and own_params[kind] not in step:
+    if isinstance(kind, str) and kind in running and own_params[kind] not in step:
         step["type"] = "running"
         step["fn"] = running[kind]
     return step

@@ -101,11 +101,19 @@ def coordinator(
         str, typer.Option(help="Replica name, unique among the coordinators.")
     ] = "coordinator",
     replicas: Annotated[
-        int, typer.Option(help="Copies of the control log and buckets (3 on a NATS cluster).")
-    ] = 1,
+        int | None,
+        typer.Option(
+            help="Copies of the control log and buckets "
+            "[default: one per server of the NATS cluster, up to 3]."
+        ),
+    ] = None,
     lease: Annotated[
-        float, typer.Option(help="Seconds a silent leader keeps the lease before a standby leads.")
-    ] = 3.0,
+        float | None,
+        typer.Option(
+            help="Seconds a silent leader keeps the lease before a standby leads "
+            "[default: 3 on one NATS server, 17 on a cluster: longer than its failover]."
+        ),
+    ] = None,
     failure_after: Annotated[
         int, typer.Option(help="Heartbeat periods of silence after which a node is failed.")
     ] = 3,
@@ -316,7 +324,7 @@ class Api:
     """The coordinators' API for CLI commands: fails over along the URL list and waits
     out an election (a few seconds) before giving up."""
 
-    def __init__(self, url: str, token: str | None, patience: float = 15.0) -> None:
+    def __init__(self, url: str, token: str | None, patience: float = 30.0) -> None:
         from spanflow.protocol.client import CoordinatorClient
 
         self.client = CoordinatorClient(url, token or local_rest_token(), patience=patience)
@@ -592,8 +600,7 @@ class LocalCluster:
             self._start_site_servers(edges)
             self._topology_for_coordinator = self.data_dir / "topology.effective.json"
             self._topology_for_coordinator.write_text(self._effective_topology())
-        for name in self.coordinators:
-            self.start_coordinator(name)
+        self.start_coordinators(self.coordinators)
         for n in self.topology.nodes:
             if n.local:
                 self.start_node(n.name)
@@ -700,11 +707,20 @@ class LocalCluster:
 
     def start_coordinator(self, name: str | None = None) -> None:
         """Start (or restart) a coordinator process and wait until it answers."""
-        name = name or self.coordinators[0]
-        port_file = self._port_file(name)
-        port_file.unlink(missing_ok=True)
-        self._spawn(name, self._coordinator_args(name))
+        self.start_coordinators([name or self.coordinators[0]])
+
+    def start_coordinators(self, names: list[str]) -> None:
+        """Start replicas at the same instant, as a real deployment would, then wait
+        until each answers."""
+        for name in names:
+            self._port_file(name).unlink(missing_ok=True)
+            self._spawn(name, self._coordinator_args(name))
         deadline = time.monotonic() + 60
+        for name in names:
+            self._wait_coordinator(name, deadline)
+
+    def _wait_coordinator(self, name: str, deadline: float) -> None:
+        port_file = self._port_file(name)
         while not port_file.exists() or not port_file.read_text().strip():
             self._check_alive(name)
             if time.monotonic() > deadline:

@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.errors import Error as NatsError
-from nats.js.errors import KeyNotFoundError, NotFoundError
+from nats.js.errors import BadRequestError, KeyNotFoundError, NotFoundError
 from nats.js.kv import KeyValue
 from pydantic import ValidationError
 
@@ -52,6 +52,7 @@ from spanflow.nats.cluster import (
     HEARTBEAT_PREFIX,
     LEADER_BUCKET,
     activity_subject,
+    cluster_servers,
     ensure_kv,
 )
 from spanflow.nats.streams import connect
@@ -73,6 +74,12 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
+_NO_ANSWER = (TimeoutError, NatsError)
+"""What a NATS call raises while the servers elect or reconnect (no answer, or
+'no responders'): worth waiting out, unlike a refusal."""
+STARTUP_PATIENCE = 60.0
+"""Seconds a starting replica retries opening the control plane before it gives up."""
+
 
 class Coordinator:
     def __init__(
@@ -92,6 +99,9 @@ class Coordinator:
         self._next_rebalance = self.started_at + self.settings.rebalance_interval
         self.recovered_records = 0
         self._leases: KeyValue | None = None
+        self.lease_seconds = settings.lease_seconds or leadership.SINGLE_SERVER_LEASE
+        """How long a lease lasts: the lease bucket's TTL (see leadership.lease_for)."""
+        self._renewed_at = float("-inf")
         self.leading = False
         self.leader_url: str | None = None
         self._merged_topology = False
@@ -105,13 +115,11 @@ class Coordinator:
         self.nc = await connect(
             s.nats_url, name=f"spanflow-{s.name}", reconnected_cb=self._reconnected
         )
-        js = self.nc.jetstream()
-        self.control_log = await ControlLog.open(self.nc, s.replicas)
-        self._leases = await ensure_kv(js, LEADER_BUCKET, ttl=s.lease_seconds, replicas=s.replicas)
-        self.state, self.recovered_records = await self.control_log.recover()
+        await self._open_control_plane()
         await self.nc.subscribe(f"{HEARTBEAT_PREFIX}.*", cb=self._on_heartbeat)
         await self.nc.subscribe(f"{ACTIVITY_PREFIX}.>", cb=self._on_activity)
-        await self._campaign()  # a lone replica leads from here on
+        with contextlib.suppress(*_NO_ANSWER):
+            await self._campaign()  # a lone replica leads from here on
         self._tasks.append(asyncio.create_task(self._leadership(), name="spanflow-lease"))
         self._tasks.append(asyncio.create_task(self._monitor(), name="spanflow-monitor"))
         log.info(
@@ -124,6 +132,44 @@ class Coordinator:
             len(self.state.assignments),
             self.recovered_records,
         )
+
+    async def _open_control_plane(self) -> None:
+        """The log, the lease bucket and the state, retried with back-off: replicas
+        started at the same instant race to create the same streams, and a bucket just
+        created on a cluster answers only once its Raft group has a leader."""
+        assert self.nc is not None
+        s, js = self.settings, self.nc.jetstream()
+        wait, deadline = 0.2, self.clock.monotonic() + STARTUP_PATIENCE
+        while True:
+            try:
+                self.control_log = await ControlLog.open(self.nc, s.replicas)
+                wanted = s.lease_seconds or leadership.lease_for(cluster_servers(self.nc))
+                self._leases = await ensure_kv(js, LEADER_BUCKET, ttl=wanted, replicas=s.replicas)
+                self.lease_seconds = await self._bucket_lease(wanted)
+                self.state, self.recovered_records = await self.control_log.recover()
+                return
+            except _NO_ANSWER as exc:
+                if self.clock.monotonic() + wait > deadline:
+                    raise Unavailable(
+                        "control_plane_unavailable",
+                        f"the control plane's streams did not answer within "
+                        f"{STARTUP_PATIENCE:.0f} s: {exc!r}",
+                    ) from None
+                log.info("control plane not ready (%r); again in %.1f s", exc, wait)
+                await asyncio.sleep(wait)
+                wait = min(wait * 2, 5.0)
+
+    async def _bucket_lease(self, wanted: float) -> float:
+        """The lease every replica times itself by: the lease bucket's own TTL (set by
+        whoever created it), so replicas configured differently never disagree."""
+        assert self.nc is not None
+        info = await self.nc.jetstream().stream_info(f"KV_{LEADER_BUCKET}")
+        actual = float(info.config.max_age or 0) or wanted
+        if actual != wanted:
+            log.warning(
+                "lease bucket times leases at %.1f s (not %.1f s): using it", actual, wanted
+            )
+        return actual
 
     @property
     def role(self) -> str:
@@ -159,7 +205,7 @@ class Coordinator:
     async def _leadership(self) -> None:
         """Renew the lease (leader) or watch for it to lapse and tail the log (standby)."""
         while True:
-            await asyncio.sleep(self.settings.lease_seconds / 3)
+            await asyncio.sleep(self.lease_seconds / leadership.RENEWALS_PER_LEASE)
             try:
                 await self._campaign()
             except Exception:
@@ -184,20 +230,19 @@ class Coordinator:
     async def _campaign(self) -> None:
         """One round: hold or get the lease if we can; take office or step down."""
         s = self.settings
-        lease = await self._read_lease()
-        step = leadership.next_step(s.name, lease)
-        mine = Lease(holder=s.name, url=s.url)
-        held = False
+        asked_at = self.clock.monotonic()
         try:
-            if step == leadership.Step.CAMPAIGN:
-                await self.leases.create(LEASE_KEY, mine.value())
-                held = True
-            elif step == leadership.Step.RENEW:
-                assert lease is not None
-                await self.leases.update(LEASE_KEY, mine.value(), last=lease.revision)
-                held = True
-        except (TimeoutError, NatsError):  # taken by another replica, or NATS did not answer
-            held = False
+            lease = await self._read_lease()
+            held = await self._hold(leadership.next_step(s.name, lease), lease)
+        except _NO_ANSWER as exc:  # NATS electing: the lease is neither ours nor lost
+            if self.leading and leadership.keeps_office(
+                self._renewed_at, self.clock.monotonic(), self.lease_seconds
+            ):
+                log.info("lease renewal got no answer (%r); still leading", exc)
+                return
+            lease, held = None, False
+        if held:
+            self._renewed_at = asked_at
         if not held and lease is not None and lease.holder != s.name:
             self.leader_url = lease.url
         if held and not self.leading:
@@ -211,6 +256,22 @@ class Coordinator:
             assert self.control_log is not None
             async with self._lock:
                 await self.control_log.repair_if_needed(self.state)
+
+    async def _hold(self, step: leadership.Step, lease: Lease | None) -> bool:
+        """Create or renew the lease as ``step`` says; False when another replica
+        holds it (the create or compare-and-set is refused)."""
+        mine = Lease(holder=self.settings.name, url=self.settings.url)
+        try:
+            if step == leadership.Step.CAMPAIGN:
+                await self.leases.create(LEASE_KEY, mine.value())
+                return True
+            if step == leadership.Step.RENEW:
+                assert lease is not None
+                await self.leases.update(LEASE_KEY, mine.value(), last=lease.revision)
+                return True
+        except BadRequestError:  # KeyWrongLastSequenceError: another replica wrote it
+            return False
+        return False
 
     async def _follow(self) -> None:
         assert self.control_log is not None

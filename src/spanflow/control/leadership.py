@@ -12,10 +12,23 @@ the sequence it expects to follow, so a deposed leader that has not noticed yet 
 refused the moment it writes (its view is behind the new leader's ``leader`` record).
 A replica restarted under the same name finds the lease still its own and renews it
 without a new epoch — names must be unique per replica.
+
+How long a lease lasts (:func:`lease_for`): on a replicated NATS cluster the lease
+bucket is itself a Raft group; when the server that leads it dies, its followers wait
+an election timeout (4 to 9 s in nats-server), campaign (up to 0.8 s) and answer again.
+A lease shorter than that failover expires while nobody can renew it, and a NATS
+server kill alone would change the coordinator. So the lease covers the failover plus
+the renewal period (a third of the lease): ``L ≥ F + L/3``, ``L = 1.5·F`` with
+``F = 9 + 0.8 + 1 = 10.8 s`` (the maximum election timeout, the maximum campaign,
+one Raft heartbeat), i.e. 16.2 s, rounded up to 17 s. A single server has no
+failover: 3 s. A leader whose renewal gets *no answer* keeps office until its lease
+would have expired counted from its last good renewal (:func:`keeps_office`); a
+renewal *refused* (another replica holds the key) ends it at once.
 """
 
 from __future__ import annotations
 
+import math
 from enum import StrEnum
 
 from pydantic import BaseModel, Field
@@ -24,6 +37,32 @@ from spanflow.control import records as r
 from spanflow.control.state import ClusterState, Draft
 
 LEASE_KEY = "leader"
+
+RAFT_MAX_ELECTION_TIMEOUT = 9.0
+"""nats-server's ``maxElectionTimeoutDefault``: the longest a follower waits for a lost
+leader before it campaigns."""
+RAFT_MAX_CAMPAIGN = 0.8
+RAFT_HEARTBEAT = 1.0
+JETSTREAM_FAILOVER = RAFT_MAX_ELECTION_TIMEOUT + RAFT_MAX_CAMPAIGN + RAFT_HEARTBEAT
+"""The longest a replicated bucket has no leader after its leader's server died."""
+SINGLE_SERVER_LEASE = 3.0
+RENEWALS_PER_LEASE = 3
+RENEWAL_MARGIN = 0.5
+"""Seconds a leader that cannot renew gives up office before its lease would expire
+(clock drift between it and the server that times the key)."""
+
+
+def lease_for(servers: int) -> float:
+    """The lease for a control plane on ``servers`` NATS servers (see the module doc)."""
+    if servers <= 1:
+        return SINGLE_SERVER_LEASE
+    return float(math.ceil(JETSTREAM_FAILOVER * RENEWALS_PER_LEASE / (RENEWALS_PER_LEASE - 1)))
+
+
+def keeps_office(last_renewed: float, now: float, lease_seconds: float) -> bool:
+    """Whether a leader whose renewals get no answer (NATS electing) still leads: until
+    its lease, counted from the last renewal that succeeded, is about to expire."""
+    return now < last_renewed + lease_seconds - RENEWAL_MARGIN
 
 
 class Lease(BaseModel):

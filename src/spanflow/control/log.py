@@ -101,7 +101,7 @@ class ControlLog:
         self._needs_repair = False
 
     @classmethod
-    async def open(cls, nc: Client, replicas: int = 1) -> ControlLog:
+    async def open(cls, nc: Client, replicas: int | None = None) -> ControlLog:
         js = nc.jetstream()
         await ensure_log_streams(js, replicas)
         buckets = {name: await ensure_kv(js, name, replicas=replicas) for name in BUCKETS}

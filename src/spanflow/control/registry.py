@@ -120,7 +120,11 @@ def put_link(tx: Draft, link: Link) -> None:
 
 
 def connection_for(
-    state: ClusterState, name: str, nats_url: str, hub_domain: str | None, replicas: int = 1
+    state: ClusterState,
+    name: str,
+    nats_url: str,
+    hub_domain: str | None,
+    replicas: int | None = None,
 ) -> dict[str, Any]:
     """Which NATS server a node uses and where the control plane's JetStream is: the
     site's own server (a leaf node) with the hub's domain, or the cluster's; and the
@@ -130,7 +134,7 @@ def connection_for(
     site = state.topology.site(record.spec.site)
     own = site.nats_url if site is not None else None
     retention = site.retention if site is not None else DEFAULT_RETENTION
-    if not own and replicas > retention.replicas:
+    if not own and replicas and replicas > (retention.replicas or 0):
         retention = retention.model_copy(update={"replicas": replicas})
     return {
         "nats_url": own or nats_url,

@@ -28,11 +28,13 @@ class CoordinatorSettings:
     """Unique per replica: the lease names its holder."""
     url: str | None = None
     """Where this replica's API answers (standbys redirect writes to the leader's)."""
-    replicas: int = 1
-    """Copies of the control log and buckets: 3 on a three-server NATS cluster."""
-    lease_seconds: float = 3.0
+    replicas: int | None = None
+    """Copies of the control log and buckets; None: one per server of the NATS
+    cluster, up to three."""
+    lease_seconds: float | None = None
     """A leader that stops renewing its lease loses it after this long; a standby then
-    takes office. Renewed every third of it."""
+    takes office. Renewed every third of it. None: sized from the NATS cluster's
+    failover time (``leadership.lease_for``: 3 s on one server, 17 s on a cluster)."""
     gossip_profile: str = "lan"
     """Membership profile agents use unless told otherwise (``lan``, ``wan``,
     ``local_test``; see docs/membership.md)."""

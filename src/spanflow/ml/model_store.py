@@ -16,7 +16,6 @@ from dataclasses import dataclass
 
 from nats.js.client import JetStreamContext
 from nats.js.errors import (
-    BucketNotFoundError,
     KeyNotFoundError,
     NoKeysError,
 )
@@ -26,7 +25,7 @@ from spanflow.errors import ModelError, ModelNotFound
 from spanflow.ml import registry
 from spanflow.ml.artifacts import LoadedModel, describe, load, sha256_of
 from spanflow.ml.registry import Format, ModelManifest, ModelVersion, Stage
-from spanflow.nats.cluster import ensure_kv
+from spanflow.nats.cluster import ensure_kv, ensure_object_store
 from spanflow.nats.manifests import change_manifest, read_manifest
 
 MANIFESTS = "SPANFLOW_MODEL_INDEX"
@@ -46,10 +45,7 @@ class ModelStore:
         return await ensure_kv(self.js, MANIFESTS, history=16)
 
     async def _files(self):  # type: ignore[no-untyped-def]
-        try:
-            return await self.js.object_store(FILES)
-        except BucketNotFoundError:
-            return await self.js.create_object_store(FILES)
+        return await ensure_object_store(self.js, FILES)
 
     async def _requests(self):  # type: ignore[no-untyped-def]
         return await ensure_kv(self.js, PUBLISH_REQUESTS)

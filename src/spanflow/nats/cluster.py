@@ -5,10 +5,21 @@ One module so the coordinator and the node agents can never disagree on a name.
 
 from __future__ import annotations
 
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import replace
+from typing import Any, TypeVar
+
+from nats.aio.client import Client
 from nats.js import JetStreamContext
-from nats.js.api import KeyValueConfig, StorageType, StreamConfig
-from nats.js.errors import BucketNotFoundError, NotFoundError
+from nats.js.api import KeyValueConfig, ObjectStoreConfig, StorageType, StreamConfig
+from nats.js.errors import APIError, BadRequestError, BucketNotFoundError, NotFoundError
 from nats.js.kv import KeyValue
+from nats.js.object_store import ObjectStore
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 NODES_BUCKET = "spanflow_nodes"
 PIPELINES_BUCKET = "spanflow_pipelines"
@@ -37,32 +48,117 @@ def activity_subject(node: str, fragment_id: str, event: str) -> str:
     return f"{ACTIVITY_PREFIX}.{node}.{fragment_id}.{event}"
 
 
+MAX_AUTO_REPLICAS = 3
+"""Copies spanflow asks for when none are configured: one per server of the cluster,
+up to three (R3 survives the loss of any one server; more only slows writes)."""
+
+
+def cluster_servers(nc: Client) -> int:
+    """Servers in the NATS cluster ``nc`` is connected to, as its INFO announced them
+    (1 for a server that is not clustered, such as a site's leaf server)."""
+    info: dict[str, Any] = getattr(nc, "_server_info", None) or {}
+    if not info.get("cluster"):
+        return 1
+    return max(1, len(set(info.get("connect_urls") or ())))
+
+
+def auto_replicas(js: JetStreamContext) -> int:
+    """How many copies a stream or bucket gets on the server ``js`` talks to when no
+    count is configured: one per server of its cluster, up to :data:`MAX_AUTO_REPLICAS`."""
+    nc = getattr(js, "_nc", None)
+    return min(MAX_AUTO_REPLICAS, cluster_servers(nc)) if nc is not None else 1
+
+
+async def resolve_replicas(js: JetStreamContext, replicas: int | None) -> int:
+    return replicas if replicas else auto_replicas(js)
+
+
+async def raise_replicas(js: JetStreamContext, stream: str, replicas: int) -> None:
+    """Give an existing stream (a bucket's or object store's too) at least ``replicas``
+    copies: state made by an older version, or before the cluster grew, is never left
+    single-copy. Never lowers a count; a cluster that cannot place the copies now
+    (a server down) is tried again at the next start."""
+    try:
+        info = await js.stream_info(stream)
+    except NotFoundError:
+        return
+    if (info.config.num_replicas or 1) >= replicas:
+        return
+    try:
+        await js.update_stream(replace(info.config, num_replicas=replicas))
+        log.info("stream %s: now %d copies", stream, replicas)
+    except APIError as exc:
+        log.warning("stream %s: cannot raise to %d copies now: %s", stream, replicas, exc)
+
+
 async def ensure_kv(
     js: JetStreamContext,
     bucket: str,
     *,
     history: int = 1,
     ttl: float | None = None,
-    replicas: int = 1,
+    replicas: int | None = None,
 ) -> KeyValue:
     """The key-value bucket, created on first use (``ttl``: seconds an entry lives;
-    ``replicas``: copies on a clustered server, 3 to survive the loss of a server)."""
+    ``replicas``: copies, by default one per server of the cluster up to three; an
+    existing bucket with fewer is raised to it)."""
+    copies = await resolve_replicas(js, replicas)
+    config = KeyValueConfig(
+        bucket=bucket, history=history, ttl=ttl, storage=StorageType.FILE, replicas=copies
+    )
+    return await _open_or_create(
+        lambda: js.key_value(bucket),
+        lambda: js.create_key_value(config),
+        js,
+        f"KV_{bucket}",
+        copies,
+    )
+
+
+async def ensure_object_store(
+    js: JetStreamContext, bucket: str, *, replicas: int | None = None
+) -> ObjectStore:
+    """The object store, created on first use with ``replicas`` copies (as
+    :func:`ensure_kv`)."""
+    copies = await resolve_replicas(js, replicas)
+    config = ObjectStoreConfig(bucket=bucket, replicas=copies)
+    return await _open_or_create(
+        lambda: js.object_store(bucket),
+        lambda: js.create_object_store(bucket, config),
+        js,
+        f"OBJ_{bucket}",
+        copies,
+    )
+
+
+async def _open_or_create(
+    opening: Callable[[], Awaitable[T]],
+    creating: Callable[[], Awaitable[T]],
+    js: JetStreamContext,
+    stream: str,
+    copies: int,
+) -> T:
+    """A bucket opened, or created when missing. A refused create is another process's
+    create winning the race (open what it made), or a real refusal (e.g. a cluster that
+    cannot place the copies now), raised. An existing bucket gets its copies raised."""
     try:
-        return await js.key_value(bucket)
+        found = await opening()
     except BucketNotFoundError:
-        return await js.create_key_value(
-            KeyValueConfig(
-                bucket=bucket,
-                history=history,
-                ttl=ttl,
-                storage=StorageType.FILE,
-                replicas=replicas,
-            )
-        )
+        try:
+            return await creating()
+        except APIError as refused:
+            try:
+                return await opening()
+            except BucketNotFoundError:
+                raise refused from None
+    if copies > 1:
+        await raise_replicas(js, stream, copies)
+    return found
 
 
-async def ensure_log_streams(js: JetStreamContext, replicas: int = 1) -> None:
-    """The control log (unbounded) and the activity log (bounded per fragment and event)."""
+async def ensure_log_streams(js: JetStreamContext, replicas: int | None = None) -> None:
+    """The control log and the activity log (bounded per fragment and event)."""
+    replicas = await resolve_replicas(js, replicas)
     for config in (
         StreamConfig(
             name=WAL_STREAM,
@@ -82,7 +178,9 @@ async def ensure_log_streams(js: JetStreamContext, replicas: int = 1) -> None:
         try:
             await js.stream_info(config.name or "")
         except NotFoundError:
-            await js.add_stream(config)
+            with contextlib.suppress(BadRequestError):  # created meanwhile
+                await js.add_stream(config)
+        await raise_replicas(js, config.name or "", replicas)
 
 
 EDGE_ONLY_SUBJECTS = ("spanflow.cut.>", "spanflow.dlq.>")

@@ -55,8 +55,9 @@ class Fenced(SpanflowError):
     code = "fenced"
 
 
-async def fences(js: JetStreamContext) -> KeyValue:
-    return await ensure_kv(js, FENCES_BUCKET)
+async def fences(js: JetStreamContext, replicas: int | None = None) -> KeyValue:
+    """The fences bucket, with as many copies as the streams it guards."""
+    return await ensure_kv(js, FENCES_BUCKET, replicas=replicas)
 
 
 def _epoch_of(value: bytes | None) -> int:

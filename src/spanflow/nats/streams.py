@@ -18,6 +18,7 @@ from nats.js.errors import APIError, NotFoundError
 
 import nats
 from spanflow.errors import NatsError, SecurityError
+from spanflow.nats.cluster import resolve_replicas
 from spanflow.security.nats_config import redact_url
 from spanflow.security.secrets import NatsIdentity, identity_from_env
 from spanflow.spec.cluster import StreamUsage
@@ -146,13 +147,14 @@ def subject_covers(pattern: str, subject: str) -> bool:
     return len(p) == len(s)
 
 
-def _limits(retention: Retention) -> dict[str, Any]:
-    """A stream config's limit fields for ``retention``."""
+async def _limits(js: JetStreamContext, retention: Retention) -> dict[str, Any]:
+    """A stream config's limit fields for ``retention`` (its copies: as many as asked,
+    else one per server of the cluster ``js`` talks to, up to three)."""
     return {
         "max_age": retention.max_age or None,
         "max_bytes": retention.max_bytes or -1,
         "discard": DiscardPolicy.NEW if retention.discard == "new" else DiscardPolicy.OLD,
-        "num_replicas": retention.replicas,
+        "num_replicas": await resolve_replicas(js, retention.replicas),
     }
 
 
@@ -185,7 +187,7 @@ async def ensure_stream(
                         name=name,
                         subjects=subjects,
                         duplicate_window=duplicate_window,
-                        **_limits(retention),
+                        **await _limits(js, retention),
                     )
                 )
                 return
@@ -204,7 +206,7 @@ async def ensure_stream(
         kept = [h for h in have if not any(subject_covers(m, h) for m in missing)]
         config = replace(info.config, subjects=[*kept, *missing])
         if bound:
-            config = replace(config, **_limits(retention))
+            config = replace(config, **await _limits(js, retention))
         try:
             await js.update_stream(config)
             return
@@ -274,7 +276,8 @@ async def ensure_sourced(
             info = await js.stream_info(name)
         except NotFoundError:
             try:
-                await js.add_stream(StreamConfig(name=name, sources=[source], **_limits(retention)))
+                limits = await _limits(js, retention)
+                await js.add_stream(StreamConfig(name=name, sources=[source], **limits))
                 return
             except APIError as exc:
                 if attempt == 2:

@@ -325,7 +325,9 @@ class NodeAgent:
         self._control_js = client.nc.jetstream(domain=self.control_domain)
         if self.site_domain is not None:
             site = client.nc.jetstream(domain=self.site_domain)
-            self._site_kv = client.run(lambda: ensure_kv(site, LAST_ASSIGNMENTS_BUCKET))
+            self._site_kv = client.run(
+                lambda: ensure_kv(site, LAST_ASSIGNMENTS_BUCKET, replicas=self.retention.replicas)
+            )
         self._ensure_hosted_streams(answer["node"])
         if not self._connect_control():
             if self._site_kv is None:

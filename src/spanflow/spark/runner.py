@@ -168,7 +168,7 @@ class PipelineRunner:
         c, fence = self._client, self.fence
         if fence is None or c is None:
             return
-        kv = self._fences = c.run(lambda: fences(c.js))
+        kv = self._fences = c.run(lambda: fences(c.js, self.retention.replicas))
         c.run(lambda: claim(kv, fence))
 
     def _check_fence(self) -> None:

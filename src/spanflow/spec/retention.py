@@ -93,13 +93,13 @@ class Retention(BaseModel):
     warn_at: float = Field(
         default=0.8, gt=0, le=1, description="Share of max_bytes at which usage is a warning."
     )
-    replicas: int = Field(
-        default=1,
+    replicas: int | None = Field(
+        default=None,
         ge=1,
         le=5,
         description="Copies of the stream on a clustered NATS server (3: it survives the "
-        "loss of a server). A coordinator run with --replicas N raises it to N for "
-        "streams on the cluster's own servers.",
+        "loss of a server); null: one per server of the cluster, up to 3. A coordinator "
+        "run with --replicas N raises it to N for streams on the cluster's own servers.",
     )
 
 

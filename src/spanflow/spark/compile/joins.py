@@ -214,17 +214,11 @@ def _stored_at(df: DataFrame) -> Column:
 def _ensure_bucket(url: str, bucket: str) -> None:
     """Create the bucket if it is missing: a left join then gives nulls until entries
     are put, instead of a failing query."""
-    from nats.js.api import KeyValueConfig
-    from nats.js.errors import BucketNotFoundError, NotFoundError
+    from spanflow.nats.cluster import ensure_kv
 
     client = SyncNats(url)
     try:
-        try:
-            client.run(lambda: client.js.key_value(bucket))
-        except (BucketNotFoundError, NotFoundError):
-            client.run(
-                lambda: client.js.create_key_value(config=KeyValueConfig(bucket=bucket, history=1))
-            )
+        client.run(lambda: ensure_kv(client.js, bucket))
     except Exception as exc:
         raise CompileError(
             f"kv:{bucket}", f"cannot open key-value bucket {bucket!r}: {exc}"

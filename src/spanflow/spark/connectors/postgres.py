@@ -438,21 +438,14 @@ class TableMirror:
 
 
 def _apply_to_bucket(url: str, bucket: str, put: dict[str, bytes], gone: list[str]) -> None:
-    from nats.js.api import KeyValueConfig
-    from nats.js.errors import BucketNotFoundError, NotFoundError
-
+    from spanflow.nats.cluster import ensure_kv
     from spanflow.nats.streams import SyncNats
 
     client = SyncNats(url)
     try:
 
         async def apply() -> None:
-            try:
-                kv = await client.js.key_value(bucket)
-            except (BucketNotFoundError, NotFoundError):
-                kv = await client.js.create_key_value(
-                    config=KeyValueConfig(bucket=bucket, history=1)
-                )
+            kv = await ensure_kv(client.js, bucket)
             for key, value in put.items():
                 await kv.put(key, value)
             for key in gone:

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from spanflow.cli.cluster import Api, LocalCluster
+from spanflow.nats.streams import SyncNats
 from tests.helpers import BASE, Feed, read_all, stored, wait_for
 
 pytestmark = pytest.mark.slow
@@ -69,6 +70,26 @@ def ready(api: Api, name: str) -> bool:
     return bool(node["state"] == "alive" and node["ready"])
 
 
+def decisions(api: Api) -> list[tuple[str, Any]]:
+    """The control log's failures and placements, in order."""
+    kinds = ("node-failed", "assign", "unassign", "move-start")
+    log = api.call("GET", "/api/v1/cluster/log?limit=1000")
+    return [(r["kind"], r.get("seq")) for r in log if r["kind"] in kinds]
+
+
+def stream_leader(cluster: LocalCluster, stream: str) -> int | None:
+    """Index of the NATS server leading ``stream``'s Raft group (None: electing)."""
+    client = SyncNats(cluster.nats_url)
+    try:
+        info = client.run(lambda: client.js.stream_info(stream), timeout=5)
+    except Exception:
+        return None
+    finally:
+        client.close()
+    leader = info.cluster.leader if info.cluster is not None else None
+    return int(leader.rsplit("-", 1)[1]) - 1 if leader else None
+
+
 def kill_the_fragments_node(cluster: LocalCluster, api: Api) -> None:
     """SIGKILL the agent running the fragment; once it runs elsewhere, restart it."""
     before = fragment(api)["node"]
@@ -118,10 +139,15 @@ def test_kills_of_agents_leader_and_a_nats_server_lose_and_repeat_nothing(
     wait_for(lambda: cluster.leader() not in (None, leader), timeout=30)
     cluster.start_coordinator(leader)
     some_progress()
-    # 3. One NATS server (not the one every client happens to use first).
-    cluster._nats.servers[1].kill()
+    # 3. The NATS server leading the sink stream's Raft group: while it re-elects, no
+    # node is failed and nothing moves (heartbeats never wait on the broker).
+    before = decisions(api)
+    victim = stream_leader(cluster, "CH_EVENTS")
+    cluster._nats.servers[victim].kill()
+    wait_for(lambda: stream_leader(cluster, "CH_EVENTS") not in (None, victim), timeout=60)
     some_progress()
-    cluster._nats.restart(1)
+    assert decisions(api) == before, "a NATS server kill failed a node or moved a fragment"
+    cluster._nats.restart(victim)
     wait_for(lambda: ready(api, "n1") and ready(api, "n2"), timeout=240)
     # 4. The other agent (now running the fragment).
     kill_the_fragments_node(cluster, api)

@@ -265,6 +265,7 @@ def test_every_stream_and_bucket_has_three_copies(cluster: LocalCluster) -> None
     expected = {
         "SPANFLOW_WAL", "SPANFLOW_ACTIVITY", "KV_spanflow_leader", "KV_spanflow_fences",
         "KV_spanflow_nodes", "KV_spanflow_assignments", "KV_spanflow_last_assignments",
+        "OBJ_SPANFLOW_SNAPSHOTS",
         "OBJ_SPANFLOW_MODELS", "KV_SPANFLOW_RULES", "HA_DATA",
     }  # fmt: skip
     assert expected <= set(copies)

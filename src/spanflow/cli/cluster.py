@@ -601,6 +601,7 @@ class LocalCluster:
             self._topology_for_coordinator = self.data_dir / "topology.effective.json"
             self._topology_for_coordinator.write_text(self._effective_topology())
         self.start_coordinators(self.coordinators)
+        self._wait_leader(time.monotonic() + 60)
         for n in self.topology.nodes:
             if n.local:
                 self.start_node(n.name)
@@ -728,6 +729,26 @@ class LocalCluster:
             time.sleep(0.1)
         self.coordinator_urls[name] = f"http://127.0.0.1:{port_file.read_text().strip()}"
         self._wait_healthy(name, deadline)
+
+    def _wait_leader(self, deadline: float) -> None:
+        """Until one replica leads and every replica has the topology it merged (a
+        standby answering reads sees the declared nodes)."""
+        while self.leader() is None or any(
+            not self._has_topology(name) for name in self.coordinators
+        ):
+            if time.monotonic() > deadline:
+                raise SpanflowError("no coordinator took office within 60 s")
+            time.sleep(0.2)
+
+    def _has_topology(self, name: str) -> bool:
+        want = {n.name for n in self.topology.nodes}
+        try:
+            nodes = Api(self.coordinator_urls[name], self.token, patience=0).call(
+                "GET", "/api/v1/nodes"
+            )
+        except SpanflowError:
+            return False
+        return want <= {n["name"] for n in nodes}
 
     def leader(self) -> str | None:
         """The coordinator process that leads now (None during an election)."""

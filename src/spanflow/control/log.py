@@ -14,6 +14,11 @@ and repairs the projection key by key, so a coordinator that died between append
 and projecting — or a standby taking over — ends with exactly the state the log says.
 A projection that failed while the leader lives is repaired at its next commit or
 its next lease pass (:meth:`ControlLog.repair_if_needed`), whichever comes first.
+
+The log stays bounded: every :data:`~spanflow.control.snapshots.SNAPSHOT_EVERY`
+records the leader stores a snapshot of the state (the ``SPANFLOW_SNAPSHOTS`` object
+store, as many copies as the log) and purges the records before it, but for a tail
+kept for the history; recovery starts from the snapshot (:mod:`spanflow.control.snapshots`).
 """
 
 from __future__ import annotations
@@ -25,11 +30,13 @@ import time
 import orjson
 from nats.aio.client import Client
 from nats.errors import Error as NatsError
-from nats.js.errors import APIError, KeyNotFoundError, NoKeysError
+from nats.js.errors import APIError, KeyNotFoundError, NoKeysError, ObjectNotFoundError
 from nats.js.kv import KeyValue
+from nats.js.object_store import ObjectStore
 from pydantic import BaseModel, ValidationError
 
 from spanflow.control import records as r
+from spanflow.control import snapshots
 from spanflow.control.errors import Unavailable
 from spanflow.control.state import ClusterState, StaleRecord, apply
 from spanflow.nats.cluster import (
@@ -41,12 +48,16 @@ from spanflow.nats.cluster import (
     WAL_STREAM,
     ensure_kv,
     ensure_log_streams,
+    ensure_object_store,
 )
 from spanflow.nats.ranges import read_range
 
 log = logging.getLogger(__name__)
 
 BUCKETS = (NODES_BUCKET, PIPELINES_BUCKET, ASSIGNMENTS_BUCKET, META_BUCKET)
+SNAPSHOTS = "SPANFLOW_SNAPSHOTS"
+"""Object store of the control log's snapshots (one object, replaced each time)."""
+SNAPSHOT_OBJECT = "state"
 WRONG_LAST_SEQUENCE = 10071
 """JetStream's error code for a refused expected-last-sequence append."""
 APPEND_PATIENCE = 15.0
@@ -93,10 +104,13 @@ def changed_keys(before: ClusterState, after: ClusterState) -> set[tuple[str, st
 
 
 class ControlLog:
-    def __init__(self, nc: Client, buckets: dict[str, KeyValue]) -> None:
+    def __init__(self, nc: Client, buckets: dict[str, KeyValue], snapshots: ObjectStore) -> None:
         self.nc = nc
         self.js = nc.jetstream()
         self.buckets = buckets
+        self.snapshots = snapshots
+        self.snapshot_at = 0
+        """Log sequence the latest snapshot this replica knows includes."""
         self._lock = asyncio.Lock()
         self._needs_repair = False
 
@@ -105,7 +119,7 @@ class ControlLog:
         js = nc.jetstream()
         await ensure_log_streams(js, replicas)
         buckets = {name: await ensure_kv(js, name, replicas=replicas) for name in BUCKETS}
-        return cls(nc, buckets)
+        return cls(nc, buckets, await ensure_object_store(js, SNAPSHOTS, replicas=replicas))
 
     # -- writing ---------------------------------------------------------------------------
     async def commit(self, state: ClusterState, records: list[r.Record]) -> int:
@@ -123,7 +137,41 @@ class ControlLog:
                     state.applied = seq
             finally:  # what was appended is applied: project it even if a later append failed
                 await self._project(changed_keys(before, state), state)
+            if snapshots.due(state.applied, self.snapshot_at):
+                await self._snapshot(state)
             return state.applied
+
+    async def _snapshot(self, state: ClusterState) -> None:
+        """Store the state, then purge the records it makes unnecessary. A failure
+        leaves the log as it was (longer, never shorter than the snapshots allow)."""
+        try:
+            await self.snapshots.put(SNAPSHOT_OBJECT, snapshots.encode(state))
+            self.snapshot_at = state.applied
+            first = await self.first_seq()
+            keep = snapshots.purge_below(state.applied)
+            if keep > first:
+                await self.js.purge_stream(WAL_STREAM, seq=keep)
+        except NatsError as exc:
+            log.warning("control log snapshot at %d failed (%s); next time", state.applied, exc)
+            return
+        log.info("control log snapshot at %d; records before %d purged", state.applied, keep)
+
+    async def _latest_snapshot(self) -> ClusterState | None:
+        try:
+            data = (await self.snapshots.get(SNAPSHOT_OBJECT)).data
+        except ObjectNotFoundError:
+            return None
+        try:
+            state = snapshots.decode(data or b"")
+        except (ValueError, ValidationError) as exc:
+            raise Unavailable(
+                "snapshot_unreadable",
+                f"the control log's snapshot ({SNAPSHOTS}/{SNAPSHOT_OBJECT}) is unreadable: "
+                f"{exc}; the records before it are purged, so the state cannot be rebuilt "
+                "without it (restore the object or the stream from a backup)",
+            ) from None
+        self.snapshot_at = max(self.snapshot_at, state.applied)
+        return state
 
     async def repair_if_needed(self, state: ClusterState) -> None:
         """Bring the KV projection in line now if a projection failed, without waiting
@@ -199,6 +247,9 @@ class ControlLog:
     async def last_seq(self) -> int:
         return int((await self.js.stream_info(WAL_STREAM)).state.last_seq)
 
+    async def first_seq(self) -> int:
+        return int((await self.js.stream_info(WAL_STREAM)).state.first_seq)
+
     async def records(self, after: int, upto: int | None = None) -> list[tuple[int, r.Record]]:
         """Typed records with ``after < seq <= upto`` (default: the end of the log).
         Records this version cannot read (an older format) are skipped with a warning."""
@@ -215,7 +266,7 @@ class ControlLog:
         """The state the whole log describes, and how many records made it; the KV
         projection is repaired to match it."""
         async with self._lock:
-            state = ClusterState()
+            state = await self._latest_snapshot() or ClusterState()
             replayed = await self.follow(state)
             repaired = await self._repair(state)
             if repaired:
@@ -223,10 +274,27 @@ class ControlLog:
             return state, len(replayed)
 
     async def follow(self, state: ClusterState) -> list[tuple[int, r.Record]]:
-        """Apply the records appended after ``state.applied`` (a standby's tail)."""
-        last = await self.last_seq()
+        """Apply the records appended after ``state.applied`` (a standby's tail). One
+        that fell behind the purge starts again from the latest snapshot."""
+        info = await self.js.stream_info(WAL_STREAM)
+        last, first = int(info.state.last_seq), int(info.state.first_seq)
         if last <= state.applied:
             return []
+        if state.applied + 1 < first:
+            latest = await self._latest_snapshot()
+            if latest is None or latest.applied + 1 < first:
+                raise Unavailable(
+                    "log_purged",
+                    f"the control log starts at {first}, this state ends at {state.applied}, "
+                    "and no snapshot covers the gap",
+                )
+            log.info(
+                "state %d is behind the log's purge (%d): from the snapshot at %d",
+                state.applied,
+                first,
+                latest.applied,
+            )
+            _replace(state, latest)
         replayed = await self.records(state.applied, last)
         for seq, record in replayed:
             try:
@@ -271,6 +339,12 @@ class ControlLog:
         last = int(info.state.last_seq)
         start = max(after, last - limit, int(info.state.first_seq) - 1)
         return await self.records(start, last)
+
+
+def _replace(state: ClusterState, other: ClusterState) -> None:
+    """Make ``state`` (an object others hold) the same as ``other``."""
+    for name in ClusterState.__dataclass_fields__:
+        setattr(state, name, getattr(other, name))
 
 
 def _differs(a: bytes | None, b: bytes | None) -> bool:

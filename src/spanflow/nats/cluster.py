@@ -32,7 +32,7 @@ LEADER_BUCKET = "spanflow_leader"
 
 WAL_STREAM = "SPANFLOW_WAL"
 WAL_PREFIX = "spanflow.wal"
-"""Control decisions, ``spanflow.wal.<kind>``; kept until an operator removes them."""
+"""Control decisions, ``spanflow.wal.<kind>``; bounded by snapshots (control/snapshots.py)."""
 
 ACTIVITY_STREAM = "SPANFLOW_ACTIVITY"
 ACTIVITY_PREFIX = "spanflow.activity"

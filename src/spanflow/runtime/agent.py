@@ -85,6 +85,12 @@ log = logging.getLogger(__name__)
 
 PROGRESS_EVERY = 5.0
 USAGE_EVERY = 10.0
+USAGE_TIMEOUT = 3.0
+"""Seconds one stream's usage may take to answer; it keeps its last figure otherwise."""
+RECONNECT_GRACE = 20.0
+"""Seconds a node whose NATS connection is re-establishing still reports its data path
+up: longer than JetStream's failover (about 11 s, see control.leadership), so losing
+one NATS server never fails the nodes that were connected to it."""
 REJOIN_EVERY = 10.0
 """Longest wait between attempts to reach the control plane after starting without it."""
 """Seconds between looks at how full the streams this node uses are (in heartbeats)."""
@@ -157,7 +163,6 @@ class NodeAgent:
         self._hosted: dict[str, float] = {}
         """Streams born here → the share of their limit at which usage is a warning."""
         self._usage: list[StreamUsage] = []
-        self._usage_at = 0.0
         self._executor: FragmentExecutor | None = None
         self._last_progress = 0.0
         self.ready = threading.Event()
@@ -170,6 +175,7 @@ class NodeAgent:
         self._site_kv: KeyValue | None = None
         self._stop: threading.Event | None = None
         self._bg: list[asyncio.Task[None]] = []
+        self._disconnected_since: float | None = None
         self.gossip = (
             AgentGossip(
                 settings.name,
@@ -282,8 +288,19 @@ class NodeAgent:
             self.gossip.start(profile, list(answer.get("gossip_peers") or []))
 
     def _nats_connected(self) -> bool:
+        """Whether this node's data path (NATS) is up, as its peers' gossip tells the
+        coordinator: connected, or reconnecting for less than :data:`RECONNECT_GRACE`
+        (a NATS server died and its clients move to another: the node is not broken)."""
         client = self._client
-        return client is not None and client.nc.is_connected
+        if client is None:
+            return False
+        now = time.monotonic()
+        if client.nc.is_connected:
+            self._disconnected_since = None
+            return True
+        if self._disconnected_since is None:
+            self._disconnected_since = now
+        return bool(client.nc.is_reconnecting) and now - self._disconnected_since < RECONNECT_GRACE
 
     def _gossip_verdict(self, changes: list[Change]) -> None:
         """A peer changed state in this node's membership: tell the coordinator at once
@@ -505,7 +522,7 @@ class NodeAgent:
                     memory_percent=memory,
                     slots=len(self._desired),
                     fragments=dict(self._runtime),
-                    streams=await self._stream_usage(),
+                    streams=self._usage,  # measured apart: a beat never waits on NATS
                     last_known=self._kv is None,
                     ready=self.ready.is_set(),
                     load=load.score,
@@ -527,7 +544,9 @@ class NodeAgent:
                         await self._beat_now.wait()
                 self._beat_now.clear()
 
-        self._bg.append(asyncio.get_running_loop().create_task(heartbeat()))
+        loop = asyncio.get_running_loop()
+        self._bg.append(loop.create_task(heartbeat()))
+        self._bg.append(loop.create_task(self._measure_usage()))
 
     def _running(self) -> list[Running]:
         """Fragments running here, with what the shedding policy weighs."""
@@ -606,30 +625,38 @@ class NodeAgent:
             follow_redirects=True,
         )
 
-    async def _stream_usage(self) -> list[StreamUsage]:
-        """How full the streams this node hosts and its fragments use are; looked at
-        every USAGE_EVERY seconds (each look is a request per stream)."""
-        if time.monotonic() - self._usage_at < USAGE_EVERY or self._client is None:
-            return self._usage
-        self._usage_at = time.monotonic()
+    async def _measure_usage(self) -> None:
+        """How full the streams this node hosts and its fragments use are, every
+        USAGE_EVERY seconds, apart from the heartbeat: while a stream elects a leader
+        its info takes seconds, and a heartbeat that waited on it would let the
+        coordinator fail a healthy node. Each stream is asked concurrently, with its
+        own time-out; one that does not answer keeps its last figure."""
+        while True:
+            if self._client is not None:
+                self._usage = await self._stream_usage(self._client.js)
+            await asyncio.sleep(USAGE_EVERY)
+
+    async def _stream_usage(self, js: JetStreamContext) -> list[StreamUsage]:
         wanted = dict(self._hosted)
         executor = self._executor
         for running in list(executor.fragments.values()) if executor else []:
             for name in running.runner.streams:
                 wanted.setdefault(name, self.retention.warn_at)
-        found = []
-        for name, warn_at in wanted.items():
+
+        async def look(name: str, warn_at: float) -> StreamUsage | None:
             try:
-                usage = await stream_usage(self._client.js, name, warn_at=warn_at)
-            except Exception as exc:  # the broker briefly unreachable: next time
+                async with asyncio.timeout(USAGE_TIMEOUT):
+                    return await stream_usage(js, name, warn_at=warn_at)
+            except Exception as exc:  # electing, or briefly unreachable: its last figure
                 log.debug("no usage of stream %s: %s", name, exc)
-                continue
-            if usage is not None:
-                if usage.warning and all(u.stream != name or not u.warning for u in self._usage):
-                    log.warning("%s", usage.warning)
-                found.append(usage)
-        self._usage = found
-        return found
+                return next((u for u in self._usage if u.stream == name), None)
+
+        found = await asyncio.gather(*(look(n, w) for n, w in wanted.items()))
+        for usage in found:
+            before = [u for u in self._usage if u.stream == usage.stream] if usage else []
+            if usage is not None and usage.warning and not any(u.warning for u in before):
+                log.warning("%s", usage.warning)
+        return [u for u in found if u is not None]
 
     def _drain_changes(self, timeout: float) -> None:
         try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from collections import Counter
 from datetime import UTC, datetime
@@ -97,6 +98,12 @@ def test_event_time_timers_fire_as_the_watermark_passes(spark, nats_url, checkpo
     try:
         wait_for(lambda: len(read_all(nats_url, out)) >= 2)
         runner.await_idle()
+        # A row behind the watermark (99 s) is dead-lettered with its reason, not
+        # dropped in silence by Spark, and never reaches the processor.
+        late = {"id": 100, "device": "a", "v": 0.0, "ts": BASE + 50}
+        publish(nats_url, stream, f"in{uid}.r", [late])
+        wait_for(lambda: len(_dead_letters(nats_url, f"silence-{uid}", "process_1")) >= 1)
+        runner.await_idle()
     finally:
         runner.stop()
     got = {
@@ -104,6 +111,12 @@ def test_event_time_timers_fire_as_the_watermark_passes(spark, nats_url, checkpo
         for r in read_records(nats_url, out)
     }
     assert got == {"a": (4, 14), "b": (30, 40)}  # z's deadline (110) is not yet passed
+    letters = _dead_letters(nats_url, f"silence-{uid}", "process_1")
+    assert len(letters) == 1
+    headers, data = letters[0]
+    assert "late: ts" in headers["Spanflow-Reason"]
+    assert "is not after the watermark" in headers["Spanflow-Reason"]
+    assert json.loads(data)["id"] == 100
 
 
 def test_processing_time_timer_fires_without_new_input(spark, nats_url, checkpoints, uid):

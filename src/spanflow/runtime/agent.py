@@ -44,6 +44,7 @@ from spanflow.nats.cluster import (
     ensure_kv,
 )
 from spanflow.nats.server import default_data_dir
+from spanflow.nats.sourcing import SourcingWatch
 from spanflow.nats.streams import SyncNats, ensure_stream, stream_usage
 from spanflow.protocol.client import parse_urls
 from spanflow.runtime.executor import FragmentExecutor
@@ -86,6 +87,10 @@ log = logging.getLogger(__name__)
 PROGRESS_EVERY = 5.0
 USAGE_EVERY = 10.0
 USAGE_TIMEOUT = 3.0
+SOURCING_CHECK_EVERY = 1.0
+CONTROL_PATIENCE_OFFLINE = 3.0
+"""Seconds an agent started from its saved registration waits for the control plane's
+assignments before it runs its last-known ones."""
 """Seconds one stream's usage may take to answer; it keeps its last figure otherwise."""
 RECONNECT_GRACE = 20.0
 """Seconds a node whose NATS connection is re-establishing still reports its data path
@@ -223,12 +228,15 @@ class NodeAgent:
         while True:
             # Each coordinator of the list in turn (a standby redirects to the leader).
             url, problem = self._coordinator(urls), ""
+            # A saved registration is used offline_after seconds in, not a hung request later.
+            left = offline_at - time.monotonic()
+            patience = min(10.0, max(1.0, left)) if self._cache.path.exists() else 10.0
             try:
                 r = httpx.post(
                     f"{url}/api/v1/nodes",
                     json=body,
                     headers=headers,
-                    timeout=10,
+                    timeout=patience,
                     follow_redirects=True,
                 )
                 problem = f"answered {r.status_code}" if r.status_code >= 500 else ""
@@ -400,8 +408,11 @@ class NodeAgent:
         control plane's JetStream cannot be reached (an edge site's uplink is down)."""
         client, control = self._client, self._control_js
         assert client is not None and control is not None
+        # Offline (a saved registration), the uplink is likely down: do not hold up
+        # the last-known assignments for long; the background rejoin keeps trying.
+        patience = CONTROL_PATIENCE_OFFLINE if self.offline else 15.0
         try:
-            self._kv = client.run(lambda: ensure_kv(control, ASSIGNMENTS_BUCKET), timeout=15)
+            self._kv = client.run(lambda: ensure_kv(control, ASSIGNMENTS_BUCKET), timeout=patience)
         except Exception as exc:
             log.warning("assignments unreachable: %s", exc or type(exc).__name__)
             return False
@@ -547,6 +558,7 @@ class NodeAgent:
         loop = asyncio.get_running_loop()
         self._bg.append(loop.create_task(heartbeat()))
         self._bg.append(loop.create_task(self._measure_usage()))
+        self._bg.append(loop.create_task(self._watch_sourcing()))
 
     def _running(self) -> list[Running]:
         """Fragments running here, with what the shedding policy weighs."""
@@ -635,6 +647,24 @@ class NodeAgent:
             if self._client is not None:
                 self._usage = await self._stream_usage(self._client.js)
             await asyncio.sleep(USAGE_EVERY)
+
+    async def _watch_sourcing(self) -> None:
+        """Every second, revive the copies of other sites' streams this node's fragments
+        read that stalled while their site's link is back (nats/sourcing.py): the
+        broker's own retries would wait up to two minutes after a long cut."""
+        watch: SourcingWatch | None = None
+        while True:
+            await asyncio.sleep(SOURCING_CHECK_EVERY)
+            executor, client = self._executor, self._client
+            if executor is None or client is None:
+                continue
+            if watch is None or watch.nc is not client.nc:
+                watch = SourcingWatch(client.nc)
+            names = {n for r in list(executor.fragments.values()) for n in r.runner.sourced}
+            try:
+                await watch.check(sorted(names))
+            except Exception:
+                log.exception("sourcing watch failed")
 
     async def _stream_usage(self, js: JetStreamContext) -> list[StreamUsage]:
         wanted = dict(self._hosted)

@@ -74,6 +74,10 @@ class ProcessorSettings:
     native_ttl: bool | None = None
     """Let Spark expire state (default: in processing-time processors, where Spark
     allows it); else entries carry their expiry and are dropped when read."""
+    late_field: str | None = None
+    """Event-time column whose records at or behind the watermark are dead-lettered as
+    late before the processor sees them (the input's watermark is stripped from the
+    column, so Spark does not drop them silently)."""
 
 
 class _Call:
@@ -147,6 +151,10 @@ class ProcessorAdapter(StatefulProcessor):
         self, key: Any, rows: Iterator[pd.DataFrame], timerValues: TimerValues
     ) -> Iterator[pd.DataFrame]:
         records = frames_to_records(rows, self.settings.input_names)
+        if self.settings.late_field is not None:
+            records = self._without_late(records, timerValues.getCurrentWatermarkInMs())
+            if not records:
+                return iter(())
         if self.settings.order_by:
             records.sort(key=self._order)
         call = self._begin(key, timerValues, records)
@@ -278,6 +286,30 @@ class ProcessorAdapter(StatefulProcessor):
             self._failures.add(
                 self.settings, _json(record), reason, int(seq) if isinstance(seq, int) else 0
             )
+
+    def _without_late(
+        self, records: list[dict[str, Any]], watermark_ms: int
+    ) -> list[dict[str, Any]]:
+        """The records after the watermark; the others dead-lettered as late (what
+        Spark would have dropped without a word)."""
+        field_ = self.settings.late_field
+        if watermark_ms <= 0 or field_ is None:
+            return records
+        kept = []
+        for record in records:
+            when = record.get(field_)
+            if isinstance(when, datetime) and to_millis(when) <= watermark_ms:
+                seq = record.get("_seq")
+                reason = (
+                    f"late: {field_} {when.isoformat()} is not after the watermark "
+                    f"{from_millis(watermark_ms).isoformat()}"
+                )
+                self._failures.add(
+                    self.settings, _json(record), reason, int(seq) if isinstance(seq, int) else 0
+                )
+            else:
+                kept.append(record)
+        return kept
 
     def _dead_letter_records(self, records: list[dict[str, Any]], exc: Exception) -> None:
         reason = _reason(exc, "process")

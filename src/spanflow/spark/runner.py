@@ -25,6 +25,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from spanflow.nats.fences import Fence, Fenced, check, claim, fences
+from spanflow.nats.ledger import SinkLedger
 from spanflow.nats.streams import SyncNats, ensure_source_streams, ensure_stream, stream_usage
 from spanflow.spark import connectors, realtime
 from spanflow.spark.compile.pipeline import CompiledSink, compile_pipeline
@@ -111,10 +112,14 @@ class PipelineRunner:
         self.fenced: str | None = None
         """Why the fence stopped this runner's writes, once it has."""
         self._fences: KeyValue | None = None
+        self.ledgers: dict[str, SinkLedger] = {}
+        """JetStream sink id → its ledger of published batches."""
         self._next_fence_check = 0.0
         self.retention = retention
         """Limits of the streams this runner creates (the site's, from the topology)."""
         self.streams: list[str] = []
+        self.sourced: list[str] = []
+        """Streams here that copy another site's (revived after a cut by the agent)."""
         """The streams it reads and writes, once started."""
         self.slots = slots or BatchSlots()
         """Start slots, shared by every runner of a node (:mod:`spanflow.spark.stagger`)."""
@@ -168,7 +173,9 @@ class PipelineRunner:
         c, fence = self._client, self.fence
         if fence is None or c is None:
             return
-        kv = self._fences = c.run(lambda: fences(c.js, self.retention.replicas))
+        if self._fences is None:
+            self._fences = c.run(lambda: fences(c.js, self.retention.replicas))
+        kv = self._fences
         c.run(lambda: claim(kv, fence))
 
     def _check_fence(self) -> None:
@@ -226,6 +233,11 @@ class PipelineRunner:
         )
         sources = c.run(lambda: ensure_source_streams(c.js, self.spec, self.domain, self.retention))
         self.streams = [self.spec.dead_letter_stream, *sources]
+        self.sourced = [
+            s.stream
+            for s in self.spec.sources()
+            if s.stream and s.source_domain and s.source_domain != self.domain
+        ]
         for sink in self.spec.sinks():
             if sink.kind == "jetstream":
                 assert sink.stream and sink.subject
@@ -325,7 +337,8 @@ class PipelineRunner:
                 subject=sink.subject or "",
                 order_by=sink.order_by,
             )
-            writer = writer.foreachBatch(self._driver_publisher(target))
+            ledger = self._ledger(sink, checkpoint)
+            writer = writer.foreachBatch(self._driver_publisher(target, ledger))
         elif sink.kind == "parquet":
             writer = writer.format("parquet").option("path", sink.path or "")
         elif sink.kind == "console":
@@ -345,7 +358,22 @@ class PipelineRunner:
             "started %s.%s (%s mode) checkpoint %s", self.spec.instance, sink.id, mode, checkpoint
         )
 
-    def _driver_publisher(self, target: SinkTarget) -> Callable[[DataFrame, int], None]:
+    def _ledger(self, sink: SinkStep, checkpoint: str) -> SinkLedger:
+        """The sink's ledger of published batches (nats/ledger.py), in the fences
+        bucket of the server it writes to."""
+        c = self._client
+        assert c is not None and sink.stream and sink.subject
+        if self._fences is None:
+            self._fences = c.run(lambda: fences(c.js, self.retention.replicas))
+        ledger = SinkLedger(
+            c.nc, self._fences, sink.stream, _subject_pattern(sink.subject), checkpoint
+        )
+        self.ledgers[sink.id] = ledger
+        return ledger
+
+    def _driver_publisher(
+        self, target: SinkTarget, ledger: SinkLedger
+    ) -> Callable[[DataFrame, int], None]:
         """Every JetStream sink publishes from the driver, over the runner's connection.
 
         ``toArrow`` brings a batch's rows to the driver without a Python worker; the
@@ -364,7 +392,17 @@ class PipelineRunner:
             assert client is not None
             self._check_fence()  # before the publish, and so before the checkpoint commit
             epoch = self.fence.epoch if self.fence else None
-            client.run(lambda: publish_encoded(client.nc, out, epoch))
+            todo = client.run(lambda: ledger.before(batch_id, out))
+            if len(todo) < len(out):
+                log.info(
+                    "%s: batch %d replayed: %d of its %d messages were published before",
+                    target.step,
+                    batch_id,
+                    len(out) - len(todo),
+                    len(out),
+                )
+            client.run(lambda: publish_encoded(client.nc, todo, epoch))
+            client.run(lambda: ledger.after(batch_id, len(out)))
 
         return write
 

@@ -8,15 +8,13 @@ import functools
 from dataclasses import replace
 
 from pyspark import TaskContext
-from pyspark.sql import DataFrame
-from pyspark.sql import functions as F
 
 from spanflow.cep.processor import PatternMatcher
 from spanflow.cep.rule_store import version_for_batch
 from spanflow.cep.rules import RuleSetError
 from spanflow.errors import CompileError
 from spanflow.spark.compile.frame import CompileContext, Frame, field_types, keyed, watermarked
-from spanflow.spark.compile.process import transform_keyed
+from spanflow.spark.compile.process import transform_keyed, without_lateness_filter
 from spanflow.spark.compile.registry import compiles
 from spanflow.spec.expressions import result_type
 from spanflow.spec.patterns import RuleSpec
@@ -83,7 +81,7 @@ def compile_pattern(
         ctx,
         spec,
         step.id,
-        replace(frame, df=_without_lateness_filter(frame.df, frame.event_time)),
+        replace(frame, df=without_lateness_filter(frame.df, frame.event_time)),
         factory=factory,
         output=output,
         clock="event_time",
@@ -111,13 +109,3 @@ def _selection_types(
                 )
             out[name] = f"{kind}?"
     return out
-
-
-def _without_lateness_filter(df: DataFrame, event_time: str) -> DataFrame:
-    """``df`` with its event-time column recomputed, so that the column no longer
-    carries the watermark: transformWithState would otherwise drop late rows before
-    the processor sees them, and a late event must be dead-lettered with its reason
-    (the processor compares it with the watermark itself). The query's watermark is
-    unchanged, so event-time timers fire as before."""
-    same = F.timestamp_micros(F.unix_micros(F.col(event_time)))
-    return df.withColumn(event_time, same)

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
 from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
 
 from spanflow.api.processor import KeyedProcessor
 from spanflow.errors import CompileError
@@ -70,6 +72,7 @@ def transform_keyed(
     output_event_time: str | None = None,
     mode: OutputMode = "append",
     order_by: tuple[str, ...] | None = None,
+    late_field: str | None = None,
 ) -> DataFrame:
     """``frame`` grouped by its key through a keyed processor (users' and built-ins').
 
@@ -92,6 +95,7 @@ def transform_keyed(
         step=step_id,
         nats_url=ctx.nats_url,
         input_names=names,
+        late_field=late_field,
     )
     # Spark regroups rows through namedtuples, which rename fields like '_seq' or
     # 'class'; positional names survive, and the adapter puts the real ones back.
@@ -107,6 +111,18 @@ def transform_keyed(
     )
 
 
+def without_lateness_filter(df: DataFrame, event_time: str | None) -> DataFrame:
+    """``df`` with its event-time column recomputed, so that the column no longer
+    carries the watermark: transformWithState would otherwise drop late rows before
+    the processor sees them, and a late row must be dead-lettered with its reason
+    (the adapter or the processor compares it with the watermark itself). The query's
+    watermark is unchanged, so event-time timers fire as before."""
+    if event_time is None:
+        return df
+    same = F.timestamp_micros(F.unix_micros(F.col(event_time)))
+    return df.withColumn(event_time, same)
+
+
 @compiles(ProcessStep)
 def compile_process(
     ctx: CompileContext, spec: PipelineSpec, step: ProcessStep, inputs: list[Frame]
@@ -119,8 +135,11 @@ def compile_process(
     except Exception as exc:
         raise CompileError(step.id, f"{step.processor}(**params) failed: {exc}") from None
     clock = default_clock(step, cls, frame)
+    late_field = None
     if clock == "event_time":
         watermarked(frame, step.id)
+        late_field = frame.event_time
+        frame = replace(frame, df=without_lateness_filter(frame.df, frame.event_time))
     df = transform_keyed(
         ctx,
         spec,
@@ -130,6 +149,7 @@ def compile_process(
         output=step.output_schema,
         clock=clock,
         output_event_time=step.output_event_time,
+        late_field=late_field,
     )
     kept = tuple(k for k in frame.key if k in step.output_schema)
     return Frame(

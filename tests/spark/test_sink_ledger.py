@@ -1,0 +1,120 @@
+"""Exactly once whatever the outage (nats/ledger.py): a fragment that died after
+publishing a batch — in full, or in part — and restarts long after its sink stream's
+duplicate window replays that batch without a duplicate and without a loss."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from nats.js.api import StreamConfig
+
+import spanflow as sf
+from spanflow.nats.ledger import Action, Mark, SinkLedger, missing, plan
+from spanflow.nats.streams import connect
+from spanflow.spark import runner as runner_module
+from spanflow.spark.runner import PipelineRunner
+from tests.helpers import publish, read_all, wait_for
+
+WINDOW = 1.0
+"""The sink stream's duplicate window (a user's stream; NATS's default is 2 minutes)."""
+
+
+def test_plan_and_missing() -> None:
+    assert plan(None, 3) is Action.PUBLISH
+    assert plan(Mark(batch=2, done=True, start_seq=5), 3) is Action.PUBLISH
+    assert plan(Mark(batch=3, done=True, start_seq=5), 3) is Action.SKIP
+    assert plan(Mark(batch=3, done=False, start_seq=5), 3) is Action.RESUME
+    out = [("s", b"a", "id-a"), ("s", b"b", "id-b")]
+    assert missing(out, {"id-a"}) == [("s", b"b", "id-b")]
+
+
+def _short_window_stream(url: str, name: str, subject: str) -> None:
+    async def go() -> None:
+        nc = await connect(url)
+        await nc.jetstream().add_stream(
+            StreamConfig(name=name, subjects=[subject], duplicate_window=WINDOW)
+        )
+        await nc.close()
+
+    asyncio.run(go())
+
+
+class Crashes:
+    """Wraps the sink's publish: the batch numbered ``at`` (counting non-empty ones)
+    dies after publishing half (``"half"``) or all (``"all"``) of its messages, before
+    the ledger records it done; with ``"recorded"`` it dies after that, before Spark
+    commits the batch."""
+
+    def __init__(self, real: Callable[..., Any], how: str, at: int = 2) -> None:
+        self.real, self.how, self.at, self.calls = real, how, at, 0
+        self.crashed = False
+
+    async def publish(self, nc: Any, out: list[Any], epoch: int | None = None) -> int:
+        self.calls += 1
+        if self.calls != self.at or self.how == "recorded":
+            return int(await self.real(nc, out, epoch))
+        await self.real(nc, out if self.how == "all" else out[: len(out) // 2], epoch)
+        self.crashed = True
+        raise RuntimeError(f"injected crash after publishing {self.how} of a batch")
+
+    def after(self, real_after: Callable[..., Any]) -> Callable[..., Any]:
+        async def after(ledger: SinkLedger, batch: int, count: int) -> None:
+            await real_after(ledger, batch, count)
+            if self.how == "recorded" and self.calls == self.at and not self.crashed:
+                self.crashed = True
+                raise RuntimeError("injected crash after the batch was recorded published")
+
+        return after
+
+
+def _failed(runner: PipelineRunner) -> bool:
+    return any(s.query is not None and not s.query.isActive for s in runner._queries.values())
+
+
+@pytest.mark.parametrize(
+    ("how", "replay"), [("half", "resumed"), ("all", "resumed"), ("recorded", "skipped")]
+)
+def test_a_batch_replayed_after_the_duplicate_window_is_published_once(
+    spark, nats_url, checkpoints, uid, monkeypatch, how, replay
+) -> None:
+    source, sink = f"LIN_{how}_{uid}", f"LOUT_{how}_{uid}"
+    subject = f"lout{how}{uid}"
+    _short_window_stream(nats_url, sink, subject)
+    flow = (
+        sf.Pipeline(f"ledger-{how}-{uid}", trigger="200ms")
+        .source(source, schema={"id": "long"}, subjects=[f"lin{how}{uid}.>"], id="src")
+        .sink_jetstream(sink, subject=subject, id="out")
+    )
+    crashes = Crashes(runner_module.publish_encoded, how)
+    monkeypatch.setattr(runner_module, "publish_encoded", crashes.publish)
+    monkeypatch.setattr(SinkLedger, "after", crashes.after(SinkLedger.after))
+    publish(nats_url, source, f"lin{how}{uid}.r", [{"id": i} for i in range(20)])
+    runner = PipelineRunner(spark, flow.spec(), nats_url=nats_url, checkpoint_dir=checkpoints)
+    runner.start()
+    try:
+        wait_for(lambda: len(read_all(nats_url, sink)) >= 20)
+        publish(nats_url, source, f"lin{how}{uid}.r", [{"id": i} for i in range(20, 40)])
+        # batch 2 dies after its publish; the query fails and waits to be restarted
+        wait_for(lambda: crashes.crashed and _failed(runner), timeout=60)
+        time.sleep(WINDOW * 3)  # the outage: longer than the stream's duplicate window
+
+        def replayed() -> bool:
+            runner.supervise()  # restarts the failed query from its checkpoint
+            ledger = runner.ledgers["out"]
+            return not _failed(runner) and ledger.skipped + ledger.resumed > 0
+
+        wait_for(replayed, timeout=60)
+        wait_for(lambda: len(read_all(nats_url, sink)) >= 40)
+        runner.await_idle()
+    finally:
+        runner.stop()
+    ids = Counter(json.loads(data)["id"] for _, data, _ in read_all(nats_url, sink))
+    assert ids == Counter(range(40))
+    ledger = runner.ledgers["out"]
+    assert (ledger.skipped, ledger.resumed) == ((1, 0) if replay == "skipped" else (0, 1))

@@ -30,7 +30,6 @@ LAYERS: dict[str, float] = {
     "runtime": 4,
     "simulator": 4.5,  # simulated devices: a library the demo, CLI and benchmarks use
     "server": 5,
-    "web": 5,
     "local": 5,
     "demo": 5,
     "testing": 5,

@@ -9,12 +9,14 @@ after-match skip strategy. :mod:`spanflow.cep.nfa` compiles it into an NFA;
 (``Pattern.begin("hot").where("t > 80").followed_by("drop")...``).
 
 The rules FlinkCEP enforces when a pattern is built are checked here, naming the
-stage: a pattern starts with a positive stage; ``not_next``/``not_followed_by``
-stages take no quantifier and cannot follow an optional stage; a pattern ending
-in ``not_followed_by`` needs ``within``; ``greedy``, ``consecutive`` and
-``allow_combinations`` apply to ``times``/looping stages only; ``until`` to
-looping stages only; no greedy last stage; no optional stage right after a greedy
-one; ``skip_to_first``/``skip_to_last`` name a stage of the pattern.
+stage (and one of spanflow's own, marked): a pattern starts with a positive stage;
+``not_next``/``not_followed_by`` stages take no quantifier and cannot follow an
+optional stage; a pattern ending in ``not_followed_by`` needs ``within``;
+``greedy``, ``consecutive`` and ``allow_combinations`` apply to ``times``/looping
+stages only; ``until`` to looping stages only; no greedy last stage (spanflow's:
+older FlinkCEP refused it too, current Flink accepts it and spanflow's NFA does not
+implement it yet); no optional stage right after a greedy one;
+``skip_to_first``/``skip_to_last`` name a stage of the pattern.
 """
 
 from __future__ import annotations
@@ -177,7 +179,7 @@ def check_pattern(pattern: PatternSpec) -> None:
         )
     if last.greedy:
         raise PatternError(
-            f"stage {last.name!r}: a greedy stage cannot end a pattern (as in FlinkCEP); "
+            f"stage {last.name!r}: a greedy stage cannot end a pattern in spanflow (yet); "
             "finish with a simple stage or drop greedy"
         )
     if pattern.skip in ("skip_to_first", "skip_to_last"):

@@ -1,0 +1,410 @@
+"""Chaos: lost, duplicated and availability under random faults, per fault type.
+
+``spanflow up --ha`` on one machine — three NATS servers, three coordinators — and two
+agents with their own Spark, each reaching NATS through relays the benchmark can cut
+(one per NATS server, so a cut isolates the node as an unplugged cable would). A steady
+stream (``--rate`` readings a second, 10 devices) runs through a pipeline that keeps
+every reading (``events``) and counts them per device in 2 s windows.
+
+Every ``--every`` seconds (default 25) one fault, the types in turn:
+
+* ``agent``: SIGKILL the agent running the fragment (restarted 5 s later);
+* ``leader``: SIGKILL the leader coordinator (restarted 5 s later);
+* ``standby``: SIGKILL a standby coordinator (restarted 5 s later);
+* ``nats``: SIGKILL one NATS server (restarted 5 s later), in turn;
+* ``cut``: cut the links of the node running the fragment for 15 s.
+
+Figures:
+
+* **lost / duplicated**: every reading's id in ``events`` once, every window's count
+  exact (compared with what was published);
+* **availability**: the share of the run's seconds in which outputs kept flowing
+  within the pipeline's latency budget (``--budget``, 10 s): a second counts when
+  every reading published in it is stored in ``events`` within the budget;
+* per fault type: the **longest stall** (the worst latency of a reading published
+  between this fault and the next) and the **time to recover** (from the fault to the
+  first second after it that is available again, 0 when none was lost);
+* the baseline, measured in the same run: reading latency p50 / p99 before the first
+  fault.
+
+Goal (issue 31): lost 0, duplicated 0, availability ≥ 99.9 %.
+
+Run: ``.venv/bin/python benchmarks/chaos.py [--seconds 300] [--every 25] [--rate 100]``
+Figures go to ``benchmarks/results/chaos.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import tempfile
+import threading
+import time
+from collections import Counter, defaultdict
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import orjson
+
+os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+
+from stats import pct
+
+from spanflow.cli.cluster import Api, LocalCluster
+from spanflow.nats.ranges import read_range
+from spanflow.nats.relay import WanRelay
+from spanflow.nats.streams import connect, ensure_stream
+
+RESULTS = Path(__file__).resolve().parent / "results"
+FAULTS = ("agent", "leader", "standby", "nats", "cut")
+RESTART_AFTER = 5.0
+CUT_FOR = 15.0
+
+TOPOLOGY = """\
+sites: [{name: cloud, kind: cloud}]
+nodes:
+  - {name: n1, site: cloud, capabilities: {cores: 1, slots: 2}}
+  - {name: n2, site: cloud, capabilities: {cores: 1, slots: 2}}
+"""
+
+PIPELINE = """\
+name: chaos
+trigger: 0.5s
+sources:
+  - id: src
+    stream: CB_IN
+    subjects: ["cbin.>"]
+    schema: {device: string, ts: timestamp, id: long}
+    event_time: ts
+    max_out_of_orderness: 1s
+    to: [by_device, keep]
+processors:
+  - {id: keep, type: filter, where: "id >= 0", to: [events]}
+  - {id: by_device, type: key_by, key: device, to: [count]}
+  - {id: count, type: window, tumbling: 2s, aggregates: {n: count}, to: [windows]}
+sinks:
+  - {id: events, type: jetstream, stream: CB_EVENTS, subject: "cbevents.x"}
+  - {id: windows, type: jetstream, stream: CB_WINDOWS, subject: "cbwindows.x"}
+"""
+
+
+class Feed:
+    """``rate`` readings a second, each published until JetStream acknowledges it (a
+    NATS server kill makes publishes fail for a while: they are retried with the same
+    message id, so each reading is stored once). Remembers when each was due."""
+
+    def __init__(self, url: str, rate: float) -> None:
+        self.url, self.rate = url, rate
+        self.sent_at: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
+
+    def start(self) -> Feed:
+        self._thread.start()
+        return self
+
+    async def _run(self) -> None:
+        nc = await connect(self.url)
+        js = nc.jetstream()
+        await ensure_stream(js, "CB_IN", ["cbin.>"])
+        started = time.time()
+        while not self._stop.is_set():
+            due = int((time.time() - started) * self.rate)
+            while len(self.sent_at) < due:
+                i = len(self.sent_at)
+                at = started + i / self.rate
+                ts = datetime.fromtimestamp(at, UTC).isoformat()
+                record = {"device": f"d{i % 10}", "ts": ts, "id": i}
+                await self._publish(js, f"cbin.d{i % 10}", orjson.dumps(record), str(i))
+                self.sent_at.append(at)
+            await asyncio.sleep(0.02)
+        await nc.close()
+
+    async def _publish(self, js: Any, subject: str, data: bytes, msg_id: str) -> None:
+        while True:
+            try:
+                await js.publish(subject, data, headers={"Nats-Msg-Id": msg_id}, timeout=5)
+                return
+            except Exception:
+                await asyncio.sleep(0.2)
+
+    def stop(self) -> int:
+        self._stop.set()
+        self._thread.join(60)
+        return len(self.sent_at)
+
+
+class Links:
+    """A node's relays, one per NATS server: its NATS URL list, and a cable to pull."""
+
+    def __init__(self, nats_url: str) -> None:
+        self.relays = []
+        for url in nats_url.split(","):
+            target = urlparse(url)
+            self.relays.append(WanRelay(target.hostname or "127.0.0.1", target.port or 0).start())
+
+    @property
+    def url(self) -> str:
+        return ",".join(r.url for r in self.relays)
+
+    def cut(self) -> None:
+        for r in self.relays:
+            r.cut()
+
+    def restore(self) -> None:
+        for r in self.relays:
+            r.restore()
+
+    def stop(self) -> None:
+        for r in self.relays:
+            r.stop()
+
+
+def fragment_node(api: Api) -> str | None:
+    try:
+        frags = api.call("GET", "/api/v1/pipelines/chaos")["fragments"]
+    except Exception:
+        return None
+    return frags[0]["node"] if frags else None
+
+
+def node_ready(api: Api, name: str) -> bool:
+    node = api.call("GET", f"/api/v1/nodes/{name}")
+    return bool(node["state"] == "alive" and node.get("ready"))
+
+
+def wait(predicate: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} within {timeout:.0f} s")
+        time.sleep(0.5)
+
+
+def stored(url: str, stream: str) -> list[tuple[bytes, float]]:
+    """(payload, stored at, seconds since the epoch) of every message."""
+
+    async def go() -> list[tuple[bytes, float]]:
+        nc = await connect(url)
+        try:
+            info = await nc.jetstream().stream_info(stream)
+            msgs = await read_range(nc, stream, 1, int(info.state.last_seq) + 1)
+            return [(m.data, m.published_us / 1e6) for m in msgs]
+        finally:
+            await nc.close()
+
+    return asyncio.run(go())
+
+
+class Chaos:
+    def __init__(self, cluster: LocalCluster, links: dict[str, Links]) -> None:
+        self.cluster = cluster
+        self.links = links
+        self.api = Api(cluster.url, None, patience=60)
+        self.nats_turn = 0
+        self.log: list[dict[str, Any]] = []
+        self._pending: list[tuple[float, Any]] = []
+
+    def inject(self, kind: str) -> None:
+        """One fault now; what repairs it is scheduled."""
+        at = time.time()
+        c = self.cluster
+        target = ""
+        if kind == "agent":
+            target = fragment_node(self.api) or "n1"
+            c.kill(f"node-{target}")
+            self._later(RESTART_AFTER, lambda t=target: c.start_node(t, nats=self.links[t].url))
+        elif kind in ("leader", "standby"):
+            leader = c.leader()
+            alive = [n for n in c.coordinators if c.procs[n].poll() is None]
+            pick = [n for n in alive if (n == leader) == (kind == "leader")]
+            target = pick[0] if pick else alive[0]
+            c.kill(target)
+            self._later(RESTART_AFTER, lambda t=target: c.start_coordinator(t))
+        elif kind == "nats":
+            index = self.nats_turn % 3
+            self.nats_turn += 1
+            target = f"nats-{index + 1}"
+            c._nats.servers[index].kill()
+            self._later(RESTART_AFTER, lambda i=index: c._nats.restart(i))
+        elif kind == "cut":
+            target = fragment_node(self.api) or "n1"
+            self.links[target].cut()
+            self._later(CUT_FOR, self.links[target].restore)
+        self.log.append({"kind": kind, "target": target, "at": at})
+        print(f"{time.strftime('%H:%M:%S')} fault: {kind} {target}", flush=True)
+
+    def _later(self, delay: float, action: Any) -> None:
+        self._pending.append((time.monotonic() + delay, action))
+
+    def tick(self) -> None:
+        now = time.monotonic()
+        due = [p for p in self._pending if p[0] <= now]
+        self._pending = [p for p in self._pending if p[0] > now]
+        for _, action in due:
+            try:
+                action()
+            except Exception as exc:
+                print(f"repair failed: {exc}", flush=True)
+
+    def settle(self) -> None:
+        while self._pending:
+            self.tick()
+            time.sleep(0.2)
+
+
+def availability(
+    sent_at: list[float], stored_at: dict[int, float], budget: float, start: float, end: float
+) -> tuple[float, dict[int, float]]:
+    """The share of seconds in [start, end) whose readings were all stored within
+    ``budget``; and each second's worst latency (inf when one is missing)."""
+    worst: dict[int, float] = defaultdict(float)
+    for i, at in enumerate(sent_at):
+        if not start <= at < end:
+            continue
+        latency = stored_at.get(i, float("inf")) - at
+        second = int(at - start)
+        worst[second] = max(worst[second], latency)
+    seconds = list(range(int(end - start)))
+    good = sum(1 for s in seconds if worst.get(s, 0.0) <= budget)
+    return good / max(1, len(seconds)), dict(worst)
+
+
+def per_fault(
+    log: list[dict[str, Any]], worst: dict[int, float], start: float, end: float, budget: float
+) -> dict[str, dict[str, float]]:
+    out: dict[str, dict[str, float]] = {}
+    for n, fault in enumerate(log):
+        first = int(fault["at"] - start)
+        last = int((log[n + 1]["at"] if n + 1 < len(log) else end) - start)
+        span = [worst.get(s, 0.0) for s in range(first, last)]
+        stall = max(span, default=0.0)
+        bad = [s for s in range(first, last) if worst.get(s, 0.0) > budget]
+        recover = (bad[-1] + 1 - first) if bad else 0.0
+        entry = out.setdefault(
+            fault["kind"], {"faults": 0, "longest_stall_s": 0.0, "recover_s": 0.0}
+        )
+        entry["faults"] += 1
+        entry["longest_stall_s"] = round(max(entry["longest_stall_s"], stall), 2)
+        entry["recover_s"] = round(max(entry["recover_s"], float(recover)), 2)
+    return out
+
+
+def run(seconds: float, every: float, rate: float, budget: float, root: Path) -> dict[str, Any]:
+    topology = root / "topology.yaml"
+    topology.write_text(TOPOLOGY)
+    cluster = LocalCluster(topology, root / "cluster", port=0, ha=True)
+    feed: Feed | None = None
+    links: dict[str, Links] = {}
+    try:
+        cluster.start()
+        for name in ("n1", "n2"):
+            links[name] = Links(cluster.nats_url)
+            cluster.start_node(name, nats=links[name].url)
+        api = Api(cluster.url, None, patience=60)
+        wait(lambda: node_ready(api, "n1") and node_ready(api, "n2"), 300, "nodes ready")
+        feed = Feed(cluster.nats_url, rate).start()
+        api.call("POST", "/api/v1/pipelines", {"yaml": PIPELINE, "filename": "chaos.yaml"})
+        wait(lambda: fragment_node(api) is not None, 180, "placed")
+        wait(lambda: len(stored(cluster.nats_url, "CB_EVENTS")) > rate * 5, 300, "flowing")
+        chaos = Chaos(cluster, links)
+        start = time.time()
+        warmup = min(20.0, every)
+        next_fault = time.monotonic() + warmup
+        turn = 0
+        while time.time() - start < seconds:
+            chaos.tick()
+            if time.monotonic() >= next_fault:
+                chaos.inject(FAULTS[turn % len(FAULTS)])
+                turn += 1
+                next_fault += every
+            time.sleep(0.2)
+        end = time.time()
+        chaos.settle()
+        sent = feed.stop()
+        feed_times = feed.sent_at
+        feed = None
+        wait(lambda: len(stored(cluster.nats_url, "CB_EVENTS")) >= sent, 300, "all stored")
+        events = stored(cluster.nats_url, "CB_EVENTS")
+        ids = Counter(json.loads(data)["id"] for data, _ in events)
+        first_stored: dict[int, float] = {}
+        for data, at in events:
+            i = json.loads(data)["id"]
+            first_stored[i] = min(first_stored.get(i, at), at)
+        lost = sum(1 for i in range(sent) if i not in ids)
+        duplicated = sum(n - 1 for n in ids.values() if n > 1)
+        share, worst = availability(feed_times, first_stored, budget, start, end)
+        baseline = [
+            first_stored[i] - at
+            for i, at in enumerate(feed_times)
+            if start <= at < start + warmup and i in first_stored
+        ]
+        windows_wrong = check_windows(cluster.nats_url, feed_times, sent)
+        nodes = api.call("GET", "/api/v1/nodes")
+        return {
+            "when": datetime.now(UTC).isoformat(timespec="seconds"),
+            "machine": {"cores": os.cpu_count(), "python": platform.python_version()},
+            "seconds": round(end - start, 1),
+            "every_s": every,
+            "rate_per_s": rate,
+            "budget_s": budget,
+            "sent": sent,
+            "lost": lost,
+            "duplicated": duplicated,
+            "windows_wrong": windows_wrong,
+            "availability": round(share, 5),
+            "per_fault": per_fault(chaos.log, worst, start, end, budget),
+            "faults": [{**f, "at": round(f["at"] - start, 1)} for f in chaos.log],
+            "baseline_latency_s": {
+                "p50": round(pct(baseline, 50), 3),
+                "p99": round(pct(baseline, 99), 3),
+            },
+            "nodes_at_end": {n["name"]: n["state"] for n in nodes},
+            "goal": {"lost": 0, "duplicated": 0, "availability_at_least": 0.999},
+        }
+    finally:
+        if feed is not None:
+            feed.stop()
+        for link in links.values():
+            link.stop()
+        cluster.stop()
+
+
+def check_windows(url: str, sent_at: list[float], sent: int) -> int:
+    """Windows whose count differs from what was published in them (each stored once)."""
+    expected: Counter[tuple[str, str]] = Counter()
+    for i in range(sent):
+        at = datetime.fromtimestamp(sent_at[i], UTC)
+        start = at - timedelta(seconds=at.second % 2, microseconds=at.microsecond)
+        expected[(f"d{i % 10}", start.isoformat())] += 1
+    got: dict[tuple[str, str], list[int]] = defaultdict(list)
+    for data, _ in stored(url, "CB_WINDOWS"):
+        w = json.loads(data)
+        start = datetime.fromisoformat(w["window_start"].replace("Z", "+00:00"))
+        got[(w["device"], start.isoformat())].append(w["n"])
+    closed = {k for k in expected if k in got}  # the last windows may still be open
+    wrong = sum(1 for k in closed if got[k] != [expected[k]])
+    return wrong + sum(1 for k in got if k not in expected)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--seconds", type=float, default=300.0)
+    parser.add_argument("--every", type=float, default=25.0)
+    parser.add_argument("--rate", type=float, default=100.0)
+    parser.add_argument("--budget", type=float, default=10.0)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="spanflow-chaos-") as tmp:
+        result = run(args.seconds, args.every, args.rate, args.budget, Path(tmp))
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "chaos.json").write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps({k: v for k, v in result.items() if k != "faults"}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -50,6 +50,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 import orjson
+from nats.js.errors import NotFoundError
 
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
@@ -150,7 +151,7 @@ class Links:
 
     @property
     def url(self) -> str:
-        return ",".join(r.url for r in self.relays)
+        return ",".join(f"nats://127.0.0.1:{r.port}" for r in self.relays)
 
     def cut(self) -> None:
         for r in self.relays:
@@ -192,7 +193,10 @@ def stored(url: str, stream: str) -> list[tuple[bytes, float]]:
     async def go() -> list[tuple[bytes, float]]:
         nc = await connect(url)
         try:
-            info = await nc.jetstream().stream_info(stream)
+            try:
+                info = await nc.jetstream().stream_info(stream)
+            except NotFoundError:
+                return []  # not made yet
             msgs = await read_range(nc, stream, 1, int(info.state.last_seq) + 1)
             return [(m.data, m.published_us / 1e6) for m in msgs]
         finally:
@@ -339,10 +343,11 @@ def run(seconds: float, every: float, rate: float, budget: float, root: Path) ->
         lost = sum(1 for i in range(sent) if i not in ids)
         duplicated = sum(n - 1 for n in ids.values() if n > 1)
         share, worst = availability(feed_times, first_stored, budget, start, end)
-        baseline = [
+        first_fault = chaos.log[0]["at"] if chaos.log else end
+        baseline = [  # readings stored before the first fault: the undisturbed latency
             first_stored[i] - at
             for i, at in enumerate(feed_times)
-            if start <= at < start + warmup and i in first_stored
+            if start <= at and i in first_stored and first_stored[i] < first_fault
         ]
         windows_wrong = check_windows(cluster.nats_url, feed_times, sent)
         nodes = api.call("GET", "/api/v1/nodes")

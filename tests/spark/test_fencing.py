@@ -27,6 +27,23 @@ def _claim(url: str, fence: Fence) -> None:
     asyncio.run(go())
 
 
+def _publish_raw(url: str, subject: str, data: bytes) -> None:
+    async def go() -> None:
+        nc = await connect(url)
+        await nc.jetstream().publish(subject, data)
+        await nc.close()
+
+    asyncio.run(go())
+
+
+def _letters(url: str, pipeline: str) -> list[dict[str, str]]:
+    return [
+        headers or {}
+        for headers, _, subject in read_all(url, "SPANFLOW_DLQ")
+        if f".{pipeline}." in subject
+    ]
+
+
 @pytest.mark.parametrize("mode", ["microbatch", "realtime"])
 def test_a_moved_fragment_stops_writing_and_the_new_owner_resumes_exactly_once(
     spark, nats_url, checkpoints, uid, mode
@@ -82,6 +99,10 @@ def test_a_moved_fragment_stops_writing_and_the_new_owner_resumes_exactly_once(
     new = resume_as(Fence(old.fragment_id, 2, "n2", old.checkpoint))
     try:
         wait_for(lambda: len(read_all(nats_url, out)) >= 20)
+        if mode == "microbatch":  # its dead letters carry its epoch too
+            _publish_raw(nats_url, f"fin{mode}{uid}.r", b"not json")
+            wait_for(lambda: _letters(nats_url, name) != [])
+            assert [h.get(EPOCH_HEADER) for h in _letters(nats_url, name)] == ["2"]
     finally:
         new.stop()
     stored = read_all(nats_url, out)

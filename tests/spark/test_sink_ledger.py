@@ -15,6 +15,7 @@ import pytest
 from nats.js.api import StreamConfig
 
 import spanflow as sf
+from spanflow.nats import ledger as ledger_module
 from spanflow.nats.ledger import Action, Mark, SinkLedger, missing, plan
 from spanflow.nats.streams import connect
 from spanflow.spark import runner as runner_module
@@ -26,10 +27,10 @@ WINDOW = 1.0
 
 
 def test_plan_and_missing() -> None:
-    assert plan(None, 3) is Action.PUBLISH
-    assert plan(Mark(batch=2, done=True, start_seq=5), 3) is Action.PUBLISH
-    assert plan(Mark(batch=3, done=True, start_seq=5), 3) is Action.SKIP
-    assert plan(Mark(batch=3, done=False, start_seq=5), 3) is Action.RESUME
+    assert plan(None, 0, first=True) is Action.PUBLISH  # a new sink
+    assert plan(Mark(batch=3, end_seq=9), 3, first=True) is Action.SKIP  # done before
+    assert plan(Mark(batch=2, end_seq=9), 3, first=True) is Action.CHECK  # maybe in part
+    assert plan(Mark(batch=2, end_seq=9), 3, first=False) is Action.PUBLISH  # new batch
     out = [("s", b"a", "id-a"), ("s", b"b", "id-b")]
     assert missing(out, {"id-a"}) == [("s", b"b", "id-b")]
 
@@ -55,17 +56,17 @@ class Crashes:
         self.real, self.how, self.at, self.calls = real, how, at, 0
         self.crashed = False
 
-    async def publish(self, nc: Any, out: list[Any], epoch: int | None = None) -> int:
+    async def publish(self, nc: Any, out: list[Any], epoch: int | None = None) -> Any:
         self.calls += 1
         if self.calls != self.at or self.how == "recorded":
-            return int(await self.real(nc, out, epoch))
+            return await self.real(nc, out, epoch)
         await self.real(nc, out if self.how == "all" else out[: len(out) // 2], epoch)
         self.crashed = True
         raise RuntimeError(f"injected crash after publishing {self.how} of a batch")
 
     def after(self, real_after: Callable[..., Any]) -> Callable[..., Any]:
-        async def after(ledger: SinkLedger, batch: int, count: int) -> None:
-            await real_after(ledger, batch, count)
+        async def after(ledger: SinkLedger, batch: int, last_seq: int) -> None:
+            await real_after(ledger, batch, last_seq)
             if self.how == "recorded" and self.calls == self.at and not self.crashed:
                 self.crashed = True
                 raise RuntimeError("injected crash after the batch was recorded published")
@@ -78,7 +79,7 @@ def _failed(runner: PipelineRunner) -> bool:
 
 
 @pytest.mark.parametrize(
-    ("how", "replay"), [("half", "resumed"), ("all", "resumed"), ("recorded", "skipped")]
+    ("how", "replay"), [("half", "checked"), ("all", "checked"), ("recorded", "skipped")]
 )
 def test_a_batch_replayed_after_the_duplicate_window_is_published_once(
     spark, nats_url, checkpoints, uid, monkeypatch, how, replay
@@ -91,6 +92,8 @@ def test_a_batch_replayed_after_the_duplicate_window_is_published_once(
         .source(source, schema={"id": "long"}, subjects=[f"lin{how}{uid}.>"], id="src")
         .sink_jetstream(sink, subject=subject, id="out")
     )
+    # every published batch marked at once: the crash after the mark then finds it
+    monkeypatch.setattr(ledger_module, "MARK_EVERY", 0.0)
     crashes = Crashes(runner_module.publish_encoded, how)
     monkeypatch.setattr(runner_module, "publish_encoded", crashes.publish)
     monkeypatch.setattr(SinkLedger, "after", crashes.after(SinkLedger.after))
@@ -107,7 +110,7 @@ def test_a_batch_replayed_after_the_duplicate_window_is_published_once(
         def replayed() -> bool:
             runner.supervise()  # restarts the failed query from its checkpoint
             ledger = runner.ledgers["out"]
-            return not _failed(runner) and ledger.skipped + ledger.resumed > 0
+            return not _failed(runner) and ledger.skipped + ledger.checked > 0
 
         wait_for(replayed, timeout=60)
         wait_for(lambda: len(read_all(nats_url, sink)) >= 40)
@@ -117,4 +120,4 @@ def test_a_batch_replayed_after_the_duplicate_window_is_published_once(
     ids = Counter(json.loads(data)["id"] for _, data, _ in read_all(nats_url, sink))
     assert ids == Counter(range(40))
     ledger = runner.ledgers["out"]
-    assert (ledger.skipped, ledger.resumed) == ((1, 0) if replay == "skipped" else (0, 1))
+    assert (ledger.skipped, ledger.checked) == ((1, 0) if replay == "skipped" else (0, 1))

@@ -6,25 +6,29 @@ fragment restarted within the window (15 minutes for streams spanflow creates, t
 for streams a user made): it replays its last, uncommitted batch and every message
 of it is dropped. An edge node down for an hour would publish that batch again.
 
-So every sink also keeps a *ledger* entry, in the fences bucket of the server it
-writes to (the same store as its fence, with as many copies), keyed by its checkpoint:
-before a batch it writes ``{batch, done: false, start_seq}`` (the stream's next
-sequence), after the batch's last ack ``{batch, done: true}``. A batch replayed
-later (:func:`plan`):
+So every sink also keeps a *mark* in the fences bucket of the server it writes to
+(the same store as its fence, with as many copies), keyed by its checkpoint: ``{batch,
+end_seq}``, a batch published in full and the stream's highest sequence among its
+acks. The mark is written when the sink starts (``batch -1``: the stream's end before
+anything of this sink) and after a published batch at most every
+:data:`MARK_EVERY` seconds, so it costs one small KV write per interval, not per batch.
 
-* recorded done → nothing is published again (Spark then commits it);
-* recorded open (the node died mid-publish) → the stream is read from ``start_seq``
-  (headers only, the sink's subjects) and only the messages whose ids are not there
-  are published;
-* otherwise → published whole.
+Spark replays only a query's last uncommitted batch, and only as the first batch a
+(re)started query runs. So the first batch a ledger sees (:func:`plan`):
 
-Costs per non-empty batch: two small KV writes and a stream-info call. Decisions are
+* is the marked batch → it was published in full: nothing is published again;
+* else → the stream is read from ``end_seq + 1`` (headers only, the sink's subjects)
+  and only the messages whose ids are not there are published (all of them when the
+  batch is new; the rest when a node died mid-publish).
+
+Every later batch in the same process is new: published whole, no read. Decisions are
 pure (:func:`plan`, :func:`missing`); :class:`SinkLedger` is the thin I/O shell.
 """
 
 from __future__ import annotations
 
 import hashlib
+import time
 from enum import StrEnum
 
 from nats.aio.client import Client
@@ -36,32 +40,32 @@ from pydantic import BaseModel, ValidationError
 
 Encoded = list[tuple[str, bytes, str]]
 """(subject, payload, Nats-Msg-Id) per message (:func:`spanflow.spark.jetstream.encode_rows`)."""
-
-
 SCAN_WAIT = 1.0
 """Seconds a read of the stream waits for more before it counts as the end."""
+MARK_EVERY = 2.0
+"""Seconds between two marks of a running sink: a restart reads at most this much of
+the sink's output back (plus the batch in flight)."""
 
 
 class Mark(BaseModel):
-    """A sink's last batch, as recorded."""
+    """The last batch of a sink known published in full."""
 
     batch: int
-    done: bool
-    start_seq: int
-    """The stream's next sequence before the batch's first publish."""
-    count: int = 0
+    end_seq: int
+    """The stream's highest sequence among the batch's acks (or the stream's end)."""
 
 
 class Action(StrEnum):
-    PUBLISH = "publish"  # never recorded: publish the whole batch
+    PUBLISH = "publish"  # a new batch in a running process: publish it whole
     SKIP = "skip"  # published in full before: publish nothing
-    RESUME = "resume"  # published in part: publish what the stream lacks
+    CHECK = "check"  # maybe published in part before: publish what the stream lacks
 
 
-def plan(mark: Mark | None, batch: int) -> Action:
-    if mark is None or mark.batch != batch:
-        return Action.PUBLISH
-    return Action.SKIP if mark.done else Action.RESUME
+def plan(mark: Mark | None, batch: int, first: bool) -> Action:
+    """What to do with ``batch``; ``first``: the first batch this process publishes."""
+    if mark is not None and mark.batch == batch:
+        return Action.SKIP
+    return Action.CHECK if first and mark is not None else Action.PUBLISH
 
 
 def missing(out: Encoded, stored_ids: set[str]) -> Encoded:
@@ -88,36 +92,43 @@ class SinkLedger:
         self.subjects = subjects
         self.key = ledger_key(checkpoint)
         self._mark: Mark | None = None
-        """The last mark written or read: this process is the sink's only writer."""
+        self._first = True
+        self._marked_at = float("-inf")
+        self._pending: Mark | None = None
+        """Published in full but not marked yet (marks are written every MARK_EVERY)."""
         self.skipped = 0
-        """Batches found published in full (replays after an outage)."""
-        self.resumed = 0
+        """Replayed batches found published in full."""
+        self.checked = 0
+        """First batches checked against the stream (restarts)."""
 
     async def before(self, batch: int, out: Encoded) -> Encoded:
-        """What of batch ``batch`` to publish now; records it as open when new."""
-        mark = self._mark if self._mark is not None else await self._read()
-        action = plan(mark, batch)
+        """What of batch ``batch`` to publish now."""
+        first, self._first = self._first, False
+        if first:
+            self._mark = await self._read()
+            if self._mark is None:  # a new sink: where its output will start
+                info = await self.js.stream_info(self.stream)
+                await self._write(Mark(batch=-1, end_seq=int(info.state.last_seq)))
+        action = plan(self._mark, batch, first)
         if action is Action.SKIP:
             self.skipped += 1
             return []
-        if action is Action.RESUME:
-            assert mark is not None
-            self.resumed += 1
-            return missing(out, await self._stored_ids(mark.start_seq, out))
-        info = await self.js.stream_info(self.stream)
-        start = int(info.state.last_seq) + 1
-        await self._write(Mark(batch=batch, done=False, start_seq=start))
+        if action is Action.CHECK:
+            assert self._mark is not None
+            self.checked += 1
+            return missing(out, await self._stored_ids(self._mark.end_seq + 1, out))
         return out
 
-    async def after(self, batch: int, count: int) -> None:
-        """Batch ``batch`` is published in full (every message acknowledged)."""
-        mark = self._mark
-        start = mark.start_seq if mark is not None and mark.batch == batch else 0
-        await self._write(Mark(batch=batch, done=True, start_seq=start, count=count))
+    async def after(self, batch: int, last_seq: int) -> None:
+        """Batch ``batch`` is published in full; ``last_seq``: its highest ack."""
+        end = max(last_seq, self._mark.end_seq if self._mark is not None else 0)
+        self._pending = Mark(batch=batch, end_seq=end)
+        if time.monotonic() - self._marked_at >= MARK_EVERY:
+            await self._write(self._pending)
 
     async def _write(self, mark: Mark) -> None:
         await self.kv.put(self.key, mark.model_dump_json().encode())
-        self._mark = mark
+        self._mark, self._pending, self._marked_at = mark, None, time.monotonic()
 
     async def _read(self) -> Mark | None:
         try:
@@ -125,10 +136,9 @@ class SinkLedger:
         except KeyNotFoundError:
             return None
         try:
-            self._mark = Mark.model_validate_json(entry.value or b"")
+            return Mark.model_validate_json(entry.value or b"")
         except ValidationError:
-            return None  # unreadable: publish whole (the duplicate window still helps)
-        return self._mark
+            return None  # unreadable: a new start (the duplicate window still helps)
 
     async def _stored_ids(self, start_seq: int, out: Encoded) -> set[str]:
         """Ids among ``out``'s that the stream holds from ``start_seq`` on (read with
@@ -147,6 +157,8 @@ class SinkLedger:
             ),
         )
         try:
+            if (await sub.consumer_info()).num_pending == 0:
+                return found
             while True:
                 try:
                     batch = await sub.fetch(1000, timeout=SCAN_WAIT)

@@ -329,13 +329,22 @@ def encode_rows(
     return out
 
 
+@dataclass(frozen=True)
+class Published:
+    """What a publish stored: how many JetStream flagged duplicate, and the highest
+    stream sequence among the acks (0: nothing published)."""
+
+    duplicates: int
+    last_seq: int
+
+
 async def publish_encoded(
     nc: Client, out: list[tuple[str, bytes, str]], epoch: int | None = None
-) -> int:
-    """Publish with acks, 2,000 in flight; returns how many JetStream flagged duplicate.
-    ``epoch``: the writing fragment's, carried in a header (see :mod:`spanflow.nats.fences`)."""
+) -> Published:
+    """Publish with acks, 2,000 in flight. ``epoch``: the writing fragment's, carried in
+    a header (see :mod:`spanflow.nats.fences`)."""
     js = nc.jetstream()
-    duplicates = 0
+    duplicates = last_seq = 0
     extra = {EPOCH_HEADER: str(epoch)} if epoch is not None else {}
     for lo in range(0, len(out), 2000):
         futures = [
@@ -344,7 +353,8 @@ async def publish_encoded(
         ]
         for ack in await asyncio.wait_for(asyncio.gather(*futures), 60):
             duplicates += bool(ack.duplicate)
-    return duplicates
+            last_seq = max(last_seq, int(ack.seq))
+    return Published(duplicates, last_seq)
 
 
 class _Fields(dict[str, Any]):

@@ -31,7 +31,7 @@ from spanflow.spark import connectors, realtime
 from spanflow.spark.compile.pipeline import CompiledSink, compile_pipeline
 from spanflow.spark.compile.udf import UserFunction
 from spanflow.spark.connectors import BatchWriter, SinkContext
-from spanflow.spark.deadletter import DLQ_SUBJECT_PREFIX, dlq_subject
+from spanflow.spark.deadletter import DLQ_SUBJECT_PREFIX, EPOCH_PROPERTY, dlq_subject
 from spanflow.spark.jetstream import SinkTarget, encode_rows, publish_encoded, register_isolated
 from spanflow.spark.stagger import BatchSlots, phase_ms
 from spanflow.spec.cluster import StreamUsage
@@ -299,6 +299,13 @@ class PipelineRunner:
     def _sink(self, sink_id: str) -> SinkStep:
         return next(s for s in self.spec.sinks() if s.id == sink_id)
 
+    def _set_local_properties(self) -> None:
+        """What the next query started on this thread takes to its tasks: its scheduler
+        pool, and the fence's epoch its dead letters carry."""
+        context = self.spark.sparkContext
+        context.setLocalProperty("spark.scheduler.pool", self.spec.instance)
+        context.setLocalProperty(EPOCH_PROPERTY, str(self.fence.epoch) if self.fence else "")
+
     def _start_query(self, sup: _Supervised) -> None:
         self._launch(sup, self._compile(sup))
 
@@ -306,7 +313,7 @@ class PipelineRunner:
         sink, df, mode = compiled.sink, compiled.df, compiled.mode
         checkpoint = str(self.checkpoint_dir / sink.id)
         if self._realtime(sink.id):
-            self.spark.sparkContext.setLocalProperty("spark.scheduler.pool", self.spec.instance)
+            self._set_local_properties()
             sup.query = realtime.start_realtime_query(
                 self.spark,
                 df,
@@ -323,7 +330,7 @@ class PipelineRunner:
                 "started %s.%s in real time, checkpoint %s", self.spec.instance, sink.id, checkpoint
             )
             return
-        self.spark.sparkContext.setLocalProperty("spark.scheduler.pool", self.spec.instance)
+        self._set_local_properties()
         writer = (
             df.writeStream.queryName(f"{self.spec.instance}.{sink.id}")
             .outputMode(mode)
@@ -345,7 +352,10 @@ class PipelineRunner:
             writer = writer.foreachBatch(self._console_writer(sink))
         else:
             context = SinkContext(
-                pipeline=self.spec.instance, check_fence=self._check_fence, nats_url=self.nats_url
+                pipeline=self.spec.instance,
+                check_fence=self._check_fence,
+                nats_url=self.nats_url,
+                epoch=self.fence.epoch if self.fence else None,
             )
             batch_writer = connectors.writer(sink)(context, sink.id, sink.options)
             old = self._writers.pop(sink.id, None)
@@ -401,8 +411,8 @@ class PipelineRunner:
                     len(out) - len(todo),
                     len(out),
                 )
-            client.run(lambda: publish_encoded(client.nc, todo, epoch))
-            client.run(lambda: ledger.after(batch_id, len(out)))
+            published = client.run(lambda: publish_encoded(client.nc, todo, epoch))
+            client.run(lambda: ledger.after(batch_id, published.last_seq))
 
         return write
 

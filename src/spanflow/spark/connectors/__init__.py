@@ -47,6 +47,8 @@ class SinkContext:
     check_fence: Callable[[], None]
     nats_url: str = ""
     """Where the pipeline's dead letters go (a writer that gives up on a record)."""
+    epoch: int | None = None
+    """The fragment's epoch, carried by its dead letters (None: not fenced)."""
 
 
 Reader = Callable[[SourceContext, SourceStep], DataFrame]

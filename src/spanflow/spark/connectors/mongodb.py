@@ -87,7 +87,9 @@ class MongoWriter(BatchWriter):
                            subject=self.sink_id)
                 for i, reason in refused
             ]  # fmt: skip
-            send_dead_letters(self.ctx.nats_url, self.ctx.pipeline, self.sink_id, letters)
+            send_dead_letters(
+                self.ctx.nats_url, self.ctx.pipeline, self.sink_id, letters, epoch=self.ctx.epoch
+            )
 
     @staticmethod
     def _bulk(collection: Any, requests: list[Any], offset: int) -> list[tuple[int, str]]:

@@ -288,7 +288,9 @@ class PostgresWriter(BatchWriter):
                 content_ids(prefix, payloads), payloads, refused, strict=True
             )
         ]  # fmt: skip
-        send_dead_letters(self.ctx.nats_url, self.ctx.pipeline, self.sink_id, letters)
+        send_dead_letters(
+            self.ctx.nats_url, self.ctx.pipeline, self.sink_id, letters, epoch=self.ctx.epoch
+        )
 
     def _already_written(self, conn: Any, batch_id: int) -> bool:
         found = conn.execute(

@@ -57,7 +57,9 @@ class WebhookWriter(BatchWriter):
                            stream=f"webhook:{self.options.url}", subject=self.sink_id)
                 for i, key, reason in failures
             ]  # fmt: skip
-            send_dead_letters(self.ctx.nats_url, self.ctx.pipeline, self.sink_id, letters)
+            send_dead_letters(
+                self.ctx.nats_url, self.ctx.pipeline, self.sink_id, letters, epoch=self.ctx.epoch
+            )
 
     async def _post_all(self, payloads: list[bytes], keys: list[str]) -> list[tuple[int, str, str]]:
         """POST every payload, ``concurrency`` at a time; (index, key, reason) of the

@@ -162,9 +162,25 @@ def _lease_and_bucket_leader(cluster: LocalCluster) -> tuple[Lease, int, str | N
             leader = info.cluster.leader if info.cluster is not None else None
             return Lease.model_validate_json(entry.value or b""), entry.revision or 0, leader
 
-        return client.run(read, timeout=5)
+        return client.run(read, timeout=10)
     finally:
         client.close()
+
+
+def _lease_when_readable(cluster: LocalCluster) -> tuple[Lease, int, str | None]:
+    """The lease once the bucket answers (a server the previous test restarted may
+    still be catching up)."""
+    found: list[tuple[Lease, int, str | None]] = []
+
+    def readable() -> bool:
+        try:
+            found.append(_lease_and_bucket_leader(cluster))
+        except Exception:
+            return False
+        return found[-1][2] is not None
+
+    wait_for(readable, timeout=60, interval=0.5)
+    return found[-1]
 
 
 def test_killing_the_nats_server_that_leads_the_lease_bucket_keeps_the_leader(
@@ -179,7 +195,7 @@ def test_killing_the_nats_server_that_leads_the_lease_bucket_keeps_the_leader(
     leaders_before = [
         r for r in api.call("GET", "/api/v1/cluster/log?limit=1000") if r["kind"] == "leader"
     ]
-    lease, revision, bucket_leader = _lease_and_bucket_leader(cluster)
+    lease, revision, bucket_leader = _lease_when_readable(cluster)
     assert lease.holder == leader and bucket_leader is not None
     victim = int(bucket_leader.rsplit("-", 1)[1]) - 1
     nats = cluster._nats
@@ -194,7 +210,7 @@ def test_killing_the_nats_server_that_leads_the_lease_bucket_keeps_the_leader(
             return where not in (None, bucket_leader) and rev > revision
 
         wait_for(renewed_under_a_new_bucket_leader, timeout=60, interval=0.5)
-        after, _, _ = _lease_and_bucket_leader(cluster)
+        after, _, _ = _lease_when_readable(cluster)
         assert after.holder == leader
         assert cluster.leader() == leader
         leaders_after = [

@@ -465,3 +465,14 @@ def _move_home(api: TestClient, server: EmbeddedNats, tmp_path: Path) -> None:
     assert start["detail"]["node"] == "c1" and start["detail"]["to"] == "a1"
     assert "joined: at edge-a, where IN_A is born" in start["detail"]["reason"]
     assert any(r["kind"] == "move-done" and r["detail"]["fragment_epoch"] == 3 for r in log)
+
+
+def test_nats_not_answering_is_a_503_clients_retry_never_a_500(
+    api: TestClient, server: EmbeddedNats
+) -> None:
+    assert api.get("/api/v1/cluster/log", headers=AUTH).status_code == 200
+    server.kill()  # a NATS server restarting, or a stream electing its leader
+    answer = api.get("/api/v1/cluster/log", headers=AUTH)
+    assert answer.status_code == 503
+    assert answer.json()["code"] == "nats_unavailable"
+    assert answer.json()["detail"].startswith("NATS did not answer")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, RedirectResponse, Response
+from nats.errors import Error as NatsError
 
 from spanflow.cep.rules import RuleSetError, RuleSetNotFound
 from spanflow.control.errors import (
@@ -72,3 +73,12 @@ def install(app: FastAPI) -> None:
         return JSONResponse(
             {"code": exc.code, "detail": str(exc)}, status_code=status, headers=headers
         )
+
+    async def nats_unavailable(request: Request, exc: Exception) -> Response:
+        """NATS did not answer (a server restarting, a stream electing its leader):
+        503, which clients retry on another replica, never a 500."""
+        detail = f"NATS did not answer: {type(exc).__name__} {exc}".strip()
+        return JSONResponse({"code": "nats_unavailable", "detail": detail}, status_code=503)
+
+    app.add_exception_handler(NatsError, nats_unavailable)
+    app.add_exception_handler(TimeoutError, nats_unavailable)

@@ -188,7 +188,7 @@ class Feed:
 
 
 def run_pipeline_process(
-    pipeline: Path, nats_url: str, data_dir: Path, log: Path
+    pipeline: Path, nats_url: str, data_dir: Path, log: Path, checkpoints: str | None = None
 ) -> subprocess.Popen[bytes]:
     """``spanflow run PIPELINE`` in its own process group (so a test can SIGKILL the whole
     tree at once, as a power cut would), output appended to ``log``."""
@@ -203,6 +203,7 @@ def run_pipeline_process(
             nats_url,
             "--data-dir",
             str(data_dir),
+            *(["--checkpoints", checkpoints] if checkpoints else []),
         ],
         stdout=log.open("ab"),
         stderr=subprocess.STDOUT,
@@ -238,3 +239,32 @@ def sigkill_twice_then_finish(
         proc.terminate()
         proc.wait(60)
     return log
+
+
+def wait_then_stop(
+    proc: subprocess.Popen[bytes], log: Path, done: Callable[[], bool], timeout: float = 300
+) -> None:
+    """Wait until ``done`` (failing with the run's log tail), then stop the pipeline
+    process cleanly (SIGINT)."""
+    try:
+        wait_for(done, timeout=timeout)
+    except AssertionError:
+        raise AssertionError(log.read_text()[-3000:]) from None
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(60)
+
+
+def assert_running_means(url: str, stream: str, values: dict[str, list[float]]) -> None:
+    """A keyed running mean's outputs: per key, ``n`` only grows and never repeats (state
+    lost or an output published twice would), and the last mean is exact."""
+    import pytest
+
+    per_key: dict[str, list[tuple[int, float]]] = {}
+    for r in read_records(url, stream):
+        per_key.setdefault(r["device"], []).append((r["n"], r["mean"]))
+    assert set(per_key) == set(values)
+    for key, rows in per_key.items():
+        ns = [n for n, _ in rows]
+        assert ns == sorted(set(ns)), f"{key}: state lost or output repeated: {ns}"
+        assert rows[-1][1] == pytest.approx(sum(values[key]) / len(values[key]))

@@ -34,6 +34,7 @@ from spanflow.cli.common import (
 )
 from spanflow.errors import SpanflowError
 from spanflow.security.policy import require_token
+from spanflow.spec.locations import resolve
 
 DEFAULT_PORT = 7070
 
@@ -88,8 +89,12 @@ def coordinator(
     ] = None,
     data_dir: Annotated[Path | None, typer.Option(help="Default ./spanflow-data.")] = None,
     state_dir: Annotated[
-        Path | None,
-        typer.Option(help="Checkpoints and savepoints; must be reachable by every node."),
+        str | None,
+        typer.Option(
+            help="Checkpoints and savepoints: a directory every node mounts, or a Hadoop "
+            "URL (jetstream://<store>/<path> keeps them in the site's NATS; hdfs://, "
+            "file://). Default: <data-dir>/cluster.",
+        ),
     ] = None,
     heartbeat: Annotated[float, typer.Option(help="Heartbeat period in seconds.")] = 1.0,
     hub_domain: Annotated[
@@ -151,7 +156,7 @@ def coordinator(
     with nats_url(nats, directory) as url:
         settings = CoordinatorSettings(
             nats_url=url,
-            state_dir=str((state_dir or directory / "cluster").resolve()),
+            state_dir=resolve(state_dir or directory / "cluster"),
             heartbeat_interval=heartbeat,
             hub_domain=hub_domain,
             token=token or None,

@@ -33,6 +33,7 @@ from spanflow.cli.common import (
 )
 from spanflow.errors import SpanflowError
 from spanflow.spec.cluster import StreamUsage
+from spanflow.spec.locations import resolve
 from spanflow.spec.pipeline import PipelineSpec
 
 log = logging.getLogger("spanflow.run")
@@ -115,6 +116,14 @@ def run(
             "FILE (to the first source's subject) or SUBJECT=FILE. Repeatable."
         ),
     ] = None,
+    checkpoints: Annotated[
+        str | None,
+        typer.Option(
+            help="Where the pipeline's checkpoints live: a directory or a Hadoop URL, e.g. "
+            "jetstream://spanflow/NAME (in this NATS: another machine resumes from it). "
+            "Default: <data-dir>/checkpoints."
+        ),
+    ] = None,
 ) -> None:
     """Run a pipeline on this machine until Ctrl-C, with live status."""
     try:
@@ -148,7 +157,11 @@ def run(
         )
         stop.install()
         runner = PipelineRunner(
-            spark, spec, nats_url=url, checkpoint_dir=directory / "checkpoints", functions=functions
+            spark,
+            spec,
+            nats_url=url,
+            checkpoint_dir=resolve(checkpoints or directory / "checkpoints"),
+            functions=functions,
         )
         try:
             runner.start()

@@ -58,6 +58,7 @@ from spanflow.nats.cluster import (
 from spanflow.nats.streams import connect
 from spanflow.plan import Placer
 from spanflow.plan.planner import GeoPlacer
+from spanflow.spec import locations
 from spanflow.spec.cluster import (
     Activity,
     Assignment,
@@ -444,7 +445,7 @@ class Coordinator:
 
     async def resume(self, name: str, savepoint: str | None = None) -> PipelineRecord:
         source = savepoint or self.pipeline(name).savepoint
-        exists = source is not None and Path(source).is_dir()
+        exists = source is not None and (locations.is_url(source) or Path(source).is_dir())
 
         def decide(tx: Draft) -> None:
             pipelines.resume(tx, name, source, exists)

@@ -7,7 +7,6 @@ scheduler's, noticing what runs is the reconciler's.
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 
 from spanflow.control import records as r
 from spanflow.control.errors import Conflict, Invalid, NotFound
@@ -16,6 +15,7 @@ from spanflow.control.state import ClusterState, Draft
 from spanflow.plan import PlacementError
 from spanflow.plan.fragments import PlanError, compile_fragments
 from spanflow.plan.planner import offline_view, plan_pipeline
+from spanflow.spec import locations
 from spanflow.spec.cluster import TRANSITIONS, Fragment, PipelineRecord, PipelineState
 
 log = logging.getLogger(__name__)
@@ -111,9 +111,11 @@ def savepoint(tx: Draft, name: str, savepoint_root: str) -> None:
             "not_running",
             f"pipeline {name!r} is {record.state.value}; only a running pipeline takes a savepoint",
         )
-    target = Path(savepoint_root) / name / f"{record.run_id}-{int(tx.at)}"
-    dirs = {a.fragment.id: str(target / a.fragment.id) for a in tx.state.assignments_of(name)}
-    tx.add(r.SavepointStarted, pipeline=name, savepoint=str(target), fragment_dirs=dirs)
+    target = locations.join(savepoint_root, name, f"{record.run_id}-{int(tx.at)}")
+    dirs = {
+        a.fragment.id: locations.join(target, a.fragment.id) for a in tx.state.assignments_of(name)
+    }
+    tx.add(r.SavepointStarted, pipeline=name, savepoint=target, fragment_dirs=dirs)
 
 
 def resume(tx: Draft, name: str, source: str | None, exists: bool) -> None:

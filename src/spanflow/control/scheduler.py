@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from pathlib import Path
 
 from spanflow.control import pipelines
 from spanflow.control import records as r
@@ -20,6 +19,7 @@ from spanflow.control.state import ClusterState, Draft, Observed
 from spanflow.plan import ClusterView, PlacementError, Placer
 from spanflow.plan.fragments import PlanError
 from spanflow.plan.planner import Plan, hops_of, place
+from spanflow.spec import locations
 from spanflow.spec.cluster import Assignment, Fragment, NodeState, PipelineState
 
 log = logging.getLogger(__name__)
@@ -75,11 +75,11 @@ def schedule(
                     fragment=fragment,
                     node=placement[fragment.id],
                     epoch=epoch,
-                    checkpoint_dir=str(
-                        Path(settings.checkpoint_root) / record.name / record.run_id / fragment.id
+                    checkpoint_dir=locations.join(
+                        settings.checkpoint_root, record.name, record.run_id, fragment.id
                     ),
                     restore_from=(
-                        str(Path(record.restore_from) / fragment.id)
+                        locations.join(record.restore_from, fragment.id)
                         if record.restore_from
                         else None
                     ),
@@ -229,18 +229,15 @@ def place_again(
 def start_move(
     tx: Draft, a: Assignment, target: str, reason: str, settings: CoordinatorSettings
 ) -> None:
-    savepoint = (
-        Path(settings.savepoint_root)
-        / "moves"
-        / a.fragment.pipeline
-        / f"{a.fragment.id}-e{a.epoch}"
+    savepoint = locations.join(
+        settings.savepoint_root, "moves", a.fragment.pipeline, f"{a.fragment.id}-e{a.epoch}"
     )
     tx.add(
         r.MoveStarted,
         fragment=a.fragment.id,
         node=a.node,
         to=target,
-        savepoint_dir=str(savepoint),
+        savepoint_dir=savepoint,
         reason=reason,
     )
     log.info("moving %s from %s to %s: %s", a.fragment.id, a.node, target, reason)

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
+from spanflow.spec import locations
 from spanflow.spec.topology import Topology
 
 
@@ -12,7 +12,9 @@ from spanflow.spec.topology import Topology
 class CoordinatorSettings:
     nats_url: str
     state_dir: str = "spanflow-data/cluster"
-    """Checkpoints and savepoints: storage every node can reach (one machine: a local dir)."""
+    """Checkpoints and savepoints: storage every node can reach — a local directory on
+    one machine or a shared mount, or a Hadoop URL (``jetstream://``, ``hdfs://``; see
+    :mod:`spanflow.spec.locations`). A site's ``state:`` overrides it for its nodes."""
     heartbeat_interval: float = 1.0
     hub_domain: str | None = None
     """JetStream domain of the cluster's (hub) server; nodes of sites with their own
@@ -72,8 +74,8 @@ class CoordinatorSettings:
 
     @property
     def checkpoint_root(self) -> str:
-        return str(Path(self.state_dir) / "checkpoints")
+        return locations.join(self.state_dir, "checkpoints")
 
     @property
     def savepoint_root(self) -> str:
-        return str(Path(self.state_dir) / "savepoints")
+        return locations.join(self.state_dir, "savepoints")

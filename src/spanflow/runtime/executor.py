@@ -1,24 +1,27 @@
 """Run a node's fragments: one :class:`PipelineRunner` per fragment, in one SparkSession.
 
 The executor knows nothing of the coordinator: the agent tells it what to run and
-asks it what is happening. Savepoints are copies of a stopped fragment's checkpoint
-directory; restoring one copies it back before the fragment starts.
+asks it what is happening. Savepoints are copies of a stopped fragment's checkpoint;
+restoring one copies it back before the fragment starts. Both are locations
+(:mod:`spanflow.spec.locations`): with ``jetstream://`` the copy stays inside the site's
+NATS, and the node that restores reads what another node wrote.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from spanflow.nats.fences import Fence
+from spanflow.spark import checkpoint_store
 from spanflow.spark.runner import PipelineRunner, StreamingQuery
 from spanflow.spark.session import SparkSession
 from spanflow.spark.stagger import BatchSlots
+from spanflow.spec import locations
 from spanflow.spec.cluster import Assignment, FragmentRuntime
 from spanflow.spec.retention import DEFAULT_RETENTION, Retention
 
@@ -66,13 +69,12 @@ class FragmentExecutor:
         fid = assignment.fragment.id
         if fid in self.fragments:
             self.stop(fid)
-        checkpoint = Path(assignment.checkpoint_dir)
+        checkpoint = assignment.checkpoint_dir
         if assignment.restore_from:
-            source = Path(assignment.restore_from)
-            if not source.is_dir():
+            source = assignment.restore_from
+            self._prepare_store(checkpoint, source)
+            if not checkpoint_store.copy(self.spark, source, checkpoint):
                 raise FileNotFoundError(f"savepoint {source} does not exist on this node")
-            shutil.rmtree(checkpoint, ignore_errors=True)
-            shutil.copytree(source, checkpoint)
             log.info("fragment %s restored from savepoint %s", fid, source)
         runner = PipelineRunner(
             self.spark,
@@ -110,15 +112,21 @@ class FragmentExecutor:
         """Stop the fragment (its checkpoint is then consistent) and copy the checkpoint."""
         assert assignment.savepoint_dir is not None
         self.stop(assignment.fragment.id)
-        target = Path(assignment.savepoint_dir)
-        shutil.rmtree(target, ignore_errors=True)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        source = Path(assignment.checkpoint_dir)
-        if source.is_dir():
-            shutil.copytree(source, target)
-        else:
-            target.mkdir()
-        return str(target)
+        target = assignment.savepoint_dir
+        self._prepare_store(assignment.checkpoint_dir, target)
+        if not checkpoint_store.copy(self.spark, assignment.checkpoint_dir, target):
+            if locations.is_url(target):  # nothing checkpointed yet: an empty savepoint
+                checkpoint_store.remove(self.spark, target)
+            else:
+                Path(target).mkdir(parents=True, exist_ok=True)
+        return target
+
+    def _prepare_store(self, *where: str) -> None:
+        """Point ``jetstream://`` at this node's site server before a copy uses it."""
+        if any(locations.scheme(w) == locations.JETSTREAM for w in where):
+            checkpoint_store.configure(
+                self.spark, self.nats_url, domain=self.domain, replicas=self.retention.replicas
+            )
 
     def stop_all(self) -> None:
         for fid in list(self.fragments):

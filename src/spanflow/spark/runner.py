@@ -27,13 +27,14 @@ from pyspark.sql.streaming import StreamingQuery
 from spanflow.nats.fences import Fence, Fenced, check, claim, fences
 from spanflow.nats.ledger import SinkLedger
 from spanflow.nats.streams import SyncNats, ensure_source_streams, ensure_stream, stream_usage
-from spanflow.spark import connectors, realtime
+from spanflow.spark import checkpoint_store, connectors, realtime
 from spanflow.spark.compile.pipeline import CompiledSink, compile_pipeline
 from spanflow.spark.compile.udf import UserFunction
 from spanflow.spark.connectors import BatchWriter, SinkContext
 from spanflow.spark.deadletter import DLQ_SUBJECT_PREFIX, EPOCH_PROPERTY, dlq_subject
 from spanflow.spark.jetstream import SinkTarget, encode_rows, publish_encoded, register_isolated
 from spanflow.spark.stagger import BatchSlots, phase_ms
+from spanflow.spec import locations
 from spanflow.spec.cluster import StreamUsage
 from spanflow.spec.durations import spark_interval
 from spanflow.spec.pipeline import PipelineSpec
@@ -128,7 +129,8 @@ class PipelineRunner:
         self.domain = domain
         """This node's JetStream domain when its site has its own server."""
         self.nats_url = nats_url
-        self.checkpoint_dir = Path(checkpoint_dir) / spec.instance
+        self.checkpoint_dir = locations.join(checkpoint_dir, spec.instance)
+        """A local directory or a Hadoop URL (:mod:`spanflow.spec.locations`)."""
         self.functions = dict(functions or {})
         self.on_rows = on_rows or _print_rows
         self.console_limit = console_limit
@@ -150,6 +152,10 @@ class PipelineRunner:
             compiled[sink.id] = self._compile(sup)
         # an unreachable system, a missing topic or table, a refused password: now
         connectors.preflight(self.spec, {k: c.df.schema for k, c in compiled.items()})
+        if locations.scheme(self.checkpoint_dir) == locations.JETSTREAM:
+            checkpoint_store.configure(
+                self.spark, self.nats_url, domain=self.domain, replicas=self.retention.replicas
+            )
         self._client = SyncNats(self.nats_url)
         self._ensure_streams()
         self._claim_fence()
@@ -311,7 +317,7 @@ class PipelineRunner:
 
     def _launch(self, sup: _Supervised, compiled: CompiledSink) -> None:
         sink, df, mode = compiled.sink, compiled.df, compiled.mode
-        checkpoint = str(self.checkpoint_dir / sink.id)
+        checkpoint = locations.join(self.checkpoint_dir, sink.id)
         if self._realtime(sink.id):
             self._set_local_properties()
             sup.query = realtime.start_realtime_query(

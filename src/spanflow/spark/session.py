@@ -49,6 +49,8 @@ DEFAULTS: dict[str, str] = {
         "FileSystemBasedCheckpointFileManager"
     ),
     "spark.hadoop.fs.AbstractFileSystem.file.impl": "org.apache.hadoop.fs.local.RawLocalFs",
+    # jetstream:// checkpoints (spanflow.spark.checkpoint_store), known to executors too
+    "spark.hadoop.fs.jetstream.impl": "dev.spanflow.state.JetStreamFileSystem",
 }
 
 

@@ -1,0 +1,475 @@
+package dev.spanflow.state;
+
+import com.fasterxml.jackson.databind.JsonNode;
+import com.fasterxml.jackson.databind.ObjectMapper;
+import com.fasterxml.jackson.databind.node.ObjectNode;
+import dev.spanflow.realtime.NatsClient;
+import java.io.IOException;
+import java.nio.charset.StandardCharsets;
+import java.util.ArrayList;
+import java.util.Base64;
+import java.util.LinkedHashMap;
+import java.util.List;
+import java.util.Map;
+import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.ExecutionException;
+import java.util.concurrent.TimeUnit;
+import java.util.concurrent.TimeoutException;
+
+/**
+ * A file store in one JetStream stream: the NATS calls {@link JetStreamFileSystem} makes.
+ *
+ * <p>Layout (stream {@code SPANFLOW_FS_<store>}, subjects {@code $SFS.<store>.>}):
+ * <ul>
+ *   <li>{@code $SFS.<store>.M.<path tokens>}: the file's metadata, one JSON message (kept
+ *       alone by a roll-up header): its data id, length, chunk size, and the stream
+ *       sequence and CRC-32C of every chunk. A directory marker has {@code "dir": true}.
+ *   <li>{@code $SFS.<store>.D.<id>}: the file's bytes in chunks, written before its
+ *       metadata, so a file appears complete or not at all.
+ * </ul>
+ * Writes that must not race (create without overwrite, rename) are compare-and-set on the
+ * metadata subject's last sequence ({@code Nats-Expected-Last-Subject-Sequence}); reads go
+ * to the stream leader ({@code STREAM.MSG.GET}), so a file written on one node is seen at
+ * once on every other. Every call retries through reconnects and leader elections for up
+ * to {@code patienceMs}: a restarting server delays a checkpoint, it does not fail it.
+ */
+final class Store implements AutoCloseable {
+  static final ObjectMapper JSON = new ObjectMapper();
+  static final int NOT_FOUND = 404;
+  static final int WRONG_LAST_SEQUENCE = 10071;
+  static final int IN_FLIGHT = 16;
+
+  /** A JetStream API error: {@code code} is HTTP-like, {@code errCode} JetStream's own. */
+  static final class ApiError extends IOException {
+    final int code;
+    final int errCode;
+
+    ApiError(String message, int code, int errCode) {
+      super(message);
+      this.code = code;
+      this.errCode = errCode;
+    }
+
+    boolean transientError() {
+      return code >= 500 || code == 408;
+    }
+  }
+
+  /** One metadata message: a file, or a directory marker. */
+  static final class Meta {
+    final long seq;
+    final JsonNode doc;
+
+    Meta(long seq, JsonNode doc) {
+      this.seq = seq;
+      this.doc = doc;
+    }
+
+    boolean isDir() {
+      return doc.path("dir").asBoolean(false);
+    }
+
+    String id() {
+      return doc.path("id").asText("");
+    }
+
+    long length() {
+      return doc.path("len").asLong(0);
+    }
+
+    long mtime() {
+      return doc.path("mtime").asLong(0);
+    }
+
+    String movedTo() {
+      return doc.path("moved_to").asText(null);
+    }
+  }
+
+  interface Call<T> {
+    T run(NatsClient nc) throws IOException;
+  }
+
+  final String name;
+  final String stream;
+  /** The stream's subject prefix, read from the stream (unique per stream, so that the
+   * stores of two JetStream domains joined by a leaf link never capture each other's
+   * messages). Set by the first call. */
+  private volatile String root;
+  private final String api;
+  private final String urls;
+  private final int replicas;
+  final long timeoutMs;
+  private final long patienceMs;
+  private NatsClient nc;
+  private volatile boolean streamKnown;
+
+  Store(String name, String urls, String domain, int replicas, long timeoutMs,
+      long patienceMs) {
+    this.name = name;
+    this.stream = "SPANFLOW_FS_" + name;
+    this.api = domain == null || domain.isEmpty() ? "$JS.API" : "$JS." + domain + ".API";
+    this.urls = urls;
+    this.replicas = Math.max(0, replicas);
+    this.timeoutMs = timeoutMs;
+    this.patienceMs = patienceMs;
+  }
+
+  /** Where the store is, for messages. */
+  String where() {
+    return stream + " at " + urls;
+  }
+
+  String metaSubject(String path) {
+    String tokens = StorePaths.tokens(path);
+    return tokens.isEmpty() ? root + ".M" : root + ".M." + tokens;
+  }
+
+  String dataSubject(String id) {
+    return root + ".D." + id;
+  }
+
+  synchronized NatsClient client() throws IOException {
+    if (nc == null || !nc.isOpen()) {
+      if (nc != null) {
+        nc.close();
+      }
+      nc = NatsClient.connect(urls, "spanflow-state-" + name);
+    }
+    return nc;
+  }
+
+  /** Run a call, reconnecting and retrying transient failures until the patience runs out. */
+  <T> T retry(String what, Call<T> call) throws IOException {
+    long deadline = System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(patienceMs);
+    long pause = 50;
+    while (true) {
+      try {
+        ensureStream();
+        return call.run(client());
+      } catch (ApiError exc) {
+        if (!exc.transientError() || System.nanoTime() > deadline) {
+          throw exc;
+        }
+      } catch (IOException exc) {
+        if (System.nanoTime() > deadline) {
+          throw new IOException(what + " on the checkpoint store " + stream + " at " + urls
+              + " failed for " + patienceMs + " ms: " + exc.getMessage(), exc);
+        }
+      }
+      sleep(pause);
+      pause = Math.min(1000, pause * 2);
+    }
+  }
+
+  private void ensureStream() throws IOException {
+    if (streamKnown) {
+      return;
+    }
+    NatsClient c = client();
+    NatsClient.Msg info = c.request(api + ".STREAM.INFO." + stream, new byte[0], timeoutMs);
+    if (errorOf(info) == null) {
+      root = rootOf(JSON.readTree(info.data));
+      streamKnown = true;
+      return;
+    }
+    String fresh = "$SFS." + java.util.UUID.randomUUID().toString().replace("-", "")
+        .substring(0, 12) + "." + name;
+    ObjectNode config = JSON.createObjectNode();
+    config.put("name", stream);
+    config.putArray("subjects").add(fresh + ".>");
+    config.put("storage", "file");
+    config.put("allow_rollup_hdrs", true);
+    config.put("description", "spanflow checkpoints and savepoints (jetstream://" + name + ")");
+    ApiError error = null;
+    // replicas 0: one copy per server of the cluster, up to three (a cluster of fewer
+    // servers refuses the larger counts)
+    for (int copies = replicas > 0 ? replicas : 3; copies >= 1; copies--) {
+      config.put("num_replicas", copies);
+      error = errorOf(c.request(api + ".STREAM.CREATE." + stream, bytes(config), timeoutMs));
+      if (error == null || replicas > 0 || error.errCode == 10058) {
+        break;
+      }
+    }
+    if (error != null && error.errCode != 10058) { // 10058: made meanwhile by another node
+      throw error;
+    }
+    if (error != null) {
+      streamKnown = false;
+      ensureStream();
+      return;
+    }
+    root = fresh;
+    streamKnown = true;
+  }
+
+  private String rootOf(JsonNode info) throws IOException {
+    String subject = info.path("config").path("subjects").path(0).asText("");
+    if (!subject.startsWith("$SFS.") || !subject.endsWith(".>")) {
+      throw new IOException("stream " + stream + " is not a spanflow state store (subjects "
+          + info.path("config").path("subjects") + ")");
+    }
+    return subject.substring(0, subject.length() - 2);
+  }
+
+  /** The JetStream API's answer as JSON, or an {@link ApiError}. */
+  JsonNode answer(NatsClient.Msg msg, String what) throws IOException {
+    if (msg.status == 503) {
+      throw new IOException("no JetStream responders for " + what);
+    }
+    ApiError error = errorOf(msg);
+    if (error != null) {
+      throw new ApiError(what + ": " + error.getMessage(), error.code, error.errCode);
+    }
+    return JSON.readTree(msg.data);
+  }
+
+  private static ApiError errorOf(NatsClient.Msg msg) throws IOException {
+    if (msg.data.length == 0) {
+      return new ApiError("empty answer", 503, 0);
+    }
+    JsonNode doc = JSON.readTree(msg.data);
+    JsonNode error = doc.get("error");
+    if (error == null || error.isNull()) {
+      return null;
+    }
+    return new ApiError(error.path("description").asText(error.toString()),
+        error.path("code").asInt(500), error.path("err_code").asInt(0));
+  }
+
+  /** A stored message by a MSG.GET request; null when there is none. */
+  private JsonNode getMessage(NatsClient c, ObjectNode request, String what) throws IOException {
+    NatsClient.Msg msg = c.request(api + ".STREAM.MSG.GET." + stream, bytes(request), timeoutMs);
+    try {
+      return answer(msg, what).path("message");
+    } catch (ApiError exc) {
+      if (exc.code == NOT_FOUND) {
+        return null;
+      }
+      throw exc;
+    }
+  }
+
+  /** The metadata of a path, or null. */
+  Meta meta(String path) throws IOException {
+    return retry("reading " + path, c -> {
+      ObjectNode request = JSON.createObjectNode();
+      request.put("last_by_subj", metaSubject(path));
+      JsonNode message = getMessage(c, request, "metadata of " + path);
+      return message == null ? null : toMeta(message);
+    });
+  }
+
+  /** Metadata of many paths at once (requests pipelined); null entries for missing ones. */
+  List<Meta> metas(List<String> paths) throws IOException {
+    return retry("reading " + paths.size() + " files", c -> {
+      List<CompletableFuture<NatsClient.Msg>> replies = new ArrayList<>();
+      for (String path : paths) {
+        ObjectNode request = JSON.createObjectNode();
+        request.put("last_by_subj", metaSubject(path));
+        replies.add(c.publishForReply(api + ".STREAM.MSG.GET." + stream, null, bytes(request)));
+      }
+      List<Meta> out = new ArrayList<>();
+      for (int i = 0; i < paths.size(); i++) {
+        NatsClient.Msg msg = await(replies.get(i), "metadata of " + paths.get(i));
+        try {
+          out.add(toMeta(answer(msg, "metadata of " + paths.get(i)).path("message")));
+        } catch (ApiError exc) {
+          if (exc.code != NOT_FOUND) {
+            throw exc;
+          }
+          out.add(null);
+        }
+      }
+      return out;
+    });
+  }
+
+  /** Whether any metadata lies under a path (an implicit directory). */
+  boolean anyUnder(String path) throws IOException {
+    return retry("listing " + path, c -> {
+      ObjectNode request = JSON.createObjectNode();
+      request.put("seq", 1);
+      request.put("next_by_subj", metaSubject(path) + ".>");
+      return getMessage(c, request, "files under " + path) != null;
+    });
+  }
+
+  /** Every metadata subject under a path, as the path tokens after the path's own. */
+  List<String[]> under(String path) throws IOException {
+    return retry("listing " + path, c -> {
+      String prefix = metaSubject(path) + ".";
+      List<String[]> out = new ArrayList<>();
+      int offset = 0;
+      while (true) {
+        ObjectNode request = JSON.createObjectNode();
+        request.put("subjects_filter", prefix + ">");
+        request.put("offset", offset);
+        JsonNode info = answer(c.request(api + ".STREAM.INFO." + stream, bytes(request),
+            timeoutMs), "listing " + path);
+        JsonNode subjects = info.path("state").path("subjects");
+        int got = 0;
+        for (var it = subjects.fieldNames(); it.hasNext(); ) {
+          String subject = it.next();
+          out.add(subject.substring(prefix.length()).split("\\."));
+          got++;
+        }
+        int total = info.path("total").asInt(out.size());
+        offset += got;
+        if (got == 0 || offset >= total) {
+          return out;
+        }
+      }
+    });
+  }
+
+  /**
+   * Publish a path's metadata, replacing what the path had. {@code expect}: the subject's
+   * last sequence the write requires (0: no file there), or -1 for none. Returns the new
+   * message's sequence, or -1 when the expectation failed.
+   */
+  long putMeta(String path, JsonNode doc, long expect) throws IOException {
+    byte[] body = bytes(doc);
+    Map<String, String> headers = new LinkedHashMap<>();
+    headers.put("Nats-Rollup", "sub");
+    if (expect >= 0) {
+      headers.put("Nats-Expected-Last-Subject-Sequence", Long.toString(expect));
+    }
+    boolean[] retried = {false};
+    return retry("writing " + path, c -> {
+      boolean again = retried[0];
+      retried[0] = true;
+      NatsClient.Msg ack = await(c.publishForReply(metaSubject(path), headers, body),
+          "writing " + path);
+      try {
+        return answer(ack, "writing " + path).path("seq").asLong();
+      } catch (ApiError exc) {
+        if (exc.errCode != WRONG_LAST_SEQUENCE) {
+          throw exc;
+        }
+        if (again) { // the first attempt may have landed and lost only its answer
+          Meta now = meta(path);
+          if (now != null && now.doc.equals(doc)) {
+            return now.seq;
+          }
+        }
+        return -1L;
+      }
+    });
+  }
+
+  /** Remove a path's metadata. */
+  void purgeMeta(String path) throws IOException {
+    purge("deleting " + path, () -> metaSubject(path));
+  }
+
+  /** Remove the metadata of everything under a path. */
+  void purgeMetaUnder(String path) throws IOException {
+    purge("deleting under " + path, () -> metaSubject(path) + ".>");
+  }
+
+  /** Remove a file's data. */
+  void purgeData(String id) throws IOException {
+    purge("deleting data " + id, () -> dataSubject(id));
+  }
+
+  private void purge(String what, java.util.function.Supplier<String> subject)
+      throws IOException {
+    retry(what, c -> {
+      String filter = subject.get();
+      ObjectNode request = JSON.createObjectNode();
+      request.put("filter", filter);
+      answer(c.request(api + ".STREAM.PURGE." + stream, bytes(request), timeoutMs),
+          "purging " + filter);
+      return null;
+    });
+  }
+
+  /** Publish one chunk of data; the future's reply is the JetStream ack. */
+  CompletableFuture<NatsClient.Msg> publishChunk(String id, byte[] data) throws IOException {
+    return retry("writing a chunk", c -> c.publishForReply(dataSubject(id), null, data));
+  }
+
+  /** The sequence a chunk's ack gives, or an error. */
+  long ackedSeq(NatsClient.Msg ack, String what) throws IOException {
+    return answer(ack, what).path("seq").asLong();
+  }
+
+  /** Ask for a stored chunk by sequence; complete with {@link #chunkData}. */
+  CompletableFuture<NatsClient.Msg> requestChunk(long seq) throws IOException {
+    ObjectNode request = JSON.createObjectNode();
+    request.put("seq", seq);
+    return retry("reading a chunk", c ->
+        c.publishForReply(api + ".STREAM.MSG.GET." + stream, null, bytes(request)));
+  }
+
+  /** A chunk's bytes from its MSG.GET answer, or null when the message is gone. */
+  byte[] chunkData(NatsClient.Msg reply, String expectSubject, String what) throws IOException {
+    JsonNode message;
+    try {
+      message = answer(reply, what).path("message");
+    } catch (ApiError exc) {
+      if (exc.code == NOT_FOUND) {
+        return null;
+      }
+      throw exc;
+    }
+    if (!expectSubject.equals(message.path("subject").asText())) {
+      return null;
+    }
+    String data = message.path("data").asText("");
+    return Base64.getDecoder().decode(data);
+  }
+
+  NatsClient.Msg await(CompletableFuture<NatsClient.Msg> future, String what) throws IOException {
+    try {
+      NatsClient.Msg msg = future.get(timeoutMs, TimeUnit.MILLISECONDS);
+      if (msg.status == 503) {
+        throw new IOException("no JetStream responders for " + what);
+      }
+      return msg;
+    } catch (TimeoutException exc) {
+      future.cancel(false);
+      throw new IOException("no answer for " + what + " within " + timeoutMs + " ms");
+    } catch (InterruptedException exc) {
+      Thread.currentThread().interrupt();
+      throw new IOException("interrupted: " + what);
+    } catch (ExecutionException exc) {
+      throw new IOException(what + ": " + exc.getCause().getMessage(), exc.getCause());
+    }
+  }
+
+  private static Meta toMeta(JsonNode message) throws IOException {
+    byte[] data = Base64.getDecoder().decode(message.path("data").asText(""));
+    return new Meta(message.path("seq").asLong(), JSON.readTree(data));
+  }
+
+  static byte[] bytes(JsonNode node) {
+    try {
+      return JSON.writeValueAsBytes(node);
+    } catch (IOException exc) {
+      throw new IllegalStateException(exc);
+    }
+  }
+
+  static String text(byte[] data) {
+    return new String(data, StandardCharsets.UTF_8);
+  }
+
+  private static void sleep(long ms) throws IOException {
+    try {
+      Thread.sleep(ms);
+    } catch (InterruptedException exc) {
+      Thread.currentThread().interrupt();
+      throw new IOException("interrupted");
+    }
+  }
+
+  @Override
+  public synchronized void close() {
+    if (nc != null) {
+      nc.close();
+      nc = null;
+    }
+  }
+}

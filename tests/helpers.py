@@ -188,7 +188,12 @@ class Feed:
 
 
 def run_pipeline_process(
-    pipeline: Path, nats_url: str, data_dir: Path, log: Path, checkpoints: str | None = None
+    pipeline: Path,
+    nats_url: str,
+    data_dir: Path,
+    log: Path,
+    checkpoints: str | None = None,
+    master: str | None = None,
 ) -> subprocess.Popen[bytes]:
     """``spanflow run PIPELINE`` in its own process group (so a test can SIGKILL the whole
     tree at once, as a power cut would), output appended to ``log``."""
@@ -204,6 +209,7 @@ def run_pipeline_process(
             "--data-dir",
             str(data_dir),
             *(["--checkpoints", checkpoints] if checkpoints else []),
+            *(["--master", master] if master else []),
         ],
         stdout=log.open("ab"),
         stderr=subprocess.STDOUT,

@@ -51,6 +51,13 @@ class CompileError(SpanflowError):
         super().__init__(f"step '{step_id}': {message}")
 
 
+class CheckpointLost(SpanflowError):
+    """A fragment's checkpoint is gone although its sink already published from it:
+    starting anyway would silently read every source again from the start."""
+
+    code = "checkpoint_lost"
+
+
 class NatsError(SpanflowError):
     """The NATS server could not be started or reached."""
 

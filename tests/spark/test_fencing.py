@@ -110,3 +110,55 @@ def test_a_moved_fragment_stops_writing_and_the_new_owner_resumes_exactly_once(
     assert ids == Counter(range(20))
     epochs = [(headers or {}).get(EPOCH_HEADER) for headers, _, _ in stored]
     assert epochs == ["1"] * 10 + ["2"] * 10  # a replayed batch was dropped as duplicates
+
+
+def test_a_fragment_whose_checkpoint_vanished_refuses_to_start_from_scratch(
+    spark, nats_url, checkpoints, uid
+):
+    """Its sink's ledger says it published from that checkpoint: a start without it
+    would read the source again from the beginning. The error names the fragment and
+    the checkpoint; once it is back, the fragment resumes."""
+    from spanflow.errors import CheckpointLost
+    from spanflow.nats.ledger import Mark, lost_checkpoint
+
+    assert lost_checkpoint(Mark(batch=3, end_seq=9), has_offsets=False)
+    assert not lost_checkpoint(Mark(batch=-1, end_seq=0), has_offsets=False)  # never published
+    assert not lost_checkpoint(None, has_offsets=False)
+    assert not lost_checkpoint(Mark(batch=3, end_seq=9), has_offsets=True)
+
+    name = f"lost-{uid}"
+    flow = (
+        sf.Pipeline(name, trigger="300ms")
+        .source(f"LIN_{uid}", schema={"id": "long"}, id="src")
+        .sink_jetstream(f"LOUT_{uid}", subject=f"lout{uid}", id="out")
+    )
+    fence = Fence(f"{name}.f0", 1, "n1", str(checkpoints))
+    publish(nats_url, f"LIN_{uid}", f"lin{uid}.r", [{"id": i} for i in range(10)])
+
+    def runner() -> PipelineRunner:
+        return PipelineRunner(
+            spark, flow.spec(), nats_url=nats_url, checkpoint_dir=checkpoints, fence=fence
+        )
+
+    first = runner().start()
+    try:
+        wait_for(lambda: len(read_all(nats_url, f"LOUT_{uid}")) == 10)
+    finally:
+        first.stop()
+    kept = checkpoints.parent / "kept"
+    checkpoints.rename(kept)  # the node's disk is gone
+
+    with pytest.raises(CheckpointLost) as lost:
+        runner().start()
+    assert f"fragment {name}.f0" in str(lost.value)
+    assert str(checkpoints) in str(lost.value) and "batch" in str(lost.value)
+
+    kept.rename(checkpoints)
+    publish(nats_url, f"LIN_{uid}", f"lin{uid}.r", [{"id": i} for i in range(10, 15)])
+    again = runner().start()
+    try:
+        wait_for(lambda: len(read_all(nats_url, f"LOUT_{uid}")) == 15)
+    finally:
+        again.stop()
+    ids = Counter(json.loads(data)["id"] for _, data, _ in read_all(nats_url, f"LOUT_{uid}"))
+    assert ids == Counter(range(15))

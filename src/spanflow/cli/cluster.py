@@ -199,7 +199,21 @@ def node(
     memory: Annotated[str | None, typer.Option(help="Memory to offer, e.g. 4g.")] = None,
     slots: Annotated[int | None, typer.Option(help="Fragments at once (default: cores).")] = None,
     tag: Annotated[list[str] | None, typer.Option(help="Capability tag (repeatable).")] = None,
-    master: Annotated[str | None, typer.Option(help="Spark master (default local[2]).")] = None,
+    master: Annotated[
+        str | None,
+        typer.Option(
+            help="Spark master (default local[cores]); spark://HOST:PORT runs the node's "
+            "fragments on a Spark standalone cluster (`spanflow spark-cluster`), whose "
+            "cores and memory the node then offers."
+        ),
+    ] = None,
+    master_ui: Annotated[
+        str | None,
+        typer.Option(
+            help="The Spark master's web UI, read for the cluster's capacity (default "
+            "http://MASTER-HOST:8080)."
+        ),
+    ] = None,
     realtime_slots: Annotated[
         int | None,
         typer.Option(
@@ -273,6 +287,8 @@ def node(
     if not token and secrets is not None:
         token = secrets.credentials().rest_token
     caps = None
+    if master and master.startswith("spark://") and cores is None:
+        cores, memory = _spark_cluster_offer(master, master_ui, memory)
     if any(v is not None for v in (cores, memory, slots, tag, realtime_slots)):
         detected = detect_capabilities()
         try:
@@ -1028,3 +1044,24 @@ class _Null:
 
     def __exit__(self, *_: object) -> None:
         return None
+
+
+def _spark_cluster_offer(
+    master: str, master_ui: str | None, memory: str | None
+) -> tuple[int | None, str | None]:
+    """A node on a Spark standalone cluster offers the cluster's cores and memory (what
+    its alive workers have), so the planner sizes its work by the cluster, not by the
+    machine the agent runs on. Unreadable: this machine's, with a warning."""
+    from spanflow.local.spark_cluster import SparkClusterError, cluster_capacity
+
+    host = urlparse(master.replace("spark://", "http://", 1)).hostname or "127.0.0.1"
+    ui = master_ui or f"http://{host}:8080"
+    try:
+        capacity = cluster_capacity(ui)
+    except SparkClusterError as exc:
+        err.print(f"[yellow]offering this machine's cores: {exc}[/yellow]")
+        return None, memory
+    err.print(f"Spark cluster {master}: {capacity.cores} cores, {capacity.memory_mb} MB")
+    return capacity.cores or None, memory or (
+        f"{capacity.memory_mb}m" if capacity.memory_mb else None
+    )

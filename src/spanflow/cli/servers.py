@@ -1,5 +1,6 @@
 """``spanflow site-server``: one site's NATS server (a leaf of the hub, or the hub
-itself) with the MQTT gateway, on its own host."""
+itself) with the MQTT gateway, on its own host; ``spanflow spark-cluster``: a Spark
+standalone cluster for a site's nodes."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Annotated
 
 import typer
 
-from spanflow.cli.common import _data_dir, _Interrupted, app, err, fail, use_secrets
+from spanflow.cli.common import _data_dir, _Interrupted, app, console, err, fail, use_secrets
 from spanflow.cli.local import ingest
 from spanflow.errors import SpanflowError
 
@@ -127,3 +128,40 @@ def site_server(
         if gateway is not None:
             gateway.stop()
         server.stop()
+
+
+@app.command("spark-cluster")
+def spark_cluster(
+    workers: Annotated[int, typer.Option(min=1, help="Workers to start on this machine.")] = 1,
+    cores: Annotated[int, typer.Option(min=1, help="Cores each worker offers.")] = 1,
+    memory: Annotated[str, typer.Option(help="Memory each worker offers, e.g. 2g.")] = "1g",
+    host: Annotated[str, typer.Option(help="Address the master and workers bind.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="The master's port (spark://HOST:PORT).")] = 7077,
+    ui_port: Annotated[
+        int, typer.Option(help="The master's web UI (its /json/ tells nodes the capacity).")
+    ] = 8080,
+) -> None:
+    """A Spark standalone cluster from the pyspark wheel (a master and its workers), for
+    `spanflow node --master spark://HOST:PORT`. Runs until Ctrl-C."""
+    from spanflow.local.spark_cluster import LocalSparkCluster, cluster_capacity
+
+    cluster = LocalSparkCluster(
+        workers=workers, cores=cores, memory=memory, host=host, port=port, ui_port=ui_port
+    )
+    stop = _Interrupted()
+    err.print(f"starting a Spark master and {workers} worker(s) …")
+    try:
+        cluster.start()
+    except SpanflowError as exc:
+        raise fail(exc) from None
+    try:
+        capacity = cluster_capacity(cluster.ui_url)
+        err.print(
+            f"Spark master {cluster.master_url} (UI {cluster.ui_url}): {capacity.workers} "
+            f"worker(s), {capacity.cores} cores, {capacity.memory_mb} MB"
+        )
+        console.print(cluster.master_url)
+        while not stop.event.wait(0.5):
+            pass
+    finally:
+        cluster.stop()

@@ -10,7 +10,8 @@ So every sink also keeps a *mark* in the fences bucket of the server it writes t
 (the same store as its fence, with as many copies), keyed by its checkpoint: ``{batch,
 end_seq}``, a batch published in full and the stream's highest sequence among its
 acks. The mark is written when the sink starts (``batch -1``: the stream's end before
-anything of this sink) and after a published batch at most every
+anything of this sink), after its first published batch (so a checkpoint lost from then
+on is noticed, :func:`lost_checkpoint`) and after a published batch at most every
 :data:`MARK_EVERY` seconds, so it costs one small KV write per interval, not per batch.
 
 Spark replays only a query's last uncommitted batch, and only as the first batch a
@@ -73,6 +74,12 @@ def missing(out: Encoded, stored_ids: set[str]) -> Encoded:
     return [m for m in out if m[2] not in stored_ids]
 
 
+def lost_checkpoint(mark: Mark | None, has_offsets: bool) -> bool:
+    """Whether a sink published a batch from a checkpoint that no longer has offsets:
+    a checkpoint lost or damaged, never a fresh start."""
+    return mark is not None and mark.batch >= 0 and not has_offsets
+
+
 def ledger_key(checkpoint: str) -> str:
     """The ledger's key for a sink: its checkpoint location, digested (one per query,
     the same after a restart or a move)."""
@@ -119,11 +126,16 @@ class SinkLedger:
             return missing(out, await self._stored_ids(self._mark.end_seq + 1, out))
         return out
 
+    async def mark(self) -> Mark | None:
+        """The sink's last mark in the store (None: it never published)."""
+        return await self._read()
+
     async def after(self, batch: int, last_seq: int) -> None:
         """Batch ``batch`` is published in full; ``last_seq``: its highest ack."""
         end = max(last_seq, self._mark.end_seq if self._mark is not None else 0)
         self._pending = Mark(batch=batch, end_seq=end)
-        if time.monotonic() - self._marked_at >= MARK_EVERY:
+        first_published = self._mark is None or self._mark.batch < 0
+        if first_published or time.monotonic() - self._marked_at >= MARK_EVERY:
             await self._write(self._pending)
 
     async def _write(self, mark: Mark) -> None:

@@ -24,8 +24,9 @@ from nats.js.kv import KeyValue
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
+from spanflow.errors import CheckpointLost
 from spanflow.nats.fences import Fence, Fenced, check, claim, fences
-from spanflow.nats.ledger import SinkLedger
+from spanflow.nats.ledger import SinkLedger, lost_checkpoint
 from spanflow.nats.streams import SyncNats, ensure_source_streams, ensure_stream, stream_usage
 from spanflow.spark import checkpoint_store, connectors, realtime
 from spanflow.spark.compile.pipeline import CompiledSink, compile_pipeline
@@ -351,6 +352,7 @@ class PipelineRunner:
                 order_by=sink.order_by,
             )
             ledger = self._ledger(sink, checkpoint)
+            self._refuse_lost_checkpoint(sink, checkpoint, ledger)
             writer = writer.foreachBatch(self._driver_publisher(target, ledger))
         elif sink.kind == "parquet":
             writer = writer.format("parquet").option("path", sink.path or "")
@@ -386,6 +388,24 @@ class PipelineRunner:
         )
         self.ledgers[sink.id] = ledger
         return ledger
+
+    def _refuse_lost_checkpoint(self, sink: SinkStep, checkpoint: str, ledger: SinkLedger) -> None:
+        """A cluster fragment whose checkpoint vanished (a node's disk that no other node
+        reads, a deleted store) would start from scratch without a word and read its
+        sources again from the start: refuse, naming the fragment and the location."""
+        c = self._client
+        if self.fence is None or c is None:
+            return  # `spanflow run`: deleting the checkpoint is how a user starts over
+        mark = c.run(ledger.mark)
+        offsets = locations.join(checkpoint, "offsets")
+        if lost_checkpoint(mark, checkpoint_store.exists(self.spark, offsets)):
+            assert mark is not None
+            raise CheckpointLost(
+                f"fragment {self.fence.fragment_id}: its checkpoint {checkpoint} has no "
+                f"offsets, but sink {sink.id!r} published up to batch {mark.batch} from "
+                "it; not starting from scratch. Put the checkpoint back (or restore a "
+                "savepoint), or resubmit the pipeline to start over."
+            )
 
     def _driver_publisher(
         self, target: SinkTarget, ledger: SinkLedger

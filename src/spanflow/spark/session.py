@@ -79,11 +79,10 @@ def build_session(
     paths = [p for p in sys.path if p and os.path.isdir(p)]
     os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys([*paths, os.getcwd()]))
     default_master = f"local[{CORES + max(0, realtime_slots)},3]"
-    builder = SparkSession.builder.appName(app_name).master(
-        master or os.environ.get("SPANFLOW_SPARK_MASTER", default_master)
-    )
+    chosen = master or os.environ.get("SPANFLOW_SPARK_MASTER", default_master)
+    builder = SparkSession.builder.appName(app_name).master(chosen)
     needed = realtime.session_conf()
-    settings = {**DEFAULTS, **needed, **(conf or {})}
+    settings = {**DEFAULTS, **needed, **_cluster_conf(chosen), **(conf or {})}
     if conf and "spark.jars" in conf:  # the user's jars and the real-time jar
         settings["spark.jars"] = f"{conf['spark.jars']},{needed['spark.jars']}"
     for key, value in settings.items():
@@ -92,6 +91,17 @@ def build_session(
     spark.sparkContext.setLogLevel(os.environ.get("SPANFLOW_SPARK_LOG_LEVEL", "ERROR"))
     register_data_sources(spark)
     return spark
+
+
+def _cluster_conf(master: str) -> dict[str, str]:
+    """What executors outside this process need (a Spark standalone or Kubernetes
+    cluster): the driver's module path, so Python workers import spanflow and users'
+    functions by name. The real-time jar travels with ``spark.jars``; executors run
+    ``PYSPARK_PYTHON``, the driver's interpreter, which must exist at the same path on
+    every worker (the same virtual environment, or an image built with it)."""
+    if master.startswith("local"):
+        return {}
+    return {"spark.executorEnv.PYTHONPATH": os.environ.get("PYTHONPATH", "")}
 
 
 def register_data_sources(spark: SparkSession) -> None:

@@ -1,6 +1,8 @@
 """A real cluster on one machine: embedded NATS, the coordinator and two node agents,
 each in its own process with its own SparkSession, driven through the REST API. Locked
 (``up --secure``): every client below authenticates with TLS and a role's password.
+Checkpoints and savepoints live in NATS (``--state-dir jetstream://…``): a fragment
+moves, is killed, stops at a savepoint and resumes with nothing on any node's disk.
 
 The tests share one cluster and run in file order: pipelines across both agents,
 then a coordinator restart, then a node killed with SIGKILL (the last, as it leaves
@@ -48,6 +50,37 @@ links: [{between: [edge-a, cloud], latency: 20ms}]
 """
 
 
+STATE = "jetstream://e2e/cluster"
+
+
+def store_paths(url: str) -> list[str]:
+    """Every file path in the cluster's checkpoint store (from its metadata subjects)."""
+    import asyncio
+    import json as jsonlib
+    from urllib.parse import unquote
+
+    from spanflow.nats.streams import connect
+
+    async def go() -> dict[str, int]:
+        nc = await connect(url)
+        try:
+            answer = await nc.request(
+                "$JS.API.STREAM.INFO.SPANFLOW_FS_e2e",
+                jsonlib.dumps({"subjects_filter": ">"}).encode(),
+                timeout=5,
+            )
+            return dict(jsonlib.loads(answer.data)["state"].get("subjects") or {})
+        finally:
+            await nc.close()
+
+    paths = []
+    for subject in asyncio.run(go()):
+        tokens = subject.split(".")
+        if len(tokens) > 4 and tokens[3] == "M":  # $SFS.<id>.e2e.M.<segments>
+            paths.append("/".join(unquote(t) for t in tokens[4:]))
+    return paths
+
+
 def stage(name: str, source: str, where: str, sink: str, subject: str, **extra: Any) -> str:
     options = "".join(f"\n    {k}: {v}" for k, v in extra.items())
     return f"""\
@@ -73,7 +106,15 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     topology.write_text(TOPOLOGY)
     # Locked: TLS and role users on NATS, sealed gossip, the REST token. This test
     # process is the operator, connecting as the coordinator role.
-    c = LocalCluster(topology, home, port=0, token="e2e-token", heartbeat=0.5, secure=True)
+    c = LocalCluster(
+        topology,
+        home,
+        port=0,
+        token="e2e-token",
+        heartbeat=0.5,
+        secure=True,
+        coordinator_args=["--state-dir", STATE],
+    )
     assert c.secrets is not None
     try:
         with pytest.MonkeyPatch.context() as env:
@@ -201,8 +242,12 @@ def test_savepoint_and_resume_continue_exactly_once(cluster: LocalCluster) -> No
     st = api.call("POST", "/api/v1/pipelines/steady/savepoint")
     assert st["state"] == "stopping"
     wait_for(lambda: pipeline(api, "steady")["state"] == "stopped", timeout=60)
-    savepoint = Path(pipeline(api, "steady")["savepoint"])
-    assert (savepoint / "steady.f0" / "steady" / "out" / "offsets").is_dir()
+    savepoint = pipeline(api, "steady")["savepoint"]
+    assert savepoint.startswith(f"{STATE}/savepoints/steady/")
+    saved = savepoint.removeprefix("jetstream://e2e/") + "/steady.f0/steady/out/offsets/"
+    assert any(p.startswith(saved) for p in store_paths(url))
+    # nothing of it on a disk: the checkpoints and the savepoint are in NATS
+    assert not list((cluster.data_dir).rglob("offsets"))
     wait_for(lambda: not agent_runtime_running(api, "n1", "steady.f0"), timeout=30)
     publish(url, "E2E_IN2", "e2ein2.x", records(100, start=500))  # arrives while stopped
     assert api.call("POST", "/api/v1/pipelines/steady/resume")["state"] in ("planned", "running")

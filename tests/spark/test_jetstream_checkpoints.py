@@ -146,3 +146,79 @@ def _epoch(text: str) -> float:
     from datetime import datetime
 
     return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+def test_a_stateful_query_rides_out_a_restart_of_its_checkpoint_store(
+    spark, nats_url, tmp_path, uid
+):
+    """The checkpoint store's server (here a server of its own, so that only the store
+    goes away) restarts while batches commit: checkpoint writes wait for it, the query
+    neither fails nor restarts, and the outputs are exact and once."""
+    import threading
+    import time
+
+    import spanflow as sf
+    from spanflow.local.server import free_port
+    from spanflow.nats import EmbeddedNats
+    from spanflow.spark.runner import PipelineRunner
+    from tests.spark.processors import RunningMean
+
+    store = EmbeddedNats(tmp_path / "store", port=free_port())
+    store.start()
+    done = threading.Event()
+    conf = spark._jsc.hadoopConfiguration()
+    conf.set(f"fs.jetstream.st{uid}.servers", store.url)
+    records = [
+        {"id": i, "device": DEVICES[i % 3], "v": float(i % 17), "ts": BASE + i * 0.1}
+        for i in range(900)
+    ]
+    flush = {"id": 900, "device": "a", "v": 0.0, "ts": BASE + 100_000}
+    publish(nats_url, f"SIN_{uid}", f"sin{uid}.r", [*records, flush])
+    by_device: dict[str, list[float]] = defaultdict(list)
+    for r in [*records, flush]:
+        by_device[r["device"]].append(r["v"])
+    flow = (
+        sf.Pipeline(f"store-restart-{uid}", trigger="200ms")
+        .source(
+            f"SIN_{uid}",
+            schema={"id": "long", "device": "string", "v": "double", "ts": "timestamp"},
+            key="device",
+            id="src",
+            max_rows_per_batch=30,
+        )
+        .process(RunningMean, id="mean",
+                 output_schema={"device": "string", "n": "long", "mean": "double"})
+        .sink_jetstream(f"SMEAN_{uid}", subject=f"smean{uid}", id="out")
+    )  # fmt: skip
+    runner = PipelineRunner(
+        spark, flow.spec(), nats_url=nats_url, checkpoint_dir=f"jetstream://st{uid}/ck"
+    )
+    runner.start()
+    try:
+        wait_for(lambda: len(read_all(nats_url, f"SMEAN_{uid}")) >= 5)
+        store.stop()  # mid-stream: the next commits find no server
+
+        def restart() -> None:
+            time.sleep(3)  # the outage
+            store.start()
+            done.wait(120)  # the server lives as long as the thread that started it
+
+        threading.Thread(target=restart, daemon=True).start()
+        wait_for(
+            lambda: (
+                {r["device"]: r["n"] for r in read_records(nats_url, f"SMEAN_{uid}")}
+                == {d: len(vs) for d, vs in by_device.items()}
+            ),
+            timeout=180,
+        )
+        assert [s.restarts for s in runner.status()] == [0]
+        assert all(s.active for s in runner.status())
+        query = runner.queries["out"]
+        assert query is not None  # a batch waited out the outage in its checkpoint writes
+        assert max(p["durationMs"]["triggerExecution"] for p in query.recentProgress) > 2000
+    finally:
+        runner.stop()
+        done.set()
+        store.stop()
+        conf.unset(f"fs.jetstream.st{uid}.servers")
+    assert_running_means(nats_url, f"SMEAN_{uid}", by_device)

@@ -50,7 +50,7 @@ FILE_MB = 16
 
 
 def stateful_query(spark: Any, keys: int, rows_per_batch: int, start_batch: int) -> Any:
-    """One row per key, PAYLOAD bytes of hex each: the state is ≈ keys × PAYLOAD."""
+    """One row per key, PAYLOAD bytes of hex each: the state is about keys * PAYLOAD."""
     from pyspark.sql import functions as F
 
     df = (

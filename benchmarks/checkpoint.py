@@ -114,13 +114,26 @@ def measure_query(spark: Any, checkpoint: str, size_mb: int) -> dict[str, Any]:
     return {
         "keys": keys,
         "state_rows": state["numRowsTotal"],
-        "state_bytes_on_disk": state.get("customMetrics", {}).get("rocksdbTotalSSTFilesBytes"),
+        "state_bytes_written": sum(
+            b["stateOperators"][0].get("customMetrics", {}).get("rocksdbTotalBytesWritten", 0)
+            for b in built
+        ),
         "build_s": round(build_s, 1),
         "checkpoint_commit_ms_median": sorted(commits)[len(commits) // 2],
         "checkpoint_commit_ms_max": max(commits),
         "batch_ms_median": sorted(durations)[len(durations) // 2],
         "recovery_s": round(recovery_s, 2),
         "recovery_batch_ms": updates[0]["durationMs"]["triggerExecution"],
+        "recovery_rocksdb": {
+            k: updates[0]["stateOperators"][0].get("customMetrics", {}).get(k)
+            for k in (
+                "rocksdbLoadLatencyMs",
+                "rocksdbNumLoadedFromDfs",
+                "rocksdbLoadFromSnapshotLatencyMs",
+                "rocksdbNumReplayChangelogFiles",
+                "rocksdbReplayChangeLogLatencyMs",
+            )
+        },
     }
 
 

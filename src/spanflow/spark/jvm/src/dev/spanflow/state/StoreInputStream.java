@@ -16,7 +16,7 @@ import org.apache.hadoop.fs.FSInputStream;
  * altered chunk is an error naming the file, never short or wrong data.
  */
 final class StoreInputStream extends FSInputStream {
-  private static final int AHEAD = 4;
+  private static final int AHEAD = 8;
 
   private final Store store;
   private final String url;

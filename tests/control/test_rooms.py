@@ -677,3 +677,30 @@ def test_a_restarted_agents_status_is_not_its_predecessors(cluster: Cluster) -> 
     cluster.register("a1", "edge-a", agent="agent-restarted")  # starting its Spark
     status = views.node_status(cluster.state, cluster.c.observed, "a1", now)
     assert status["ready"] is False and status["cpu_percent"] is None
+
+
+def test_a_move_savepoint_in_nats_goes_to_the_targets_domain(cluster: Cluster) -> None:
+    """With ``jetstream://`` state each site's nodes use their own server's store: a
+    move's savepoint is written into the target's (its site's domain, else the hub's),
+    which the old node reaches over the leaf link."""
+    from dataclasses import replace
+
+    from spanflow.spec.cluster import Assignment
+    from spanflow.spec.locations import in_domain
+
+    cluster.register("a1", "edge-a")
+    cluster.register("b1", "edge-b")
+    cluster.register("c1", "cloud")
+    cluster.submit("p1")
+    a: Assignment = cluster.state.assignments["p1.f0"]
+    settings = replace(
+        cluster.c.settings, state_dir="jetstream://spanflow/cluster", hub_domain="hub"
+    )
+    to_b = scheduler.move_savepoint(cluster.state, settings, a, "b1")
+    assert to_b == f"jetstream://edge-b@spanflow/cluster/savepoints/moves/p1/p1.f0-e{a.epoch}"
+    to_cloud = scheduler.move_savepoint(cluster.state, settings, a, "c1")
+    assert to_cloud.startswith("jetstream://hub@spanflow/cluster/savepoints/moves/p1/")
+    # a directory, or a location already pinned, is left as it is
+    assert scheduler.move_savepoint(cluster.state, cluster.c.settings, a, "b1").startswith("/sp/")
+    assert in_domain("jetstream://x@spanflow/a", "edge-b") == "jetstream://x@spanflow/a"
+    assert in_domain("hdfs://nn:8020/a", "edge-b") == "hdfs://nn:8020/a"

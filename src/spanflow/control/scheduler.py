@@ -229,9 +229,7 @@ def place_again(
 def start_move(
     tx: Draft, a: Assignment, target: str, reason: str, settings: CoordinatorSettings
 ) -> None:
-    savepoint = locations.join(
-        settings.savepoint_root, "moves", a.fragment.pipeline, f"{a.fragment.id}-e{a.epoch}"
-    )
+    savepoint = move_savepoint(tx.state, settings, a, target)
     tx.add(
         r.MoveStarted,
         fragment=a.fragment.id,
@@ -241,6 +239,22 @@ def start_move(
         reason=reason,
     )
     log.info("moving %s from %s to %s: %s", a.fragment.id, a.node, target, reason)
+
+
+def move_savepoint(
+    state: ClusterState, settings: CoordinatorSettings, a: Assignment, target: str
+) -> str:
+    """Where a moving fragment's savepoint goes: under the savepoint root, and for a
+    ``jetstream://`` root in the store of the *target's* JetStream domain (its site's own
+    server, else the hub's), so the new node reads what the old one wrote even when the
+    move crosses sites."""
+    path = locations.join(
+        settings.savepoint_root, "moves", a.fragment.pipeline, f"{a.fragment.id}-e{a.epoch}"
+    )
+    record = state.nodes.get(target)
+    site = state.topology.site(record.spec.site) if record is not None else None
+    domain = site.name if site is not None and site.nats_url else settings.hub_domain
+    return locations.in_domain(path, domain)
 
 
 def finish_move(tx: Draft, a: Assignment) -> None:

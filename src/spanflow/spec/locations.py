@@ -37,6 +37,19 @@ def join(base: str | Path, *parts: str) -> str:
     return str(Path(base).joinpath(*parts))
 
 
+def in_domain(location: str, domain: str | None) -> str:
+    """A ``jetstream://`` location pinned to a JetStream domain (``jetstream://<domain>@
+    <store>/…``), so that a node of another site reaches the same store over the leaf
+    link instead of its own site's. Other locations, or one already pinned, unchanged."""
+    if not domain or scheme(location) != JETSTREAM:
+        return location
+    head, _, rest = location.partition("://")
+    authority, slash, path = rest.partition("/")
+    if "@" in authority:
+        return location
+    return f"{head}://{domain}@{authority}{slash}{path}"
+
+
 def resolve(location: str | Path) -> str:
     """A local path made absolute; a URL unchanged."""
     if is_url(location):

@@ -224,3 +224,24 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def test_reads_fall_back_to_the_leader_when_direct_reads_are_off(spark, store, nats_url, uid):
+    """Chunks are read with Direct Get (raw bytes, any replica); a stream that does not
+    allow it (made by an older spanflow, or changed by hand) is read through the leader."""
+    url = f"jetstream://s{uid}/q/state/1.zip"
+    data = bytes(range(256)) * 700  # three chunks
+    _write(spark, store, url, data)
+
+    async def direct(allow: bool) -> None:
+        nc = await connect(nats_url)
+        js = nc.jetstream()
+        config = (await js.stream_info(f"SPANFLOW_FS_s{uid}")).config
+        config.allow_direct = allow
+        await js.update_stream(config)
+        await nc.close()
+
+    asyncio.run(direct(False))
+    assert _read(spark, store, url) == data
+    asyncio.run(direct(True))
+    assert _read(spark, store, url) == data

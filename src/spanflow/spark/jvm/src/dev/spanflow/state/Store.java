@@ -180,6 +180,7 @@ final class Store implements AutoCloseable {
     config.putArray("subjects").add(fresh + ".>");
     config.put("storage", "file");
     config.put("allow_rollup_hdrs", true);
+    config.put("allow_direct", true); // chunks by sequence as raw bytes (see directChunk)
     config.put("description", "spanflow checkpoints and savepoints (jetstream://" + name + ")");
     ApiError error = null;
     // replicas 0: one copy per server of the cluster, up to three (a cluster of fewer
@@ -393,6 +394,28 @@ final class Store implements AutoCloseable {
   /** The sequence a chunk's ack gives, or an error. */
   long ackedSeq(NatsClient.Msg ack, String what) throws IOException {
     return answer(ack, what).path("seq").asLong();
+  }
+
+  /**
+   * Ask for a stored chunk by sequence with a Direct Get: the bytes as they are, not
+   * base64 in JSON (reads about twice as fast), answered by any replica. Complete with
+   * {@link #directData}; a replica that lags answers "not found", and the caller then
+   * asks the leader ({@link #requestChunk}).
+   */
+  CompletableFuture<NatsClient.Msg> requestDirect(long seq) throws IOException {
+    byte[] request = ("{\"seq\":" + seq + "}").getBytes(StandardCharsets.UTF_8);
+    return retry("reading a chunk", c ->
+        c.publishForReply(api + ".DIRECT.GET." + stream, null, request));
+  }
+
+  /** A chunk's bytes from a Direct Get answer; null when this replica has no such
+   * message (or the stream allows no direct reads): ask the leader. */
+  static byte[] directData(NatsClient.Msg reply, String expectSubject) {
+    if (reply.status != 0) {
+      return null; // 404 not found, 503 no responders (direct reads off), 408 ...
+    }
+    String subject = reply.headers.get("Nats-Subject");
+    return expectSubject.equals(subject) ? reply.data : null;
   }
 
   /** Ask for a stored chunk by sequence; complete with {@link #chunkData}. */

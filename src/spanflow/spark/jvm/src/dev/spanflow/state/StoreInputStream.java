@@ -118,7 +118,7 @@ final class StoreInputStream extends FSInputStream {
     }
     for (int i = index; i < Math.min(seqs.length, index + AHEAD); i++) {
       if (!asked.containsKey(i)) {
-        asked.put(i, store.requestChunk(seqs[i]));
+        asked.put(i, store.requestDirect(seqs[i]));
       }
     }
     asked.keySet().removeIf(i -> i < index);
@@ -126,8 +126,11 @@ final class StoreInputStream extends FSInputStream {
     String what = "chunk " + (index + 1) + " of " + seqs.length + " of " + url;
     byte[] data;
     try {
-      data = store.chunkData(store.await(reply, what), dataSubject, what);
-    } catch (IOException first) { // connection lost: ask again, with the store's patience
+      data = Store.directData(store.await(reply, what), dataSubject);
+    } catch (IOException lost) { // connection lost: the leader, with the store's patience
+      data = null;
+    }
+    if (data == null) { // a replica without it, direct reads off, or no answer
       data = store.retry("reading " + what, c -> store.chunkData(
           store.await(store.requestChunk(seqs[index]), what), dataSubject, what));
     }

@@ -174,7 +174,7 @@ class Cluster:
             if reconciler.current_assignment(tx.state, act) is None:
                 return
             self.c.observed.runtime[fid] = rt
-            reconciler.on_activity(tx, self.c.observed, act)
+            reconciler.on_activity(tx, self.c.observed, act, self.c.settings)
 
         self.c.decide(decide)
 
@@ -704,3 +704,33 @@ def test_a_move_savepoint_in_nats_goes_to_the_targets_domain(cluster: Cluster) -
     assert scheduler.move_savepoint(cluster.state, cluster.c.settings, a, "b1").startswith("/sp/")
     assert in_domain("jetstream://x@spanflow/a", "edge-b") == "jetstream://x@spanflow/a"
     assert in_domain("hdfs://nn:8020/a", "edge-b") == "hdfs://nn:8020/a"
+
+
+def test_a_sites_state_holds_its_fragments_checkpoints_and_a_move_changes_it(
+    cluster: Cluster,
+) -> None:
+    """edge-b keeps state on its own HDFS (`state:`); the cloud uses --state-dir. A
+    fragment at edge-b checkpoints there; moved to the cloud, its savepoint goes to the
+    cloud's root and it resumes with a checkpoint under that root."""
+    with_state = TOPOLOGY.replace(
+        '{name: edge-b, nats_url: "nats://edge-b:4222"}',
+        '{name: edge-b, nats_url: "nats://edge-b:4222", state: "hdfs://nn-b:8020/spanflow"}',
+    )
+    cluster.c.decide(lambda tx: registry.merge_topology(tx, load_topology_text(with_state)))
+    cluster.register("b1", "edge-b")
+    cluster.register("c1", "cloud")
+    cluster.submit("p1", stream="IN_B")
+    a = cluster.state.assignments["p1.f0"]
+    assert a.node == "b1"
+    assert a.checkpoint_dir == "hdfs://nn-b:8020/spanflow/checkpoints/p1/run-p1/p1.f0"
+
+    settings = cluster.c.settings
+    cluster.c.decide(lambda tx: scheduler.start_move(tx, a, "c1", "test", settings))
+    moving = cluster.state.assignments["p1.f0"]
+    assert moving.savepoint_dir == "/sp/savepoints/moves/p1/p1.f0-e1"
+    cluster.c.decide(lambda tx: scheduler.finish_move(tx, moving, settings))
+    moved = cluster.state.assignments["p1.f0"]
+    assert (moved.node, moved.epoch) == ("c1", 2)
+    assert moved.checkpoint_dir == "/sp/checkpoints/p1/run-p1/p1.f0"
+    assert moved.restore_from == moving.savepoint_dir
+    cluster.assert_replay_matches()

@@ -300,7 +300,7 @@ class Coordinator:
         reports = await self._savepoint_reports()
 
         def catch_up(tx: Draft) -> None:
-            reconciler.catch_up_savepoints(tx, self.observed, reports)
+            reconciler.catch_up_savepoints(tx, self.observed, reports, self.settings)
             self._schedule(tx)
 
         await self._decide(catch_up)
@@ -508,7 +508,7 @@ class Coordinator:
             if reconciler.current_assignment(tx.state, act) is None:
                 return  # about a placement that is no longer current
             self.observed.runtime[act.runtime.fragment_id] = act.runtime
-            reconciler.on_activity(tx, self.observed, act)
+            reconciler.on_activity(tx, self.observed, act, self.settings)
 
         await self._decide(decide)
 

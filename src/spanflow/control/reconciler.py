@@ -9,6 +9,7 @@ fragments all stopped at their savepoints is STOPPED.
 from __future__ import annotations
 
 from spanflow.control import pipelines, scheduler
+from spanflow.control.settings import CoordinatorSettings
 from spanflow.control.state import ClusterState, Draft, Observed
 from spanflow.spec.cluster import Activity, Assignment, NodeState, PipelineState
 
@@ -62,7 +63,9 @@ def current_assignment(state: ClusterState, act: Activity) -> Assignment | None:
     return a
 
 
-def on_activity(tx: Draft, observed: Observed, act: Activity) -> None:
+def on_activity(
+    tx: Draft, observed: Observed, act: Activity, settings: CoordinatorSettings
+) -> None:
     """Decide on what an agent reported (the runtime is already in ``observed``)."""
     a = current_assignment(tx.state, act)
     record = tx.state.pipelines.get(a.fragment.pipeline) if a else None
@@ -71,7 +74,7 @@ def on_activity(tx: Draft, observed: Observed, act: Activity) -> None:
     rt = act.runtime
     if act.event == "savepointed" and a.move_to:
         if act.savepoint_dir == a.savepoint_dir:
-            scheduler.finish_move(tx, a)
+            scheduler.finish_move(tx, a, settings)
     elif act.event == "failed":
         pipelines.end(
             tx,
@@ -99,7 +102,9 @@ def stop_if_savepointed(tx: Draft, observed: Observed, pipeline: str) -> None:
         pipelines.end(tx, pipeline, PipelineState.STOPPED, f"savepoint {record.savepoint}")
 
 
-def catch_up_savepoints(tx: Draft, observed: Observed, reports: list[Activity]) -> None:
+def catch_up_savepoints(
+    tx: Draft, observed: Observed, reports: list[Activity], settings: CoordinatorSettings
+) -> None:
     """Savepoints that completed while no coordinator was listening: ``reports`` are
     the last 'savepointed' activity of each assignment taking one, from the log."""
     for act in reports:
@@ -108,7 +113,7 @@ def catch_up_savepoints(tx: Draft, observed: Observed, reports: list[Activity]) 
             continue
         observed.runtime[a.fragment.id] = act.runtime
         if a.move_to:
-            scheduler.finish_move(tx, a)
+            scheduler.finish_move(tx, a, settings)
     for record in list(tx.state.pipelines.values()):
         if record.state == PipelineState.STOPPING:
             stop_if_savepointed(tx, observed, record.name)

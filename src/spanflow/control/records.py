@@ -200,6 +200,11 @@ class MoveFinished(_Record):
     node: str = Field(description="Where it ran.")
     to: str
     fragment_epoch: int = Field(ge=1, description="The fragment's epoch on its new node.")
+    checkpoint_dir: str | None = Field(
+        default=None,
+        description="Its checkpoint on the new node when the target site keeps state "
+        "elsewhere (a site's `state:`); None: the same as before.",
+    )
 
 
 class LeaderElected(_Record):

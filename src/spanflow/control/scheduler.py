@@ -21,6 +21,7 @@ from spanflow.plan.fragments import PlanError
 from spanflow.plan.planner import Plan, hops_of, place
 from spanflow.spec import locations
 from spanflow.spec.cluster import Assignment, Fragment, NodeState, PipelineState
+from spanflow.spec.topology import Site
 
 log = logging.getLogger(__name__)
 
@@ -75,8 +76,8 @@ def schedule(
                     fragment=fragment,
                     node=placement[fragment.id],
                     epoch=epoch,
-                    checkpoint_dir=locations.join(
-                        settings.checkpoint_root, record.name, record.run_id, fragment.id
+                    checkpoint_dir=checkpoint_dir(
+                        tx.state, settings, placement[fragment.id], fragment
                     ),
                     restore_from=(
                         locations.join(record.restore_from, fragment.id)
@@ -241,27 +242,53 @@ def start_move(
     log.info("moving %s from %s to %s: %s", a.fragment.id, a.node, target, reason)
 
 
+def site_of(state: ClusterState, node: str) -> Site | None:
+    record = state.nodes.get(node)
+    return state.topology.site(record.spec.site) if record is not None else None
+
+
+def checkpoint_dir(
+    state: ClusterState, settings: CoordinatorSettings, node: str, fragment: Fragment
+) -> str:
+    """A fragment's checkpoint when it runs on ``node``: under its site's state root
+    (the site's ``state:``, else the coordinator's ``--state-dir``)."""
+    run_id = state.pipelines[fragment.pipeline].run_id
+    root = settings.state_root(site_of(state, node))
+    return locations.join(root, "checkpoints", fragment.pipeline, run_id, fragment.id)
+
+
 def move_savepoint(
     state: ClusterState, settings: CoordinatorSettings, a: Assignment, target: str
 ) -> str:
-    """Where a moving fragment's savepoint goes: under the savepoint root, and for a
-    ``jetstream://`` root in the store of the *target's* JetStream domain (its site's own
-    server, else the hub's), so the new node reads what the old one wrote even when the
-    move crosses sites."""
+    """Where a moving fragment's savepoint goes: under the *target's* state root (its
+    site's ``state:``, else ``--state-dir``), and for a ``jetstream://`` root in the store
+    of the target's JetStream domain (its site's own server, else the hub's), so the new
+    node reads what the old one wrote even when the move crosses sites."""
+    site = site_of(state, target)
     path = locations.join(
-        settings.savepoint_root, "moves", a.fragment.pipeline, f"{a.fragment.id}-e{a.epoch}"
+        settings.state_root(site),
+        "savepoints",
+        "moves",
+        a.fragment.pipeline,
+        f"{a.fragment.id}-e{a.epoch}",
     )
-    record = state.nodes.get(target)
-    site = state.topology.site(record.spec.site) if record is not None else None
     domain = site.name if site is not None and site.nats_url else settings.hub_domain
     return locations.in_domain(path, domain)
 
 
-def finish_move(tx: Draft, a: Assignment) -> None:
+def finish_move(tx: Draft, a: Assignment, settings: CoordinatorSettings) -> None:
     """The fragment stopped at a savepoint on its old node: start it on the new one."""
     assert a.move_to is not None
     record = tx.state.pipelines.get(a.fragment.pipeline)
     if record is None:
         return
     epoch = max(record.epochs.get(a.fragment.id, 0), a.epoch) + 1
-    tx.add(r.MoveFinished, fragment=a.fragment.id, node=a.node, to=a.move_to, fragment_epoch=epoch)
+    moved_to = checkpoint_dir(tx.state, settings, a.move_to, a.fragment)
+    tx.add(
+        r.MoveFinished,
+        fragment=a.fragment.id,
+        node=a.node,
+        to=a.move_to,
+        fragment_epoch=epoch,
+        checkpoint_dir=moved_to if moved_to != a.checkpoint_dir else None,
+    )

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from spanflow.spec import locations
-from spanflow.spec.topology import Topology
+from spanflow.spec.topology import Site, Topology
 
 
 @dataclass
@@ -71,6 +71,11 @@ class CoordinatorSettings:
     @property
     def failure_seconds(self) -> float:
         return self.heartbeat_interval * self.failure_after
+
+    def state_root(self, site: Site | None) -> str:
+        """Where a fragment placed at ``site`` keeps its state: the site's ``state:``,
+        else :attr:`state_dir`."""
+        return site.state if site is not None and site.state else self.state_dir
 
     @property
     def checkpoint_root(self) -> str:

@@ -269,7 +269,7 @@ def _finish_move(state: ClusterState, record: r.MoveFinished) -> None:
         fragment=a.fragment,
         node=record.to,
         epoch=record.fragment_epoch,
-        checkpoint_dir=a.checkpoint_dir,
+        checkpoint_dir=record.checkpoint_dir or a.checkpoint_dir,
         restore_from=a.savepoint_dir,
         reason=f"moved from {record.node}",
         priority=a.priority,

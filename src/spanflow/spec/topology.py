@@ -58,6 +58,13 @@ class Site(BaseModel):
         "domain = the site's name. Its nodes read and buffer their data there, so the "
         "site keeps working while its uplink is down. None: the cluster's server.",
     )
+    state: str | None = Field(
+        default=None,
+        min_length=1,
+        description="Where fragments placed at this site keep checkpoints and savepoints: "
+        "a directory its nodes share, or a Hadoop URL (jetstream://<store>/<path>: the "
+        "site's own NATS; hdfs://...). None: the coordinator's --state-dir.",
+    )
     retention: Retention = Field(
         default=DEFAULT_RETENTION,
         description="Limits of every stream spanflow creates on this site's nodes "

@@ -114,6 +114,12 @@ def test_savepoint_copies_between_local_disk_and_the_store(spark, store, uid, tm
     assert not checkpoint_store.exists(spark, saved)
     assert checkpoint_store.exists(spark, moved)  # a copy, not a shared reference
 
+    # a fragment that never checkpointed saves an empty savepoint; restoring it works
+    empty = f"jetstream://s{uid}/savepoints/p/f2"
+    checkpoint_store.make_empty(spark, empty)
+    assert checkpoint_store.copy(spark, empty, f"jetstream://s{uid}/checkpoints/p/f2")
+    assert checkpoint_store.exists(spark, f"jetstream://s{uid}/checkpoints/p/f2")
+
 
 def _stream_messages(url: str, stream: str) -> dict[str, int]:
     """Last sequence of each subject of a store's stream."""

@@ -13,7 +13,6 @@ import json
 import logging
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from spanflow.nats.fences import Fence
@@ -115,10 +114,7 @@ class FragmentExecutor:
         target = assignment.savepoint_dir
         self._prepare_store(assignment.checkpoint_dir, target)
         if not checkpoint_store.copy(self.spark, assignment.checkpoint_dir, target):
-            if locations.is_url(target):  # nothing checkpointed yet: an empty savepoint
-                checkpoint_store.remove(self.spark, target)
-            else:
-                Path(target).mkdir(parents=True, exist_ok=True)
+            checkpoint_store.make_empty(self.spark, target)  # nothing checkpointed yet
         return target
 
     def _prepare_store(self, *where: str) -> None:

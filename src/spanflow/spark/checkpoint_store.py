@@ -66,6 +66,17 @@ def remove(spark: SparkSession, location: str) -> None:
     fs.delete(path, True)
 
 
+def make_empty(spark: SparkSession, location: str) -> None:
+    """An empty location (what a fragment that never checkpointed saves: restoring it
+    starts the fragment fresh, as its first start would)."""
+    if not locations.is_url(location):
+        Path(location).mkdir(parents=True, exist_ok=True)
+        return
+    path, fs = _file_system(spark, location)
+    fs.delete(path, True)
+    fs.mkdirs(path)
+
+
 def copy(spark: SparkSession, source: str, target: str) -> bool:
     """Replace ``target`` with a copy of ``source``; False when there is no source."""
     if not locations.is_url(source) and not locations.is_url(target):

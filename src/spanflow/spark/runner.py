@@ -352,7 +352,8 @@ class PipelineRunner:
                 order_by=sink.order_by,
             )
             ledger = self._ledger(sink, checkpoint)
-            self._refuse_lost_checkpoint(sink, checkpoint, ledger)
+            if sup.restarts == 0:  # a restart in this process reuses what start() checked
+                self._refuse_lost_checkpoint(sink, checkpoint, ledger)
             writer = writer.foreachBatch(self._driver_publisher(target, ledger))
         elif sink.kind == "parquet":
             writer = writer.format("parquet").option("path", sink.path or "")
@@ -473,7 +474,18 @@ class PipelineRunner:
             elif now >= sup.next_restart:
                 sup.restarts += 1
                 sup.next_restart = 0.0
-                self._start_query(sup)
+                try:
+                    self._start_query(sup)
+                except Exception as failed:  # e.g. NATS unreachable: try again later
+                    sup.error = str(failed).split("\n")[0][:300] or type(failed).__name__
+                    delay = min(30.0, 2.0 ** min(sup.restarts, 5))
+                    sup.next_restart = time.monotonic() + delay
+                    log.warning(
+                        "query %s could not restart (%s); again in %.0f s",
+                        sup.sink_id,
+                        sup.error,
+                        delay,
+                    )
 
     def stop(self) -> None:
         """Stop every query (idempotent). The last committed batch is kept in the checkpoint."""

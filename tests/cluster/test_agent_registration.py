@@ -95,7 +95,7 @@ def test_an_agent_started_before_its_coordinator_registers_once_it_answers(
         thread.join(timeout=60)
         assert answers and not first.offline
         saved = RegistrationCache(tmp_path / "agents", "edge-1").load()
-        assert saved is not None and saved["nats_url"] == nats.url
+        assert saved is not None and saved.nats_url == nats.url
         assert first.retention.max_bytes == 1024**3  # the site's limits came with it
         assert (tmp_path / "agents" / "edge-1.registration.json").stat().st_mode & 0o077 == 0
 

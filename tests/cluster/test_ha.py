@@ -187,8 +187,9 @@ def test_killing_the_nats_server_that_leads_the_lease_bucket_keeps_the_leader(
     cluster: LocalCluster,
 ) -> None:
     """The worst NATS server to lose: the one leading the lease bucket. The bucket has no
-    leader for up to ~11 s; the lease (17 s) outlives that, so the coordinator that led
-    still leads once the bucket answers again, with no new epoch."""
+    leader for up to ~11 s; the lease (19 s) outlives that and the leader's retries, so
+    the coordinator that led still leads once the bucket answers again, with no new
+    epoch."""
     api = cluster.api()
     wait_for(lambda: cluster.leader() is not None, timeout=30)
     leader = cluster.leader()

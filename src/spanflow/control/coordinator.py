@@ -19,7 +19,7 @@ import logging
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Literal, TypeVar
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
@@ -58,6 +58,14 @@ from spanflow.nats.cluster import (
 from spanflow.nats.streams import connect
 from spanflow.plan import Placer
 from spanflow.plan.planner import GeoPlacer
+from spanflow.protocol.rest import (
+    ClusterMetrics,
+    Connection,
+    NodeStatus,
+    PipelineMetrics,
+    PipelineStatus,
+    ShedAnswer,
+)
 from spanflow.spec import locations
 from spanflow.spec.cluster import (
     Activity,
@@ -173,7 +181,7 @@ class Coordinator:
         return actual
 
     @property
-    def role(self) -> str:
+    def role(self) -> Literal["leader", "standby"]:
         return "leader" if self.leading else "standby"
 
     async def stop(self) -> None:
@@ -205,12 +213,15 @@ class Coordinator:
     # -- leadership -----------------------------------------------------------------------
     async def _leadership(self) -> None:
         """Renew the lease (leader) or watch for it to lapse and tail the log (standby)."""
+        answered = True
         while True:
-            await asyncio.sleep(self.lease_seconds / leadership.RENEWALS_PER_LEASE)
+            period = self.lease_seconds / leadership.RENEWALS_PER_LEASE
+            await asyncio.sleep(period if answered or not self.leading else leadership.LEASE_RETRY)
             try:
-                await self._campaign()
+                answered = await self._campaign()
             except Exception:
                 log.exception("leadership pass failed")
+                answered = True
 
     @property
     def leases(self) -> KeyValue:
@@ -219,7 +230,9 @@ class Coordinator:
 
     async def _read_lease(self) -> Lease | None:
         try:
-            entry = await self.leases.get(LEASE_KEY)
+            entry = await asyncio.wait_for(
+                self.leases.get(LEASE_KEY), leadership.LEASE_CALL_TIMEOUT
+            )
         except KeyNotFoundError:
             return None
         if not entry.value:
@@ -228,8 +241,10 @@ class Coordinator:
             update={"revision": entry.revision or 0}
         )
 
-    async def _campaign(self) -> None:
-        """One round: hold or get the lease if we can; take office or step down."""
+    async def _campaign(self) -> bool:
+        """One round: hold or get the lease if we can; take office or step down. False
+        when the lease bucket did not answer and a leader keeps office meanwhile (the
+        caller retries soon: the lease is running out)."""
         s = self.settings
         asked_at = self.clock.monotonic()
         try:
@@ -240,7 +255,7 @@ class Coordinator:
                 self._renewed_at, self.clock.monotonic(), self.lease_seconds
             ):
                 log.info("lease renewal got no answer (%r); still leading", exc)
-                return
+                return False
             lease, held = None, False
         if held:
             self._renewed_at = asked_at
@@ -257,6 +272,7 @@ class Coordinator:
             assert self.control_log is not None
             async with self._lock:
                 await self.control_log.repair_if_needed(self.state)
+        return True
 
     async def _hold(self, step: leadership.Step, lease: Lease | None) -> bool:
         """Create or renew the lease as ``step`` says; False when another replica
@@ -264,15 +280,37 @@ class Coordinator:
         mine = Lease(holder=self.settings.name, url=self.settings.url)
         try:
             if step == leadership.Step.CAMPAIGN:
-                await self.leases.create(LEASE_KEY, mine.value())
+                await asyncio.wait_for(
+                    self.leases.create(LEASE_KEY, mine.value()), leadership.LEASE_CALL_TIMEOUT
+                )
                 return True
             if step == leadership.Step.RENEW:
                 assert lease is not None
-                await self.leases.update(LEASE_KEY, mine.value(), last=lease.revision)
+                await asyncio.wait_for(
+                    self.leases.update(LEASE_KEY, mine.value(), last=lease.revision),
+                    leadership.LEASE_CALL_TIMEOUT,
+                )
                 return True
-        except BadRequestError:  # KeyWrongLastSequenceError: another replica wrote it
-            return False
+        except BadRequestError:  # KeyWrongLastSequenceError: someone wrote it since
+            return await self._renew_if_ours(mine)
         return False
+
+    async def _renew_if_ours(self, mine: Lease) -> bool:
+        """After a refused create or renewal: an earlier call of ours that timed out
+        may have been stored after all (the lease is ours, at a newer revision). Then
+        renew it at that revision — a leader must not step down over its own write,
+        and its lease is counted from this renewal."""
+        current = await self._read_lease()
+        if current is None or current.holder != self.settings.name:
+            return False
+        try:
+            await asyncio.wait_for(
+                self.leases.update(LEASE_KEY, mine.value(), last=current.revision),
+                leadership.LEASE_CALL_TIMEOUT,
+            )
+        except BadRequestError:
+            return False
+        return True
 
     async def _follow(self) -> None:
         assert self.control_log is not None
@@ -346,7 +384,7 @@ class Coordinator:
     def topology(self) -> Topology:
         return self.state.full_topology()
 
-    def connection_for(self, node: str) -> dict[str, Any]:
+    def connection_for(self, node: str) -> Connection:
         s = self.settings
         return registry.connection_for(self.state, node, s.nats_url, s.hub_domain, s.replicas)
 
@@ -383,7 +421,7 @@ class Coordinator:
         await self._decide(decide)
         self.observed.forget(name)
 
-    async def shed(self, node: str, request: ShedRequest) -> dict[str, Any]:
+    async def shed(self, node: str, request: ShedRequest) -> ShedAnswer:
         """An overloaded node asks for one of its fragments to move to a peer."""
 
         def decide(tx: Draft) -> Assignment:
@@ -391,7 +429,9 @@ class Coordinator:
 
         a = await self._decide(decide)
         moving = self.state.assignments[a.fragment.id]
-        return {"fragment": a.fragment.id, "from": node, "to": moving.move_to, "epoch": a.epoch}
+        return ShedAnswer.model_validate(
+            {"fragment": a.fragment.id, "from": node, "to": moving.move_to, "epoch": a.epoch}
+        )
 
     async def update_capabilities(self, name: str, caps: Capabilities) -> NodeRecord:
         def decide(tx: Draft) -> None:
@@ -544,15 +584,15 @@ class Coordinator:
         return scheduler.rebalance_settled(tx, self.observed, self.settings, now)
 
     # -- observation ----------------------------------------------------------------------
-    def pipeline_status(self, name: str) -> dict[str, Any]:
+    def pipeline_status(self, name: str) -> PipelineStatus:
         return views.pipeline_status(self.state, self.observed, name)
 
-    def pipeline_metrics(self, name: str) -> dict[str, Any]:
+    def pipeline_metrics(self, name: str) -> PipelineMetrics:
         return views.pipeline_metrics(self.state, self.observed, name)
 
-    def node_status(self, name: str) -> dict[str, Any]:
+    def node_status(self, name: str) -> NodeStatus:
         return views.node_status(self.state, self.observed, name, self.clock.monotonic())
 
-    def cluster_metrics(self) -> dict[str, Any]:
+    def cluster_metrics(self) -> ClusterMetrics:
         uptime = self.clock.monotonic() - self.started_at
         return views.cluster_metrics(self.state, self.observed, uptime)

@@ -17,13 +17,17 @@ How long a lease lasts (:func:`lease_for`): on a replicated NATS cluster the lea
 bucket is itself a Raft group; when the server that leads it dies, its followers wait
 an election timeout (4 to 9 s in nats-server), campaign (up to 0.8 s) and answer again.
 A lease shorter than that failover expires while nobody can renew it, and a NATS
-server kill alone would change the coordinator. So the lease covers the failover plus
-the renewal period (a third of the lease): ``L ≥ F + L/3``, ``L = 1.5·F`` with
-``F = 9 + 0.8 + 1 = 10.8 s`` (the maximum election timeout, the maximum campaign,
-one Raft heartbeat), i.e. 16.2 s, rounded up to 17 s. A single server has no
-failover: 3 s. A leader whose renewal gets *no answer* keeps office until its lease
-would have expired counted from its last good renewal (:func:`keeps_office`); a
-renewal *refused* (another replica holds the key) ends it at once.
+server kill alone would change the coordinator. A leader whose renewal gets no answer
+tries again every ``LEASE_RETRY + LEASE_CALL_TIMEOUT`` (1.25 s) instead of waiting a
+renewal period, so the lease must cover the renewal period (a third of the lease), a
+failover, one retry and the margin a leader keeps before expiry:
+``L ≥ L/3 + F + R + M``, ``L = 1.5·(F + R + M)`` with ``F = 9 + 0.8 + 1 = 10.8 s``
+(the maximum election timeout, the maximum campaign, one Raft heartbeat), ``R = 1.25
+s``, ``M = 0.5 s``: 18.8 s, rounded up to 19 s. A single server has no failover: 3 s.
+A leader whose renewal gets *no answer* keeps office until its lease would have
+expired counted from its last good renewal (:func:`keeps_office`); a renewal
+*refused* (another replica holds the key) ends it at once — unless the key is the
+leader's own, written by an earlier call that timed out but was stored after all.
 """
 
 from __future__ import annotations
@@ -50,13 +54,20 @@ RENEWALS_PER_LEASE = 3
 RENEWAL_MARGIN = 0.5
 """Seconds a leader that cannot renew gives up office before its lease would expire
 (clock drift between it and the server that times the key)."""
+LEASE_CALL_TIMEOUT = 1.0
+"""Seconds one lease read or write may take: a leader whose renewal gets no answer
+must try again soon, not wait out the client's default time-out (5 s)."""
+LEASE_RETRY = 0.25
+"""Seconds between renewal attempts while the lease bucket does not answer: the
+bucket's new Raft leader may answer any moment, and the lease runs out meanwhile."""
 
 
 def lease_for(servers: int) -> float:
     """The lease for a control plane on ``servers`` NATS servers (see the module doc)."""
     if servers <= 1:
         return SINGLE_SERVER_LEASE
-    return float(math.ceil(JETSTREAM_FAILOVER * RENEWALS_PER_LEASE / (RENEWALS_PER_LEASE - 1)))
+    unanswered = JETSTREAM_FAILOVER + LEASE_RETRY + LEASE_CALL_TIMEOUT + RENEWAL_MARGIN
+    return float(math.ceil(unanswered * RENEWALS_PER_LEASE / (RENEWALS_PER_LEASE - 1)))
 
 
 def keeps_office(last_renewed: float, now: float, lease_seconds: float) -> bool:

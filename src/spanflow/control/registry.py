@@ -7,14 +7,13 @@ answers with, or raises a :mod:`spanflow.control.errors` error.
 
 from __future__ import annotations
 
-from typing import Any
-
 from pydantic import ValidationError
 
 from spanflow.control import records as r
 from spanflow.control.errors import Conflict, Invalid, NotFound
 from spanflow.control.requests import Registration
 from spanflow.control.state import ClusterState, Draft
+from spanflow.protocol.rest import Connection
 from spanflow.spec.cluster import NodeRecord, NodeState
 from spanflow.spec.retention import DEFAULT_RETENTION
 from spanflow.spec.topology import Capabilities, Link, NodeSpec, Site, Topology
@@ -125,7 +124,7 @@ def connection_for(
     nats_url: str,
     hub_domain: str | None,
     replicas: int | None = None,
-) -> dict[str, Any]:
+) -> Connection:
     """Which NATS server a node uses and where the control plane's JetStream is: the
     site's own server (a leaf node) with the hub's domain, or the cluster's; and the
     limits of the streams it creates (its site's; on the cluster's servers, at least
@@ -136,14 +135,14 @@ def connection_for(
     retention = site.retention if site is not None else DEFAULT_RETENTION
     if not own and replicas and replicas > (retention.replicas or 0):
         retention = retention.model_copy(update={"replicas": replicas})
-    return {
-        "nats_url": own or nats_url,
-        "control_domain": hub_domain if own else None,
-        "site_domain": record.spec.site if own else None,
-        "retention": retention.model_dump(),
-        "partition": partition_of(state, name),
-        "gossip_peers": gossip_peers(state, name),
-    }
+    return Connection(
+        nats_url=own or nats_url,
+        control_domain=hub_domain if own else None,
+        site_domain=record.spec.site if own else None,
+        retention=retention,
+        partition=partition_of(state, name),
+        gossip_peers=gossip_peers(state, name),
+    )
 
 
 def partition_of(state: ClusterState, name: str) -> str:

@@ -4,29 +4,11 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
+from spanflow.protocol.rest import Registration
 from spanflow.spec.durations import Duration
 from spanflow.spec.pipeline import PipelineSpec
-from spanflow.spec.topology import Capabilities, HostedStream
 
-
-class Registration(BaseModel):
-    """What a node agent sends when it starts."""
-
-    name: str
-    site: str
-    agent_id: str
-    host: str | None = None
-    gossip: str | None = Field(
-        default=None, description="host:port where the agent's membership endpoint listens."
-    )
-    capabilities: Capabilities | None = Field(
-        default=None, description="Given on the agent's command line; wins over the topology."
-    )
-    detected: Capabilities | None = Field(
-        default=None, description="What the agent measured; used when nothing else is known."
-    )
-    streams: tuple[HostedStream, ...] | None = None
-    sinks: tuple[str, ...] | None = None
+__all__ = ["Registration", "Submission"]
 
 
 class Submission(BaseModel):

@@ -36,7 +36,7 @@ class CoordinatorSettings:
     lease_seconds: float | None = None
     """A leader that stops renewing its lease loses it after this long; a standby then
     takes office. Renewed every third of it. None: sized from the NATS cluster's
-    failover time (``leadership.lease_for``: 3 s on one server, 17 s on a cluster)."""
+    failover time (``leadership.lease_for``: 3 s on one server, 19 s on a cluster)."""
     gossip_profile: str = "lan"
     """Membership profile agents use unless told otherwise (``lan``, ``wan``,
     ``local_test``; see docs/membership.md)."""

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from spanflow.control import pipelines, registry
 from spanflow.control.state import ClusterState, Observed
 from spanflow.plan.planner import hops_of
+from spanflow.protocol.rest import (
+    ClusterMetrics,
+    FragmentStatus,
+    NodeStatus,
+    PipelineMetrics,
+    PipelineStatus,
+)
 from spanflow.spec.cluster import NodeState, PipelineState
 
 
-def pipeline_status(state: ClusterState, observed: Observed, name: str) -> dict[str, Any]:
+def pipeline_status(state: ClusterState, observed: Observed, name: str) -> PipelineStatus:
     record = pipelines.pipeline(state, name)
     shown = pipelines.shown_fragments(state, record)
     topology = state.topology
@@ -27,107 +32,107 @@ def pipeline_status(state: ClusterState, observed: Observed, name: str) -> dict[
         )
         path = max(path, worst)
         fragments.append(
-            {
-                "id": f.id,
-                "kind": f.kind,
-                "site": node.spec.site if node else f.site,
-                "input_sites": list(f.input_sites),
-                "steps": list(f.steps),
-                "node": a.node if a else None,
-                "epoch": a.epoch if a else record.epochs.get(f.id, 0),
-                "action": a.action if a else None,
-                "status": (
+            FragmentStatus(
+                id=f.id,
+                kind=f.kind,
+                site=node.spec.site if node else f.site,
+                input_sites=list(f.input_sites),
+                steps=list(f.steps),
+                node=a.node if a else None,
+                epoch=a.epoch if a else record.epochs.get(f.id, 0),
+                action=a.action if a else None,
+                status=(
                     rt.status
                     if rt and a and rt.epoch == a.epoch
                     else ("starting" if a else "unassigned")
                 ),
-                "input_latency_s": round(worst, 4),
-                "runtime": rt.model_dump() if rt else None,
-            }
+                input_latency_s=round(worst, 4),
+                runtime=rt,
+            )
         )
     batch_ms = [rt.last_batch_ms for f in shown if (rt := observed.runtime.get(f.id)) is not None]
     # Every fragment on the path waits up to a trigger interval and runs one batch;
     # the network adds the worst one-way latency into a global fragment.
     hops = hops_of(shown) if shown else 1
     estimate = path + hops * (record.spec.trigger + max(batch_ms) / 1000) if batch_ms else None
-    return {
-        "name": name,
-        "state": record.state.value,
-        "reason": record.reason,
-        "latency_estimate_s": round(estimate, 3) if estimate is not None else None,
-        "over_latency_budget": (
+    return PipelineStatus(
+        name=name,
+        state=record.state,
+        reason=record.reason,
+        latency_estimate_s=round(estimate, 3) if estimate is not None else None,
+        over_latency_budget=(
             estimate > record.latency_budget
             if estimate is not None and record.latency_budget
             else None
         ),
-        "priority": record.priority,
-        "latency_budget": record.latency_budget,
-        "parallelism": record.parallelism,
-        "run_id": record.run_id,
-        "submitted_at": record.submitted_at,
-        "savepoint": record.savepoint,
-        "fragments": fragments,
-        "history": [h.model_dump() for h in record.history],
-    }
+        priority=record.priority,
+        latency_budget=record.latency_budget,
+        parallelism=record.parallelism,
+        run_id=record.run_id,
+        submitted_at=record.submitted_at,
+        savepoint=record.savepoint,
+        fragments=fragments,
+        history=list(record.history),
+    )
 
 
-def pipeline_metrics(state: ClusterState, observed: Observed, name: str) -> dict[str, Any]:
+def pipeline_metrics(state: ClusterState, observed: Observed, name: str) -> PipelineMetrics:
     record = pipelines.pipeline(state, name)
     rts = [
         observed.runtime[f.id]
         for f in pipelines.shown_fragments(state, record)
         if f.id in observed.runtime
     ]
-    return {
-        "name": name,
-        "state": record.state.value,
-        "batches": sum(r.batches for r in rts),
-        "rows_in": sum(r.rows_in for r in rts),
-        "input_rows_per_s": sum(r.input_rows_per_s + r.realtime_rows_per_s for r in rts),
-        "processed_rows_per_s": sum(r.processed_rows_per_s for r in rts),
-        "realtime_rows_per_s": sum(r.realtime_rows_per_s for r in rts),
-        "lag": sum(r.lag for r in rts),
-        "dead_letters": sum(r.dead_letters for r in rts),
-        "restarts": sum(r.restarts for r in rts),
-        "last_batch_ms": max((r.last_batch_ms for r in rts), default=0),
-        "fragments": {r.fragment_id: r.model_dump() for r in rts},
-    }
+    return PipelineMetrics(
+        name=name,
+        state=record.state,
+        batches=sum(r.batches for r in rts),
+        rows_in=sum(r.rows_in for r in rts),
+        input_rows_per_s=sum(r.input_rows_per_s + r.realtime_rows_per_s for r in rts),
+        processed_rows_per_s=sum(r.processed_rows_per_s for r in rts),
+        realtime_rows_per_s=sum(r.realtime_rows_per_s for r in rts),
+        lag=sum(r.lag for r in rts),
+        dead_letters=sum(r.dead_letters for r in rts),
+        restarts=sum(r.restarts for r in rts),
+        last_batch_ms=max((r.last_batch_ms for r in rts), default=0),
+        fragments={r.fragment_id: r for r in rts},
+    )
 
 
-def node_status(state: ClusterState, observed: Observed, name: str, now: float) -> dict[str, Any]:
+def node_status(state: ClusterState, observed: Observed, name: str, now: float) -> NodeStatus:
     """``now``: the monotonic clock, for how long ago the node was heard."""
     record = registry.node(state, name)
     hb = observed.heartbeats.get(name)
     if hb is not None and record.agent_id and hb.agent_id != record.agent_id:
         hb = None  # from the agent before this one (it restarted): not what runs now
     seen = observed.last_seen.get(name)
-    return {
-        **record.model_dump(mode="json"),
-        "name": name,
-        "fragments": sorted(a.fragment.id for a in state.assignments_on(name)),
-        "running": sorted(hb.fragments) if hb else [],
-        "agent_fragments": {k: v.model_dump() for k, v in hb.fragments.items()} if hb else {},
-        "slots": record.spec.capabilities.fragment_slots,
-        "cpu_percent": hb.cpu_percent if hb else None,
-        "memory_percent": hb.memory_percent if hb else None,
-        "last_heartbeat_s": round(now - seen, 2) if seen is not None else None,
-        "streams": [u.model_dump() for u in hb.streams] if hb else [],
-        "warnings": [u.warning for u in hb.streams if u.warning] if hb else [],
-        "last_known_assignments": hb.last_known if hb else False,
-        "ready": hb.ready if hb else False,
-        "load": hb.load if hb else None,
-        "bottleneck": hb.bottleneck if hb else None,
-        "gossip_addr": record.gossip,
-        "gossip_rejected": hb.gossip_rejected if hb else 0,
-        "gossip": {
-            peer: view.model_dump(exclude_none=True) for peer, view in sorted(hb.peers.items())
-        }
-        if hb
-        else {},
-    }
+    return NodeStatus(
+        name=name,
+        spec=record.spec,
+        state=record.state,
+        agent_id=record.agent_id,
+        host=record.host,
+        since=record.since,
+        fragments=sorted(a.fragment.id for a in state.assignments_on(name)),
+        running=sorted(hb.fragments) if hb else [],
+        agent_fragments=dict(hb.fragments) if hb else {},
+        slots=record.spec.capabilities.fragment_slots,
+        cpu_percent=hb.cpu_percent if hb else None,
+        memory_percent=hb.memory_percent if hb else None,
+        last_heartbeat_s=round(now - seen, 2) if seen is not None else None,
+        streams=list(hb.streams) if hb else [],
+        warnings=[u.warning for u in hb.streams if u.warning] if hb else [],
+        last_known_assignments=hb.last_known if hb else False,
+        ready=hb.ready if hb else False,
+        load=hb.load if hb else None,
+        bottleneck=hb.bottleneck if hb else None,
+        gossip_addr=record.gossip,
+        gossip_rejected=hb.gossip_rejected if hb else 0,
+        gossip=dict(sorted(hb.peers.items())) if hb else {},
+    )
 
 
-def cluster_metrics(state: ClusterState, observed: Observed, uptime_s: float) -> dict[str, Any]:
+def cluster_metrics(state: ClusterState, observed: Observed, uptime_s: float) -> ClusterMetrics:
     nodes = state.nodes.values()
     by_state: dict[str, int] = {s.value: 0 for s in NodeState}
     for n in nodes:
@@ -140,18 +145,18 @@ def cluster_metrics(state: ClusterState, observed: Observed, uptime_s: float) ->
     by_pipeline_state: dict[str, int] = {s.value: 0 for s in PipelineState}
     for p in state.pipelines.values():
         by_pipeline_state[p.state.value] += 1
-    return {
-        "nodes": by_state,
-        "cores": cores,
-        "slots": slots,
-        "slots_used": used,
-        "utilisation": round(used / slots, 3) if slots else 0.0,
-        "cpu_percent": round(sum(cpus) / len(cpus), 1) if cpus else 0.0,
-        "throughput_rows_per_s": round(
+    return ClusterMetrics(
+        nodes=by_state,
+        cores=cores,
+        slots=slots,
+        slots_used=used,
+        utilisation=round(used / slots, 3) if slots else 0.0,
+        cpu_percent=round(sum(cpus) / len(cpus), 1) if cpus else 0.0,
+        throughput_rows_per_s=round(
             sum(r.input_rows_per_s + r.realtime_rows_per_s for r in observed.runtime.values()), 1
         ),
-        "pipelines": by_pipeline_state,
-        "uptime_s": round(uptime_s, 1),
-        "leader": state.leader,
-        "leader_epoch": state.leader_epoch,
-    }
+        pipelines=by_pipeline_state,
+        uptime_s=round(uptime_s, 1),
+        leader=state.leader,
+        leader_epoch=state.leader_epoch,
+    )

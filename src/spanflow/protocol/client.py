@@ -5,16 +5,32 @@ the one that answered last; when it cannot be reached, or answers 503 (a standby
 cannot take writes, or a leader that just lost its lease), the next URL is tried, and
 so on for up to ``patience`` seconds. A standby that knows the leader answers a write
 with a redirect to it (307), which is followed. Errors other than these come back to
-the caller as they are.
+the caller as they are from :meth:`CoordinatorClient.request`; the typed methods
+(``nodes()``, ``pipeline(name)``, ``submit(...)``, ...) parse answers into the models
+of :mod:`spanflow.protocol.rest` and raise :class:`ApiError` for a 4xx or 5xx.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
+from pydantic import BaseModel, TypeAdapter
+
+from spanflow.protocol.rest import (
+    ClusterInfo,
+    ClusterMetrics,
+    Health,
+    LogEntry,
+    NodeStatus,
+    PipelineMetrics,
+    PipelineStatus,
+    SubmitBody,
+)
+
+M = TypeVar("M", bound=BaseModel)
 
 
 def parse_urls(given: str | Sequence[str]) -> list[str]:
@@ -28,6 +44,16 @@ def parse_urls(given: str | Sequence[str]) -> list[str]:
 
 class CoordinatorUnreachable(Exception):
     """No coordinator of the list answered (the message lists what each said)."""
+
+
+class ApiError(Exception):
+    """The coordinator refused a request: its status and what it said."""
+
+    def __init__(self, status: int, detail: str, code: str | None = None) -> None:
+        super().__init__(f"{status}: {detail}")
+        self.status = status
+        self.detail = detail
+        self.code = code
 
 
 class CoordinatorClient:
@@ -89,6 +115,67 @@ class CoordinatorClient:
                     "; ".join(f"coordinator {u}: {p}" for u, p in problems.items())
                 )
             time.sleep(0.25)
+
+    # -- typed calls -------------------------------------------------------------------
+    def _checked(self, method: str, path: str, body: Any = None) -> httpx.Response:
+        r = self.request(method, path, body)
+        if r.status_code >= 400:
+            raise ApiError(r.status_code, _detail(r), _code(r))
+        return r
+
+    def one(self, method: str, path: str, model: type[M], body: Any = None) -> M:
+        """The answer parsed as ``model``; :class:`ApiError` for a 4xx or 5xx."""
+        return model.model_validate_json(self._checked(method, path, body).content)
+
+    def many(self, path: str, model: type[M]) -> list[M]:
+        """A GET answered with a list of ``model``."""
+        return TypeAdapter(list[model]).validate_json(  # type: ignore[valid-type]
+            self._checked("GET", path).content
+        )
+
+    def health(self) -> Health:
+        return self.one("GET", "/healthz", Health)
+
+    def cluster(self) -> ClusterInfo:
+        return self.one("GET", "/api/v1/cluster", ClusterInfo)
+
+    def cluster_metrics(self) -> ClusterMetrics:
+        return self.one("GET", "/api/v1/cluster/metrics", ClusterMetrics)
+
+    def log(self, after: int = 0, limit: int = 100) -> list[LogEntry]:
+        """The newest ``limit`` control-log records after ``after``."""
+        return self.many(f"/api/v1/cluster/log?after={after}&limit={limit}", LogEntry)
+
+    def nodes(self) -> list[NodeStatus]:
+        return self.many("/api/v1/nodes", NodeStatus)
+
+    def node(self, name: str) -> NodeStatus:
+        return self.one("GET", f"/api/v1/nodes/{name}", NodeStatus)
+
+    def pipelines(self) -> list[PipelineStatus]:
+        return self.many("/api/v1/pipelines", PipelineStatus)
+
+    def pipeline(self, name: str) -> PipelineStatus:
+        return self.one("GET", f"/api/v1/pipelines/{name}", PipelineStatus)
+
+    def pipeline_metrics(self, name: str) -> PipelineMetrics:
+        return self.one("GET", f"/api/v1/pipelines/{name}/metrics", PipelineMetrics)
+
+    def submit(self, body: SubmitBody) -> PipelineStatus:
+        payload = body.model_dump(mode="json", exclude_none=True)
+        return self.one("POST", "/api/v1/pipelines", PipelineStatus, payload)
+
+    def pipeline_action(self, name: str, action: str, body: Any = None) -> PipelineStatus:
+        """``cancel``, ``savepoint`` or ``resume`` a pipeline."""
+        return self.one("POST", f"/api/v1/pipelines/{name}/{action}", PipelineStatus, body)
+
+
+def _code(r: httpx.Response) -> str | None:
+    try:
+        code = r.json().get("code")
+    except (ValueError, AttributeError):
+        return None
+    return code if isinstance(code, str) else None
 
 
 def _detail(r: httpx.Response) -> str:

@@ -27,7 +27,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any
 
 import httpx
 import psutil
@@ -47,6 +46,7 @@ from spanflow.nats.server import default_data_dir
 from spanflow.nats.sourcing import SourcingWatch
 from spanflow.nats.streams import SyncNats, ensure_stream, stream_usage
 from spanflow.protocol.client import parse_urls
+from spanflow.protocol.rest import Registered, Registration
 from spanflow.runtime.executor import FragmentExecutor
 from spanflow.runtime.gossip import AgentGossip
 from spanflow.runtime.load import FragmentLoad, LoadReport, load_score
@@ -75,11 +75,12 @@ from spanflow.spec.cluster import (
     Assignment,
     FragmentRuntime,
     Heartbeat,
+    NodeRecord,
     PeerView,
     ShedRequest,
     StreamUsage,
 )
-from spanflow.spec.retention import DEFAULT_RETENTION, Retention
+from spanflow.spec.retention import DEFAULT_RETENTION
 from spanflow.spec.topology import Capabilities
 
 log = logging.getLogger(__name__)
@@ -203,7 +204,7 @@ class NodeAgent:
         self.load: LoadReport | None = None
 
     # -- registration ----------------------------------------------------------------
-    def register(self, *, once: bool = False) -> dict[str, Any] | None:
+    def register(self, *, once: bool = False) -> Registered | None:
         """Register, retrying with back-off for as long as it takes (4xx answers are
         final). A node that registered before starts from its saved registration once
         the coordinator has not answered for ``offline_after`` seconds (``offline``
@@ -212,15 +213,15 @@ class NodeAgent:
         s = self.settings
         if self.gossip is not None and self._gossip_addr is None:
             self._gossip_addr = self.gossip.bind()
-        body = {
-            "name": s.name,
-            "site": s.site,
-            "agent_id": self.agent_id,
-            "host": socket.gethostname(),
-            "gossip": self._gossip_addr,
-            "capabilities": s.capabilities.model_dump() if s.capabilities else None,
-            "detected": detect_capabilities().model_dump(),
-        }
+        body = Registration(
+            name=s.name,
+            site=s.site,
+            agent_id=self.agent_id,
+            host=socket.gethostname(),
+            gossip=self._gossip_addr,
+            capabilities=s.capabilities,
+            detected=detect_capabilities(),
+        ).model_dump(mode="json", exclude_none=True)
         headers = {"Authorization": f"Bearer {s.token}"} if s.token else {}
         urls = parse_urls(s.coordinator_url)
         backoff = Backoff()
@@ -271,7 +272,7 @@ class NodeAgent:
             time.sleep(delay)
         if r.status_code >= 400:
             raise AgentError(f"registration refused ({r.status_code}): {_detail(r)}")
-        answer: dict[str, Any] = r.json()
+        answer = Registered.model_validate_json(r.content)
         self._apply(answer)
         self._cache.save(answer)
         self.offline = False
@@ -280,20 +281,18 @@ class NodeAgent:
     def _coordinator(self, urls: list[str]) -> str:
         return urls[self._next_coordinator % len(urls)]
 
-    def _apply(self, answer: dict[str, Any]) -> None:
-        self.nats_url = self.settings.nats_url or answer["nats_url"]
-        self.control_domain = answer.get("control_domain")
-        self.site_domain = answer.get("site_domain")
-        if answer.get("retention"):
-            self.retention = Retention.model_validate(answer["retention"])
-        self.interval = float(answer["heartbeat_interval"])
-        caps = answer.get("node", {}).get("spec", {}).get("capabilities")
-        if caps:
-            self.offered = Capabilities.model_validate(caps)
-            self._node_cpu.cores = self.offered.cores
+    def _apply(self, answer: Registered) -> None:
+        self.nats_url = self.settings.nats_url or answer.nats_url
+        self.control_domain = answer.control_domain
+        self.site_domain = answer.site_domain
+        if answer.retention is not None:
+            self.retention = answer.retention
+        self.interval = answer.heartbeat_interval
+        self.offered = answer.node.spec.capabilities
+        self._node_cpu.cores = self.offered.cores
         if self.gossip is not None:
-            profile = self.settings.gossip_profile or answer.get("gossip_profile") or "lan"
-            self.gossip.start(profile, list(answer.get("gossip_peers") or []))
+            profile = self.settings.gossip_profile or answer.gossip_profile or "lan"
+            self.gossip.start(profile, list(answer.gossip_peers))
 
     def _nats_connected(self) -> bool:
         """Whether this node's data path (NATS) is up, as its peers' gossip tells the
@@ -318,15 +317,14 @@ class NodeAgent:
             client.call_soon(event.set)
 
     # -- main loop -------------------------------------------------------------------
-    def _ensure_hosted_streams(self, node: dict[str, Any]) -> None:
+    def _ensure_hosted_streams(self, node: NodeRecord) -> None:
         """Create the streams this node hosts (data is born here), so devices can publish
         before any pipeline runs."""
         client = self._client
         assert client is not None
-        for stream in node["spec"].get("streams", []):
-            name, subjects = str(stream["name"]), list(stream.get("subjects") or [])
-            own = stream.get("retention")
-            retention = Retention.model_validate(own) if own else self.retention
+        for stream in node.spec.streams:
+            name, subjects = stream.name, list(stream.subjects or [])
+            retention = stream.retention or self.retention
             if subjects:
                 client.run(partial(ensure_stream, client.js, name, subjects, retention=retention))
                 self._hosted[name] = retention.warn_at
@@ -353,7 +351,7 @@ class NodeAgent:
             self._site_kv = client.run(
                 lambda: ensure_kv(site, LAST_ASSIGNMENTS_BUCKET, replicas=self.retention.replicas)
             )
-        self._ensure_hosted_streams(answer["node"])
+        self._ensure_hosted_streams(answer.node)
         if not self._connect_control():
             if self._site_kv is None:
                 raise AgentError(f"the control plane at {self.nats_url} is unreachable")
@@ -370,7 +368,7 @@ class NodeAgent:
             threading.Thread(target=self._rejoin, name="rejoin", daemon=True).start()
         from spanflow.spark.session import build_session  # Spark only once registered
 
-        caps = Capabilities.model_validate(answer["node"]["spec"]["capabilities"])
+        caps = answer.node.spec.capabilities
         spark = build_session(
             # A node offers `cores` cores: local mode uses that many task threads, plus
             # the slots its Real-Time Mode queries hold for their whole batches.

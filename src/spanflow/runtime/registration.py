@@ -19,13 +19,16 @@ reconciles with the control plane when it returns.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+
+from pydantic import ValidationError
+
+from spanflow.protocol.rest import Registered
+from spanflow.spec.pipeline import format_validation_error
 
 log = logging.getLogger(__name__)
 
@@ -66,24 +69,27 @@ class RegistrationCache:
     def __init__(self, directory: Path, node: str) -> None:
         self.path = directory / f"{node}.registration.json"
 
-    def save(self, answer: dict[str, Any]) -> None:
+    def save(self, answer: Registered) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_suffix(".tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
-            json.dump(answer, f)
+            f.write(answer.model_dump_json(by_alias=True))
         os.replace(tmp, self.path)
 
-    def load(self) -> dict[str, Any] | None:
+    def load(self) -> Registered | None:
         """The saved answer, or None (never saved, or unreadable: then say so)."""
         try:
-            data = json.loads(self.path.read_text())
+            return Registered.model_validate_json(self.path.read_bytes())
         except FileNotFoundError:
             return None
-        except (OSError, ValueError) as exc:
+        except OSError as exc:
             log.warning("ignoring the saved registration %s: %s", self.path, exc)
             return None
-        if not isinstance(data, dict) or "nats_url" not in data or "node" not in data:
-            log.warning("ignoring the saved registration %s: not a registration", self.path)
+        except ValidationError as exc:
+            log.warning(
+                "ignoring the saved registration %s: not a registration (%s)",
+                self.path,
+                format_validation_error(exc),
+            )
             return None
-        return data

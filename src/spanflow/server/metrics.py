@@ -27,21 +27,21 @@ class _ClusterCollector(Collector):
         observed = self.coordinator.observed
         summary = self.coordinator.cluster_metrics()
         nodes = GaugeMetricFamily("spanflow_nodes", "Nodes by state", labels=["state"])
-        for state, n in summary["nodes"].items():
+        for state, n in summary.nodes.items():
             nodes.add_metric([state], n)
         yield nodes
         pipelines = GaugeMetricFamily("spanflow_pipelines", "Pipelines by state", labels=["state"])
-        for state, n in summary["pipelines"].items():
+        for state, n in summary.pipelines.items():
             pipelines.add_metric([state], n)
         yield pipelines
         yield GaugeMetricFamily(
-            "spanflow_slots", "Fragment slots on live nodes", value=summary["slots"]
+            "spanflow_slots", "Fragment slots on live nodes", value=summary.slots
         )
         yield GaugeMetricFamily(
-            "spanflow_slots_used", "Fragments assigned", value=summary["slots_used"]
+            "spanflow_slots_used", "Fragments assigned", value=summary.slots_used
         )
         yield GaugeMetricFamily(
-            "spanflow_utilisation", "Assigned fragments / slots", value=summary["utilisation"]
+            "spanflow_utilisation", "Assigned fragments / slots", value=summary.utilisation
         )
         cpu = GaugeMetricFamily("spanflow_node_cpu_percent", "Node CPU use", labels=["node"])
         rejected = CounterMetricFamily(

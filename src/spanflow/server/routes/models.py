@@ -13,10 +13,26 @@ from pydantic import BaseModel, Field
 from spanflow.control.coordinator import Coordinator
 from spanflow.control.errors import Unavailable
 from spanflow.ml.model_store import MAX_FILE, ModelStore
-from spanflow.ml.registry import Stage
+from spanflow.ml.registry import ModelManifest, ModelVersion, Stage
+from spanflow.protocol.rest import PublicationRequested
 from spanflow.server.errors import RequestError
 
 API = "/api/v1/models"
+
+
+class ModelView(BaseModel):
+    """A model's manifest as the API shows it: with the version in production."""
+
+    name: str
+    versions: tuple[ModelVersion, ...]
+    history: tuple[int, ...] = Field(description="Versions that were in production, oldest first.")
+    accelerators: tuple[str, ...]
+    tags: tuple[str, ...]
+    production: int | None = Field(description="The version in production (None: none).")
+
+    @classmethod
+    def of(cls, manifest: ModelManifest) -> ModelView:
+        return cls(**manifest.model_dump(), production=manifest.production)
 
 
 class PromoteBody(BaseModel):
@@ -35,18 +51,18 @@ def add_model_routes(app: FastAPI, coordinator: Coordinator, guarded: list[Any])
         return ModelStore(coordinator.nc.jetstream())
 
     @app.get(API, tags=["models"], dependencies=guarded)
-    async def list_models() -> list[dict[str, Any]]:
+    async def list_models() -> list[ModelView]:
         models = store()
         out = []
         for name in await models.names():
             manifest, _ = await models.manifest(name)
-            out.append(manifest.model_dump(mode="json") | {"production": manifest.production})
+            out.append(ModelView.of(manifest))
         return out
 
     @app.get(f"{API}/{{name}}", tags=["models"], dependencies=guarded)
-    async def get_model(name: str) -> dict[str, Any]:
+    async def get_model(name: str) -> ModelView:
         manifest, _ = await store().manifest(name)
-        return manifest.model_dump(mode="json") | {"production": manifest.production}
+        return ModelView.of(manifest)
 
     @app.post(f"{API}/{{name}}/versions", tags=["models"], dependencies=guarded, status_code=201)
     async def push(
@@ -59,7 +75,7 @@ def add_model_routes(app: FastAPI, coordinator: Coordinator, guarded: list[Any])
             str | None, Query(description="Accelerators a node needs to run the model: gpu,tpu")
         ] = None,
         tags: Annotated[str | None, Query(description="Tags a node needs to run it: a,b")] = None,
-    ) -> dict[str, Any]:
+    ) -> ModelVersion:
         data = await request.body()
         if not data:
             raise RequestError(422, "send the model file as the request body")
@@ -75,19 +91,19 @@ def add_model_routes(app: FastAPI, coordinator: Coordinator, guarded: list[Any])
             accelerators=_list(accelerators),
             tags=_list(tags),
         )
-        return dict(version.model_dump(mode="json"))
+        return version
 
     @app.post(f"{API}/{{name}}/promote", tags=["models"], dependencies=guarded)
-    async def promote(name: str, body: PromoteBody) -> dict[str, Any]:
+    async def promote(name: str, body: PromoteBody) -> ModelView:
         manifest = await store().promote(name, body.version, body.stage)
-        return manifest.model_dump(mode="json") | {"production": manifest.production}
+        return ModelView.of(manifest)
 
     @app.post(f"{API}/{{name}}/publish", tags=["models"], dependencies=guarded, status_code=202)
-    async def request_publication(name: str) -> dict[str, Any]:
+    async def request_publication(name: str) -> PublicationRequested:
         """Ask every learn step publishing as ``name`` to push its models at its next batch."""
-        return {"name": name, "request": await store().request_publication(name)}
+        return PublicationRequested(name=name, request=await store().request_publication(name))
 
     @app.post(f"{API}/{{name}}/rollback", tags=["models"], dependencies=guarded)
-    async def rollback(name: str) -> dict[str, Any]:
+    async def rollback(name: str) -> ModelView:
         manifest = await store().rollback(name)
-        return manifest.model_dump(mode="json") | {"production": manifest.production}
+        return ModelView.of(manifest)

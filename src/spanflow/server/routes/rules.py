@@ -10,6 +10,7 @@ from fastapi import FastAPI
 from pydantic import BaseModel, Field
 
 from spanflow.cep.rule_store import RuleStore
+from spanflow.cep.rules import RuleSetManifest, RuleSetVersion
 from spanflow.control.coordinator import Coordinator
 from spanflow.control.errors import Unavailable
 from spanflow.spec.patterns import RuleSpec
@@ -29,25 +30,23 @@ def add_rule_routes(app: FastAPI, coordinator: Coordinator, guarded: list[Any]) 
         return RuleStore(coordinator.nc.jetstream())
 
     @app.get(API, tags=["rules"], dependencies=guarded)
-    async def list_rule_sets() -> list[dict[str, Any]]:
+    async def list_rule_sets() -> list[RuleSetManifest]:
         rules = store()
         out = []
         for name in await rules.names():
             manifest, _ = await rules.manifest(name)
-            out.append(manifest.model_dump(mode="json"))
+            out.append(manifest)
         return out
 
     @app.get(f"{API}/{{name}}", tags=["rules"], dependencies=guarded)
-    async def get_rule_set(name: str) -> dict[str, Any]:
+    async def get_rule_set(name: str) -> RuleSetManifest:
         manifest, _ = await store().manifest(name)
-        return dict(manifest.model_dump(mode="json"))
+        return manifest
 
     @app.post(f"{API}/{{name}}", tags=["rules"], dependencies=guarded, status_code=201)
-    async def push(name: str, body: PushBody) -> dict[str, Any]:
-        version = await store().push(name, body.rules, note=body.note)
-        return dict(version.model_dump(mode="json"))
+    async def push(name: str, body: PushBody) -> RuleSetVersion:
+        return await store().push(name, body.rules, note=body.note)
 
     @app.post(f"{API}/{{name}}/rollback", tags=["rules"], dependencies=guarded)
-    async def rollback(name: str) -> dict[str, Any]:
-        manifest = await store().rollback(name)
-        return dict(manifest.model_dump(mode="json"))
+    async def rollback(name: str) -> RuleSetManifest:
+        return await store().rollback(name)

@@ -1,0 +1,250 @@
+"""What the coordinators' REST API answers: one pydantic model per response body.
+
+The routes declare these as their return types, so ``/openapi.json`` documents real
+types; :class:`spanflow.protocol.client.CoordinatorClient` parses answers into them;
+the dashboard reads the same JSON. A field added here shows up everywhere at once.
+Request bodies live beside them (``SubmitBody``, ``ResumeBody``). The model registry's
+and rule sets' manifests are their own packages' models (``spanflow.ml.registry``,
+``spanflow.cep.rules``), which the routes return as they are.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from spanflow.spec.cluster import (
+    FragmentRuntime,
+    NodeRecord,
+    NodeSpec,
+    NodeState,
+    PeerView,
+    PipelineState,
+    StreamUsage,
+    Transition,
+)
+from spanflow.spec.durations import Duration
+from spanflow.spec.retention import Retention
+from spanflow.spec.topology import Capabilities, HostedStream
+
+__all__ = [
+    "ClusterInfo",
+    "ClusterMetrics",
+    "Connection",
+    "FragmentStatus",
+    "Health",
+    "LogEntry",
+    "NodeStatus",
+    "PipelineMetrics",
+    "PipelineStatus",
+    "PublicationRequested",
+    "Registered",
+    "Registration",
+    "ResumeBody",
+    "ShedAnswer",
+    "SubmitBody",
+]
+
+
+class _Answer(BaseModel):
+    """Answers tolerate fields they do not know: a newer coordinator may add some."""
+
+    model_config = ConfigDict(extra="ignore")
+
+
+# -- cluster --------------------------------------------------------------------------
+class Health(_Answer):
+    ok: bool
+    nodes: int = Field(description="Nodes registered.")
+    name: str = Field(description="This coordinator replica.")
+    role: Literal["leader", "standby"]
+    leader: str | None = Field(description="The replica that leads, as the log says.")
+
+
+class ClusterInfo(_Answer):
+    name: str
+    role: Literal["leader", "standby"]
+    nats_url: str
+    hub_domain: str | None
+    heartbeat_interval: float
+    failure_after: float
+    state_dir: str
+    recovered_log_records: int = Field(description="Control-log records replayed at start.")
+    log_sequence: int = Field(description="The last control-log record applied.")
+    leader: str | None
+    leader_epoch: int
+    leader_url: str | None
+    lease_seconds: float = Field(description="How long the leader's lease lasts.")
+    token_required: bool = Field(description="Whether writes need the bearer token.")
+
+
+class ClusterMetrics(_Answer):
+    nodes: dict[str, int] = Field(description="Node count per state.")
+    cores: int = Field(description="Cores of live nodes.")
+    slots: int = Field(description="Fragment slots of live nodes.")
+    slots_used: int = Field(description="Fragments assigned.")
+    utilisation: float = Field(description="slots_used / slots.")
+    cpu_percent: float = Field(description="Mean CPU use of live nodes.")
+    throughput_rows_per_s: float = Field(description="Input rows per second, all fragments.")
+    pipelines: dict[str, int] = Field(description="Pipeline count per state.")
+    uptime_s: float = Field(description="Seconds this replica has run.")
+    leader: str | None
+    leader_epoch: int
+
+
+class LogEntry(_Answer):
+    """One control-log record: a decision (placement, move, shed, election, ...)."""
+
+    seq: int
+    kind: str
+    at: float = Field(description="Unix time the decision was taken.")
+    epoch: int = Field(description="The leader epoch that wrote it.")
+    detail: dict[str, Any] = Field(description="Its fields, big values abbreviated.")
+
+
+# -- nodes ----------------------------------------------------------------------------
+class Registration(BaseModel):
+    """What a node agent sends when it starts."""
+
+    name: str
+    site: str
+    agent_id: str
+    host: str | None = None
+    gossip: str | None = Field(
+        default=None, description="host:port where the agent's membership endpoint listens."
+    )
+    capabilities: Capabilities | None = Field(
+        default=None, description="Given on the agent's command line; wins over the topology."
+    )
+    detected: Capabilities | None = Field(
+        default=None, description="What the agent measured; used when nothing else is known."
+    )
+    streams: tuple[HostedStream, ...] | None = None
+    sinks: tuple[str, ...] | None = None
+
+
+class Connection(_Answer):
+    """Where a node's data and control traffic go (part of its registration answer)."""
+
+    nats_url: str
+    control_domain: str | None = None
+    site_domain: str | None = None
+    retention: Retention | None = None
+    partition: str = ""
+    gossip_peers: list[str] = Field(default_factory=list)
+
+
+class Registered(Connection):
+    """The answer to a registration: the node as recorded and how to connect."""
+
+    node: NodeRecord
+    heartbeat_interval: float
+    gossip_profile: str | None = None
+
+
+class ShedAnswer(_Answer):
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+
+    fragment: str
+    from_: str = Field(alias="from", description="The node that shed it.")
+    to: str | None = Field(description="The node it moves to.")
+    epoch: int
+
+
+class NodeStatus(_Answer):
+    """A node as recorded plus what its agent last reported."""
+
+    name: str
+    spec: NodeSpec
+    state: NodeState
+    agent_id: str | None
+    host: str | None
+    since: float = Field(description="Unix time its state last changed.")
+    fragments: list[str] = Field(description="Fragments assigned to it.")
+    running: list[str] = Field(description="Fragments its agent reports running.")
+    agent_fragments: dict[str, FragmentRuntime] = Field(
+        description="What its agent reports of each fragment."
+    )
+    slots: int
+    cpu_percent: float | None
+    memory_percent: float | None
+    last_heartbeat_s: float | None = Field(description="Seconds since it was last heard.")
+    streams: list[StreamUsage]
+    warnings: list[str]
+    last_known_assignments: bool = Field(
+        description="Its agent runs what it last knew (it cannot reach a coordinator)."
+    )
+    ready: bool = Field(description="Its Spark session is up.")
+    load: float | None = Field(description="Its load score (0 idle, 1 full).")
+    bottleneck: str | None
+    gossip_addr: str | None = Field(description="host:port of its membership endpoint.")
+    gossip_rejected: int
+    gossip: dict[str, PeerView] = Field(description="Its membership view of its peers.")
+
+
+# -- pipelines ------------------------------------------------------------------------
+class SubmitBody(BaseModel):
+    """A pipeline as YAML text (a pipeline file) or as a spec object (JSON)."""
+
+    yaml: str | None = Field(default=None, description="The text of a pipeline file.")
+    spec: dict[str, Any] | None = Field(default=None, description="A pipeline spec as JSON.")
+    filename: str = Field(default="pipeline.yaml", description="Named in error messages.")
+    priority: int = Field(default=0, ge=0, le=1000)
+    latency_budget: Duration | None = Field(default=None, gt=0)
+    parallelism: int = Field(default=1, ge=1, le=256)
+
+
+class ResumeBody(BaseModel):
+    savepoint: str | None = None
+
+
+class FragmentStatus(_Answer):
+    id: str
+    kind: Literal["local", "global"]
+    site: str | None
+    input_sites: list[str]
+    steps: list[str]
+    node: str | None = Field(description="Where it is assigned (None: unplaced).")
+    epoch: int
+    action: Literal["run", "savepoint"] | None
+    status: str = Field(description="As its agent reports, or starting / unassigned.")
+    input_latency_s: float = Field(description="Worst one-way latency from its input sites.")
+    runtime: FragmentRuntime | None
+
+
+class PipelineStatus(_Answer):
+    name: str
+    state: PipelineState
+    reason: str
+    latency_estimate_s: float | None
+    over_latency_budget: bool | None
+    priority: int
+    latency_budget: float | None
+    parallelism: int
+    run_id: str
+    submitted_at: float
+    savepoint: str | None
+    fragments: list[FragmentStatus]
+    history: list[Transition]
+
+
+class PipelineMetrics(_Answer):
+    name: str
+    state: PipelineState
+    batches: int
+    rows_in: int
+    input_rows_per_s: float
+    processed_rows_per_s: float
+    realtime_rows_per_s: float
+    lag: int
+    dead_letters: int
+    restarts: int
+    last_batch_ms: int
+    fragments: dict[str, FragmentRuntime]
+
+
+# -- models ---------------------------------------------------------------------------
+class PublicationRequested(_Answer):
+    name: str
+    request: int = Field(description="The request's number; learn steps answer it.")

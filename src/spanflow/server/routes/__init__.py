@@ -1,0 +1,1 @@
+"""REST routes, one module per resource; each adds its routes to the app."""

@@ -1,0 +1,72 @@
+"""``/healthz``, ``/metrics`` and ``/api/v1/cluster``: who leads, how the cluster is
+doing, and the control log (every decision taken)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI, Query, Response
+
+from spanflow.control import records
+from spanflow.control.coordinator import Coordinator
+from spanflow.control.errors import Unavailable
+from spanflow.protocol.rest import ClusterInfo, ClusterMetrics, Health, LogEntry
+from spanflow.server.metrics import render_metrics
+
+API = "/api/v1/cluster"
+
+
+def add_cluster_routes(app: FastAPI, coordinator: Coordinator, guarded: list[Any]) -> None:
+    @app.get("/healthz", tags=["cluster"])
+    async def health() -> Health:
+        """Never needs the token (load balancers and ``up`` poll it)."""
+        return Health(
+            ok=True,
+            nodes=len(coordinator.state.nodes),
+            name=coordinator.settings.name,
+            role=coordinator.role,
+            leader=coordinator.state.leader,
+        )
+
+    @app.get("/metrics", tags=["cluster"], dependencies=guarded)
+    async def metrics() -> Response:
+        """Prometheus exposition (docs/metrics.md lists every series)."""
+        body, content_type = render_metrics(coordinator)
+        return Response(body, media_type=content_type)
+
+    @app.get(API, tags=["cluster"], dependencies=guarded)
+    async def cluster_info() -> ClusterInfo:
+        s = coordinator.settings
+        return ClusterInfo(
+            nats_url=s.nats_url,
+            hub_domain=s.hub_domain,
+            heartbeat_interval=s.heartbeat_interval,
+            failure_after=s.failure_after,
+            state_dir=s.state_dir,
+            recovered_log_records=coordinator.recovered_records,
+            log_sequence=coordinator.state.applied,
+            name=s.name,
+            role=coordinator.role,
+            leader=coordinator.state.leader,
+            leader_epoch=coordinator.state.leader_epoch,
+            leader_url=coordinator.leader_url,
+            lease_seconds=coordinator.lease_seconds,
+            token_required=s.token is not None,
+        )
+
+    @app.get(f"{API}/metrics", tags=["cluster"], dependencies=guarded)
+    async def cluster_metrics() -> ClusterMetrics:
+        return coordinator.cluster_metrics()
+
+    @app.get(f"{API}/log", tags=["cluster"], dependencies=guarded)
+    async def control_log(
+        after: int = Query(0, ge=0, description="Records after this sequence."),
+        limit: int = Query(100, description="The newest this many (1 to 1000)."),
+    ) -> list[LogEntry]:
+        if coordinator.control_log is None:
+            raise Unavailable("not_connected", "the coordinator is not connected to NATS yet")
+        entries = await coordinator.control_log.history(after=after, limit=max(1, min(limit, 1000)))
+        return [
+            LogEntry(seq=seq, kind=r.kind, at=r.at, epoch=r.epoch, detail=records.summary(r))
+            for seq, r in entries
+        ]

@@ -113,11 +113,16 @@ def ensure_java() -> None:
 SYSTEM_PACKAGES = {
     # what the connector tests run against: (a file the package installs, the package)
     "PostgreSQL server (connector tests)": ("/usr/lib/postgresql/*/bin/initdb", "postgresql-15"),
+    # The dashboard's browser tests (Playwright cannot download its own browser here).
+    "Chromium (dashboard tests)": ("/usr/lib/chromium/chromium", "chromium"),
+    # The metrics tests scrape a running cluster and run the Grafana dashboards' queries.
+    "Prometheus (metrics tests)": ("/usr/bin/prometheus", "prometheus"),
 }
 
 
 def ensure_test_servers() -> None:
-    """Real servers the connector tests start (Debian packages; PyPI has no PostgreSQL).
+    """Real servers and programs the tests start (Debian packages; PyPI has no
+    PostgreSQL, Prometheus or a Chromium Playwright may use here).
 
     Installed with apt-get when missing and this runs as root; otherwise the set-up
     says what to install (the tests that need one then fail with the same message)."""

@@ -29,6 +29,7 @@ LAYERS: dict[str, float] = {
     "control": 4,
     "runtime": 4,
     "simulator": 4.5,  # simulated devices: a library the demo, CLI and benchmarks use
+    "web": 4.8,  # the dashboard's static assets; the server serves them
     "server": 5,
     "local": 5,
     "demo": 5,

@@ -72,7 +72,7 @@ def sensor_alerts() -> Flow:
         "SENSOR_WINDOWS", subject="windows.{device}", id="windows_out"
     )
     to_alerts = reading_alerts(valid, "device").sink_jetstream(
-        "SENSOR_ALERTS", subject="alerts.{device}", id="alerts_out"
+        "SENSOR_ALERTS", subject="alerts.{device}", id="alerts_out", feed="alert"
     )
     return to_windows.merge(to_alerts)
 
@@ -141,7 +141,7 @@ def factory_monitoring() -> Flow:
     )
     # Each reading over a limit, alerted at its factory within milliseconds
     to_alerts = reading_alerts(valid, "site", "device").sink_jetstream(
-        "SITE_ALERTS", subject="alerts.{site}.{device}", id="alerts_out"
+        "SITE_ALERTS", subject="alerts.{site}.{device}", id="alerts_out", feed="alert"
     )
     summary = (
         windows.key_by("site", id="by_site")

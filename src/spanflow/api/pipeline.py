@@ -616,11 +616,15 @@ class Stream:
         order_by: str | None = None,
         trigger: str | float | None = None,
         id: str | None = None,
+        feed: str | None = None,
     ) -> Flow:
-        """``trigger`` overrides the pipeline's micro-batch interval for this sink's query."""
-        return self._sink(
-            id, trigger, kind="jetstream", stream=stream, subject=subject, order_by=order_by
-        )
+        """``trigger`` overrides the pipeline's micro-batch interval for this sink's query;
+        ``feed`` (anomaly, pattern, alert, none) shows its records in the dashboard's
+        event feed (default: anomaly after detection, pattern after a pattern step)."""
+        params: dict[str, Any] = {"stream": stream, "subject": subject, "order_by": order_by}
+        if feed is not None:
+            params["feed"] = feed
+        return self._sink(id, trigger, kind="jetstream", **params)
 
     def sink_kafka(
         self,

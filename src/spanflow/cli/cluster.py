@@ -116,7 +116,7 @@ def coordinator(
         float | None,
         typer.Option(
             help="Seconds a silent leader keeps the lease before a standby leads "
-            "[default: 3 on one NATS server, 17 on a cluster: longer than its failover]."
+            "[default: 3 on one NATS server, 19 on a cluster: longer than its failover]."
         ),
     ] = None,
     failure_after: Annotated[
@@ -128,8 +128,16 @@ def coordinator(
     rebalance: Annotated[
         bool, typer.Option(help="Move work off nodes overloaded for long (docs/balancing.md).")
     ] = True,
+    public_reads: Annotated[
+        bool,
+        typer.Option(
+            help="Let anyone who reaches the API read it (GET, the dashboard, /metrics) "
+            "without the token; writes still need it."
+        ),
+    ] = False,
 ) -> None:
-    """Run a coordinator: REST API, registry, pipeline manager, failure detection.
+    """Run a coordinator: REST API, dashboard (/ui), registry, pipeline manager, failure
+    detection.
 
     Several coordinators on one NATS cluster (each with its own ``--name``) elect one
     leader; the others answer reads, redirect writes to it and take over if it dies."""
@@ -167,6 +175,7 @@ def coordinator(
             failure_after=failure_after,
             gossip_profile=gossip_profile,
             rebalance=rebalance,
+            public_reads=public_reads,
         )
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -180,13 +189,19 @@ def coordinator(
         if port_file:
             port_file.write_text(str(actual))
         err.print(
-            f"coordinator on http://{host}:{actual} (API docs /docs; "
-            f"token {'required' if settings.token else 'off'})"
+            f"coordinator on http://{host}:{actual} (dashboard /ui, API docs /docs; "
+            f"token {_token_mode(settings.token, public_reads)})"
         )
         config = uvicorn.Config(
             create_app(Coordinator(settings)), log_level="warning", lifespan="on"
         )
         uvicorn.Server(config).run(sockets=[sock])
+
+
+def _token_mode(token: str | None, public_reads: bool) -> str:
+    if not token:
+        return "off"
+    return "required for writes" if public_reads else "required"
 
 
 @app.command()

@@ -311,7 +311,10 @@ def demo(
             "see docs/security.md to lock every door[/yellow]"
         )
         cluster.start()
-        err.print(f"coordinator {cluster.url}; waiting for the nodes (each starts Spark) …")
+        err.print(
+            f"coordinator {cluster.url}; [bold]dashboard {cluster.url}/ui/[/bold]; "
+            "waiting for the nodes (each starts Spark) …"
+        )
         cluster.wait_for_nodes()
         api = cluster.api()
         st = api.call(

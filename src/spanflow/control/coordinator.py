@@ -591,7 +591,13 @@ class Coordinator:
         return views.pipeline_metrics(self.state, self.observed, name)
 
     def node_status(self, name: str) -> NodeStatus:
-        return views.node_status(self.state, self.observed, name, self.clock.monotonic())
+        return views.node_status(
+            self.state,
+            self.observed,
+            name,
+            self.clock.monotonic(),
+            self.settings.heartbeat_interval,
+        )
 
     def cluster_metrics(self) -> ClusterMetrics:
         uptime = self.clock.monotonic() - self.started_at

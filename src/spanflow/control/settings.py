@@ -22,6 +22,8 @@ class CoordinatorSettings:
     failure_after: int = 3
     """A node silent for this many heartbeat periods is failed."""
     token: str | None = None
+    public_reads: bool = False
+    """GET requests (the dashboard, /metrics) need no token; writes still do."""
     topology: Topology | None = None
     replan_margin: float = 0.2
     """A fragment moves only when its new place is better by this share of its current

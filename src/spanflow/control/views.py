@@ -8,11 +8,12 @@ from spanflow.plan.planner import hops_of
 from spanflow.protocol.rest import (
     ClusterMetrics,
     FragmentStatus,
+    NodeHealth,
     NodeStatus,
     PipelineMetrics,
     PipelineStatus,
 )
-from spanflow.spec.cluster import NodeState, PipelineState
+from spanflow.spec.cluster import Heartbeat, NodeRecord, NodeState, PipelineState
 
 
 def pipeline_status(state: ClusterState, observed: Observed, name: str) -> PipelineStatus:
@@ -99,17 +100,39 @@ def pipeline_metrics(state: ClusterState, observed: Observed, name: str) -> Pipe
     )
 
 
-def node_status(state: ClusterState, observed: Observed, name: str, now: float) -> NodeStatus:
-    """``now``: the monotonic clock, for how long ago the node was heard."""
+def node_health(
+    record: NodeRecord, hb: Heartbeat | None, silent_s: float | None, heartbeat_s: float
+) -> NodeHealth:
+    """One word for how a node is doing (see ``NodeStatus.health``)."""
+    if record.state == NodeState.FAILED:
+        return "dead"
+    if record.state != NodeState.ALIVE:
+        return "declared" if record.state == NodeState.DECLARED else "draining"
+    if hb is not None and any(f.status == "fenced" for f in hb.fragments.values()):
+        return "fenced"
+    if hb is not None and hb.last_known:
+        return "last-known"
+    if silent_s is not None and silent_s > 2 * heartbeat_s:
+        return "suspect"
+    return "alive"
+
+
+def node_status(
+    state: ClusterState, observed: Observed, name: str, now: float, heartbeat_s: float = 1.0
+) -> NodeStatus:
+    """``now``: the monotonic clock, for how long ago the node was heard;
+    ``heartbeat_s``: the heartbeat period (a node silent for two is suspect)."""
     record = registry.node(state, name)
     hb = observed.heartbeats.get(name)
     if hb is not None and record.agent_id and hb.agent_id != record.agent_id:
         hb = None  # from the agent before this one (it restarted): not what runs now
     seen = observed.last_seen.get(name)
+    silent = now - seen if seen is not None else None
     return NodeStatus(
         name=name,
         spec=record.spec,
         state=record.state,
+        health=node_health(record, hb, silent, heartbeat_s),
         agent_id=record.agent_id,
         host=record.host,
         since=record.since,

@@ -152,12 +152,20 @@ class ShedAnswer(_Answer):
     epoch: int
 
 
+NodeHealth = Literal["declared", "alive", "suspect", "dead", "draining", "last-known", "fenced"]
+
+
 class NodeStatus(_Answer):
     """A node as recorded plus what its agent last reported."""
 
     name: str
     spec: NodeSpec
     state: NodeState
+    health: NodeHealth = Field(
+        description="What to show: dead (failed), suspect (alive but silent for over two "
+        "heartbeat periods), last-known (its agent cannot reach a coordinator and runs "
+        "what it last knew), fenced (a fragment of it was fenced), else its state."
+    )
     agent_id: str | None
     host: str | None
     since: float = Field(description="Unix time its state last changed.")
@@ -248,3 +256,48 @@ class PipelineMetrics(_Answer):
 class PublicationRequested(_Answer):
     name: str
     request: int = Field(description="The request's number; learn steps answer it.")
+
+
+# -- live view (dashboard) -------------------------------------------------------------
+class FragmentSample(_Answer):
+    """One fragment's figures at one instant (the dashboard's charts)."""
+
+    at: float = Field(description="Unix time of the sample.")
+    input_rows_per_s: float
+    processed_rows_per_s: float
+    last_batch_ms: int
+    lag: int
+    dead_letters: int
+    rows_in: int
+    restarts: int
+
+
+class PipelineHistory(_Answer):
+    """Recent samples of each fragment of a pipeline, oldest first."""
+
+    name: str
+    interval_s: float = Field(description="Seconds between samples.")
+    fragments: dict[str, list[FragmentSample]]
+
+
+class Snapshot(_Answer):
+    """What the dashboard's live stream pushes every interval."""
+
+    at: float
+    cluster: ClusterMetrics
+    nodes: list[NodeStatus]
+    pipelines: list[PipelineStatus]
+    samples: dict[str, FragmentSample] = Field(description="The newest sample per fragment.")
+
+
+class DataEvent(_Answer):
+    """A record a pipeline wrote to a sink shown in the event feed: an anomaly, a
+    pattern match or an alert (see the sink's ``feed``)."""
+
+    seq: int = Field(description="Increases by one per event this coordinator received.")
+    at: float = Field(description="Unix time it was received.")
+    pipeline: str
+    sink: str = Field(description="The sink step's id.")
+    kind: Literal["anomaly", "pattern", "alert"]
+    subject: str
+    data: dict[str, Any] = Field(description="The record (JSON), long values abbreviated.")

@@ -1,8 +1,10 @@
 """The coordinator's REST API (FastAPI; OpenAPI at ``/openapi.json``, docs at ``/docs``).
 
 Everything under ``/api/v1`` and ``/metrics`` needs ``Authorization: Bearer <token>``
-whenever a token is configured; ``/healthz`` never does (load balancers and `up`
-poll it). Bad input is answered with a 4xx and a message that says what is wrong.
+whenever a token is configured — reads too, unless ``public_reads`` is set (then GETs
+are open and only writes need it); ``/healthz``, the dashboard's static files (``/ui``)
+and the REST reference (``/docs``) never do. Bad input is answered with a 4xx and a
+message that says what is wrong.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from spanflow.control.coordinator import Coordinator
 from spanflow.control.errors import Unauthorized
 from spanflow.server import errors
 from spanflow.server.routes.cluster import add_cluster_routes
+from spanflow.server.routes.dashboard import add_dashboard_routes, sampling
 from spanflow.server.routes.models import add_model_routes
 from spanflow.server.routes.nodes import add_node_routes
 from spanflow.server.routes.pipelines import add_pipeline_routes
@@ -35,6 +38,8 @@ def _authorised(
     token: str | None = request.app.state.token
     if token is None:
         return
+    if request.app.state.public_reads and request.method in ("GET", "HEAD"):
+        return
     given = credentials.credentials if credentials is not None else ""
     if not hmac.compare_digest(given.encode(), token.encode()):
         raise Unauthorized("unauthorized", "missing or wrong bearer token")
@@ -43,10 +48,11 @@ def _authorised(
 def create_app(coordinator: Coordinator) -> FastAPI:
 
     @asynccontextmanager
-    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await coordinator.start()
         try:
-            yield
+            async with sampling(app, coordinator):
+                yield
         finally:
             await coordinator.stop()
 
@@ -55,8 +61,11 @@ def create_app(coordinator: Coordinator) -> FastAPI:
         version="1",
         description="Nodes, pipelines, topology and cluster metrics of a spanflow cluster.",
         lifespan=lifespan,
+        docs_url=None,  # served from the vendored Swagger UI (routes/dashboard.py)
+        redoc_url=None,  # ReDoc would load from a CDN
     )
     app.state.token = coordinator.settings.token
+    app.state.public_reads = coordinator.settings.public_reads
     guarded = [Depends(_authorised)]
 
     errors.install(app)
@@ -66,4 +75,5 @@ def create_app(coordinator: Coordinator) -> FastAPI:
     add_pipeline_routes(app, coordinator, guarded)
     add_model_routes(app, coordinator, guarded)
     add_rule_routes(app, coordinator, guarded)
+    add_dashboard_routes(app, coordinator, guarded)
     return app

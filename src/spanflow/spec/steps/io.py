@@ -250,6 +250,12 @@ class SinkStep(StepBase):
     stream: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_-]+$")
     subject: str | None = None
     path: str | None = None
+    feed: Literal["anomaly", "pattern", "alert", "none"] | None = Field(
+        default=None,
+        description="Show this sink's records in the dashboard's live event feed as this "
+        "kind (JetStream sinks). Default: 'anomaly' downstream of detect_anomalies, "
+        "'pattern' downstream of a pattern step, else not shown.",
+    )
     order_by: str | None = Field(
         default=None, description="Field that orders records of one key within a batch."
     )

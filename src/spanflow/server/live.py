@@ -1,0 +1,127 @@
+"""The dashboard's live data: recent samples of every fragment, and the event stream.
+
+:class:`History` keeps the last few minutes of each fragment's figures (what its agent
+reports), so a chart opened now starts with a past, not an empty axis. The stream
+(server-sent events) pushes a :class:`~spanflow.protocol.rest.Snapshot` every interval
+and each new control-log record as it is applied, so the page never polls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from typing import TYPE_CHECKING
+
+from spanflow.control import records
+from spanflow.protocol.rest import FragmentSample, LogEntry, Snapshot
+from spanflow.server.feed import EventFeed
+from spanflow.spec.cluster import FragmentRuntime
+
+if TYPE_CHECKING:
+    from spanflow.control.coordinator import Coordinator
+
+log = logging.getLogger(__name__)
+
+SAMPLE_INTERVAL = 2.0
+"""Seconds between two samples of a fragment."""
+KEPT = 300
+"""Samples kept per fragment: ten minutes at the default interval."""
+
+
+def sample_of(rt: FragmentRuntime, at: float) -> FragmentSample:
+    return FragmentSample(
+        at=at,
+        input_rows_per_s=rt.input_rows_per_s + rt.realtime_rows_per_s,
+        processed_rows_per_s=rt.processed_rows_per_s,
+        last_batch_ms=rt.last_batch_ms,
+        lag=rt.lag,
+        dead_letters=rt.dead_letters,
+        rows_in=rt.rows_in,
+        restarts=rt.restarts,
+    )
+
+
+class History:
+    """The last :data:`KEPT` samples of each fragment; fragments no longer reported are
+    dropped (a cancelled pipeline's charts go with it)."""
+
+    def __init__(self, kept: int = KEPT) -> None:
+        self.kept = kept
+        self.samples: dict[str, deque[FragmentSample]] = {}
+
+    def record(self, runtimes: dict[str, FragmentRuntime], at: float) -> None:
+        for fid in set(self.samples) - set(runtimes):
+            del self.samples[fid]
+        for fid, rt in runtimes.items():
+            self.samples.setdefault(fid, deque(maxlen=self.kept)).append(sample_of(rt, at))
+
+    def of(self, fragments: Iterable[str]) -> dict[str, list[FragmentSample]]:
+        return {f: list(self.samples.get(f, ())) for f in fragments}
+
+    def latest(self) -> dict[str, FragmentSample]:
+        return {f: s[-1] for f, s in self.samples.items() if s}
+
+
+async def sample_forever(
+    coordinator: Coordinator,
+    history: History,
+    feed: EventFeed,
+    interval: float = SAMPLE_INTERVAL,
+) -> None:
+    """Sample fragments into ``history`` and keep ``feed`` subscribed to the running
+    pipelines' event sinks, every ``interval`` seconds."""
+    while True:
+        history.record(dict(coordinator.observed.runtime), time.time())
+        if coordinator.nc is not None and coordinator.nc.is_connected:
+            try:
+                await feed.sync(coordinator.nc, list(coordinator.state.pipelines.values()))
+            except Exception:  # a view: never let it stop the sampling
+                log.exception("event feed: subscribing failed; again in %.0f s", interval)
+        await asyncio.sleep(interval)
+
+
+def snapshot(coordinator: Coordinator, history: History) -> Snapshot:
+    state = coordinator.state
+    return Snapshot(
+        at=time.time(),
+        cluster=coordinator.cluster_metrics(),
+        nodes=[coordinator.node_status(n) for n in sorted(state.nodes)],
+        pipelines=[coordinator.pipeline_status(p) for p in sorted(state.pipelines)],
+        samples=history.latest(),
+    )
+
+
+def event(kind: str, data: str) -> str:
+    """One server-sent event (``data`` is one line of JSON)."""
+    return f"event: {kind}\ndata: {data}\n\n"
+
+
+async def stream(
+    coordinator: Coordinator,
+    history: History,
+    feed: EventFeed,
+    interval: float,
+    disconnected: Callable[[], Awaitable[bool]],
+    after: int = 0,
+    after_event: int = 0,
+) -> AsyncIterator[str]:
+    """Snapshots every ``interval`` seconds, every control-log record after ``after``
+    and every feed event after ``after_event``, as server-sent events, until the
+    client goes away."""
+    seq, event_seq = after, after_event
+    while not await disconnected():
+        yield event("snapshot", snapshot(coordinator, history).model_dump_json())
+        for e in feed.after(event_seq):
+            yield event("data", e.model_dump_json())
+            event_seq = e.seq
+        if coordinator.control_log is not None and coordinator.state.applied > seq:
+            for s, r in await coordinator.control_log.history(after=seq, limit=200):
+                entry = LogEntry(
+                    seq=s, kind=r.kind, at=r.at, epoch=r.epoch, detail=records.summary(r)
+                )
+                yield event("log", entry.model_dump_json())
+                seq = max(seq, s)
+        await asyncio.sleep(interval)

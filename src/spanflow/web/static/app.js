@@ -1,0 +1,578 @@
+// spanflow dashboard: one page, hash routes, live data from the coordinator's
+// server-sent event stream (/api/v1/stream). No build step, no CDN: the libraries
+// (uPlot, cytoscape) are vendored under vendor/.
+"use strict";
+
+const TOKEN_KEY = "spanflow.token";
+const KEEP_SAMPLES = 300;
+const COLOURS = ["#2f6fde", "#d64545", "#1f9d55", "#d98c00", "#7b4fd6", "#0f9bb0", "#b0479a", "#5a6b7d"];
+
+const S = {
+  snap: null,          // the last Snapshot
+  topology: null,      // sites and links
+  log: [],             // control-log entries, oldest first
+  lastSeq: 0,
+  data: [],            // feed events (anomalies, pattern matches, alerts), oldest first
+  lastEvent: 0,
+  series: {},          // fragment id -> [FragmentSample], oldest first
+  connected: false,
+  page: null,
+  charts: [],          // uPlot instances of the current page
+  graph: null,         // cytoscape instance of the current page
+  graphKey: "",
+  specs: {},           // pipeline name -> spec
+};
+
+// -- helpers -----------------------------------------------------------------------
+const $ = (sel, root = document) => root.querySelector(sel);
+function esc(v) {
+  return String(v ?? "").replace(/[&<>"']/g, (c) => ({"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;"}[c]));
+}
+function num(v, digits = 0) {
+  if (v === null || v === undefined) return "–";
+  return Number(v).toLocaleString("en-US", {maximumFractionDigits: digits, minimumFractionDigits: 0});
+}
+function ago(seconds) {
+  if (seconds === null || seconds === undefined) return "never";
+  return seconds < 1 ? "just now" : `${num(seconds, 1)} s ago`;
+}
+function clock(unix) {
+  return new Date(unix * 1000).toLocaleTimeString("en-GB", {hour12: false});
+}
+function stateTag(s) { return `<span class="state ${esc(s)}">${esc(s)}</span>`; }
+function token() { return sessionStorage.getItem(TOKEN_KEY) || ""; }
+function headers(extra = {}) {
+  const t = token();
+  return t ? {...extra, Authorization: `Bearer ${t}`} : extra;
+}
+
+class ApiError extends Error {
+  constructor(status, detail) { super(`${status}: ${detail}`); this.status = status; this.detail = detail; }
+}
+
+async function api(path, {method = "GET", body} = {}) {
+  const init = {method, headers: headers(body !== undefined ? {"Content-Type": "application/json"} : {})};
+  if (body !== undefined) init.body = JSON.stringify(body);
+  const r = await fetch(path, init);
+  if (!r.ok) {
+    let detail = r.statusText;
+    try { const j = await r.json(); detail = typeof j.detail === "string" ? j.detail : JSON.stringify(j.detail); } catch (_) { /* not JSON */ }
+    throw new ApiError(r.status, detail);
+  }
+  return r.status === 204 ? null : r.json();
+}
+
+function banner(text) {
+  const b = $("#banner");
+  b.hidden = !text;
+  b.textContent = text || "";
+}
+
+// -- live stream ---------------------------------------------------------------------
+function remember(samples) {
+  for (const [fid, s] of Object.entries(samples || {})) {
+    const list = S.series[fid] || (S.series[fid] = []);
+    if (!list.length || list[list.length - 1].at < s.at) list.push(s);
+    if (list.length > KEEP_SAMPLES) list.splice(0, list.length - KEEP_SAMPLES);
+  }
+}
+
+function onSnapshot(snap) {
+  S.snap = snap;
+  remember(snap.samples);
+  const leader = snap.cluster.leader ? `leader ${snap.cluster.leader} · epoch ${snap.cluster.leader_epoch}` : "no leader";
+  setLive(true, leader);
+  refresh();
+}
+
+function onLog(entry) {
+  if (entry.seq <= S.lastSeq) return;
+  S.log.push(entry);
+  S.lastSeq = entry.seq;
+  if (S.log.length > 2000) S.log.splice(0, S.log.length - 2000);
+  if (S.page === "events") renderEvents(false);
+}
+
+function onData(e) {
+  if (e.seq <= S.lastEvent) return;
+  S.data.push(e);
+  S.lastEvent = e.seq;
+  if (S.data.length > 1000) S.data.splice(0, S.data.length - 1000);
+  if (S.page === "events") renderDetections();
+}
+
+function setLive(on, text) {
+  S.connected = on;
+  const el = $("#live");
+  el.className = `pill ${on ? "on" : "off"}`;
+  el.textContent = on ? `live · ${text}` : text;
+}
+
+let streamAbort = null;
+async function stream() {
+  // fetch, not EventSource: EventSource cannot send the Authorization header.
+  while (true) {
+    streamAbort = new AbortController();
+    try {
+      const r = await fetch(`/api/v1/stream?interval=1&after=${S.lastSeq}&after_event=${S.lastEvent}`, {headers: headers(), signal: streamAbort.signal});
+      if (r.status === 401) {
+        setLive(false, "token needed");
+        banner("This cluster needs its bearer token to read: enter it above.");
+        await waitForToken();
+        continue;
+      }
+      if (!r.ok) throw new Error(`stream answered ${r.status}`);
+      banner("");
+      const reader = r.body.getReader();
+      const decoder = new TextDecoder();
+      let buffer = "";
+      while (true) {
+        const {value, done} = await reader.read();
+        if (done) break;
+        buffer += decoder.decode(value, {stream: true});
+        let cut;
+        while ((cut = buffer.indexOf("\n\n")) >= 0) {
+          const raw = buffer.slice(0, cut);
+          buffer = buffer.slice(cut + 2);
+          const kind = (raw.match(/^event: (.*)$/m) || [])[1];
+          const data = (raw.match(/^data: (.*)$/m) || [])[1];
+          if (!data) continue;
+          if (kind === "snapshot") onSnapshot(JSON.parse(data));
+          else if (kind === "log") onLog(JSON.parse(data));
+          else if (kind === "data") onData(JSON.parse(data));
+        }
+      }
+    } catch (err) {
+      if (err.name === "AbortError") continue;  // restarted (a new token)
+    }
+    setLive(false, "reconnecting…");
+    await new Promise((ok) => setTimeout(ok, 2000));
+  }
+}
+
+let tokenWaiters = [];
+function waitForToken() { return new Promise((ok) => tokenWaiters.push(ok)); }
+
+// -- routing -------------------------------------------------------------------------
+function route() {
+  const hash = location.hash.replace(/^#\/?/, "");
+  const [page, ...rest] = hash.split("/");
+  return {page: page || "network", arg: rest.map(decodeURIComponent).join("/") || null};
+}
+
+function teardown() {
+  for (const c of S.charts) c.destroy();
+  S.charts = [];
+  if (S.graph) { S.graph.destroy(); S.graph = null; S.graphKey = ""; }
+}
+
+async function show() {
+  const {page, arg} = route();
+  teardown();
+  S.page = page;
+  S.arg = arg;
+  for (const a of document.querySelectorAll("header nav a")) a.classList.toggle("active", a.dataset.page === page);
+  const main = $("#page");
+  main.dataset.page = page;
+  main.innerHTML = "";
+  if (page === "network") await renderNetwork(true);
+  else if (page === "pipelines" && arg) await renderPipeline(arg, true);
+  else if (page === "pipelines") renderPipelines();
+  else if (page === "events") await renderEvents(true);
+  else if (page === "models") await renderModels();
+  else if (page === "api") main.innerHTML = `<h1>REST API</h1><p class="muted">The coordinator's OpenAPI reference (<a href="/openapi.json">openapi.json</a>). With a token set, use “Authorize”.</p><iframe class="docs" src="/docs" title="REST API reference"></iframe>`;
+  else main.innerHTML = `<h1>Not found</h1><p><a href="#/">Back to the network</a></p>`;
+}
+
+function refresh() {
+  if (!S.snap) return;
+  if (S.page === "network") renderNetwork(false);
+  else if (S.page === "pipelines" && S.arg) renderPipeline(S.arg, false);
+  else if (S.page === "pipelines") renderPipelines();
+}
+
+// -- network page --------------------------------------------------------------------
+async function renderNetwork(first) {
+  const main = $("#page");
+  if (first) {
+    main.innerHTML = `<h1>Network</h1><div id="cards" class="cards"></div>
+      <h2>Sites, nodes and links</h2><div id="graph"></div>
+      <h2>Nodes</h2><div id="nodes"></div>`;
+    try { S.topology = await api("/api/v1/topology"); } catch (_) { S.topology = null; }
+  }
+  const snap = S.snap;
+  if (!snap) { $("#cards").innerHTML = `<p class="muted">waiting for the first update…</p>`; return; }
+  const c = snap.cluster;
+  const running = c.pipelines.running || 0;
+  const cards = [
+    ["nodes alive", c.nodes.alive || 0, "nodes-alive"],
+    ["nodes failed", c.nodes.failed || 0, "nodes-failed"],
+    ["slots used", `${c.slots_used} / ${c.slots}`, "slots"],
+    ["rows/s in", num(c.throughput_rows_per_s, 1), "throughput"],
+    ["CPU", `${num(c.cpu_percent, 1)} %`, "cpu"],
+    ["pipelines running", running, "pipelines-running"],
+    ["leader", c.leader || "none", "leader"],
+    ["epoch", c.leader_epoch, "epoch"],
+  ];
+  $("#cards").innerHTML = cards.map(([k, v, id]) => `<div class="card" data-card="${id}"><div class="v">${esc(v)}</div><div class="k">${esc(k)}</div></div>`).join("");
+  $("#nodes").innerHTML = nodeTable(snap.nodes);
+  drawNetwork(snap.nodes);
+}
+
+function nodeTable(nodes) {
+  const rows = nodes.map((n) => {
+    const peers = Object.entries(n.gossip || {});
+    const gossip = peers.length ? peers.map(([p, v]) => `${esc(p)}: ${stateTag(v.state)}`).join(", ") : `<span class="muted">–</span>`;
+    return `<tr data-node="${esc(n.name)}">
+      <td><b>${esc(n.name)}</b><div class="muted">${esc(n.host || "")}</div></td>
+      <td>${esc(n.spec.site)}</td>
+      <td data-field="health">${stateTag(n.health)}</td>
+      <td class="num" data-field="load">${n.load === null ? "–" : num(n.load, 2)}</td>
+      <td class="num">${n.cpu_percent === null ? "–" : num(n.cpu_percent, 0) + " %"}</td>
+      <td class="num" data-field="slots">${n.fragments.length} / ${n.slots}</td>
+      <td data-field="fragments" class="mono">${n.fragments.map(esc).join("<br>") || "–"}</td>
+      <td>${ago(n.last_heartbeat_s)}</td>
+      <td class="detail">${gossip}</td>
+      <td>${n.warnings.map(esc).join("<br>")}</td>
+    </tr>`;
+  }).join("");
+  return `<table id="node-table"><thead><tr><th>node</th><th>site</th><th>health</th><th class="num">load</th>
+    <th class="num">CPU</th><th class="num">fragments / slots</th><th>fragments</th><th>heard</th><th>gossip view</th><th>warnings</th></tr></thead>
+    <tbody>${rows || `<tr><td colspan="10" class="muted">no nodes registered</td></tr>`}</tbody></table>`;
+}
+
+const HEALTH_COLOUR = {alive: "#1f9d55", suspect: "#d98c00", "last-known": "#d98c00", draining: "#d98c00", dead: "#d64545", fenced: "#d64545", declared: "#8a94a3"};
+
+function drawNetwork(nodes) {
+  const box = $("#graph");
+  if (!box || typeof cytoscape === "undefined") return;
+  const sites = new Set(nodes.map((n) => n.spec.site));
+  const topo = S.topology || {sites: [], links: []};
+  for (const s of topo.sites || []) sites.add(s.name);
+  const links = (topo.links || []).filter((l) => l.between && l.between.length === 2);
+  const key = [...sites].sort().join(",") + "|" + nodes.map((n) => n.name).join(",") + "|" + links.length;
+  const data = (n) => ({id: `node:${n.name}`, label: `${n.name}\n${n.health} · ${n.fragments.length}/${n.slots}`, colour: HEALTH_COLOUR[n.health] || "#8a94a3"});
+  if (S.graph && S.graphKey === key) {
+    for (const n of nodes) S.graph.getElementById(`node:${n.name}`).data(data(n));
+    return;
+  }
+  if (S.graph) S.graph.destroy();
+  const elements = [];
+  for (const s of sites) elements.push({data: {id: `site:${s}`, label: s}, classes: "site"});
+  for (const n of nodes) {
+    elements.push({data: data(n), classes: "node"});
+    elements.push({data: {id: `in:${n.name}`, source: `site:${n.spec.site}`, target: `node:${n.name}`}, classes: "member"});
+  }
+  links.forEach((l, i) => {
+    const [a, b] = l.between;
+    const lat = typeof l.latency === "number" ? `${Math.round(l.latency * 1000)} ms` : String(l.latency ?? "");
+    if (sites.has(a) && sites.has(b)) elements.push({data: {id: `link:${i}`, source: `site:${a}`, target: `site:${b}`, label: lat}, classes: "link"});
+  });
+  S.graph = cytoscape({
+    container: box, elements, maxZoom: 1.4, minZoom: 0.3,
+    style: [
+      {selector: "node.site", style: {label: "data(label)", shape: "round-rectangle", "text-valign": "center", "font-weight": 600, "font-size": 12, "background-color": "#e3eaf4", "border-color": "#8ea2bb", "border-width": 1, width: (e) => e.data("label").length * 7.5 + 16, height: 28}},
+      {selector: "node.node", style: {label: "data(label)", "text-wrap": "wrap", "text-valign": "bottom", "text-margin-y": 3, "font-size": 10, "background-color": "data(colour)", width: 22, height: 22}},
+      {selector: "edge.link", style: {label: "data(label)", "font-size": 10, "line-color": "#5f86c6", width: 3, "curve-style": "bezier", "text-background-color": "#fff", "text-background-opacity": 1}},
+      {selector: "edge.member", style: {"line-color": "#c3ccd8", width: 1, "line-style": "dashed"}},
+    ],
+    layout: {name: "cose", animate: false, padding: 30, nodeRepulsion: 12000, idealEdgeLength: 90, randomize: false},
+  });
+  S.graphKey = key;
+}
+
+// -- pipelines -----------------------------------------------------------------------
+function pipelineRate(p) {
+  return p.fragments.reduce((sum, f) => sum + (f.runtime ? f.runtime.input_rows_per_s + f.runtime.realtime_rows_per_s : 0), 0);
+}
+
+function renderPipelines() {
+  const main = $("#page");
+  const ps = S.snap ? S.snap.pipelines : [];
+  const rows = ps.map((p) => `<tr data-pipeline="${esc(p.name)}">
+      <td><a href="#/pipelines/${encodeURIComponent(p.name)}"><b>${esc(p.name)}</b></a></td>
+      <td><span data-field="state">${stateTag(p.state)}</span><div class="muted">${esc(p.reason)}</div></td>
+      <td class="num">${p.priority}</td>
+      <td class="num">${p.latency_budget === null ? "–" : num(p.latency_budget, 2) + " s"}</td>
+      <td class="num">${p.latency_estimate_s === null ? "–" : num(p.latency_estimate_s, 2) + " s"}${p.over_latency_budget ? ` <span class="state failed">over</span>` : ""}</td>
+      <td class="num" data-field="fragments">${p.fragments.filter((f) => f.node).length} / ${p.fragments.length}</td>
+      <td class="num">${num(pipelineRate(p), 1)}</td>
+    </tr>`).join("");
+  main.innerHTML = `<h1>Pipelines</h1>
+    <table id="pipeline-table"><thead><tr><th>pipeline</th><th>state</th><th class="num">priority</th><th class="num">budget</th>
+    <th class="num">latency estimate</th><th class="num">fragments placed</th><th class="num">rows/s in</th></tr></thead>
+    <tbody>${rows || `<tr><td colspan="7" class="muted">${S.snap ? "no pipelines submitted" : "waiting for the first update…"}</td></tr>`}</tbody></table>`;
+}
+
+const CHARTS = [
+  ["input rows/s", "input_rows_per_s"],
+  ["processed rows/s", "processed_rows_per_s"],
+  ["batch duration (ms)", "last_batch_ms"],
+  ["backlog (messages behind)", "lag"],
+  ["dead letters (total)", "dead_letters"],
+  ["restarts (total)", "restarts"],
+];
+
+async function renderPipeline(name, first) {
+  const main = $("#page");
+  const p = S.snap && S.snap.pipelines.find((x) => x.name === name);
+  if (first) {
+    main.innerHTML = `<p><a href="#/pipelines">← pipelines</a></p><h1>Pipeline <span class="mono">${esc(name)}</span></h1>
+      <div id="pipeline-head"></div>
+      <div class="toolbar" id="pipeline-actions">
+        <button data-action="savepoint">Savepoint</button><button data-action="resume">Resume</button>
+        <button data-action="cancel" class="danger">Cancel</button></div>
+      <div id="action-result"></div>
+      <h2>Steps and where they run</h2><div id="dag"></div>
+      <h2>Fragments</h2><div id="fragments"></div>
+      <h2>Live figures</h2><div class="charts" id="charts"></div>
+      <h2>Lifecycle</h2><div id="history"></div>`;
+    for (const b of main.querySelectorAll("#pipeline-actions button")) {
+      b.onclick = () => act(`/api/v1/pipelines/${encodeURIComponent(name)}/${b.dataset.action}`, `${b.dataset.action} ${name}`);
+    }
+    try {
+      const [spec, history] = await Promise.all([
+        S.specs[name] ? Promise.resolve(S.specs[name]) : api(`/api/v1/pipelines/${encodeURIComponent(name)}/spec`),
+        api(`/api/v1/pipelines/${encodeURIComponent(name)}/history`),
+      ]);
+      S.specs[name] = spec;
+      for (const [fid, samples] of Object.entries(history.fragments)) {
+        const known = S.series[fid] || [];
+        const newest = known.length ? known[0].at : Infinity;
+        S.series[fid] = samples.filter((s) => s.at < newest).concat(known).slice(-KEEP_SAMPLES);
+      }
+    } catch (err) {
+      $("#pipeline-head").innerHTML = `<div class="result error">${esc(err.message)}</div>`;
+      return;
+    }
+  }
+  if (!p) { $("#pipeline-head").innerHTML = `<p class="muted">${S.snap ? "no such pipeline" : "waiting for the first update…"}</p>`; return; }
+  $("#pipeline-head").innerHTML = `<div class="cards">
+    <div class="card" data-card="state"><div class="v">${stateTag(p.state)}</div><div class="k">${esc(p.reason) || "state"}</div></div>
+    <div class="card"><div class="v">${p.priority}</div><div class="k">priority</div></div>
+    <div class="card"><div class="v">${p.latency_budget === null ? "–" : num(p.latency_budget, 2) + " s"}</div><div class="k">latency budget</div></div>
+    <div class="card"><div class="v">${p.latency_estimate_s === null ? "–" : num(p.latency_estimate_s, 2) + " s"}</div><div class="k">latency estimate</div></div>
+    <div class="card"><div class="v">${p.parallelism}</div><div class="k">parallelism</div></div>
+    <div class="card"><div class="v">${num(pipelineRate(p), 1)}</div><div class="k">rows/s in</div></div></div>`;
+  $("#fragments").innerHTML = fragmentTable(p);
+  $("#history").innerHTML = `<table><thead><tr><th>at</th><th>state</th><th>reason</th></tr></thead><tbody>${
+    p.history.slice().reverse().map((h) => `<tr><td>${clock(h.at)}</td><td>${stateTag(h.state)}</td><td>${esc(h.reason)}</td></tr>`).join("")}</tbody></table>`;
+  drawDag(p);
+  drawCharts(p, first);
+}
+
+function fragmentTable(p) {
+  const rows = p.fragments.map((f) => {
+    const rt = f.runtime || {};
+    return `<tr data-fragment="${esc(f.id)}">
+      <td class="mono">${esc(f.id)}</td><td>${esc(f.kind)}</td><td>${esc(f.site || "–")}</td>
+      <td data-field="node">${esc(f.node || "–")}</td><td data-field="status">${stateTag(f.status)}</td><td class="num">${f.epoch}</td>
+      <td class="num" data-field="rows_in">${num(rt.rows_in)}</td><td class="num">${num((rt.input_rows_per_s || 0) + (rt.realtime_rows_per_s || 0), 1)}</td>
+      <td class="num">${num(rt.last_batch_ms)}</td><td class="num">${num(rt.lag)}</td><td class="num" data-field="dead_letters">${num(rt.dead_letters)}</td>
+      <td class="num">${num(rt.restarts)}</td><td class="mono">${esc(f.steps.join(", "))}</td>
+    </tr>`;
+  }).join("");
+  return `<table id="fragment-table"><thead><tr><th>fragment</th><th>kind</th><th>site</th><th>node</th><th>status</th><th class="num">epoch</th>
+    <th class="num">rows in</th><th class="num">rows/s</th><th class="num">batch ms</th><th class="num">backlog</th><th class="num">dead letters</th>
+    <th class="num">restarts</th><th>steps</th></tr></thead><tbody>${rows}</tbody></table>`;
+}
+
+function drawDag(p) {
+  const box = $("#dag");
+  const spec = S.specs[p.name];
+  if (!box || !spec || typeof cytoscape === "undefined") return;
+  const where = {};  // step id -> the fragments that run it (a local step runs at every site)
+  p.fragments.forEach((f, i) => { for (const s of f.steps) (where[s] = where[s] || []).push({fragment: f, colour: COLOURS[i % COLOURS.length]}); });
+  const label = (st) => {
+    const w = where[st.id] || [];
+    return `${st.id} (${st.type})${w.length ? "\n" + w.map((x) => x.fragment.node || "unplaced").join(", ") : ""}`;
+  };
+  const key = p.name + "|" + p.fragments.map((f) => `${f.id}@${f.node}`).join(",");
+  if (S.graph && S.graphKey === key) return;
+  if (S.graph) S.graph.destroy();
+  const elements = [];
+  for (const st of spec.steps || []) {
+    const w = where[st.id] || [];
+    elements.push({data: {id: st.id, label: label(st), colour: w.length === 1 ? w[0].colour : w.length ? "#5a6b7d" : "#8a94a3"}});
+    for (const input of st.inputs || []) elements.push({data: {id: `${input}->${st.id}`, source: input, target: st.id}});
+  }
+  S.graph = cytoscape({
+    container: box, elements,
+    style: [
+      {selector: "node", style: {label: "data(label)", "text-wrap": "wrap", "font-size": 10, "text-valign": "bottom", "background-color": "data(colour)", width: 18, height: 18}},
+      {selector: "edge", style: {"curve-style": "bezier", "target-arrow-shape": "triangle", "line-color": "#9fb0c4", "target-arrow-color": "#9fb0c4", width: 1.5}},
+    ],
+    layout: {name: "breadthfirst", directed: true, spacingFactor: 1.1, padding: 15},
+  });
+  S.graphKey = key;
+}
+
+function shortId(fragment, pipeline) {
+  return fragment.startsWith(pipeline + ".") ? fragment.slice(pipeline.length + 1) : fragment;
+}
+
+function drawCharts(p, first) {
+  const box = $("#charts");
+  if (!box || typeof uPlot === "undefined") return;
+  const ids = p.fragments.map((f) => f.id);
+  const times = [...new Set(ids.flatMap((id) => (S.series[id] || []).map((s) => s.at)))].sort((a, b) => a - b);
+  const index = ids.map((id) => new Map((S.series[id] || []).map((s) => [s.at, s])));
+  const dataFor = (field) => [times, ...index.map((m) => times.map((t) => (m.has(t) ? m.get(t)[field] : null)))];
+  if (first || S.charts.length !== CHARTS.length || S.chartIds !== ids.join(",")) {
+    for (const c of S.charts) c.destroy();
+    S.charts = [];
+    S.chartIds = ids.join(",");
+    box.innerHTML = "";
+    for (const [title, field] of CHARTS) {
+      const holder = document.createElement("div");
+      holder.className = "chart";
+      holder.dataset.chart = field;
+      holder.innerHTML = `<h3>${esc(title)}</h3>`;
+      box.appendChild(holder);
+      const width = Math.max(380, holder.clientWidth - 10);
+      S.charts.push(new uPlot({
+        width, height: 200, legend: {show: true}, cursor: {drag: {x: false, y: false}},
+        scales: {x: {time: true}},
+        series: [{}, ...ids.map((id, i) => ({label: shortId(id, p.name), stroke: COLOURS[i % COLOURS.length], width: 1.5, spanGaps: true}))],
+        axes: [{}, {size: 60}],
+      }, dataFor(field), holder));
+    }
+    return;
+  }
+  CHARTS.forEach(([, field], i) => S.charts[i].setData(dataFor(field)));
+}
+
+// -- actions (need the token) ---------------------------------------------------------
+async function act(path, what, body) {
+  const out = $("#action-result");
+  try {
+    await api(path, {method: "POST", body});
+    out.innerHTML = `<div class="result ok" data-result="ok">${esc(what)}: done</div>`;
+    return true;
+  } catch (err) {
+    const hint = err.status === 401 ? " — enter the bearer token above to act" : "";
+    out.innerHTML = `<div class="result error" data-result="error" data-status="${err.status || ""}">${esc(what)}: ${esc(err.message)}${hint}</div>`;
+    return false;
+  }
+}
+
+// -- events ----------------------------------------------------------------------------
+async function renderEvents(first) {
+  const main = $("#page");
+  if (first) {
+    main.innerHTML = `<h1>Events</h1>
+      <h2>Detections</h2>
+      <p class="muted">Anomalies, pattern matches and alerts as pipelines write them (sinks after a detector or a pattern step, or marked <code>feed:</code>), newest first.</p>
+      <div class="toolbar"><label>kind <select id="data-kind"><option value="">all</option><option>anomaly</option><option>pattern</option><option>alert</option></select></label>
+      <label>contains <input id="data-filter" placeholder="device, site, pipeline…"></label><span id="data-count" class="muted"></span></div>
+      <div id="detections"></div>
+      <h2>Control decisions</h2>
+      <p class="muted">Every decision of the control plane, newest first, as it is taken: registrations, placements, moves, sheds, failures, elections.</p>
+      <div class="toolbar"><label>kind <select id="kind"><option value="">all</option></select></label>
+      <label>contains <input id="filter" placeholder="node, fragment, reason…"></label>
+      <span id="event-count" class="muted"></span></div><div id="events"></div>`;
+    $("#kind").onchange = () => renderEvents(false);
+    $("#filter").oninput = () => renderEvents(false);
+    $("#data-kind").onchange = () => renderDetections();
+    $("#data-filter").oninput = () => renderDetections();
+    try {
+      if (!S.log.length) for (const e of await api("/api/v1/cluster/log?limit=500")) onLog(e);
+      if (!S.data.length) for (const e of await api("/api/v1/events?limit=500")) onData(e);
+    } catch (err) {
+      $("#events").innerHTML = `<div class="result error">${esc(err.message)}</div>`;
+      return;
+    }
+    renderDetections();
+  }
+  const kinds = [...new Set(S.log.map((e) => e.kind))].sort();
+  const select = $("#kind");
+  if (!select) return;
+  const chosen = select.value;
+  select.innerHTML = `<option value="">all</option>` + kinds.map((k) => `<option ${k === chosen ? "selected" : ""}>${esc(k)}</option>`).join("");
+  const text = $("#filter").value.toLowerCase();
+  const shown = S.log.filter((e) => (!chosen || e.kind === chosen) && (!text || JSON.stringify(e.detail).toLowerCase().includes(text))).slice(-300).reverse();
+  $("#event-count").textContent = `${shown.length} of ${S.log.length}`;
+  $("#events").innerHTML = `<table id="event-table"><thead><tr><th class="num">seq</th><th>at</th><th>kind</th><th class="num">epoch</th><th>detail</th></tr></thead><tbody>${
+    shown.map((e) => `<tr data-seq="${e.seq}" data-kind="${esc(e.kind)}"><td class="num">${e.seq}</td><td>${clock(e.at)}</td><td><b>${esc(e.kind)}</b></td><td class="num">${e.epoch}</td>
+      <td class="detail mono">${esc(fields(e.detail))}</td></tr>`).join("")}</tbody></table>`;
+}
+
+function fields(obj) {
+  return Object.entries(obj).map(([k, v]) => `${k}=${v !== null && typeof v === "object" ? JSON.stringify(v) : v}`).join("  ");
+}
+
+function renderDetections() {
+  const box = $("#detections");
+  if (!box) return;
+  const kind = $("#data-kind").value;
+  const text = $("#data-filter").value.toLowerCase();
+  const shown = S.data.filter((e) => (!kind || e.kind === kind) && (!text || (e.pipeline + " " + e.subject + " " + JSON.stringify(e.data)).toLowerCase().includes(text))).slice(-300).reverse();
+  $("#data-count").textContent = `${shown.length} of ${S.data.length}`;
+  box.innerHTML = shown.length ? `<table id="detection-table"><thead><tr><th>at</th><th>kind</th><th>pipeline</th><th>subject</th><th>record</th></tr></thead><tbody>${
+    shown.map((e) => `<tr data-event="${e.seq}" data-kind="${esc(e.kind)}"><td>${clock(e.at)}</td><td>${stateTag(e.kind)}</td><td>${esc(e.pipeline)}</td>
+      <td class="mono">${esc(e.subject)}</td><td class="detail mono">${esc(fields(e.data))}</td></tr>`).join("")}</tbody></table>`
+    : `<p class="muted">nothing detected yet</p>`;
+}
+
+// -- models and rule sets --------------------------------------------------------------
+async function renderModels() {
+  const main = $("#page");
+  main.innerHTML = `<h1>Models &amp; rule sets</h1><div id="action-result"></div>
+    <h2>Models</h2><div id="models">loading…</div><h2>Rule sets</h2><div id="rules">loading…</div>`;
+  await Promise.all([drawModels(), drawRules()]);
+}
+
+async function drawModels() {
+  let models;
+  try { models = await api("/api/v1/models"); } catch (err) { $("#models").innerHTML = `<div class="result error">${esc(err.message)}</div>`; return; }
+  if (!models.length) { $("#models").innerHTML = `<p class="muted">no models registered (spanflow models push …)</p>`; return; }
+  $("#models").innerHTML = models.map((m) => `<div class="panel" data-model="${esc(m.name)}" style="margin-bottom:.7rem">
+    <div class="toolbar"><b class="mono">${esc(m.name)}</b><span>in production: <b data-field="production">${m.production === null ? "none" : "v" + m.production}</b></span>
+      <button data-rollback="${esc(m.name)}" ${m.history.length ? "" : "disabled"}>Roll back</button></div>
+    <table><thead><tr><th>version</th><th>stage</th><th>format</th><th>inputs</th><th>created</th><th>note</th><th></th></tr></thead><tbody>${
+      m.versions.slice().reverse().map((v) => `<tr data-version="${v.version}"><td>v${v.version}</td><td>${stateTag(v.stage)}</td><td>${esc(v.format)}</td>
+        <td class="mono">${esc(Object.keys(v.inputs).join(", "))}</td><td>${clock(v.created)}</td><td>${esc(v.note)}</td>
+        <td>${v.stage === "production" ? "" : `<button class="primary" data-promote="${esc(m.name)}" data-version="${v.version}">Promote</button>`}</td></tr>`).join("")}
+    </tbody></table></div>`).join("");
+  for (const b of document.querySelectorAll("[data-promote]")) {
+    b.onclick = async () => { if (await act(`/api/v1/models/${encodeURIComponent(b.dataset.promote)}/promote`, `promote ${b.dataset.promote} v${b.dataset.version}`, {version: Number(b.dataset.version)})) drawModels(); };
+  }
+  for (const b of document.querySelectorAll("[data-rollback]")) {
+    b.onclick = async () => { if (await act(`/api/v1/models/${encodeURIComponent(b.dataset.rollback)}/rollback`, `roll back ${b.dataset.rollback}`)) drawModels(); };
+  }
+}
+
+async function drawRules() {
+  let sets;
+  try { sets = await api("/api/v1/rules"); } catch (err) { $("#rules").innerHTML = `<div class="result error">${esc(err.message)}</div>`; return; }
+  if (!sets.length) { $("#rules").innerHTML = `<p class="muted">no rule sets pushed (spanflow rules push …)</p>`; return; }
+  $("#rules").innerHTML = `<table><thead><tr><th>rule set</th><th>live version</th><th>versions</th><th></th></tr></thead><tbody>${
+    sets.map((r) => `<tr data-rules="${esc(r.name)}"><td class="mono">${esc(r.name)}</td><td data-field="live">${r.current === null ? "–" : "v" + r.current}</td>
+      <td>${(r.versions || []).map((v) => `v${v.version}${v.note ? " (" + esc(v.note) + ")" : ""}`).join(", ")}</td>
+      <td><button data-rules-rollback="${esc(r.name)}" ${r.history.length ? "" : "disabled"}>Roll back</button></td></tr>`).join("")}</tbody></table>`;
+  for (const b of document.querySelectorAll("[data-rules-rollback]")) {
+    b.onclick = async () => { if (await act(`/api/v1/rules/${encodeURIComponent(b.dataset.rulesRollback)}/rollback`, `roll back rules ${b.dataset.rulesRollback}`)) drawRules(); };
+  }
+}
+
+// -- start -----------------------------------------------------------------------------
+function showTokenState() {
+  $("#token-state").textContent = token() ? "token set" : "read-only";
+}
+
+$("#token-form").addEventListener("submit", (ev) => {
+  ev.preventDefault();
+  const value = $("#token").value.trim();
+  if (value) sessionStorage.setItem(TOKEN_KEY, value); else sessionStorage.removeItem(TOKEN_KEY);
+  $("#token").value = "";
+  showTokenState();
+  const waiting = tokenWaiters; tokenWaiters = [];
+  for (const ok of waiting) ok();
+  if (streamAbort) streamAbort.abort();
+  show();
+});
+
+window.addEventListener("hashchange", show);
+showTokenState();
+show();
+stream();

@@ -1,0 +1,88 @@
+"""The event feed's pure parts: which sinks feed it, the subjects it listens on, what
+it keeps; and the dashboard's fragment history."""
+
+from __future__ import annotations
+
+from spanflow.api.yaml_loader import load_pipeline_text
+from spanflow.server.feed import EventFeed, Feed, feeds_of, subscription_subject
+from spanflow.server.live import History
+from spanflow.spec.cluster import FragmentRuntime
+
+PIPELINE = """\
+name: p
+sources:
+  - {id: src, stream: S, subjects: ["s.>"], schema: {device: string, t: double, ts: timestamp}, key: device, event_time: ts, to: [watch, seize, hot, plain]}
+processors:
+  - {id: watch, type: detect_anomalies, fields: [t], to: [scored]}
+  - {id: scored, type: filter, where: "is_anomaly", to: [anomalies_out]}
+  - id: seize
+    type: pattern
+    pattern:
+      within: 10s
+      stages: [{stage: a, where: "t > 1"}, {stage: b, where: "t > 2"}]
+    to: [patterns_out]
+  - {id: hot, type: filter, where: "t > 50", to: [alerts_out]}
+  - {id: plain, type: filter, where: "t > 0", to: [plain_out, quiet_out]}
+sinks:
+  - {id: anomalies_out, type: jetstream, stream: A, subject: "anomalies.{device}"}
+  - {id: patterns_out, type: jetstream, stream: P, subject: "patterns.x{device}.end"}
+  - {id: alerts_out, type: jetstream, stream: H, subject: "alerts.{device}", feed: alert}
+  - {id: plain_out, type: jetstream, stream: O, subject: "out.{device}"}
+  - {id: quiet_out, type: jetstream, stream: Q, subject: "q.{device}", feed: none}
+"""
+
+
+def test_sinks_feed_by_what_is_upstream_or_what_they_say() -> None:
+    spec = load_pipeline_text(PIPELINE, "p.yaml")
+    assert feeds_of(spec) == [
+        Feed("anomalies_out", "anomalies.*", "anomaly"),  # a detector two steps up
+        Feed("patterns_out", "patterns.*.end", "pattern"),
+        Feed("alerts_out", "alerts.*", "alert"),  # said so
+    ]  # plain_out: nothing to show; quiet_out: told not to
+
+
+def test_subjects_listen_to_every_templated_token() -> None:
+    assert subscription_subject("a.{site}.{device}") == "a.*.*"
+    assert subscription_subject("fixed.subject") == "fixed.subject"
+
+
+def test_the_feed_keeps_the_newest_shows_a_republished_record_once_and_filters() -> None:
+    feed = EventFeed(kept=3)
+    alert = Feed("alerts_out", "alerts.*", "alert")
+    anomaly = Feed("anomalies_out", "anomalies.*", "anomaly")
+    feed.add("p", alert, "alerts.d1", b'{"device": "d1", "note": "' + b"x" * 1000 + b'"}', "m1")
+    feed.add("p", alert, "alerts.d1", b'{"device": "d1"}', "m1")  # replayed after a restart
+    assert [e.seq for e in feed.events] == [1]
+    assert len(feed.events[0].data["note"]) == 301  # abbreviated: 300 characters and "…"
+    feed.add("p", anomaly, "anomalies.d2", b"not json", None)
+    feed.add("q", anomaly, "anomalies.d3", b"[1, 2]", None)
+    feed.add("q", alert, "alerts.d4", b"{}", "m2")
+    assert [e.seq for e in feed.events] == [2, 3, 4]  # the newest three
+    assert feed.events[0].data == {"raw": "not json"}
+    assert feed.events[1].data == {"value": [1, 2]}
+    assert [e.seq for e in feed.after(2)] == [3, 4]
+    assert [e.seq for e in feed.after(kind="anomaly")] == [2, 3]
+    assert [e.seq for e in feed.after(pipeline="q", limit=1)] == [4]
+
+
+def test_history_keeps_recent_samples_of_reported_fragments_only() -> None:
+    history = History(kept=2)
+
+    def rt(fid: str, rows: int) -> FragmentRuntime:
+        return FragmentRuntime(
+            fragment_id=fid,
+            epoch=1,
+            status="running",
+            rows_in=rows,
+            input_rows_per_s=1.5,
+            realtime_rows_per_s=2.0,
+        )
+
+    history.record({"a": rt("a", 1), "b": rt("b", 5)}, at=10.0)
+    history.record({"a": rt("a", 2)}, at=12.0)  # b is gone (its pipeline was cancelled)
+    history.record({"a": rt("a", 3)}, at=14.0)
+    assert [s.rows_in for s in history.of(["a"])["a"]] == [2, 3]
+    assert history.of(["b"]) == {"b": []}
+    latest = history.latest()
+    assert set(latest) == {"a"} and latest["a"].at == 14.0
+    assert latest["a"].input_rows_per_s == 3.5  # micro-batch and real-time rows together

@@ -11,7 +11,13 @@ from spanflow.spec.cluster import FragmentRuntime
 PIPELINE = """\
 name: p
 sources:
-  - {id: src, stream: S, subjects: ["s.>"], schema: {device: string, t: double, ts: timestamp}, key: device, event_time: ts, to: [watch, seize, hot, plain]}
+  - id: src
+    stream: S
+    subjects: ["s.>"]
+    schema: {device: string, t: double, ts: timestamp}
+    key: device
+    event_time: ts
+    to: [watch, seize, hot, plain]
 processors:
   - {id: watch, type: detect_anomalies, fields: [t], to: [scored]}
   - {id: scored, type: filter, where: "is_anomaly", to: [anomalies_out]}

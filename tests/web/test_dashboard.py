@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import shutil
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -17,14 +16,27 @@ import httpx
 import pytest
 
 from spanflow.cli.cluster import LocalCluster
-from spanflow.protocol.client import CoordinatorClient
-from spanflow.protocol.rest import SubmitBody
-from tests.helpers import publish as publish_now
 from tests.helpers import wait_for
+from tests.web.conftest import CHROMIUM, TOKEN, client, publish
 
 pytestmark = pytest.mark.slow
 
-CHROMIUM = "/usr/lib/chromium/chromium"
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    from playwright.sync_api import sync_playwright
+
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"{CHROMIUM} is missing: run `python3 scripts/bootstrap.py` (apt chromium)")
+
+    shutil.rmtree(ARTIFACTS, ignore_errors=True)
+    ARTIFACTS.mkdir(parents=True)
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        yield b
+        b.close()
+
+
 ARTIFACTS = (
     Path(
         os.environ.get(
@@ -33,99 +45,6 @@ ARTIFACTS = (
     )
     / "dashboard"
 )
-TOKEN = "dashboard-token"
-
-TOPOLOGY = """\
-name: dashboard
-sites:
-  - {name: plant, kind: edge}
-  - {name: cloud, kind: cloud}
-nodes:
-  - name: edge-1
-    site: plant
-    local: true
-    capabilities: {cores: 1, slots: 2}
-    streams:
-      - {name: SENSORS, subjects: ["sensors.>"]}
-  - name: cloud-1
-    site: cloud
-    local: true
-    capabilities: {cores: 1, slots: 2}
-links:
-  - {between: [plant, cloud], latency: 25ms}
-"""
-
-PIPELINE = """\
-name: plant-watch
-trigger: 0.5s
-sources:
-  - id: readings
-    stream: SENSORS
-    subjects: ["sensors.>"]
-    schema: {device: string, temperature: double}
-    key: device
-    to: [watch, hot]
-processors:
-  - id: watch
-    type: detect_anomalies
-    fields: [temperature]
-    method: robust
-    warmup: 20
-    emit: anomalies
-    to: [anomalies_out]
-  - {id: hot, type: filter, where: "temperature > 30", to: [alerts_out]}
-sinks:
-  - {id: anomalies_out, type: jetstream, stream: PLANT_ANOMALIES, subject: "anomalies.{device}"}
-  - {id: alerts_out, type: jetstream, stream: PLANT_ALERTS, subject: "alerts.{device}", feed: alert}
-"""
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    if not Path(CHROMIUM).exists():
-        pytest.fail(f"{CHROMIUM} is missing: run `python3 scripts/bootstrap.py` (apt chromium)")
-    home = tmp_path_factory.mktemp("dashboard")
-    (home / "topology.yaml").write_text(TOPOLOGY)
-    c = LocalCluster(
-        home / "topology.yaml",
-        home,
-        port=0,
-        token=TOKEN,
-        heartbeat=0.5,
-        coordinator_args=["--public-reads"],
-    )
-    try:
-        c.start()
-        c.wait_for_nodes(timeout=240)
-        api = client(c)
-        api.submit(SubmitBody(yaml=PIPELINE))
-        wait_for(lambda: api.pipeline("plant-watch").state == "running", timeout=180)
-        yield c
-    finally:
-        c.stop()
-
-
-def publish(url: str, stream: str, subject: str, records: list[dict[str, Any]]) -> None:
-    """Publish from a thread of its own: Playwright's sync API runs an event loop in
-    this one."""
-    with ThreadPoolExecutor(1) as pool:
-        pool.submit(publish_now, url, stream, subject, records).result()
-
-
-def client(c: LocalCluster, token: str | None = TOKEN) -> CoordinatorClient:
-    return CoordinatorClient(c.url, token)
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    from playwright.sync_api import sync_playwright
-
-    shutil.rmtree(ARTIFACTS, ignore_errors=True)
-    ARTIFACTS.mkdir(parents=True)
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-        yield b
-        b.close()
 
 
 class Watched:

@@ -16,12 +16,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from spanflow.nats.fences import Fence
+from spanflow.runtime import query_metrics
 from spanflow.spark import checkpoint_store
-from spanflow.spark.runner import PipelineRunner, StreamingQuery
+from spanflow.spark.runner import PipelineRunner, QueryStatus, StreamingQuery
 from spanflow.spark.session import SparkSession
 from spanflow.spark.stagger import BatchSlots
 from spanflow.spec import locations
-from spanflow.spec.cluster import Assignment, FragmentRuntime
+from spanflow.spec.cluster import Assignment, FragmentRuntime, QueryMetrics
 from spanflow.spec.retention import DEFAULT_RETENTION, Retention
 
 log = logging.getLogger(__name__)
@@ -36,6 +37,8 @@ class RunningFragment:
     started_at: float = field(default_factory=time.time)
     rows_in: int = 0
     last_batch: dict[str, int] = field(default_factory=dict)
+    metrics: dict[str, QueryMetrics] = field(default_factory=dict)
+    """sink → its query's counters and histograms since the fragment started here."""
     dead_letters: int = 0
     dead_letters_at: float = 0.0
     offsets: dict[str, Any] = field(default_factory=dict)
@@ -142,8 +145,10 @@ class FragmentExecutor:
             if q is None:
                 continue
             queries[sink] = str(q.runId)
+            metrics = running.metrics.setdefault(sink, QueryMetrics())
             for progress in _progress_since(q, running.last_batch.get(sink, -1)):
                 running.rows_in += int(progress.get("numInputRows") or 0)
+                query_metrics.fold(metrics, progress)
                 running.last_batch[sink] = int(progress["batchId"])
                 ends = [s.get("endOffset") for s in progress.get("sources", [])]
                 running.offsets[sink] = [_offset(e) for e in ends]
@@ -154,6 +159,7 @@ class FragmentExecutor:
             running.dead_letters = runner.dead_letters()
             running.dead_letters_at = now
         failing = [st for st in statuses if not st.active]
+        self._complete_metrics(running, statuses)
         return FragmentRuntime(
             fragment_id=fragment_id,
             epoch=running.assignment.epoch,
@@ -172,7 +178,25 @@ class FragmentExecutor:
             dead_letters=running.dead_letters,
             offsets=dict(running.offsets),
             error=runner.fenced or next((st.error for st in failing if st.error), None),
+            metrics={k: m.model_copy(deep=True) for k, m in running.metrics.items()},
         )
+
+    def _complete_metrics(self, running: RunningFragment, statuses: list[QueryStatus]) -> None:
+        """What batch progress does not tell: records written (the runner counts them),
+        real-time queries' live counts, each query's trigger interval."""
+        runner, spec = running.runner, running.runner.spec
+        sinks = {s.id: s for s in spec.sinks()}
+        for st in statuses:
+            m = running.metrics.setdefault(st.sink, QueryMetrics())
+            m.realtime = st.realtime
+            if st.realtime and st.records is not None:
+                m.records_in = st.records
+            if st.sink in sinks:
+                m.trigger_seconds = spec.trigger_of(sinks[st.sink])
+            output = runner.outputs.get(st.sink)
+            if output is not None:
+                m.records_out = output.records
+                m.latency_seconds = output.latency.model_copy(deep=True)
 
 
 def _offset(value: Any) -> Any:
@@ -185,15 +209,22 @@ def _offset(value: Any) -> Any:
 
 
 def _progress_since(query: StreamingQuery, seen: int) -> list[dict[str, Any]]:
-    """Progress of the batches after ``seen``, oldest first.
+    """Progress of the batches after ``seen`` that ran, oldest first.
 
     ``lastProgress`` is one call into the JVM; ``recentProgress`` is one per kept batch
     (up to 100): at a heartbeat a second that is CPU a small edge node needs for its
-    queries, so it is read only when batches were missed in between.
+    queries, so it is read only when batches were missed in between. An idle query
+    reports progress too (every 10 s), under the id of the batch it has not run yet:
+    such a report is no batch, and counting it would hide the batch that follows.
     """
     last = query.lastProgress
     if last is None or int(last["batchId"]) <= seen:
         return []
     if int(last["batchId"]) == seen + 1:
-        return [dict(last)]
-    return [dict(p) for p in query.recentProgress if int(p["batchId"]) > seen]
+        return [dict(last)] if _ran(last) else []
+    return [dict(p) for p in query.recentProgress if int(p["batchId"]) > seen and _ran(p)]
+
+
+def _ran(progress: Any) -> bool:
+    """Whether a progress report is of a batch that ran (not an idle query's report)."""
+    return "addBatch" in (dict(progress).get("durationMs") or {})

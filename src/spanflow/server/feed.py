@@ -101,6 +101,8 @@ class EventFeed:
     def __init__(self, kept: int = KEPT) -> None:
         self.events: deque[DataEvent] = deque(maxlen=kept)
         self.seq = 0
+        self.counts: dict[tuple[str, str], int] = {}
+        """(pipeline, kind) → events received since this coordinator started."""
         self._subs: dict[tuple[str, str, str], Subscription] = {}
         self._seen: OrderedDict[str, None] = OrderedDict()
 
@@ -116,6 +118,8 @@ class EventFeed:
         except orjson.JSONDecodeError:
             record = {"raw": data[:MAX_VALUE].decode(errors="replace")}
         self.seq += 1
+        key = (pipeline, feed.kind)
+        self.counts[key] = self.counts.get(key, 0) + 1
         self.events.append(
             DataEvent(
                 seq=self.seq,

@@ -2,29 +2,58 @@
 
 A collector reads the live view on each scrape instead of keeping gauges in sync on
 every change: nothing can drift, and a restarted coordinator exports the same series.
+What agents measure (counters and histograms of each fragment's queries) arrives with
+their heartbeats; one scrape of any coordinator replica sees the whole cluster.
+docs/metrics.md lists every series, its labels and its meaning.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Iterator
+from datetime import datetime
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
+from spanflow.spec.cluster import FragmentRuntime, Histogram, NodeState, QueryMetrics
+
 if TYPE_CHECKING:
     from spanflow.control.coordinator import Coordinator
+    from spanflow.server.feed import EventFeed
     from spanflow.spec.cluster import Heartbeat
+
+FRAGMENT = ["pipeline", "fragment", "node"]
+QUERY = [*FRAGMENT, "query"]
 
 
 class _ClusterCollector(Collector):
-    def __init__(self, coordinator: Coordinator) -> None:
+    def __init__(self, coordinator: Coordinator, feed: EventFeed | None) -> None:
         self.coordinator = coordinator
+        self.feed = feed
 
     def collect(self) -> Iterator[Metric]:
-        observed = self.coordinator.observed
+        yield from self._cluster()
+        yield from self._control_plane()
+        yield from self._nodes()
+        yield from self._sites()
+        yield from self._pipelines()
+        yield from self._fragments()
+        yield from self._queries()
+        yield from _stream_metrics(self.coordinator.observed.heartbeats.values())
+        if self.feed is not None:
+            yield from _feed_metrics(self.feed)
+
+    # -- the cluster as a whole -----------------------------------------------------------
+    def _cluster(self) -> Iterator[Metric]:
         summary = self.coordinator.cluster_metrics()
         nodes = GaugeMetricFamily("spanflow_nodes", "Nodes by state", labels=["state"])
         for state, n in summary.nodes.items():
@@ -34,54 +63,236 @@ class _ClusterCollector(Collector):
         for state, n in summary.pipelines.items():
             pipelines.add_metric([state], n)
         yield pipelines
+        yield GaugeMetricFamily("spanflow_slots", "Fragment slots on live nodes", summary.slots)
+        yield GaugeMetricFamily("spanflow_slots_used", "Fragments assigned", summary.slots_used)
         yield GaugeMetricFamily(
-            "spanflow_slots", "Fragment slots on live nodes", value=summary.slots
+            "spanflow_utilisation", "Assigned fragments / slots", summary.utilisation
         )
+
+    def _control_plane(self) -> Iterator[Metric]:
+        c = self.coordinator
+        leading = GaugeMetricFamily(
+            "spanflow_coordinator_leader",
+            "1 when this coordinator replica leads, else 0",
+            labels=["replica"],
+        )
+        leading.add_metric([c.settings.name], 1.0 if c.leading else 0.0)
+        yield leading
         yield GaugeMetricFamily(
-            "spanflow_slots_used", "Fragments assigned", value=summary.slots_used
-        )
+            "spanflow_leader_epoch", "The leader's epoch (grows by one per election)",
+            c.state.leader_epoch,
+        )  # fmt: skip
+        yield CounterMetricFamily(
+            "spanflow_elections", "Leaders elected since the cluster began (= the epoch)",
+            c.state.leader_epoch,
+        )  # fmt: skip
         yield GaugeMetricFamily(
-            "spanflow_utilisation", "Assigned fragments / slots", value=summary.utilisation
+            "spanflow_control_log_records", "Control-log records applied (its sequence)",
+            c.state.applied,
+        )  # fmt: skip
+        yield GaugeMetricFamily(
+            "spanflow_control_log_recovered_records",
+            "Control-log records this replica replayed when it started",
+            c.recovered_records,
         )
+
+    # -- nodes and sites ------------------------------------------------------------------
+    def _nodes(self) -> Iterator[Metric]:
+        c = self.coordinator
+        labels = ["node", "site"]
+        up = GaugeMetricFamily(
+            "spanflow_node_up", "1 when the node is alive and heard within two heartbeats",
+            labels=labels,
+        )  # fmt: skip
         cpu = GaugeMetricFamily("spanflow_node_cpu_percent", "Node CPU use", labels=["node"])
+        memory = GaugeMetricFamily("spanflow_node_memory_percent", "Node memory use", labels=labels)
+        load = GaugeMetricFamily(
+            "spanflow_node_load", "Load score (0 idle, 1 full) its agent reports", labels=labels
+        )
+        slots = GaugeMetricFamily("spanflow_node_slots", "Fragment slots", labels=labels)
+        fragments = GaugeMetricFamily(
+            "spanflow_node_fragments", "Fragments assigned to the node", labels=labels
+        )
+        heard = GaugeMetricFamily(
+            "spanflow_node_heartbeat_age_seconds", "Seconds since the node was heard",
+            labels=labels,
+        )  # fmt: skip
         rejected = CounterMetricFamily(
             "spanflow_gossip_rejected_packets",
             "Gossip packets a node's keyring did not open (forged or wrong key)",
             labels=["node"],
         )
-        for name, hb in observed.heartbeats.items():
-            cpu.add_metric([name], hb.cpu_percent)
-            rejected.add_metric([name], hb.gossip_rejected)
-        yield cpu
-        yield rejected
-        labels = ["pipeline", "fragment", "node"]
-        rate = GaugeMetricFamily(
-            "spanflow_fragment_input_rows_per_second", "Input rate per fragment", labels=labels
-        )
-        rows = GaugeMetricFamily(
-            "spanflow_fragment_rows_in", "Rows read per fragment", labels=labels
-        )
-        lag = GaugeMetricFamily(
-            "spanflow_fragment_lag", "Messages behind the stream end", labels=labels
-        )
-        dead = GaugeMetricFamily(
-            "spanflow_fragment_dead_letters", "Messages dead-lettered", labels=labels
-        )
-        batch = GaugeMetricFamily(
-            "spanflow_fragment_last_batch_ms", "Duration of the last micro-batch", labels=labels
-        )
-        for frag_id, rt in observed.runtime.items():
-            a = self.coordinator.state.assignments.get(frag_id)
-            if a is None:
+        for name in sorted(c.state.nodes):
+            status = c.node_status(name)
+            values = [name, status.spec.site]
+            up.add_metric(values, 1.0 if status.health in ("alive", "last-known") else 0.0)
+            slots.add_metric(values, status.slots)
+            fragments.add_metric(values, len(status.fragments))
+            if status.last_heartbeat_s is not None:
+                heard.add_metric(values, status.last_heartbeat_s)
+            hb = c.observed.heartbeats.get(name)
+            if hb is None:
                 continue
-            values = [a.fragment.pipeline, frag_id, a.node]
+            cpu.add_metric([name], hb.cpu_percent)
+            memory.add_metric(values, hb.memory_percent)
+            if hb.load is not None:
+                load.add_metric(values, hb.load)
+            rejected.add_metric([name], hb.gossip_rejected)
+        yield from (up, cpu, memory, load, slots, fragments, heard, rejected)
+
+    def _sites(self) -> Iterator[Metric]:
+        state = self.coordinator.state
+        up = GaugeMetricFamily(
+            "spanflow_site_up", "1 when at least one node of the site is alive", labels=["site"]
+        )
+        alive: dict[str, bool] = {s.name: False for s in state.topology.sites}
+        for n in state.nodes.values():
+            alive[n.spec.site] = alive.get(n.spec.site, False) or n.state == NodeState.ALIVE
+        for site, yes in sorted(alive.items()):
+            up.add_metric([site], 1.0 if yes else 0.0)
+        yield up
+        latency = GaugeMetricFamily(
+            "spanflow_link_latency_seconds", "One-way latency of a link between two sites",
+            labels=["site_a", "site_b"],
+        )  # fmt: skip
+        for link in state.topology.links:
+            latency.add_metric(list(link.between), link.latency)
+        yield latency
+
+    # -- pipelines, fragments, queries ----------------------------------------------------
+    def _pipelines(self) -> Iterator[Metric]:
+        c = self.coordinator
+        state = GaugeMetricFamily(
+            "spanflow_pipeline_state", "1 for the state the pipeline is in",
+            labels=["pipeline", "state"],
+        )  # fmt: skip
+        estimate = GaugeMetricFamily(
+            "spanflow_pipeline_latency_estimate_seconds",
+            "Input-to-output latency the planner expects (network, triggers, batches)",
+            labels=["pipeline"],
+        )
+        budget = GaugeMetricFamily(
+            "spanflow_pipeline_latency_budget_seconds", "The pipeline's latency budget",
+            labels=["pipeline"],
+        )  # fmt: skip
+        for name in sorted(c.state.pipelines):
+            status = c.pipeline_status(name)
+            state.add_metric([name, status.state.value], 1.0)
+            if status.latency_estimate_s is not None:
+                estimate.add_metric([name], status.latency_estimate_s)
+            if status.latency_budget:
+                budget.add_metric([name], status.latency_budget)
+        yield from (state, estimate, budget)
+
+    def _current(self) -> Iterator[tuple[list[str], FragmentRuntime]]:
+        """(pipeline, fragment, node) and the runtime of every assigned fragment."""
+        for frag_id, rt in sorted(self.coordinator.observed.runtime.items()):
+            a = self.coordinator.state.assignments.get(frag_id)
+            if a is not None:
+                yield [a.fragment.pipeline, frag_id, a.node], rt
+
+    def _fragments(self) -> Iterator[Metric]:
+        def gauge(name: str, text: str) -> GaugeMetricFamily:
+            return GaugeMetricFamily(name, text, labels=FRAGMENT)
+
+        rate = gauge("spanflow_fragment_input_rows_per_second", "Input rate per fragment")
+        up = gauge("spanflow_fragment_up", "1 when the fragment's queries are all running")
+        rows = CounterMetricFamily(
+            "spanflow_fragment_records_in", "Records its queries read (all sinks)", labels=FRAGMENT
+        )
+        dead = CounterMetricFamily(
+            "spanflow_fragment_dead_letters", "Messages it dead-lettered", labels=FRAGMENT
+        )
+        restarts = CounterMetricFamily(
+            "spanflow_fragment_restarts", "Query restarts after failures", labels=FRAGMENT
+        )
+        lag = gauge("spanflow_fragment_backlog_messages", "Messages behind its input's end")
+        batch = gauge("spanflow_fragment_last_batch_ms", "Duration of the last micro-batch")
+        watermark = gauge(
+            "spanflow_fragment_watermark_lag_seconds", "Now minus its event-time watermark"
+        )
+        now = time.time()
+        for values, rt in self._current():
             rate.add_metric(values, rt.input_rows_per_s + rt.realtime_rows_per_s)
+            up.add_metric(values, 1.0 if rt.status == "running" else 0.0)
             rows.add_metric(values, rt.rows_in)
-            lag.add_metric(values, rt.lag)
             dead.add_metric(values, rt.dead_letters)
+            restarts.add_metric(values, rt.restarts)
+            lag.add_metric(values, rt.lag)
             batch.add_metric(values, rt.last_batch_ms)
-        yield from (rate, rows, lag, dead, batch)
-        yield from _stream_metrics(observed.heartbeats.values())
+            behind = _watermark_lag(rt.watermark, now)
+            if behind is not None:
+                watermark.add_metric(values, behind)
+        yield from (rate, up, rows, dead, restarts, lag, batch, watermark)
+
+    def _queries(self) -> Iterator[Metric]:
+        def counter(name: str, text: str) -> CounterMetricFamily:
+            return CounterMetricFamily(name, text, labels=QUERY)
+
+        def gauge(name: str, text: str) -> GaugeMetricFamily:
+            return GaugeMetricFamily(name, text, labels=QUERY)
+
+        def histogram(name: str, text: str) -> HistogramMetricFamily:
+            return HistogramMetricFamily(name, text, labels=QUERY)
+
+        records_in = counter("spanflow_query_records_in", "Records the query's batches read")
+        records_out = counter("spanflow_query_records_out", "Records the query wrote")
+        batches = counter("spanflow_query_batches", "Micro-batches the query ran")
+        batch = histogram("spanflow_query_batch_duration_seconds", "Micro-batch durations")
+        latency = histogram(
+            "spanflow_query_latency_seconds",
+            "End to end, input record published to output record published (records "
+            "that keep their source's _published)",
+        )
+        checkpoint = histogram(
+            "spanflow_query_checkpoint_duration_seconds",
+            "Checkpoint work per batch: offset and commit logs, state store commits",
+        )
+        state_rows = gauge("spanflow_query_state_rows", "Rows in the query's state stores")
+        state_bytes = gauge("spanflow_query_state_bytes", "Memory its state stores use")
+        pressure = gauge(
+            "spanflow_query_backpressure_ratio",
+            "Last batch duration / trigger interval (at 1 or more the query falls behind)",
+        )
+        for values, rt in self._current():
+            for query, m in sorted(rt.metrics.items()):
+                labels = [*values, query]
+                records_in.add_metric(labels, m.records_in)
+                if m.records_out is not None:
+                    records_out.add_metric(labels, m.records_out)
+                if m.latency_seconds.count:
+                    _add_histogram(latency, labels, m.latency_seconds)
+                if m.realtime:
+                    continue  # one batch of minutes: no batch figures
+                batches.add_metric(labels, m.batches)
+                _add_histogram(batch, labels, m.batch_seconds)
+                _add_histogram(checkpoint, labels, m.checkpoint_seconds)
+                state_rows.add_metric(labels, m.state_rows)
+                state_bytes.add_metric(labels, m.state_bytes)
+                if m.trigger_seconds > 0:
+                    pressure.add_metric(labels, _pressure(m))
+        yield from (records_in, records_out, batches, batch, latency, checkpoint)
+        yield from (state_rows, state_bytes, pressure)
+
+
+def _pressure(m: QueryMetrics) -> float:
+    return round(m.last_batch_seconds / m.trigger_seconds, 4)
+
+
+def _add_histogram(family: HistogramMetricFamily, labels: list[str], h: Histogram) -> None:
+    family.add_metric(labels, [(le, float(n)) for le, n in h.cumulative()], h.sum)
+
+
+def _watermark_lag(watermark: str | None, now: float) -> float | None:
+    if not watermark:
+        return None
+    try:
+        at = datetime.fromisoformat(watermark.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+    if at <= 0:  # Spark's watermark before the first event: 1970
+        return None
+    return max(0.0, now - at)
 
 
 def _stream_metrics(heartbeats: Iterable[Heartbeat]) -> Iterator[Metric]:
@@ -106,7 +317,18 @@ def _stream_metrics(heartbeats: Iterable[Heartbeat]) -> Iterator[Metric]:
     yield from (size, limit, messages, full)
 
 
-def render_metrics(coordinator: Coordinator) -> tuple[bytes, str]:
+def _feed_metrics(feed: EventFeed) -> Iterator[Metric]:
+    events = CounterMetricFamily(
+        "spanflow_feed_events",
+        "Anomalies, pattern matches and alerts this coordinator's event feed received",
+        labels=["pipeline", "kind"],
+    )
+    for (pipeline, kind), n in sorted(feed.counts.items()):
+        events.add_metric([pipeline, kind], n)
+    yield events
+
+
+def render_metrics(coordinator: Coordinator, feed: EventFeed | None = None) -> tuple[bytes, str]:
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(_ClusterCollector(coordinator))
+    registry.register(_ClusterCollector(coordinator, feed))
     return generate_latest(registry), CONTENT_TYPE_LATEST

@@ -16,7 +16,8 @@ import logging
 import re
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -36,11 +37,11 @@ from spanflow.spark.deadletter import DLQ_SUBJECT_PREFIX, EPOCH_PROPERTY, dlq_su
 from spanflow.spark.jetstream import SinkTarget, encode_rows, publish_encoded, register_isolated
 from spanflow.spark.stagger import BatchSlots, phase_ms
 from spanflow.spec import locations
-from spanflow.spec.cluster import StreamUsage
+from spanflow.spec.cluster import Histogram, StreamUsage
 from spanflow.spec.durations import spark_interval
 from spanflow.spec.pipeline import PipelineSpec
 from spanflow.spec.retention import DEFAULT_RETENTION, Retention
-from spanflow.spec.steps.io import SinkStep
+from spanflow.spec.steps.io import PUBLISHED, SinkStep
 from spanflow.spec.steps.joins import EnrichStep
 
 log = logging.getLogger(__name__)
@@ -68,6 +69,26 @@ class QueryStatus:
     realtime: bool = False
     """Runs in Real-Time Mode: its batches last minutes, so there is no batch duration;
     rates and lag come live from the JVM readers' counters instead of batch progress."""
+    records: int | None = None
+    """A real-time query: records its readers read since it started (live)."""
+
+
+@dataclass
+class Output:
+    """What one sink wrote in this process: records (a replayed batch counts again,
+    though JetStream keeps its records once) and their end-to-end latency."""
+
+    records: int = 0
+    latency: Histogram = field(default_factory=Histogram)
+
+    def count(self, rows: list[dict[str, Any]], now: float) -> None:
+        """``rows`` were published at ``now`` (Unix time); a row that still carries its
+        source's publish time (``_published``) times the way through the pipeline."""
+        self.records += len(rows)
+        for row in rows:
+            born = row.get(PUBLISHED)
+            if isinstance(born, datetime):
+                self.latency.observe(max(0.0, now - born.timestamp()))
 
 
 @dataclass
@@ -137,6 +158,8 @@ class PipelineRunner:
         self.console_limit = console_limit
         self._queries: dict[str, _Supervised] = {}
         self._writers: dict[str, BatchWriter] = {}
+        self.outputs: dict[str, Output] = {}
+        """sink id → what it wrote (JetStream sinks; see :class:`Output`)."""
         self._mirrors: list[Any] = []
         """Threads copying postgres: lookup tables into their buckets."""
         """Batch writers of other connectors' sinks (closed when the runner stops)."""
@@ -420,6 +443,8 @@ class PipelineRunner:
         ≈17 % of the whole pipeline's, at no gain in throughput (docs/benchmarks.md).
         It also serves update-mode output, which Spark's Python sinks cannot take."""
 
+        output = self.outputs.setdefault(target.step, Output())
+
         def write(batch: DataFrame, batch_id: int) -> None:
             rows = batch.toArrow().to_pylist()
             if not rows:
@@ -440,6 +465,7 @@ class PipelineRunner:
                 )
             published = client.run(lambda: publish_encoded(client.nc, todo, epoch))
             client.run(lambda: ledger.after(batch_id, published.last_seq))
+            output.count(rows, time.time())
 
         return write
 
@@ -570,6 +596,7 @@ class PipelineRunner:
             sup.live = now
         st.input_rows_per_s, st.processed_rows_per_s = sup.live_rates
         st.lag = now.pending
+        st.records = now.records
 
     def dead_letters(self) -> int:
         """Messages this pipeline has dead-lettered so far."""

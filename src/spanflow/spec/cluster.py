@@ -201,6 +201,66 @@ class Assignment(BaseModel):
         return f"{self.node}.{self.fragment.id}"
 
 
+LATENCY_BUCKETS: tuple[float, ...] = (
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+)  # fmt: skip
+"""Upper bounds (seconds) of every latency and duration histogram spanflow reports."""
+
+
+class Histogram(BaseModel):
+    """Observations counted into :data:`LATENCY_BUCKETS` (the last count: above them),
+    with their sum: a Prometheus histogram before it is made cumulative."""
+
+    counts: list[int] = Field(default_factory=lambda: [0] * (len(LATENCY_BUCKETS) + 1))
+    sum: float = 0.0
+
+    @property
+    def count(self) -> int:
+        return sum(self.counts)
+
+    def observe(self, seconds: float, times: int = 1) -> None:
+        i = next((i for i, b in enumerate(LATENCY_BUCKETS) if seconds <= b), len(LATENCY_BUCKETS))
+        self.counts[i] += times
+        self.sum += seconds * times
+
+    def cumulative(self) -> list[tuple[str, int]]:
+        """(le, count of observations ≤ le) per bucket, ``+Inf`` last."""
+        out, total = [], 0
+        for bound, n in zip((*map(str, LATENCY_BUCKETS), "+Inf"), self.counts, strict=True):
+            total += n
+            out.append((bound, total))
+        return out
+
+
+class QueryMetrics(BaseModel):
+    """One sink's query of a fragment, since it started on this node (counters restart
+    with the fragment: Prometheus's ``rate`` and ``increase`` take that in their stride)."""
+
+    realtime: bool = False
+    records_in: int = Field(default=0, description="Records its batches read.")
+    records_out: int | None = Field(
+        default=None,
+        description="Records it wrote (JetStream sinks on micro-batches; None: not counted).",
+    )
+    batches: int = 0
+    batch_seconds: Histogram = Field(
+        default_factory=Histogram, description="Micro-batch durations (processing latency)."
+    )
+    latency_seconds: Histogram = Field(
+        default_factory=Histogram,
+        description="End to end: publish time of each output record minus that of its "
+        "input record (records that keep their source's _published only: not aggregates).",
+    )
+    checkpoint_seconds: Histogram = Field(
+        default_factory=Histogram,
+        description="Per batch: offset log write, commit log write and state store commits.",
+    )
+    state_rows: int = Field(default=0, description="Rows in its state stores (last batch).")
+    state_bytes: int = Field(default=0, description="Memory its state stores use (last batch).")
+    trigger_seconds: float = Field(default=0.0, description="Its micro-batch interval.")
+    last_batch_seconds: float = 0.0
+
+
 class FragmentRuntime(BaseModel):
     """What a node reports about one of its fragments."""
 
@@ -225,6 +285,9 @@ class FragmentRuntime(BaseModel):
     dead_letters: int = 0
     offsets: dict[str, Any] = Field(default_factory=dict, description="sink → committed offsets")
     error: str | None = None
+    metrics: dict[str, QueryMetrics] = Field(
+        default_factory=dict, description="sink → its query's counters and histograms"
+    )
 
 
 class StreamUsage(BaseModel):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import FastAPI, Query, Response
+from fastapi import FastAPI, Query, Request, Response
 
 from spanflow.control import records
 from spanflow.control.coordinator import Coordinator
@@ -29,9 +29,9 @@ def add_cluster_routes(app: FastAPI, coordinator: Coordinator, guarded: list[Any
         )
 
     @app.get("/metrics", tags=["cluster"], dependencies=guarded)
-    async def metrics() -> Response:
+    async def metrics(request: Request) -> Response:
         """Prometheus exposition (docs/metrics.md lists every series)."""
-        body, content_type = render_metrics(coordinator)
+        body, content_type = render_metrics(coordinator, getattr(request.app.state, "feed", None))
         return Response(body, media_type=content_type)
 
     @app.get(API, tags=["cluster"], dependencies=guarded)

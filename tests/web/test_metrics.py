@@ -1,0 +1,127 @@
+"""Metric values, not their presence: what the coordinator's /metrics says after a
+known workload, against what was published and what the API reports."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from spanflow.cli.cluster import LocalCluster
+from tests.helpers import wait_for
+from tests.web.conftest import client, publish
+
+Samples = list[tuple[str, dict[str, str], float]]
+
+
+def scrape(c: LocalCluster) -> Samples:
+    """Every sample of one scrape (public reads: Prometheus needs no token here)."""
+    text = httpx.get(f"{c.url}/metrics", timeout=10).raise_for_status().text
+    return [
+        (s.name, dict(s.labels), float(s.value))
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    ]
+
+
+def total(samples: Samples, name: str, **labels: str) -> float:
+    """The sum of ``name`` over the series whose labels include ``labels``."""
+    return sum(v for n, ls, v in samples if n == name and _has(ls, labels))
+
+
+def _has(labels: Mapping[str, str], wanted: Mapping[str, str]) -> bool:
+    return all(labels.get(k) == v for k, v in wanted.items())
+
+
+def test_records_in_and_out_are_what_was_published_and_what_passed(
+    cluster: LocalCluster,
+) -> None:
+    watch = {"pipeline": "plant-watch"}
+    before = scrape(cluster)
+    read = {q: total(before, "spanflow_query_records_in_total", **watch, query=q)
+            for q in ("alerts_out", "anomalies_out")}  # fmt: skip
+    wrote = total(before, "spanflow_query_records_out_total", **watch, query="alerts_out")
+    timed = total(before, "spanflow_query_latency_seconds_count", **watch, query="alerts_out")
+    hot = [{"device": "m1", "temperature": 40.0 + i % 3} for i in range(10)]
+    cool = [{"device": "m1", "temperature": 20.0 + i % 3} for i in range(30)]
+    publish(cluster.nats_url, "SENSORS", "sensors.m1", hot + cool)
+
+    seen: dict[str, float] = {}
+
+    def caught_up() -> bool:
+        now = scrape(cluster)
+        for q in read:
+            seen[q] = total(now, "spanflow_query_records_in_total", **watch, query=q)
+        seen["out"] = total(now, "spanflow_query_records_out_total", **watch, query="alerts_out")
+        return all(seen[q] >= read[q] + 40 for q in read) and seen["out"] >= wrote + 10
+
+    try:
+        wait_for(caught_up, timeout=90)
+    except AssertionError:
+        status = client(cluster).pipeline("plant-watch").model_dump_json()
+        raise AssertionError(f"before {read} out {wrote}; now {seen}; {status}") from None
+    after = scrape(cluster)
+    for q in read:  # each sink's query reads every record once: no more, no fewer
+        assert total(after, "spanflow_query_records_in_total", **watch, query=q) == read[q] + 40
+    # the filter passed the ten hot readings, and only those
+    assert total(after, "spanflow_query_records_out_total", **watch, query="alerts_out") == (
+        wrote + 10
+    )
+    # each alert kept its reading's publish time: ten end-to-end latencies, all positive
+    latencies = total(after, "spanflow_query_latency_seconds_count", **watch, query="alerts_out")
+    assert latencies == timed + 10
+    assert total(after, "spanflow_query_latency_seconds_sum", **watch, query="alerts_out") > 0
+    # a histogram counts every batch its counter counts
+    batches = total(after, "spanflow_query_batches_total", **watch, query="alerts_out")
+    durations = total(
+        after, "spanflow_query_batch_duration_seconds_count", **watch, query="alerts_out"
+    )
+    assert batches == durations > 0
+    # the fragment's counter is the API's figure
+    api = client(cluster).pipeline_metrics("plant-watch")
+    assert total(after, "spanflow_fragment_records_in_total", **watch) == api.rows_in
+
+
+def test_a_dead_letter_increments_one_pipelines_counter_by_exactly_one(
+    cluster: LocalCluster,
+) -> None:
+    watch = {"pipeline": "plant-watch"}
+    before = scrape(cluster)
+    dead = total(before, "spanflow_fragment_dead_letters_total", **watch)
+    read = total(before, "spanflow_query_records_in_total", **watch, query="alerts_out")
+    publish(cluster.nats_url, "SENSORS", "sensors.m2", [b"{not json"])
+    wait_for(
+        lambda: total(scrape(cluster), "spanflow_fragment_dead_letters_total", **watch) > dead,
+        timeout=90,
+    )
+    # a good record after it: once it is read, the bad one is long past
+    publish(cluster.nats_url, "SENSORS", "sensors.m2", [{"device": "m2", "temperature": 1.0}])
+    wait_for(
+        lambda: (
+            total(scrape(cluster), "spanflow_query_records_in_total", **watch, query="alerts_out")
+            >= read + 1
+        ),
+        timeout=60,
+    )
+    after = scrape(cluster)
+    assert total(after, "spanflow_fragment_dead_letters_total", **watch) == dead + 1
+    assert total(after, "spanflow_query_records_in_total", **watch, query="alerts_out") == read + 1
+
+
+def test_cluster_and_control_plane_figures_match_the_api(cluster: LocalCluster) -> None:
+    api = client(cluster)
+    samples = scrape(cluster)
+    info = api.cluster()
+    assert total(samples, "spanflow_coordinator_leader", replica=info.name) == 1.0
+    assert total(samples, "spanflow_leader_epoch") == info.leader_epoch
+    assert total(samples, "spanflow_elections_total") == info.leader_epoch
+    assert total(samples, "spanflow_control_log_records") >= info.log_sequence
+    for n in api.nodes():
+        labels = {"node": n.name, "site": n.spec.site}
+        assert total(samples, "spanflow_node_slots", **labels) == n.slots
+        assert total(samples, "spanflow_node_fragments", **labels) == len(n.fragments)
+    assert total(samples, "spanflow_site_up", site="plant") == 1.0
+    assert total(samples, "spanflow_link_latency_seconds", site_a="plant", site_b="cloud") == 0.025
+    running = total(samples, "spanflow_pipeline_state", state="running")
+    assert running == sum(1 for p in api.pipelines() if p.state == "running")

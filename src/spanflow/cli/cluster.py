@@ -11,12 +11,14 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 from urllib.parse import urlparse
 
 import httpx
 import typer
+from pydantic import ValidationError
 from rich.console import Group
 from rich.live import Live
 from rich.table import Table
@@ -33,8 +35,15 @@ from spanflow.cli.common import (
     use_secrets,
 )
 from spanflow.errors import SpanflowError
+from spanflow.protocol.rest import ClusterMetrics, NodeStatus, PipelineStatus, SubmitBody
 from spanflow.security.policy import require_token
+from spanflow.spec.cluster import NodeState
 from spanflow.spec.locations import resolve
+
+if TYPE_CHECKING:
+    from spanflow.protocol.client import CoordinatorClient
+
+T = TypeVar("T")
 
 DEFAULT_PORT = 7070
 
@@ -369,7 +378,24 @@ class Api:
     def url(self) -> str:
         return self.client.url
 
+    def typed(self, call: Callable[[CoordinatorClient], T]) -> T:
+        """A typed call of the client (``lambda c: c.nodes()``); its failures as a
+        SpanflowError that says what the coordinator answered."""
+        from spanflow.protocol.client import ApiError, CoordinatorUnreachable
+
+        try:
+            return call(self.client)
+        except CoordinatorUnreachable as exc:
+            raise SpanflowError(f"no coordinator answered: {exc}") from None
+        except ApiError as exc:
+            raise SpanflowError(str(exc)) from None
+
+    def view(self) -> Group:
+        """The status view of nodes, pipelines and the cluster."""
+        return self.typed(lambda c: cluster_view(c.nodes(), c.pipelines(), c.cluster_metrics()))
+
     def call(self, method: str, path: str, body: Any = None) -> Any:
+        """An untyped call: the answer's JSON."""
         from spanflow.protocol.client import CoordinatorUnreachable
 
         try:
@@ -403,22 +429,30 @@ def submit(
         text = pipeline.read_text()
     except OSError as exc:
         raise fail(SpanflowError(f"cannot read {pipeline}: {exc.strerror}")) from None
-    body: dict[str, Any] = {
-        "priority": priority,
-        "latency_budget": latency_budget,
-        "parallelism": parallelism,
-        "filename": str(pipeline),
-    }
-    if pipeline.suffix == ".json":
-        body["spec"] = json.loads(text)
-    else:
-        body["yaml"] = text
+    from spanflow.spec.pipeline import format_validation_error
+
     try:
-        status = Api(coordinator_url, token).call("POST", "/api/v1/pipelines", body)
+        json_spec = json.loads(text) if pipeline.suffix == ".json" else None
+        body = SubmitBody.model_validate(
+            {
+                "yaml": None if json_spec is not None else text,
+                "spec": json_spec,
+                "filename": str(pipeline),
+                "priority": priority,
+                "latency_budget": latency_budget,
+                "parallelism": parallelism,
+            }
+        )
+    except ValidationError as exc:
+        raise fail(SpanflowError(f"{pipeline}: {format_validation_error(exc)}")) from None
+    except ValueError as exc:  # not JSON
+        raise fail(SpanflowError(f"{pipeline}: {exc}")) from None
+    try:
+        status = Api(coordinator_url, token).typed(lambda c: c.submit(body))
     except SpanflowError as exc:
         raise fail(exc) from None
-    placed = ", ".join(f"{f['id']} → {f['node'] or 'waiting'}" for f in status["fragments"])
-    console.print(f"submitted [bold]{status['name']}[/bold]: {status['state']} ({placed})")
+    placed = ", ".join(f"{f.id} → {f.node or 'waiting'}" for f in status.fragments)
+    console.print(f"submitted [bold]{status.name}[/bold]: {status.state.value} ({placed})")
 
 
 @app.command()
@@ -430,70 +464,80 @@ def status(
     """Show every node and pipeline."""
     api = Api(coordinator_url, token)
     try:
-        nodes = api.call("GET", "/api/v1/nodes")
-        pipelines = api.call("GET", "/api/v1/pipelines")
-        metrics = api.call("GET", "/api/v1/cluster/metrics")
+        nodes = api.typed(lambda c: c.nodes())
+        pipelines = api.typed(lambda c: c.pipelines())
+        metrics = api.typed(lambda c: c.cluster_metrics())
     except SpanflowError as exc:
         raise fail(exc) from None
     if as_json:
-        console.print_json(data={"nodes": nodes, "pipelines": pipelines, "cluster": metrics})
+        console.print_json(
+            data={
+                "nodes": [n.model_dump(mode="json", by_alias=True) for n in nodes],
+                "pipelines": [p.model_dump(mode="json") for p in pipelines],
+                "cluster": metrics.model_dump(mode="json"),
+            }
+        )
         return
     console.print(cluster_view(nodes, pipelines, metrics))
 
 
-def cluster_view(nodes: list[Any], pipelines: list[Any], metrics: dict[str, Any]) -> Group:
+def cluster_view(
+    nodes: list[NodeStatus], pipelines: list[PipelineStatus], metrics: ClusterMetrics
+) -> Group:
     colour = {"alive": "green", "failed": "red", "draining": "yellow", "declared": "dim"}
     nt = Table(title="nodes")
-    widest = max((len(n["name"]) for n in nodes), default=4)
+    widest = max((len(n.name) for n in nodes), default=4)
     nt.add_column("node", no_wrap=True, min_width=widest)
     for col in ("site", "state", "slots", "cpu %", "fragments", "heartbeat"):
         nt.add_column(col)
     for n in nodes:
-        beat = n.get("last_heartbeat_s")
+        beat = n.last_heartbeat_s
+        state = n.state.value
         nt.add_row(
-            n["name"],
-            n["spec"]["site"],
-            f"[{colour.get(n['state'], 'white')}]{n['state']}[/]",
-            f"{len(n['fragments'])}/{n['slots']}",
-            "-" if n.get("cpu_percent") is None else f"{n['cpu_percent']:.0f}",
-            ", ".join(n["fragments"]) or "-",
+            n.name,
+            n.spec.site,
+            f"[{colour.get(state, 'white')}]{state}[/]",
+            f"{len(n.fragments)}/{n.slots}",
+            "-" if n.cpu_percent is None else f"{n.cpu_percent:.0f}",
+            ", ".join(n.fragments) or "-",
             "-" if beat is None else f"{beat:.1f} s ago",
         )
     pcolour = {"running": "green", "failing": "red", "failed": "red", "planned": "yellow"}
     pt = Table(title="pipelines")
-    widest = max((len(p["name"]) for p in pipelines), default=8)
+    widest = max((len(p.name) for p in pipelines), default=8)
     pt.add_column("pipeline", no_wrap=True, min_width=widest)
     pt.add_column("state", no_wrap=True, min_width=8)
     for col in ("fragments", "rows in", "rows/s", "lag", "dead", "reason"):
         pt.add_column(col)
     for p in pipelines:
-        rts = [f["runtime"] for f in p["fragments"] if f.get("runtime")]
+        rts = [f.runtime for f in p.fragments if f.runtime is not None]
+        state = p.state.value
         pt.add_row(
-            p["name"],
-            f"[{pcolour.get(p['state'], 'white')}]{p['state']}[/]",
-            ", ".join(f"{f['id']}@{f['node'] or '-'}:{f['status']}" for f in p["fragments"]),
-            f"{sum(r['rows_in'] for r in rts):,}",
-            f"{sum(r['input_rows_per_s'] + r.get('realtime_rows_per_s', 0.0) for r in rts):,.0f}",
-            f"{sum(r['lag'] for r in rts):,}",
-            f"{sum(r['dead_letters'] for r in rts):,}",
-            p["reason"][:60],
+            p.name,
+            f"[{pcolour.get(state, 'white')}]{state}[/]",
+            ", ".join(f"{f.id}@{f.node or '-'}:{f.status}" for f in p.fragments),
+            f"{sum(r.rows_in for r in rts):,}",
+            f"{sum(r.input_rows_per_s + r.realtime_rows_per_s for r in rts):,.0f}",
+            f"{sum(r.lag for r in rts):,}",
+            f"{sum(r.dead_letters for r in rts):,}",
+            p.reason[:60],
         )
     summary = (
-        f"slots {metrics['slots_used']}/{metrics['slots']} used "
-        f"({metrics['utilisation']:.0%}), cpu {metrics['cpu_percent']:.0f}%, "
-        f"throughput {metrics['throughput_rows_per_s']:,.0f} rows/s"
+        f"slots {metrics.slots_used}/{metrics.slots} used "
+        f"({metrics.utilisation:.0%}), cpu {metrics.cpu_percent:.0f}%, "
+        f"throughput {metrics.throughput_rows_per_s:,.0f} rows/s"
     )
-    warnings = [f"[yellow]⚠ {n['name']}: {w}[/]" for n in nodes for w in n.get("warnings", ())]
+    warnings = [f"[yellow]⚠ {n.name}: {w}[/]" for n in nodes for w in n.warnings]
     return Group(nt, pt, summary, *warnings)
 
 
 def _pipeline_action(action: str, name: str, url: str, token: str | None) -> None:
     try:
-        st = Api(url, token).call("POST", f"/api/v1/pipelines/{name}/{action}")
+        st = Api(url, token).typed(lambda c: c.pipeline_action(name, action))
     except SpanflowError as exc:
         raise fail(exc) from None
-    extra = f" savepoint {st['savepoint']}" if action == "savepoint" else ""
-    console.print(f"{name}: {st['state']}{extra}")
+    extra = f" savepoint {st.savepoint}" if action == "savepoint" else ""
+    console.print(f"{name}: {st.state.value}{extra}")
 
 
 @app.command()
@@ -534,10 +578,10 @@ def drain(
 ) -> None:
     """Move a node's fragments elsewhere and give it no new ones."""
     try:
-        st = Api(coordinator_url, token).call("POST", f"/api/v1/nodes/{name}/drain")
+        st = Api(coordinator_url, token).typed(lambda c: c.drain(name))
     except SpanflowError as exc:
         raise fail(exc) from None
-    console.print(f"{name}: {st['state']}")
+    console.print(f"{name}: {st.state.value}")
 
 
 # -- one machine, whole cluster ----------------------------------------------------------
@@ -779,12 +823,12 @@ class LocalCluster:
     def _has_topology(self, name: str) -> bool:
         want = {n.name for n in self.topology.nodes}
         try:
-            nodes = Api(self.coordinator_urls[name], self.token, patience=0).call(
-                "GET", "/api/v1/nodes"
+            nodes = Api(self.coordinator_urls[name], self.token, patience=0).typed(
+                lambda c: c.nodes()
             )
         except SpanflowError:
             return False
-        return want <= {n["name"] for n in nodes}
+        return want <= {n.name for n in nodes}
 
     def leader(self) -> str | None:
         """The coordinator process that leads now (None during an election)."""
@@ -842,9 +886,8 @@ class LocalCluster:
         want = {n.name for n in self.topology.nodes if n.local}
         deadline = time.monotonic() + timeout
         while True:
-            alive = {
-                n["name"] for n in self.api().call("GET", "/api/v1/nodes") if n["state"] == "alive"
-            }
+            nodes = self.api().typed(lambda c: c.nodes())
+            alive = {n.name for n in nodes if n.state == NodeState.ALIVE}
             if want <= alive:
                 return
             for name in want - alive:
@@ -1015,9 +1058,8 @@ def up(
         if submit_:
             cluster.wait_for_nodes()
         for path in submit_ or []:
-            body = {"yaml": path.read_text(), "filename": str(path)}
-            st = cluster.api().call("POST", "/api/v1/pipelines", body)
-            err.print(f"submitted {st['name']}: {st['state']}")
+            st = _submit_file(cluster.api(), path)
+            err.print(f"submitted {st.name}: {st.state.value}")
         _watch(cluster, stop, duration)
     except SpanflowError as exc:
         raise fail(exc) from None
@@ -1026,16 +1068,17 @@ def up(
         cluster.stop()
 
 
+def _submit_file(api: Api, path: Path) -> PipelineStatus:
+    body = SubmitBody(yaml=path.read_text(), filename=str(path))
+    return api.typed(lambda c: c.submit(body))
+
+
 def _watch(cluster: LocalCluster, stop: _Interrupted, duration: float | None) -> None:
     deadline = time.monotonic() + duration if duration else None
     api = cluster.api()
 
     def view() -> Group:
-        return cluster_view(
-            api.call("GET", "/api/v1/nodes"),
-            api.call("GET", "/api/v1/pipelines"),
-            api.call("GET", "/api/v1/cluster/metrics"),
-        )
+        return api.view()
 
     last = 0.0
     with (

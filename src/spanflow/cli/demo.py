@@ -260,9 +260,10 @@ def demo(
         return
     import tempfile
 
-    from spanflow.cli.cluster import LocalCluster, cluster_view
+    from spanflow.cli.cluster import LocalCluster
     from spanflow.demo import SITES, factory_monitoring
     from spanflow.nats.streams import SyncNats, connect
+    from spanflow.protocol.rest import SubmitBody
     from spanflow.simulator import SensorSimulator, SimulatorConfig
 
     stop = _Interrupted()
@@ -317,13 +318,10 @@ def demo(
         )
         cluster.wait_for_nodes()
         api = cluster.api()
-        st = api.call(
-            "POST",
-            "/api/v1/pipelines",
-            {"spec": factory_monitoring().spec().model_dump(mode="json", by_alias=True)},
-        )
-        placed = ", ".join(f"{f['id'].rsplit('.', 1)[-1]} on {f['node']}" for f in st["fragments"])
-        err.print(f"submitted {st['name']} → {placed}")
+        spec = factory_monitoring().spec().model_dump(mode="json", by_alias=True)
+        st = api.typed(lambda c: c.submit(SubmitBody(spec=spec)))
+        placed = ", ".join(f"{f.id.rsplit('.', 1)[-1]} on {f.node}" for f in st.fragments)
+        err.print(f"submitted {st.name} → {placed}")
         client = SyncNats(cluster.nats_url)
 
         async def on_window(msg: Any) -> None:
@@ -416,11 +414,7 @@ def demo(
         )
 
         def view() -> Group:
-            status = cluster_view(
-                api.call("GET", "/api/v1/nodes"),
-                api.call("GET", "/api/v1/pipelines"),
-                api.call("GET", "/api/v1/cluster/metrics"),
-            )
+            status = api.view()
             w = Table(title=f"per-site 10 s windows at the edge ({counts['windows']} so far)")
             for col in ("site", "device", "window", "readings", "avg °C", "max °C"):
                 w.add_column(col)
@@ -525,7 +519,7 @@ def demo(
         if not console.is_terminal:
             while printed:
                 console.print(printed.popleft())
-        final = api.call("GET", "/api/v1/pipelines")
+        final = api.typed(lambda c: c.pipelines())
     except SpanflowError as exc:
         _error(exc)
         raise typer.Exit(2) from None
@@ -538,7 +532,7 @@ def demo(
         err.print("stopping the cluster …")
         cluster.stop()
     shutil.rmtree(work, ignore_errors=True)
-    states = ", ".join(f"{p['name']} {p['state']}" for p in final)
+    states = ", ".join(f"{p.name} {p.state.value}" for p in final)
     console.print(
         f"demo finished: {sum(s.stats.sent for s in sims):,} readings, "
         f"{counts['windows']} site windows, {counts['alerts']} alerts, "

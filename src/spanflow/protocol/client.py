@@ -152,6 +152,10 @@ class CoordinatorClient:
     def node(self, name: str) -> NodeStatus:
         return self.one("GET", f"/api/v1/nodes/{name}", NodeStatus)
 
+    def drain(self, name: str) -> NodeStatus:
+        """Move a node's fragments away; it takes no new ones until it re-registers."""
+        return self.one("POST", f"/api/v1/nodes/{name}/drain", NodeStatus)
+
     def pipelines(self) -> list[PipelineStatus]:
         return self.many("/api/v1/pipelines", PipelineStatus)
 

@@ -301,3 +301,30 @@ class DataEvent(_Answer):
     kind: Literal["anomaly", "pattern", "alert"]
     subject: str
     data: dict[str, Any] = Field(description="The record (JSON), long values abbreviated.")
+
+
+class VersionFigures(_Answer):
+    records: int = Field(description="Predictions this version made.")
+    mean_prediction: float | None = Field(
+        description="Their mean (booleans: the share of true); None: not numeric."
+    )
+
+
+class ShadowFigures(_Answer):
+    compared: int = Field(description="Records scored by both production and the shadow.")
+    agreement: float | None = Field(description="Share of them with equal predictions.")
+    mean_abs_difference: float | None = Field(
+        description="Mean |production − shadow| (numeric predictions)."
+    )
+    versions: list[int] = Field(description="Shadow versions seen.")
+
+
+class ModelComparison(_Answer):
+    """How the versions of a model score live records, from the sinks after its score
+    steps, since this coordinator started: the canary's split and the shadow's agreement
+    with production."""
+
+    model: str
+    records: int
+    versions: dict[str, VersionFigures] = Field(description="By model_version.")
+    shadow: ShadowFigures | None

@@ -326,6 +326,30 @@ def _feed_metrics(feed: EventFeed) -> Iterator[Metric]:
     for (pipeline, kind), n in sorted(feed.counts.items()):
         events.add_metric([pipeline, kind], n)
     yield events
+    predictions = CounterMetricFamily(
+        "spanflow_model_predictions",
+        "Predictions each model version made (records after score steps)",
+        labels=["model", "version"],
+    )
+    compared = CounterMetricFamily(
+        "spanflow_model_shadow_compared",
+        "Records scored by both production and a shadow version",
+        labels=["model"],
+    )
+    agreement = GaugeMetricFamily(
+        "spanflow_model_shadow_agreement_ratio",
+        "Share of shadow-scored records whose predictions equal production's",
+        labels=["model"],
+    )
+    for model in sorted(feed.tallies):
+        c = feed.comparison(model)
+        for version, figures in c.versions.items():
+            predictions.add_metric([model, version], figures.records)
+        if c.shadow is not None:
+            compared.add_metric([model], c.shadow.compared)
+            if c.shadow.agreement is not None:
+                agreement.add_metric([model], c.shadow.agreement)
+    yield from (predictions, compared, agreement)
 
 
 def render_metrics(coordinator: Coordinator, feed: EventFeed | None = None) -> tuple[bytes, str]:

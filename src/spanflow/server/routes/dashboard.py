@@ -16,7 +16,7 @@ from fastapi.staticfiles import StaticFiles
 
 from spanflow.control import pipelines
 from spanflow.control.coordinator import Coordinator
-from spanflow.protocol.rest import DataEvent, PipelineHistory
+from spanflow.protocol.rest import DataEvent, ModelComparison, PipelineHistory
 from spanflow.server import live
 from spanflow.server.feed import EventFeed
 from spanflow.web import STATIC
@@ -75,6 +75,13 @@ def add_dashboard_routes(app: FastAPI, coordinator: Coordinator, guarded: list[A
         """Anomalies, pattern matches and alerts pipelines wrote lately (the event
         feed: the newest 500 this coordinator received; see a sink's ``feed``)."""
         return feed.after(after, kind=kind, pipeline=pipeline, limit=limit)
+
+    @app.get("/api/v1/models/{name}/comparison", tags=["models"], dependencies=guarded)
+    async def model_comparison(name: str) -> ModelComparison:
+        """How the model's versions score live records (from the sinks after its score
+        steps, since this coordinator started): records per version and their mean
+        prediction (a canary's split), and the shadow's agreement with production."""
+        return feed.comparison(name)
 
     @app.get("/api/v1/pipelines/{name}/history", tags=["pipelines"], dependencies=guarded)
     async def pipeline_history(name: str) -> PipelineHistory:

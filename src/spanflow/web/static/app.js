@@ -526,9 +526,11 @@ async function drawModels() {
   let models;
   try { models = await api("/api/v1/models"); } catch (err) { $("#models").innerHTML = `<div class="result error">${esc(err.message)}</div>`; return; }
   if (!models.length) { $("#models").innerHTML = `<p class="muted">no models registered (spanflow models push …)</p>`; return; }
-  $("#models").innerHTML = models.map((m) => `<div class="panel" data-model="${esc(m.name)}" style="margin-bottom:.7rem">
+  const compared = await Promise.all(models.map((m) => api(`/api/v1/models/${encodeURIComponent(m.name)}/comparison`).catch(() => null)));
+  $("#models").innerHTML = models.map((m, i) => `<div class="panel" data-model="${esc(m.name)}" style="margin-bottom:.7rem">
     <div class="toolbar"><b class="mono">${esc(m.name)}</b><span>in production: <b data-field="production">${m.production === null ? "none" : "v" + m.production}</b></span>
       <button data-rollback="${esc(m.name)}" ${m.history.length ? "" : "disabled"}>Roll back</button></div>
+    ${comparison(compared[i])}
     <table><thead><tr><th>version</th><th>stage</th><th>format</th><th>inputs</th><th>created</th><th>note</th><th></th></tr></thead><tbody>${
       m.versions.slice().reverse().map((v) => `<tr data-version="${v.version}"><td>v${v.version}</td><td>${stateTag(v.stage)}</td><td>${esc(v.format)}</td>
         <td class="mono">${esc(Object.keys(v.inputs).join(", "))}</td><td>${clock(v.created)}</td><td>${esc(v.note)}</td>
@@ -540,6 +542,13 @@ async function drawModels() {
   for (const b of document.querySelectorAll("[data-rollback]")) {
     b.onclick = async () => { if (await act(`/api/v1/models/${encodeURIComponent(b.dataset.rollback)}/rollback`, `roll back ${b.dataset.rollback}`)) drawModels(); };
   }
+}
+
+function comparison(c) {
+  if (!c || !c.records) return `<p class="muted" data-field="comparison">no live predictions seen yet (pipelines with a score step of this model feed this)</p>`;
+  const versions = Object.entries(c.versions).map(([v, f]) => `v${esc(v)}: ${num(f.records)} (${f.mean_prediction === null ? "–" : "mean " + num(f.mean_prediction, 3)})`).join(" · ");
+  const shadow = c.shadow ? ` · shadow v${c.shadow.versions.join(", v")} agrees with production on <b>${num(100 * c.shadow.agreement, 1)} %</b> of ${num(c.shadow.compared)}${c.shadow.mean_abs_difference === null ? "" : ` (mean |Δ| ${num(c.shadow.mean_abs_difference, 4)})`}` : "";
+  return `<p data-field="comparison">live: ${num(c.records)} predictions — ${versions}${shadow}</p>`;
 }
 
 async function drawRules() {

@@ -18,8 +18,8 @@ LAYERS: dict[str, float] = {
     "errors": -1,
     "clock": -1,
     "spec": 0,
+    "protocol": 0.4,  # the wire vocabulary: names, REST models, the typed client (spec only)
     "security": 0.5,  # certificates, credentials, keys: read by nats, runtime, servers
-    "protocol": 1,
     "nats": 1,
     "api": 2,
     "plan": 3,

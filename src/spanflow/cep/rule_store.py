@@ -30,10 +30,10 @@ from spanflow.nats.cluster import ensure_kv
 from spanflow.nats.manifests import change_manifest, read_manifest
 from spanflow.nats.streams import connect, token
 from spanflow.nats.sync import run_sync
+from spanflow.protocol.names import RULE_MANIFESTS_BUCKET as MANIFESTS
+from spanflow.protocol.names import RULE_PINS_BUCKET as PINS
 from spanflow.spec.patterns import RuleSpec
 
-MANIFESTS = "SPANFLOW_RULES"
-PINS = "SPANFLOW_RULE_PINS"
 PIN_TTL = 7 * 86400.0
 START = "start"
 

@@ -51,12 +51,11 @@ from spanflow.nats.cluster import (
     ensure_object_store,
 )
 from spanflow.nats.ranges import read_range
+from spanflow.protocol.names import SNAPSHOTS_BUCKET as SNAPSHOTS
 
 log = logging.getLogger(__name__)
 
 BUCKETS = (NODES_BUCKET, PIPELINES_BUCKET, ASSIGNMENTS_BUCKET, META_BUCKET)
-SNAPSHOTS = "SPANFLOW_SNAPSHOTS"
-"""Object store of the control log's snapshots (one object, replaced each time)."""
 SNAPSHOT_OBJECT = "state"
 WRONG_LAST_SEQUENCE = 10071
 """JetStream's error code for a refused expected-last-sequence append."""

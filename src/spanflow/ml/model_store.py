@@ -27,11 +27,10 @@ from spanflow.ml.artifacts import LoadedModel, describe, load, sha256_of
 from spanflow.ml.registry import Format, ModelManifest, ModelVersion, Stage
 from spanflow.nats.cluster import ensure_kv, ensure_object_store
 from spanflow.nats.manifests import change_manifest, read_manifest
+from spanflow.protocol.names import MODEL_FILES_BUCKET as FILES
+from spanflow.protocol.names import MODEL_MANIFESTS_BUCKET as MANIFESTS
+from spanflow.protocol.names import PUBLISH_REQUESTS_BUCKET as PUBLISH_REQUESTS
 
-MANIFESTS = "SPANFLOW_MODEL_INDEX"
-PUBLISH_REQUESTS = "SPANFLOW_PUBLISH_REQUESTS"
-"""KV: per ``publish_as`` name, the latest "publish now" request (its revision counts)."""
-FILES = "SPANFLOW_MODELS"
 MAX_FILE = 256 * 1024 * 1024
 
 

@@ -36,8 +36,8 @@ from spanflow.ml.registry import ModelVersion
 from spanflow.nats.cluster import ensure_kv
 from spanflow.nats.streams import token
 from spanflow.nats.sync import run_sync
+from spanflow.protocol.names import MODEL_PINS_BUCKET as PINS
 
-PINS = "SPANFLOW_MODEL_PINS"
 START = "start"
 """Batch names beginning with this are the check made when a pipeline starts: a
 problem there is raised, not worked around."""

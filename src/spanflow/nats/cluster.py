@@ -1,6 +1,7 @@
-"""Where a cluster's control data lives in NATS: KV buckets, log streams, subjects.
-
-One module so the coordinator and the node agents can never disagree on a name.
+"""Where a cluster's control data lives in NATS: creating and opening its KV buckets,
+log streams and object stores. Their names are in :mod:`spanflow.protocol.names` (one
+module, so the coordinator and the node agents can never disagree on a name); they are
+re-exported here for the modules that open them.
 """
 
 from __future__ import annotations
@@ -18,30 +19,23 @@ from nats.js.errors import APIError, BadRequestError, BucketNotFoundError, NotFo
 from nats.js.kv import KeyValue
 from nats.js.object_store import ObjectStore
 
+from spanflow.protocol.names import ACTIVITY_PREFIX as ACTIVITY_PREFIX
+from spanflow.protocol.names import ACTIVITY_STREAM as ACTIVITY_STREAM
+from spanflow.protocol.names import ASSIGNMENTS_BUCKET as ASSIGNMENTS_BUCKET
+from spanflow.protocol.names import EDGE_ONLY_SUBJECTS as EDGE_ONLY_SUBJECTS
+from spanflow.protocol.names import HEARTBEAT_PREFIX as HEARTBEAT_PREFIX
+from spanflow.protocol.names import LEADER_BUCKET as LEADER_BUCKET
+from spanflow.protocol.names import META_BUCKET as META_BUCKET
+from spanflow.protocol.names import NODES_BUCKET as NODES_BUCKET
+from spanflow.protocol.names import PIPELINES_BUCKET as PIPELINES_BUCKET
+from spanflow.protocol.names import WAL_PREFIX as WAL_PREFIX
+from spanflow.protocol.names import WAL_STREAM as WAL_STREAM
+
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-NODES_BUCKET = "spanflow_nodes"
-PIPELINES_BUCKET = "spanflow_pipelines"
-ASSIGNMENTS_BUCKET = "spanflow_assignments"
-"""Keys ``<node>.<fragment id>``: a node agent watches ``<node>.>``."""
-META_BUCKET = "spanflow_meta"
-"""``topology`` (sites and links)."""
-LEADER_BUCKET = "spanflow_leader"
-"""``leader``: the coordinator holding the lease (it expires unless renewed)."""
-
-WAL_STREAM = "SPANFLOW_WAL"
-WAL_PREFIX = "spanflow.wal"
-"""Control decisions, ``spanflow.wal.<kind>``; bounded by snapshots (control/snapshots.py)."""
-
-ACTIVITY_STREAM = "SPANFLOW_ACTIVITY"
-ACTIVITY_PREFIX = "spanflow.activity"
-"""Node reports, ``spanflow.activity.<node>.<fragment id>.<event>``."""
 ACTIVITY_PER_SUBJECT = 200
 ACTIVITY_MAX_AGE = 7 * 86400.0
-
-HEARTBEAT_PREFIX = "spanflow.heartbeat"
-"""Core NATS (not stored): ``spanflow.heartbeat.<node>``."""
 
 
 def activity_subject(node: str, fragment_id: str, event: str) -> str:
@@ -181,9 +175,3 @@ async def ensure_log_streams(js: JetStreamContext, replicas: int | None = None) 
             with contextlib.suppress(BadRequestError):  # created meanwhile
                 await js.add_stream(config)
         await raise_replicas(js, config.name or "", replicas)
-
-
-EDGE_ONLY_SUBJECTS = ("spanflow.cut.>", "spanflow.dlq.>")
-"""Subjects a site with its own server keeps to itself (``deny_exports`` on its leaf
-link): fragment outputs that cross sites travel by stream sourcing, not by subject
-interest, and dead letters stay where they happened."""

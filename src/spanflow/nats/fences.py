@@ -26,8 +26,8 @@ from nats.js.kv import KeyValue
 
 from spanflow.errors import SpanflowError
 from spanflow.nats.cluster import ensure_kv
+from spanflow.protocol.names import FENCES_BUCKET as FENCES_BUCKET
 
-FENCES_BUCKET = "spanflow_fences"
 EPOCH_HEADER = "Spanflow-Epoch"
 """Carried by every message a fragment's sink publishes: which epoch wrote it."""
 

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from spanflow.errors import SpecError
+from spanflow.protocol.names import CUT_SUBJECT_PREFIX as CUT_SUBJECT_PREFIX
 from spanflow.spec.cluster import Fragment
 from spanflow.spec.pipeline import PipelineSpec
 from spanflow.spec.steps import Placement, Step, StepBase, StreamFacts, derived_id
@@ -38,8 +39,6 @@ from spanflow.spec.steps.stateless import KeyByStep, UnionStep
 from spanflow.spec.topology import External, Topology, addresses_of
 
 Scope = Literal["local", "global"]
-
-CUT_SUBJECT_PREFIX = "spanflow.cut"
 
 
 class PlanError(SpecError):

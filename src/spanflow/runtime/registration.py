@@ -27,14 +27,11 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from spanflow.protocol.names import LAST_ASSIGNMENTS_BUCKET as LAST_ASSIGNMENTS_BUCKET
 from spanflow.protocol.rest import Registered
 from spanflow.spec.pipeline import format_validation_error
 
 log = logging.getLogger(__name__)
-
-LAST_ASSIGNMENTS_BUCKET = "spanflow_last_assignments"
-"""On a site's own server: each node's assignments as it last saw them (``<node>.<fragment>``),
-so that the node can start them while the control plane is out of reach."""
 
 
 @dataclass

@@ -11,12 +11,9 @@ import json
 from typing import Any
 from urllib.parse import quote, urlsplit, urlunsplit
 
+from spanflow.protocol.names import CONTROL_STREAMS, CONTROL_SUBJECTS
 from spanflow.security.secrets import Credentials, Secrets
 
-CONTROL_SUBJECTS = ("spanflow.wal.>",)
-"""The control log's subjects: the coordinators' alone."""
-CONTROL_STREAMS = ("SPANFLOW_WAL", "KV_spanflow_leader")
-"""Streams an agent may read but must never rewrite, purge or delete."""
 STREAM_ADMIN = ("DELETE", "PURGE", "UPDATE", "MSG.DELETE", "CREATE")
 SYSTEM_SUBJECTS = ("$SYS.>",)
 READER_PUBLISH = (

@@ -19,8 +19,8 @@ from nats.aio.client import Client
 
 from spanflow.nats.fences import EPOCH_HEADER
 from spanflow.nats.streams import connect
+from spanflow.protocol.names import DLQ_SUBJECT_PREFIX as DLQ_SUBJECT_PREFIX
 
-DLQ_SUBJECT_PREFIX = "spanflow.dlq"
 EPOCH_PROPERTY = "spanflow.epoch"
 """Spark local property the runner sets to its fence's epoch before it starts a query:
 every task of the query (a source reader, a keyed processor, a UDF) sees it."""

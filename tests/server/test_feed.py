@@ -3,6 +3,8 @@ it keeps; and the dashboard's fragment history."""
 
 from __future__ import annotations
 
+import pytest
+
 from spanflow.api.yaml_loader import load_pipeline_text
 from spanflow.server.feed import EventFeed, Feed, feeds_of, subscription_subject
 from spanflow.server.live import History
@@ -92,3 +94,34 @@ def test_history_keeps_recent_samples_of_reported_fragments_only() -> None:
     latest = history.latest()
     assert set(latest) == {"a"} and latest["a"].at == 14.0
     assert latest["a"].input_rows_per_s == 3.5  # micro-batch and real-time rows together
+
+
+def test_samples_carry_latency_percentiles_of_the_records_since_the_last_one() -> None:
+    from spanflow.server.live import quantile
+    from spanflow.spec.cluster import Histogram, QueryMetrics
+
+    assert quantile(0.5, [0] * 14) is None
+    counts = [0] * 14
+    counts[4] = 10  # ten observations between 50 and 100 ms
+    assert quantile(0.5, counts) == pytest.approx(0.075)  # halfway in, as Prometheus does
+    counts[-1] = 90  # and ninety above a minute: the highest bound stands for them
+    assert quantile(0.99, counts) == 60.0
+
+    def rt(*latencies: float, state: int = 0) -> FragmentRuntime:
+        h = Histogram()
+        for seconds in latencies:
+            h.observe(seconds)
+        q = QueryMetrics(latency_seconds=h, state_rows=state, state_bytes=10 * state)
+        return FragmentRuntime(fragment_id="a", epoch=1, status="running", metrics={"out": q})
+
+    history = History()
+    history.record({"a": rt(0.2, 0.2, state=3)}, at=1.0)
+    history.record({"a": rt(0.2, 0.2, 8.0, 8.0, state=5)}, at=3.0)  # two new, both slow
+    history.record({"a": rt(0.2, 0.2, 8.0, 8.0, state=5)}, at=5.0)  # none new
+    first, second, third = history.of(["a"])["a"]
+    assert first.latency_p50_s is not None and first.latency_p50_s <= 0.25
+    assert second.latency_p50_s is not None and 5.0 < second.latency_p50_s <= 10.0
+    assert third.latency_p50_s is None and third.latency_p99_s is None
+    assert (second.state_rows, second.state_bytes) == (5, 50)
+    history.record({"a": rt(0.01)}, at=7.0)  # the fragment restarted: its counts began again
+    assert history.of(["a"])["a"][-1].latency_p99_s == pytest.approx(0.00995)

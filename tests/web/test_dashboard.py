@@ -150,7 +150,7 @@ def test_the_pipeline_pages_show_state_placement_and_live_figures(
     )
     wait_for(lambda: read() >= 50, timeout=60)
     assert read() == sum(f.rows_in for f in api.pipeline_metrics("plant-watch").fragments.values())
-    assert p.locator("#charts .chart canvas").count() == 6  # uPlot: one per figure
+    assert p.locator("#charts .chart canvas").count() == 9  # uPlot: one per figure
     assert p.locator("#dag canvas").count() > 0
 
 

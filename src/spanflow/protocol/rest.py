@@ -270,6 +270,12 @@ class FragmentSample(_Answer):
     dead_letters: int
     rows_in: int
     restarts: int
+    latency_p50_s: float | None = Field(
+        default=None, description="End-to-end latency, median of the records since the last sample."
+    )
+    latency_p99_s: float | None = Field(default=None, description="Its 99th percentile.")
+    state_rows: int = Field(default=0, description="Rows in its state stores.")
+    state_bytes: int = Field(default=0, description="Memory its state stores use.")
 
 
 class PipelineHistory(_Answer):

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from spanflow.control import records
 from spanflow.protocol.rest import FragmentSample, LogEntry, Snapshot
 from spanflow.server.feed import EventFeed
-from spanflow.spec.cluster import FragmentRuntime
+from spanflow.spec.cluster import LATENCY_BUCKETS, FragmentRuntime
 
 if TYPE_CHECKING:
     from spanflow.control.coordinator import Coordinator
@@ -31,7 +31,39 @@ KEPT = 300
 """Samples kept per fragment: ten minutes at the default interval."""
 
 
-def sample_of(rt: FragmentRuntime, at: float) -> FragmentSample:
+def quantile(q: float, counts: list[int]) -> float | None:
+    """The ``q`` quantile of observations counted into :data:`LATENCY_BUCKETS` (the
+    last count: above them), interpolated inside its bucket as Prometheus's
+    ``histogram_quantile`` does; None without observations."""
+    total = sum(counts)
+    if total == 0:
+        return None
+    rank, below = q * total, 0
+    for i, n in enumerate(counts):
+        if n and below + n >= rank:
+            if i == len(LATENCY_BUCKETS):
+                return LATENCY_BUCKETS[-1]  # above every bound: the highest one
+            lower = LATENCY_BUCKETS[i - 1] if i else 0.0
+            return lower + (LATENCY_BUCKETS[i] - lower) * (rank - below) / n
+        below += n
+    return LATENCY_BUCKETS[-1]
+
+
+def latency_counts(rt: FragmentRuntime) -> list[int]:
+    """The fragment's end-to-end latency histogram, its queries together."""
+    merged = [0] * (len(LATENCY_BUCKETS) + 1)
+    for m in rt.metrics.values():
+        merged = [a + b for a, b in zip(merged, m.latency_seconds.counts, strict=True)]
+    return merged
+
+
+def sample_of(rt: FragmentRuntime, at: float, before: list[int] | None = None) -> FragmentSample:
+    """``before``: the latency histogram at the previous sample (percentiles are of the
+    records in between; a restarted fragment's histogram starts again)."""
+    now = latency_counts(rt)
+    recent = now
+    if before is not None and all(a >= b for a, b in zip(now, before, strict=True)):
+        recent = [a - b for a, b in zip(now, before, strict=True)]
     return FragmentSample(
         at=at,
         input_rows_per_s=rt.input_rows_per_s + rt.realtime_rows_per_s,
@@ -41,6 +73,10 @@ def sample_of(rt: FragmentRuntime, at: float) -> FragmentSample:
         dead_letters=rt.dead_letters,
         rows_in=rt.rows_in,
         restarts=rt.restarts,
+        latency_p50_s=quantile(0.5, recent),
+        latency_p99_s=quantile(0.99, recent),
+        state_rows=sum(m.state_rows for m in rt.metrics.values()),
+        state_bytes=sum(m.state_bytes for m in rt.metrics.values()),
     )
 
 
@@ -51,12 +87,16 @@ class History:
     def __init__(self, kept: int = KEPT) -> None:
         self.kept = kept
         self.samples: dict[str, deque[FragmentSample]] = {}
+        self._latency: dict[str, list[int]] = {}
 
     def record(self, runtimes: dict[str, FragmentRuntime], at: float) -> None:
         for fid in set(self.samples) - set(runtimes):
             del self.samples[fid]
+            self._latency.pop(fid, None)
         for fid, rt in runtimes.items():
-            self.samples.setdefault(fid, deque(maxlen=self.kept)).append(sample_of(rt, at))
+            sample = sample_of(rt, at, self._latency.get(fid))
+            self._latency[fid] = latency_counts(rt)
+            self.samples.setdefault(fid, deque(maxlen=self.kept)).append(sample)
 
     def of(self, fragments: Iterable[str]) -> dict[str, list[FragmentSample]]:
         return {f: list(self.samples.get(f, ())) for f in fragments}

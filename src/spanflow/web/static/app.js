@@ -308,7 +308,10 @@ const CHARTS = [
   ["input rows/s", "input_rows_per_s"],
   ["processed rows/s", "processed_rows_per_s"],
   ["batch duration (ms)", "last_batch_ms"],
+  ["end-to-end latency p50 (s)", "latency_p50_s"],
+  ["end-to-end latency p99 (s)", "latency_p99_s"],
   ["backlog (messages behind)", "lag"],
+  ["state (rows)", "state_rows"],
   ["dead letters (total)", "dead_letters"],
   ["restarts (total)", "restarts"],
 ];

@@ -53,24 +53,33 @@ def test_keyed_state_is_exact_and_a_failing_key_is_dead_lettered_with_its_state_
     try:
         wait_for(lambda: len(read_all(nats_url, out)) >= 3)
         publish(nats_url, stream, f"in{uid}.r", bad)
-        wait_for(lambda: len(_dead_letters(nats_url, f"mean-{uid}", "mean")) == 2)
+        # the batch with the failing reading (seq 32) is dead-lettered: the good one
+        # before it (seq 31) too when both came in one micro-batch, which a busy
+        # machine does not promise
+        wait_for(lambda: 32 in _dead_seqs(nats_url, f"mean-{uid}"))
         publish(nats_url, stream, f"in{uid}.r", phase3)
         wait_for(lambda: len(read_all(nats_url, out)) >= 6)
         runner.await_idle()
         assert all(s.active for s in runner.status())
     finally:
         runner.stop()
+    dead = _dead_seqs(nats_url, f"mean-{uid}")
+    assert dead in ([31, 32], [32])
+    kept = [] if 31 in dead else bad[:1]  # a 7.0 processed in a batch of its own counts
     rows = read_records(nats_url, out)
     latest = {r["device"]: r for r in rows}
     for device in ("d0", "d1", "d2"):
-        values = [r["v"] for r in phase1 + phase3 if r["device"] == device]
+        values = [r["v"] for r in phase1 + kept + phase3 if r["device"] == device]
         assert latest[device]["n"] == len(values)  # d1's failed batch left no trace
         assert latest[device]["mean"] == pytest.approx(sum(values) / len(values))
     letters = _dead_letters(nats_url, f"mean-{uid}", "mean")
-    assert sorted(int(h["Spanflow-Seq"]) for h, _ in letters) == [31, 32]
     assert {h["Spanflow-Reason"] for h, _ in letters} == {
         "ValueError in process: negative reading -5.0"
     }
+
+
+def _dead_seqs(nats_url: str, pipeline: str) -> list[int]:
+    return sorted(int(h["Spanflow-Seq"]) for h, _ in _dead_letters(nats_url, pipeline, "mean"))
 
 
 def test_event_time_timers_fire_as_the_watermark_passes(spark, nats_url, checkpoints, uid):

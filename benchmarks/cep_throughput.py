@@ -292,6 +292,7 @@ def main() -> None:
                 )  # fmt: skip
                 ms = latency[case]["latency_ms"]
                 print(f"  p50 {ms['p50']:.0f} ms, p99 {ms['p99']:.0f} ms", flush=True)
+                print(f"  batch profile (mean ms): {latency[case]['profile']}", flush=True)
             base = latency["filter"]["latency_ms"]
             out["latency"] = latency
             out["added_latency_ms"] = {

@@ -257,6 +257,7 @@ def main() -> None:
                 )
                 ms = latency[case]["latency_ms"]
                 print(f"  p50 {ms['p50']:.0f} ms, p99 {ms['p99']:.0f} ms")
+                print(f"  batch profile (mean ms): {latency[case]['profile']}")
         spark.stop()
     if args.cases or args.skip_latency or args.skip_throughput:
         args.out = args.out.with_name("ml_throughput_partial.json")

@@ -199,3 +199,79 @@ def test_declaring_a_state_twice_or_with_an_unknown_type_fails_at_init():
         KeyedProcessorTest(Twice, key="k", output_schema={"k": "string"})
     with pytest.raises(TypeError, match="unknown state type 'decimal'"):
         KeyedProcessorTest(Unknown, key="k", output_schema={"k": "string"})
+
+
+class _SameDeadline(sf.KeyedProcessor):
+    """Every key asks for a timer at the same time (as window ends do)."""
+
+    def init(self, state):
+        self.seen = state.value("seen", "long")
+
+    def process(self, key, rows, ctx):
+        self.seen.set(self.seen.get(0) + len(rows))
+        ctx.timers.register(_at(60))
+        return []
+
+    def on_timer(self, key, timer, ctx):
+        yield {"n": self.seen.get(), "fired_at": timer}
+
+
+def test_keys_sharing_a_timer_time_each_fire_once_and_keep_their_own_state():
+    t = KeyedProcessorTest(
+        _SameDeadline,
+        key="device",
+        event_time="ts",
+        output_schema={"device": "string", "n": "long", "fired_at": "timestamp"},
+    )
+    t.process([{"device": d, "ts": _at(i)} for i, d in enumerate("abcab")])
+    t.process([{"device": "c", "ts": _at(9)}])
+    assert t.advance_watermark(_at(59)) == []
+    fired = t.advance_watermark(_at(61))
+    assert sorted((r["device"], r["n"]) for r in fired) == [("a", 2), ("b", 2), ("c", 2)]
+    assert {r["fired_at"] for r in fired} == {_at(60)}
+    assert t.advance_watermark(_at(120)) == []  # each fired once, and the index is empty
+    assert t.state("seen", "c") == 2
+
+
+class _KeepsLast(sf.KeyedProcessor):
+    """Stores the record's own timestamp and numbers as they come from pandas."""
+
+    def init(self, state):
+        self.last = state.value("last", {"ts": "timestamp", "v": "double", "n": "long"})
+
+    def process(self, key, rows, ctx):
+        before = self.last.get()
+        row = rows[-1]
+        self.last.set({"ts": row["ts"], "v": row["v"], "n": row["n"]})
+        yield {"before": None if before is None else before["ts"]}
+
+
+def test_state_keeps_pandas_timestamps_and_numpy_numbers_as_plain_values():
+    import numpy as np
+    import pandas as pd
+
+    t = KeyedProcessorTest(
+        _KeepsLast, key="device", output_schema={"device": "string", "before": "timestamp?"}
+    )
+    stamp = pd.Timestamp("2027-01-01 00:00:01.5", tz="UTC")
+    t.process([{"device": "a", "ts": stamp, "v": np.float64(2.5), "n": np.int64(7)}])
+    assert t.dead_letters == []
+    assert t.state("last", "a") == {"ts": _at(1.5), "v": 2.5, "n": 7}
+    assert t.process([{"device": "a", "ts": _at(2), "v": 1.0, "n": 1}]) == [
+        {"device": "a", "before": _at(1.5)}
+    ]
+
+
+@pytest.mark.parametrize("partitions", [1, 2, 4, 8, 16, 32])
+def test_buckets_spread_evenly_over_power_of_two_shuffle_partitions(spark, partitions):
+    """Spark hashes the bucket id once more to pick a shuffle partition: every partition
+    gets the same number of buckets, so keyed work is split evenly."""
+    from spanflow.spark.compile.process import BUCKET_IDS
+
+    ids = ",".join(str(i) for i in BUCKET_IDS)
+    rows = spark.sql(  # type: ignore[attr-defined]
+        f"SELECT pmod(hash(id), {partitions}) AS p, count(*) AS n "
+        f"FROM (SELECT explode(array({ids})) AS id) GROUP BY p"
+    ).collect()
+    assert len(BUCKET_IDS) == len(set(BUCKET_IDS)) == 32
+    assert sorted(r.n for r in rows) == [32 // partitions] * partitions

@@ -1,9 +1,10 @@
 """Run a :class:`spanflow.KeyedProcessor` as Spark's ``StatefulProcessor``.
 
-Runs in Spark's Python workers. For each key of a micro-batch, Spark calls
-``handleInputRows``; here that becomes one all-or-nothing call of the user's
-``process`` (:mod:`spanflow.spark.keyed_state`): records as dicts in event-time (or
-arrival) order, output checked against the declared schema, and on an exception the
+Runs in Spark's Python workers. Spark groups a micro-batch's records by bucket (a
+hash of the key, see :func:`spanflow.spark.compile.process.bucketed`) and calls
+``handleInputRows`` per bucket; here that becomes one all-or-nothing call of the
+user's ``process`` per key (:mod:`spanflow.spark.keyed_state`): records as dicts in
+event-time (or arrival) order, output checked against the declared schema, and on an exception the
 state left as it was and the key's records dead-lettered with the reason. Timers
 fire through ``handleExpiredTimer`` the same way. Dead letters are published when
 Spark closes the processor at the end of the task, with ids derived from the batch
@@ -41,11 +42,29 @@ from spanflow.spark.keyed_state import (
     StateError,
     Transaction,
     from_millis,
+    pack,
     to_millis,
+    unpack,
     value_check,
 )
 
 Clock = str  # "event_time" | "processing_time" | "none"
+
+STORE = "spanflow_keys"
+"""The map state (packed key → packed slots) that holds every key's state of a bucket."""
+TIMER_INDEX = "spanflow_timer_index"
+"""The map state (time in ms → packed keys) of a bucket's timers."""
+
+
+def pack_key(key: Any) -> bytes:
+    """A key as the stored form of its state's name in the bucket's map state (a
+    composite key as an array of its values)."""
+    return pack(key)
+
+
+def _unpacked_key(packed: bytes) -> Any:
+    value = unpack(packed)
+    return tuple(value) if isinstance(value, list) else value
 
 
 @dataclass(frozen=True)
@@ -129,8 +148,87 @@ def _json(value: Any) -> bytes:
     return orjson.dumps(value, default=str, option=orjson.OPT_NAIVE_UTC | orjson.OPT_UTC_Z)
 
 
+class KeyStore:
+    """Spark's side of a bucket's state: every key's packed slots in one map state
+    (key → slots), and the bucket's timer index (time → keys with a timer then).
+
+    Spark's timers belong to the grouping key, which is the bucket: one Spark timer
+    per distinct time serves every key of the bucket with a timer then."""
+
+    def __init__(self, handle: StatefulProcessorHandle, clock: Clock, ttl_ms: int | None):
+        self._handle = handle
+        self._values = handle.getMapState(STORE, "k binary", "v binary", ttl_ms)
+        self._index = (
+            handle.getMapState(TIMER_INDEX, "at bigint", "keys binary") if clock != "none" else None
+        )
+        self._pending: dict[int, tuple[set[bytes], set[bytes]]] = {}
+        """Timer changes of the current bucket call: time → (keys added, keys removed)."""
+
+    def load(self, packed_key: bytes) -> dict[str, Any]:
+        row = self._values.getValue((packed_key,))  # one round trip; None: no state
+        return unpack(row[0]) if row is not None else {}
+
+    def write(self, packed_key: bytes, slots: bytes | None) -> None:
+        if slots is None:
+            self._values.removeKey((packed_key,))
+        else:
+            self._values.updateValue((packed_key,), (slots,))
+
+    def add_timer(self, packed_key: bytes, ms: int) -> None:
+        added, removed = self._pending.setdefault(ms, (set(), set()))
+        added.add(packed_key)
+        removed.discard(packed_key)
+
+    def remove_timer(self, packed_key: bytes, ms: int) -> None:
+        added, removed = self._pending.setdefault(ms, (set(), set()))
+        removed.add(packed_key)
+        added.discard(packed_key)
+
+    def flush_timers(self) -> None:
+        """Apply the bucket call's timer changes to the index: one read and one write
+        per distinct time, however many keys share it (window ends often do)."""
+        if self._index is None or not self._pending:
+            self._pending.clear()
+            return
+        for ms, (added, removed) in sorted(self._pending.items()):
+            row = self._index.getValue((ms,))
+            keys: list[bytes] = unpack(row[0]) if row is not None else []
+            kept = [k for k in keys if k not in removed]
+            new = kept + sorted(k for k in added if k not in kept)
+            if new == keys:
+                continue
+            if new:
+                self._index.updateValue((ms,), (pack(new),))
+                if row is None:
+                    self._handle.registerTimer(ms)
+            else:
+                self._index.removeKey((ms,))
+                self._handle.deleteTimer(ms)
+        self._pending.clear()
+
+    def take_due(self, ms: int) -> list[bytes]:
+        """The keys whose timer at ``ms`` fires now (Spark deletes its own timer)."""
+        if self._index is None:
+            return []
+        self.flush_timers()
+        row = self._index.getValue((ms,))
+        if row is None:
+            return []
+        self._index.removeKey((ms,))
+        keys: list[bytes] = unpack(row[0])
+        return keys
+
+
 class ProcessorAdapter(StatefulProcessor):
-    """Spark's side of a keyed processor step."""
+    """Spark's side of a keyed processor step.
+
+    Spark groups the records by *bucket* (a hash of the key, one of 32:
+    :data:`spanflow.spark.compile.process.BUCKET_IDS`)
+    rather than by key: each call takes a bucket's records for the batch, splits them
+    by key and calls the user's processor once per key. Spark's per-group work (a
+    round trip to set the group, a pandas frame in, one out) is then paid per bucket,
+    not per key, and each key costs one round trip to read its state and one to write
+    it (docs/benchmarks.md)."""
 
     def __init__(self, settings: ProcessorSettings) -> None:
         self.settings = settings
@@ -139,13 +237,15 @@ class ProcessorAdapter(StatefulProcessor):
     def init(self, handle: StatefulProcessorHandle) -> None:
         s = self.settings
         self._txn = Transaction()
-        self._timers = BufferedTimers(handle, self._txn, s.clock)
+        self._timers = BufferedTimers(self._txn, s.clock)
         self._failures = _Failures()
         self._checks = tuple((f, value_check(f.kind)) for f in s.output)
         self._user = s.factory()
-        native = s.clock == "processing_time" if s.native_ttl is None else s.native_ttl
-        self._declarations = Declarations(handle, self._txn, native_ttl=native)
+        self._declarations = Declarations(self._txn)
         self._user.init(self._declarations)
+        native = s.clock == "processing_time" if s.native_ttl is None else s.native_ttl
+        ttl = self._declarations.longest_ttl() if native else None
+        self._store = KeyStore(handle, s.clock, ttl)
 
     def handleInputRows(
         self, key: Any, rows: Iterator[pd.DataFrame], timerValues: TimerValues
@@ -153,35 +253,22 @@ class ProcessorAdapter(StatefulProcessor):
         records = frames_to_records(rows, self.settings.input_names)
         if self.settings.late_field is not None:
             records = self._without_late(records, timerValues.getCurrentWatermarkInMs())
-            if not records:
-                return iter(())
-        if self.settings.order_by:
-            records.sort(key=self._order)
-        call = self._begin(key, timerValues, records)
-        try:
-            out = self._rows(self._user.process(call.key, records, call), call.key)
-        except Exception as exc:
-            self._txn.rollback()
-            self._dead_letter_records(records, exc)
-            return iter(())
-        self._txn.commit()
-        self._dead_letter_rejected(call)
+        out: list[dict[str, Any]] = []
+        for value, group in self._by_key(records).items():
+            if self.settings.order_by:
+                group.sort(key=self._order)
+            out.extend(self._process_key(value, group, timerValues))
+        self._store.flush_timers()
         return self._frames(out)
 
     def handleExpiredTimer(
         self, key: Any, timerValues: TimerValues, expiredTimerInfo: ExpiredTimerInfo
     ) -> Iterator[pd.DataFrame]:
-        call = self._begin(key, timerValues, [])
-        when = from_millis(expiredTimerInfo.getExpiryTimeInMs())
-        try:
-            out = self._rows(self._user.on_timer(call.key, when, call), call.key)
-        except Exception as exc:
-            self._txn.rollback()
-            payload = _json({"key": call.key, "timer": when.isoformat()})
-            self._failures.add(self.settings, payload, _reason(exc, "on_timer"), 0)
-            return iter(())
-        self._txn.commit()
-        self._dead_letter_rejected(call)
+        ms = expiredTimerInfo.getExpiryTimeInMs()
+        out: list[dict[str, Any]] = []
+        for packed in self._store.take_due(ms):
+            out.extend(self._fire(_unpacked_key(packed), packed, ms, timerValues))
+        self._store.flush_timers()
         return self._frames(out)
 
     def close(self) -> None:
@@ -193,21 +280,77 @@ class ProcessorAdapter(StatefulProcessor):
                 s = self.settings
                 send_dead_letters(s.nats_url, s.pipeline, s.step, letters)
 
+    # -- one key ----------------------------------------------------------------------
+    def _process_key(
+        self, key: Any, records: list[dict[str, Any]], tv: TimerValues
+    ) -> list[dict[str, Any]]:
+        packed = pack_key(key)
+        call = self._begin(key, packed, tv, records)
+        try:
+            out = self._rows(self._user.process(key, records, call), key)
+            slots = self._prepared()
+        except Exception as exc:
+            self._txn.rollback()
+            self._dead_letter_records(records, exc)
+            return []
+        self._write(packed, slots)
+        self._dead_letter_rejected(call)
+        return out
+
+    def _fire(self, key: Any, packed: bytes, ms: int, tv: TimerValues) -> list[dict[str, Any]]:
+        call = self._begin(key, packed, tv, [])
+        self._timers.fired(ms)
+        when = from_millis(ms)
+        try:
+            out = self._rows(self._user.on_timer(key, when, call), key)
+            slots = self._prepared()
+        except Exception as exc:
+            self._txn.rollback()
+            payload = _json({"key": key, "timer": when.isoformat()})
+            self._failures.add(self.settings, payload, _reason(exc, "on_timer"), 0)
+            self._begin(key, packed, tv, [])  # the timer is gone either way
+            self._timers.fired(ms)
+            self._write(packed, self._prepared())
+            return []
+        self._write(packed, slots)
+        self._dead_letter_rejected(call)
+        return out
+
+    def _prepared(self) -> bytes | bool | None:
+        """The call's changes folded in: the key's packed slots to store, None to
+        remove them, False when nothing changed (packing may raise: the call fails)."""
+        if not self._txn.commit():
+            return False
+        slots = self._txn.slots
+        return pack(slots) if slots else None
+
+    def _write(self, packed: bytes, slots: bytes | bool | None) -> None:
+        if slots is not False:
+            self._store.write(packed, slots if isinstance(slots, bytes) else None)
+        if self.settings.clock == "none":
+            return
+        for ms in self._timers.removed:
+            self._store.remove_timer(packed, ms)
+        for ms in self._timers.registered:
+            self._store.add_timer(packed, ms)
+        self._timers.registered, self._timers.removed = [], []
+
     # -- for spanflow.testing -----------------------------------------------------------
     def take_dead_letters(self) -> list[DeadLetter]:
         """The dead letters of failed calls since the last take."""
         letters, self._failures = self._failures.letters, _Failures()
         return letters
 
-    def peek(self, name: str, now_ms: int) -> Any:
-        """A declared state's value for the handle's current key, as the processor sees
-        it (a list for a list state, a dict for a map state)."""
+    def peek(self, name: str, key: Any, now_ms: int) -> Any:
+        """A declared state's value for ``key`` (in the handle's current bucket), as the
+        processor sees it (a list for a list state, a dict for a map state)."""
         state = self._declarations.declared.get(name)
         if state is None:
             raise KeyError(
                 f"no state named {name!r} (declared: {sorted(self._declarations.declared)})"
             )
-        self._txn.begin(now_ms)
+        packed = pack_key(key)
+        self._txn.begin(now_ms, lambda: self._store.load(packed))
         try:
             if isinstance(state, BufferedMap):
                 return dict(state.items())
@@ -216,25 +359,36 @@ class ProcessorAdapter(StatefulProcessor):
             self._txn.rollback()
 
     # -- helpers ----------------------------------------------------------------------
-    def _begin(self, key: Any, tv: TimerValues, records: list[dict[str, Any]]) -> _Call:
+    def _by_key(self, records: list[dict[str, Any]]) -> dict[Any, list[dict[str, Any]]]:
+        """The records of each key, keys in order of first appearance."""
+        groups: dict[Any, list[dict[str, Any]]] = {}
+        fields = self.settings.key_fields
+        if len(fields) == 1:
+            name = fields[0]
+            for record in records:
+                value = record[name]
+                group = groups.get(value)
+                if group is None:
+                    groups[value] = [record]
+                else:
+                    group.append(record)
+            return groups
+        for record in records:
+            groups.setdefault(tuple(record[f] for f in fields), []).append(record)
+        return groups
+
+    def _begin(
+        self, key: Any, packed: bytes, tv: TimerValues, records: list[dict[str, Any]]
+    ) -> _Call:
         watermark = tv.getCurrentWatermarkInMs()
         now = tv.getCurrentProcessingTimeInMs()
         now = now if now > 0 else round(time.time() * 1000)
-        self._txn.begin(now)
+        self._txn.begin(now, lambda: self._store.load(packed))
         if self.settings.clock == "processing_time":
             self._timers.base_ms = now
         else:
             self._timers.base_ms = watermark if watermark > 0 else self._latest(records)
-        return _Call(self._key_value(key), watermark, now, self._timers)
-
-    def _key_value(self, key: tuple[Any, ...]) -> Any:
-        """A one-field key as its value, a composite key as a tuple (Spark passes a tuple
-        of the key's fields; spanflow.testing passes a composite key as one tuple)."""
-        if len(self.settings.key_fields) == 1:
-            return key[0]
-        if len(key) == 1 and isinstance(key[0], tuple):
-            return key[0]
-        return tuple(key)
+        return _Call(key, watermark, now, self._timers)
 
     def _latest(self, records: list[dict[str, Any]]) -> int | None:
         if not self.settings.order_by or not records:
@@ -329,6 +483,8 @@ def frames_to_records(
     if not chunks:
         return []
     df = chunks[0] if len(chunks) == 1 else pd.concat(chunks, ignore_index=True)
+    if names and len(df.columns) > len(names):
+        df = df.iloc[:, : len(names)]  # the bucket Spark grouped by, not the user's
     if names and len(names) == len(df.columns):
         df = df.set_axis(list(names), axis=1)
     for i in range(len(df.columns)):

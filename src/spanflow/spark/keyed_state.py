@@ -1,21 +1,30 @@
 """State of keyed processors over Spark's state API: encodings and all-or-nothing calls.
 
-Runs in Spark's Python workers (inside ``transformWithState``). Spark's state
-variables read and write the current key's state in RocksDB, one round trip to the
-JVM each. Here every read is cached and every write buffered for the duration of
-one call (``process`` of one key, or ``on_timer``): :meth:`Transaction.commit`
-writes the changes when the call succeeds, :meth:`Transaction.rollback` drops them
-when it raises. A user's processor therefore never leaves half of an update behind,
-and a key costs a few round trips per batch however many times it touches a value.
+Runs in Spark's Python workers (inside ``transformWithState``). A key's declared
+states (values, lists, maps) and its timers are kept together as one stored value, a
+dict of *slots* packed with MessagePack: a call reads it with one round trip to the
+JVM the first time it needs it and writes it back with one when it changed. Every
+read is served from it and every write buffered for the duration of one call
+(``process`` of one key, or ``on_timer``): :meth:`Transaction.commit` folds the
+changes in when the call succeeds, :meth:`Transaction.rollback` drops them when it
+raises. A user's processor therefore never leaves half of an update behind, and a
+key costs two round trips per batch however many states it touches (Spark's own
+state variables cost one round trip per read and per write of each, which made a
+keyed batch of 100 keys three times slower; docs/benchmarks.md).
 
-Values are encoded for Spark, never pickled: a field type maps to that Spark type,
-a record (dict of field types) to a struct, and ``"json"`` to a string of JSON
-(bytes inside it travel as base64 under a marker key).
+Values are checked against their declared types, then packed — never pickled
+(checkpoints travel between hosts): a field type as itself, a record (dict of field
+types) as its fields in order, and ``"json"`` as a string of JSON (bytes inside it
+travel as base64 under a marker key).
 
-TTL: in processing-time processors Spark expires entries itself. Spark allows TTL in
-no other time mode, so there every entry carries its expiry time (``_expires``, ms)
-and is treated as absent once the batch's processing time passes it; it is removed
-when next written or cleared.
+TTL: every entry carries its expiry time (ms) and is treated as absent once the
+batch's processing time passes it; it is dropped when its key is next written. When
+every state of a processing-time processor has a TTL, Spark also drops a key's whole
+stored value once the longest TTL has passed since it was written, so keys that never
+come back do not stay.
+
+A processor's whole stored state per key is rewritten when it changes: a state of
+thousands of entries per key (a large map or list) costs that much per batch.
 """
 
 from __future__ import annotations
@@ -26,19 +35,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import msgpack
 import orjson
-from pyspark.sql.streaming.stateful_processor import (
-    ListState as SparkListState,
-)
-from pyspark.sql.streaming.stateful_processor import (
-    MapState as SparkMapState,
-)
-from pyspark.sql.streaming.stateful_processor import (
-    StatefulProcessorHandle,
-)
-from pyspark.sql.streaming.stateful_processor import (
-    ValueState as SparkValueState,
-)
 
 from spanflow.api.processor import StateType, When
 from spanflow.spec.durations import parse_duration
@@ -223,7 +221,7 @@ def _record_codec(declared: Mapping[str, str]) -> Codec:
 
 
 def _expiring(inner: Codec) -> Codec:
-    """``inner`` plus an ``_expires`` (epoch ms) field, for TTL Spark does not run."""
+    """``inner`` plus an ``_expires`` (epoch ms) field, for TTL counted here."""
 
     def decode(row: tuple[Any, ...]) -> Any:
         return inner.decode(tuple(row[:-1]))
@@ -231,30 +229,91 @@ def _expiring(inner: Codec) -> Codec:
     return Codec((*inner.fields, ("_expires", "bigint")), inner.encode, decode)
 
 
+# -- a key's stored state ---------------------------------------------------------------
+TIMERS_SLOT = "__timers__"
+"""The slot of a key's stored state that lists its timers (epoch ms)."""
+
+
+def pack(value: Any) -> bytes:
+    """Plain data (with datetimes and bytes) as MessagePack: the form of a key's
+    state and of its key in Spark's state store. Never pickle: checkpoints travel."""
+    return msgpack.packb(value, datetime=True, use_bin_type=True, default=_packable)
+
+
+def _packable(value: Any) -> Any:
+    """What MessagePack cannot pack as it is: pandas' timestamps (a datetime subclass)
+    as datetimes, naive datetimes as UTC, numpy scalars as Python numbers."""
+    if isinstance(value, datetime):
+        plain = value.to_pydatetime(warn=False) if hasattr(value, "to_pydatetime") else value
+        return plain if plain.tzinfo else plain.replace(tzinfo=UTC)
+    if hasattr(value, "item"):
+        return value.item()
+    if isinstance(value, set | frozenset):
+        return sorted(value)
+    raise TypeError(f"{type(value).__name__} cannot be stored")
+
+
+def unpack(data: bytes) -> Any:
+    return msgpack.unpackb(data, timestamp=3, raw=False, strict_map_key=False)
+
+
 # -- one call's changes -----------------------------------------------------------------
 class Transaction:
-    """The buffered changes of one call; the states and timers enlist themselves."""
+    """The buffered changes of one call on one key; the states and timers enlist.
+
+    A key's declared states live together in one stored value (a dict of *slots*, one
+    per state, read with one round trip when first needed): :meth:`commit` folds the
+    call's changes into the slots and says whether they changed; the adapter writes
+    them back with one round trip. :meth:`rollback` drops the call's changes."""
 
     def __init__(self) -> None:
         self._members: list[_Buffered] = []
         self.now_ms = 0
+        self._load: Callable[[], dict[str, Any]] = dict
+        self._slots: dict[str, Any] | None = None
+        self.changed = False
 
     def enlist(self, member: _Buffered) -> None:
         self._members.append(member)
 
-    def begin(self, now_ms: int) -> None:
+    def begin(self, now_ms: int, load: Callable[[], dict[str, Any]] = dict) -> None:
         self.now_ms = now_ms
+        self._load, self._slots, self.changed = load, None, False
         for m in self._members:
             m.reset()
 
-    def commit(self) -> None:
+    @property
+    def slots(self) -> dict[str, Any]:
+        """The key's stored slots (loaded on first use)."""
+        if self._slots is None:
+            self._slots = self._load()
+        return self._slots
+
+    def slot(self, name: str) -> Any:
+        return self.slots.get(name)
+
+    def put(self, name: str, stored: Any) -> None:
+        """Replace a slot (``None`` removes it)."""
+        if stored is None:
+            if name in self.slots:
+                del self.slots[name]
+                self.changed = True
+            return
+        self.slots[name] = stored
+        self.changed = True
+
+    def commit(self) -> bool:
+        """Fold the call's changes into the slots; True when they changed."""
         for m in self._members:
             m.flush()
+        for m in self._members:
             m.reset()
+        return self.changed
 
     def rollback(self) -> None:
         for m in self._members:
             m.reset()
+        self._slots, self.changed = None, False
 
 
 class _Buffered:
@@ -267,25 +326,26 @@ class _Buffered:
 
 @dataclass(frozen=True)
 class _Ttl:
-    """How a state expires: natively in Spark, lazily here, or never."""
+    """How a state's entries expire: each carries its expiry time (ms), or none."""
 
     ms: int | None
-    lazy: bool
+
+    @property
+    def lazy(self) -> bool:
+        return self.ms is not None
 
     def expires(self, txn: Transaction) -> int | None:
-        return txn.now_ms + self.ms if self.ms is not None and self.lazy else None
+        return txn.now_ms + self.ms if self.ms is not None else None
 
-    def alive(self, row: tuple[Any, ...], txn: Transaction) -> bool:
-        if not self.lazy or self.ms is None:
+    def alive(self, row: tuple[Any, ...] | list[Any], txn: Transaction) -> bool:
+        if self.ms is None:
             return True
         return row[-1] is None or row[-1] > txn.now_ms
 
 
 class BufferedValue(_Buffered):
-    def __init__(
-        self, name: str, spark: SparkValueState, codec: Codec, ttl: _Ttl, txn: Transaction
-    ):
-        self.name, self._spark, self._codec, self._ttl, self._txn = name, spark, codec, ttl, txn
+    def __init__(self, name: str, codec: Codec, ttl: _Ttl, txn: Transaction):
+        self.name, self._codec, self._ttl, self._txn = name, codec, ttl, txn
         self._value: Any = _MISSING  # _MISSING: not read yet; None: absent
         self._dirty = False
         txn.enlist(self)
@@ -295,9 +355,9 @@ class BufferedValue(_Buffered):
 
     def _load(self) -> Any:
         if self._value is _MISSING:
-            row = self._spark.get()  # one round trip; None when there is no value
-            alive = row is not None and self._ttl.alive(tuple(row), self._txn)
-            self._value = self._codec.decode(tuple(row)) if alive else None  # type: ignore[arg-type]
+            row = self._txn.slot(self.name)
+            alive = row is not None and self._ttl.alive(row, self._txn)
+            self._value = self._codec.decode(tuple(row)) if alive else None
         return self._value
 
     def get(self, default: Any = None) -> Any:
@@ -324,17 +384,17 @@ class BufferedValue(_Buffered):
         if not self._dirty:
             return
         if self._value is None:
-            self._spark.clear()
+            self._txn.put(self.name, None)
             return
-        row = self._codec.encode(self._value)
-        if self._ttl.lazy and self._ttl.ms is not None:
-            row = (*row, self._ttl.expires(self._txn))
-        self._spark.update(row)
+        row = list(self._codec.encode(self._value))
+        if self._ttl.lazy:
+            row.append(self._ttl.expires(self._txn))
+        self._txn.put(self.name, row)
 
 
 class BufferedList(_Buffered):
-    def __init__(self, name: str, spark: SparkListState, codec: Codec, ttl: _Ttl, txn: Transaction):
-        self.name, self._spark, self._codec, self._ttl, self._txn = name, spark, codec, ttl, txn
+    def __init__(self, name: str, codec: Codec, ttl: _Ttl, txn: Transaction):
+        self.name, self._codec, self._ttl, self._txn = name, codec, ttl, txn
         self._items: list[Any] | None = None  # the whole list once read or replaced
         self._appended: list[Any] = []
         self._replaced = False
@@ -343,20 +403,23 @@ class BufferedList(_Buffered):
     def reset(self) -> None:
         self._items, self._appended, self._replaced = None, [], False
 
-    def _row(self, value: Any) -> tuple[Any, ...]:
+    def _row(self, value: Any) -> list[Any]:
         try:
-            row = self._codec.encode(value)
+            row = list(self._codec.encode(value))
         except (StateError, TypeError) as exc:
             raise StateError(f"state {self.name!r}: {exc}") from None
-        if self._ttl.lazy and self._ttl.ms is not None:
-            row = (*row, self._ttl.expires(self._txn))
+        if self._ttl.lazy:
+            row.append(self._ttl.expires(self._txn))
         return row
+
+    def _stored(self) -> list[list[Any]]:
+        return self._txn.slot(self.name) or []
 
     def get(self) -> list[Any]:
         if self._items is None:
-            stored = [tuple(r) for r in self._spark.get()] if self._spark.exists() else []
+            stored = self._stored()
             live = [r for r in stored if self._ttl.alive(r, self._txn)]
-            self._items = [self._codec.decode(r) for r in live] + self._appended
+            self._items = [self._codec.decode(tuple(r)) for r in live] + self._appended
             if len(live) != len(stored):
                 self._replaced = True  # drop the expired entries when writing back
         return list(self._items)
@@ -386,33 +449,23 @@ class BufferedList(_Buffered):
     def flush(self) -> None:
         if self._replaced:
             items = self._items or []
-            if items:
-                self._spark.put([self._row(v) for v in items])
-            else:
-                self._spark.clear()
+            self._txn.put(self.name, [self._row(v) for v in items] or None)
         elif self._appended:
-            self._spark.appendList([self._row(v) for v in self._appended])
+            rows = [self._row(v) for v in self._appended]
+            self._txn.put(self.name, [*self._stored(), *rows])
 
 
 class BufferedMap(_Buffered):
-    def __init__(
-        self,
-        name: str,
-        spark: SparkMapState,
-        key_codec: Codec,
-        codec: Codec,
-        ttl: _Ttl,
-        txn: Transaction,
-    ):
-        self.name, self._spark, self._key, self._codec = name, spark, key_codec, codec
+    def __init__(self, name: str, key_codec: Codec, codec: Codec, ttl: _Ttl, txn: Transaction):
+        self.name, self._key, self._codec = name, key_codec, codec
         self._ttl, self._txn = ttl, txn
-        self._cache: dict[Any, Any] = {}  # encoded key → value (None: absent)
-        self._written: dict[Any, Any] = {}  # encoded key → value (None: removed)
+        self._entries: dict[tuple[Any, ...], list[Any]] | None = None  # encoded key → row
+        self._written: dict[tuple[Any, ...], Any] = {}  # encoded key → value (None: removed)
         self._cleared = False
         txn.enlist(self)
 
     def reset(self) -> None:
-        self._cache, self._written, self._cleared = {}, {}, False
+        self._entries, self._written, self._cleared = None, {}, False
 
     def _encode_key(self, key: Any) -> tuple[Any, ...]:
         try:
@@ -420,27 +473,29 @@ class BufferedMap(_Buffered):
         except (StateError, TypeError) as exc:
             raise StateError(f"state {self.name!r} key: {exc}") from None
 
-    def _encode_value(self, value: Any) -> tuple[Any, ...]:
+    def _encode_value(self, value: Any) -> list[Any]:
         try:
-            row = self._codec.encode(value)
+            row = list(self._codec.encode(value))
         except (StateError, TypeError) as exc:
             raise StateError(f"state {self.name!r}: {exc}") from None
-        if self._ttl.lazy and self._ttl.ms is not None:
-            row = (*row, self._ttl.expires(self._txn))
+        if self._ttl.lazy:
+            row.append(self._ttl.expires(self._txn))
         return row
 
-    def _stored(self, ekey: tuple[Any, ...]) -> Any:
-        if self._cleared:
-            return None
-        if ekey not in self._cache:
-            row = self._spark.getValue(ekey)  # None when the key has no entry
-            alive = row is not None and self._ttl.alive(tuple(row), self._txn)
-            self._cache[ekey] = self._codec.decode(tuple(row)) if alive else None  # type: ignore[arg-type]
-        return self._cache[ekey]
+    def _stored(self) -> dict[tuple[Any, ...], list[Any]]:
+        """The live stored entries (all of them are in the key's slots anyway)."""
+        if self._entries is None:
+            pairs = [] if self._cleared else (self._txn.slot(self.name) or [])
+            self._entries = {tuple(k): row for k, row in pairs if self._ttl.alive(row, self._txn)}
+        return self._entries
 
     def get(self, key: Any, default: Any = None) -> Any:
         ekey = self._encode_key(key)
-        value = self._written[ekey] if ekey in self._written else self._stored(ekey)
+        if ekey in self._written:
+            value = self._written[ekey]
+        else:
+            row = self._stored().get(ekey)
+            value = None if row is None else self._codec.decode(tuple(row))
         return default if value is None else value
 
     def put(self, key: Any, value: Any) -> None:
@@ -457,11 +512,9 @@ class BufferedMap(_Buffered):
         self._written[self._encode_key(key)] = None
 
     def items(self) -> Iterator[tuple[Any, Any]]:
-        merged: dict[tuple[Any, ...], Any] = {}
-        if not self._cleared and self._spark.exists():
-            for k, row in self._spark.iterator():
-                if self._ttl.alive(tuple(row), self._txn):
-                    merged[tuple(k)] = self._codec.decode(tuple(row))
+        merged: dict[tuple[Any, ...], Any] = {
+            k: self._codec.decode(tuple(row)) for k, row in self._stored().items()
+        }
         merged.update(self._written)
         for ekey, value in merged.items():
             if value is not None:
@@ -477,39 +530,51 @@ class BufferedMap(_Buffered):
         return any(True for _ in self.items())
 
     def clear(self) -> None:
-        self._cleared, self._written, self._cache = True, {}, {}
+        self._cleared, self._written, self._entries = True, {}, {}
 
     def flush(self) -> None:
-        if self._cleared:
-            self._spark.clear()
+        if not self._cleared and not self._written:
+            if self._entries is not None and len(self._entries) != len(
+                self._txn.slot(self.name) or []
+            ):
+                self._write(dict(self._entries))  # drop the expired entries
+            return
+        entries = dict(self._stored())
         for ekey, value in self._written.items():
             if value is None:
-                if not self._cleared:
-                    self._spark.removeKey(ekey)
+                entries.pop(ekey, None)
             else:
-                self._spark.updateValue(ekey, self._encode_value(value))
+                entries[ekey] = self._encode_value(value)
+        self._write(entries)
+
+    def _write(self, entries: dict[tuple[Any, ...], list[Any]]) -> None:
+        self._txn.put(self.name, [[list(k), row] for k, row in entries.items()] or None)
 
 
 class Declarations:
-    """``init``'s view of the state: declares Spark state variables, wrapped."""
+    """``init``'s view of the state: declares a processor's states, buffered."""
 
-    def __init__(self, handle: StatefulProcessorHandle, txn: Transaction, native_ttl: bool):
-        self._handle, self._txn, self._native_ttl = handle, txn, native_ttl
+    def __init__(self, txn: Transaction) -> None:
+        self._txn = txn
         self._names: set[str] = set()
         self.declared: dict[str, BufferedValue | BufferedList | BufferedMap] = {}
+        self.ttls: dict[str, int | None] = {}
+        """Each state's TTL in ms (None: kept until cleared)."""
 
     def _ttl(self, name: str, ttl: str | float | None) -> _Ttl:
         if name in self._names:
             raise StateError(f"state {name!r} is declared twice")
-        if not name or not name.replace("_", "a").isalnum():
+        if not name or not name.replace("_", "a").isalnum() or name.startswith("__"):
             raise StateError(f"state name {name!r} must be letters, digits and '_'")
         self._names.add(name)
         if ttl is None:
-            return _Ttl(None, False)
+            self.ttls[name] = None
+            return _Ttl(None)
         seconds = parse_duration(ttl)
         if seconds <= 0:
             raise StateError(f"state {name!r}: ttl must be positive")
-        return _Ttl(round(seconds * 1000), not self._native_ttl)
+        self.ttls[name] = round(seconds * 1000)
+        return _Ttl(self.ttls[name])
 
     def _stored(self, codec: Codec, ttl: _Ttl) -> Codec:
         return _expiring(codec) if ttl.lazy else codec
@@ -518,9 +583,7 @@ class Declarations:
         self, name: str, type: StateType = "json", *, ttl: str | float | None = None
     ) -> BufferedValue:
         policy = self._ttl(name, ttl)
-        codec = self._stored(codec_for(type), policy)
-        spark = self._handle.getValueState(name, codec.ddl, _native_ms(policy))
-        state = BufferedValue(name, spark, codec, policy, self._txn)
+        state = BufferedValue(name, self._stored(codec_for(type), policy), policy, self._txn)
         self.declared[name] = state
         return state
 
@@ -528,9 +591,7 @@ class Declarations:
         self, name: str, type: StateType = "json", *, ttl: str | float | None = None
     ) -> BufferedList:
         policy = self._ttl(name, ttl)
-        codec = self._stored(codec_for(type), policy)
-        spark = self._handle.getListState(name, codec.ddl, _native_ms(policy))
-        state = BufferedList(name, spark, codec, policy, self._txn)
+        state = BufferedList(name, self._stored(codec_for(type), policy), policy, self._txn)
         self.declared[name] = state
         return state
 
@@ -543,31 +604,40 @@ class Declarations:
         ttl: str | float | None = None,
     ) -> BufferedMap:
         policy = self._ttl(name, ttl)
-        key_codec = codec_for(key)
         codec = self._stored(codec_for(value), policy)
-        spark = self._handle.getMapState(name, key_codec.ddl, codec.ddl, _native_ms(policy))
-        state = BufferedMap(name, spark, key_codec, codec, policy, self._txn)
+        state = BufferedMap(name, codec_for(key), codec, policy, self._txn)
         self.declared[name] = state
         return state
 
-
-def _native_ms(ttl: _Ttl) -> int | None:
-    return None if ttl.lazy else ttl.ms
+    def longest_ttl(self) -> int | None:
+        """The TTL after which a key's whole state has expired: the longest of its
+        states' TTLs, or None when one of them is kept until cleared (or none is
+        declared)."""
+        if not self.ttls or any(ms is None for ms in self.ttls.values()):
+            return None
+        return max(ms for ms in self.ttls.values() if ms is not None)
 
 
 class BufferedTimers(_Buffered):
-    """The current key's timers; registrations and deletions wait for the commit."""
+    """The current key's timers, kept in its slots; changes wait for the commit.
 
-    def __init__(self, handle: StatefulProcessorHandle, txn: Transaction, clock: str) -> None:
-        self._handle, self._clock = handle, clock
+    After a commit, :attr:`registered` and :attr:`removed` say which times the key
+    gained and lost, for the adapter's timer index (Spark's timers belong to a
+    bucket of keys, see :mod:`spanflow.spark.keyed_processor`)."""
+
+    def __init__(self, txn: Transaction, clock: str) -> None:
+        self._txn, self._clock = txn, clock
         self._added: set[int] = set()
         self._deleted: set[int] = set()
+        self._fired: set[int] = set()
+        self.registered: list[int] = []
+        self.removed: list[int] = []
         self.base_ms: int | None = None
         """What ``register_after`` counts from (watermark or processing time)."""
         txn.enlist(self)
 
     def reset(self) -> None:
-        self._added, self._deleted = set(), set()
+        self._added, self._deleted, self._fired = set(), set(), set()
 
     def _usable(self) -> None:
         if self._clock == "none":
@@ -576,11 +646,21 @@ class BufferedTimers(_Buffered):
                 "'processing_time'"
             )
 
+    def _stored(self) -> set[int]:
+        return set(self._txn.slot(TIMERS_SLOT) or ())
+
+    def fired(self, ms: int) -> None:
+        """The timer at ``ms`` fired: it leaves the key's list (the index already
+        dropped it)."""
+        self._fired.add(ms)
+        self._added.discard(ms)
+
     def register(self, when: When) -> None:
         self._usable()
         ms = to_millis(when)
         self._added.add(ms)
         self._deleted.discard(ms)
+        self._fired.discard(ms)
 
     def register_after(self, seconds: float) -> None:
         self._usable()
@@ -597,11 +677,16 @@ class BufferedTimers(_Buffered):
     def list(self) -> list[datetime]:
         if self._clock == "none":
             return []
-        stored = set(self._handle.listTimers())
-        return [from_millis(ms) for ms in sorted((stored | self._added) - self._deleted)]
+        current = (self._stored() | self._added) - self._deleted - self._fired
+        return [from_millis(ms) for ms in sorted(current)]
 
     def flush(self) -> None:
-        for ms in sorted(self._deleted):
-            self._handle.deleteTimer(ms)
-        for ms in sorted(self._added):
-            self._handle.registerTimer(ms)
+        self.registered, self.removed = [], []
+        if not (self._added or self._deleted or self._fired):
+            return
+        stored = self._stored()
+        current = (stored | self._added) - self._deleted - self._fired
+        self.registered = sorted(current - stored)
+        self.removed = sorted((stored - current) - self._fired)
+        if current != stored:
+            self._txn.put(TIMERS_SLOT, sorted(current) or None)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from typing import Any
 
 import pandas as pd
@@ -14,6 +15,8 @@ from spanflow.api.processor import KeyedProcessor, When
 from spanflow.spark.keyed_processor import ProcessorAdapter, ProcessorSettings, frames_to_records
 from spanflow.spark.keyed_state import json_loads, to_millis
 
+BUCKET = 0
+"""The harness's one bucket (Spark spreads keys over several, see compile.process)."""
 _TIME_MODES = {"event_time": "EventTime", "processing_time": "ProcessingTime", "none": "None"}
 
 
@@ -82,18 +85,17 @@ class KeyedProcessorTest:
 
     def process(self, records: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
         """Run one micro-batch of ``records``; the output rows as dicts."""
-        groups: dict[Any, list[Mapping[str, Any]]] = {}
-        for record in records:
-            groups.setdefault(self._key_of(record), []).append(record)
-        out: list[pd.DataFrame] = []
-        for key, rows in groups.items():
-            names = list(dict.fromkeys(k for r in rows for k in r))
-            # Object columns keep each value as given (no numeric or time inference).
-            frame = pd.DataFrame(
-                {n: pd.Series([r.get(n) for r in rows], dtype=object) for n in names}
-            )
-            out.append(self._tester.testInPandas(key, frame))
-        return self._collect(out)
+        rows = list(records)
+        for record in rows:
+            self._key_of(record)  # a record without its key fails here, as in Spark
+        if not rows:
+            return []
+        names = list(dict.fromkeys(k for r in rows for k in r))
+        # Object columns keep each value as given (no numeric or time inference).
+        frame = pd.DataFrame({n: pd.Series([r.get(n) for r in rows], dtype=object) for n in names})
+        # One bucket holds every key: the adapter splits it by key, as in Spark.
+        self.adapter.settings = replace(self.adapter.settings, input_names=tuple(names))
+        return self._collect([self._tester.testInPandas(BUCKET, frame)])
 
     def advance_watermark(self, to: When) -> list[dict[str, Any]]:
         """Move event time to ``to``; the output of the timers that fired."""
@@ -108,8 +110,8 @@ class KeyedProcessorTest:
 
     def state(self, name: str, key: Any) -> Any:
         """A state's value for ``key`` as the processor sees it."""
-        self._tester.handle.setGroupingKey(key)
-        return self.adapter.peek(name, self._now_ms)
+        self._tester.handle.setGroupingKey(BUCKET)
+        return self.adapter.peek(name, key, self._now_ms)
 
     def _key_of(self, record: Mapping[str, Any]) -> Any:
         missing = [f for f in self.key_fields if f not in record]

@@ -30,6 +30,16 @@ from spanflow.spec.steps.keyed import ProcessStep
 
 TIME_MODES = {"event_time": "EventTime", "processing_time": "ProcessingTime", "none": "None"}
 
+BUCKET_IDS: tuple[int, ...] = (
+    *(12, 64, 10, 1, 37, 20, 32, 35, 13, 6, 98, 7, 73, 30, 28, 0),
+    *(67, 16, 5, 69, 65, 44, 2, 75, 148, 17, 49, 33, 25, 15, 4, 21),
+)
+"""The groups a keyed step's keys are spread over, by a hash of the key. Spark hashes
+the group id again to pick a shuffle partition; these ids are the smallest integers
+whose Spark hash falls on each residue modulo 32, so any power-of-two partition count
+up to 32 gets the same number of buckets in each partition. Fixed for the life of a
+checkpoint: a key's state is found in its bucket."""
+
 
 def processor_class(ref: str, step_id: str, local: Mapping[str, Any]) -> type[KeyedProcessor]:
     """The KeyedProcessor subclass behind ``module:Class`` (a CompileError otherwise)."""
@@ -102,13 +112,29 @@ def transform_keyed(
     positional = [f"c{i}" for i in range(len(names))]
     renamed = frame.df.toDF(*positional)
     key = [positional[names.index(k)] for k in frame.key]
-    return renamed.groupBy(*key).transformWithStateInPandas(
-        ProcessorAdapter(settings),
-        user_schema(output),
-        "Append" if mode == "append" else "Update",
-        TIME_MODES[clock],
-        eventTimeColumnName=output_event_time or "",
+    return (
+        bucketed(renamed, key)
+        .groupBy(BUCKET)
+        .transformWithStateInPandas(
+            ProcessorAdapter(settings),
+            user_schema(output),
+            "Append" if mode == "append" else "Update",
+            TIME_MODES[clock],
+            eventTimeColumnName=output_event_time or "",
+        )
     )
+
+
+BUCKET = "spanflow_bucket"
+
+
+def bucketed(df: DataFrame, key: list[str]) -> DataFrame:
+    """``df`` with the bucket of each row's key as its last column (see
+    :data:`BUCKET_IDS`): Spark calls a keyed processor once per bucket and batch, and
+    the processor splits the bucket's records by key (:mod:`spanflow.spark.keyed_processor`)."""
+    ids = F.array(*(F.lit(i) for i in BUCKET_IDS))
+    slot = F.pmod(F.xxhash64(*key), F.lit(len(BUCKET_IDS))).cast("int") + 1
+    return df.withColumn(BUCKET, F.element_at(ids, slot).cast("int"))
 
 
 def without_lateness_filter(df: DataFrame, event_time: str | None) -> DataFrame:

@@ -260,7 +260,7 @@ def main() -> None:
                 print(f"  batch profile (mean ms): {latency[case]['profile']}")
         spark.stop()
     if args.cases or args.skip_latency or args.skip_throughput:
-        args.out = args.out.with_name("ml_throughput_partial.json")
+        args.out = args.out.with_name(f"{args.out.stem}_partial.json")
     base = results.get("keyed_baseline", {}).get("events_per_s")
     added = {
         case: round(1e6 / r["events_per_s"] - 1e6 / base, 1)

@@ -450,9 +450,12 @@ class ProcessorAdapter(StatefulProcessor):
         if watermark_ms <= 0 or field_ is None:
             return records
         kept = []
+        clearly_after = from_millis(watermark_ms + 1)  # no rounding brings these back
         for record in records:
             when = record.get(field_)
-            if isinstance(when, datetime) and to_millis(when) <= watermark_ms:
+            if isinstance(when, datetime) and when.tzinfo is not None and when > clearly_after:
+                kept.append(record)
+            elif isinstance(when, datetime) and to_millis(when) <= watermark_ms:
                 seq = record.get("_seq")
                 reason = (
                     f"late: {field_} {when.isoformat()} is not after the watermark "

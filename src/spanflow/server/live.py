@@ -134,6 +134,13 @@ def snapshot(coordinator: Coordinator, history: History) -> Snapshot:
     )
 
 
+def log_entry(seq: int, record: records.Record) -> LogEntry:
+    """A control-log record as the API shows it (``/log`` and the live stream)."""
+    return LogEntry(
+        seq=seq, kind=record.kind, at=record.at, epoch=record.epoch, detail=records.summary(record)
+    )
+
+
 def event(kind: str, data: str) -> str:
     """One server-sent event (``data`` is one line of JSON)."""
     return f"event: {kind}\ndata: {data}\n\n"
@@ -159,9 +166,6 @@ async def stream(
             event_seq = e.seq
         if coordinator.control_log is not None and coordinator.state.applied > seq:
             for s, r in await coordinator.control_log.history(after=seq, limit=200):
-                entry = LogEntry(
-                    seq=s, kind=r.kind, at=r.at, epoch=r.epoch, detail=records.summary(r)
-                )
-                yield event("log", entry.model_dump_json())
+                yield event("log", log_entry(s, r).model_dump_json())
                 seq = max(seq, s)
         await asyncio.sleep(interval)

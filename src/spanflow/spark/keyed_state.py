@@ -40,7 +40,7 @@ import orjson
 
 from spanflow.api.processor import StateType, When
 from spanflow.spec.durations import parse_duration
-from spanflow.spec.schema import FIELD_TYPES, SPARK_TYPES_BY_NAME
+from spanflow.spec.schema import FIELD_TYPES
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _BYTES = "__spanflow_bytes__"
@@ -166,16 +166,11 @@ def _canonical(declared: str) -> str:
 
 @dataclass(frozen=True)
 class Codec:
-    """How one declared state type is stored: Spark fields and the conversions."""
+    """How one declared state type is stored: a checked value as a tuple of plain
+    fields (packed into the key's slots) and back."""
 
-    fields: tuple[tuple[str, str], ...]
-    """(name, Spark DDL type) of the stored struct."""
     encode: Callable[[Any], tuple[Any, ...]]
     decode: Callable[[tuple[Any, ...]], Any]
-
-    @property
-    def ddl(self) -> str:
-        return ", ".join(f"`{n}` {t}" for n, t in self.fields)
 
 
 def codec_for(declared: StateType) -> Codec:
@@ -183,14 +178,10 @@ def codec_for(declared: StateType) -> Codec:
     if isinstance(declared, Mapping):
         return _record_codec(declared)
     if declared.strip().lower() == "json":
-        return Codec((("value", "string"),), lambda v: (json_dumps(v),), lambda t: json_loads(t[0]))
+        return Codec(lambda v: (json_dumps(v),), lambda t: json_loads(t[0]))
     kind = _canonical(declared)
     check = value_check(kind)
-    return Codec(
-        (("value", SPARK_TYPES_BY_NAME[kind]),),
-        lambda v: (None if v is None else check(v),),
-        lambda t: t[0],
-    )
+    return Codec(lambda v: (None if v is None else check(v),), lambda t: t[0])
 
 
 def _record_codec(declared: Mapping[str, str]) -> Codec:
@@ -216,8 +207,7 @@ def _record_codec(declared: Mapping[str, str]) -> Codec:
     def decode(row: tuple[Any, ...]) -> dict[str, Any]:
         return dict(zip(names, row, strict=False))
 
-    fields = tuple((n, SPARK_TYPES_BY_NAME[k]) for n, k in zip(names, kinds, strict=True))
-    return Codec(fields, encode, decode)
+    return Codec(encode, decode)
 
 
 def _expiring(inner: Codec) -> Codec:
@@ -226,7 +216,7 @@ def _expiring(inner: Codec) -> Codec:
     def decode(row: tuple[Any, ...]) -> Any:
         return inner.decode(tuple(row[:-1]))
 
-    return Codec((*inner.fields, ("_expires", "bigint")), inner.encode, decode)
+    return Codec(inner.encode, decode)
 
 
 # -- a key's stored state ---------------------------------------------------------------

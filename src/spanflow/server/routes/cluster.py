@@ -7,10 +7,10 @@ from typing import Any
 
 from fastapi import FastAPI, Query, Request, Response
 
-from spanflow.control import records
 from spanflow.control.coordinator import Coordinator
 from spanflow.control.errors import Unavailable
 from spanflow.protocol.rest import ClusterInfo, ClusterMetrics, Health, LogEntry
+from spanflow.server.live import log_entry
 from spanflow.server.metrics import render_metrics
 
 API = "/api/v1/cluster"
@@ -66,7 +66,4 @@ def add_cluster_routes(app: FastAPI, coordinator: Coordinator, guarded: list[Any
         if coordinator.control_log is None:
             raise Unavailable("not_connected", "the coordinator is not connected to NATS yet")
         entries = await coordinator.control_log.history(after=after, limit=max(1, min(limit, 1000)))
-        return [
-            LogEntry(seq=seq, kind=r.kind, at=r.at, epoch=r.epoch, detail=records.summary(r))
-            for seq, r in entries
-        ]
+        return [log_entry(seq, r) for seq, r in entries]

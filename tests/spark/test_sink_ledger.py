@@ -16,7 +16,7 @@ from nats.js.api import StreamConfig
 
 import spanflow as sf
 from spanflow.nats import ledger as ledger_module
-from spanflow.nats.ledger import Action, Mark, SinkLedger, missing, plan
+from spanflow.nats.ledger import Action, Mark, SinkLedger, plan
 from spanflow.nats.streams import connect
 from spanflow.spark import runner as runner_module
 from spanflow.spark.runner import PipelineRunner
@@ -26,13 +26,11 @@ WINDOW = 1.0
 """The sink stream's duplicate window (a user's stream; NATS's default is 2 minutes)."""
 
 
-def test_plan_and_missing() -> None:
+def test_plan() -> None:
     assert plan(None, 0, first=True) is Action.PUBLISH  # a new sink
     assert plan(Mark(batch=3, end_seq=9), 3, first=True) is Action.SKIP  # done before
     assert plan(Mark(batch=2, end_seq=9), 3, first=True) is Action.CHECK  # maybe in part
     assert plan(Mark(batch=2, end_seq=9), 3, first=False) is Action.PUBLISH  # new batch
-    out = [("s", b"a", "id-a"), ("s", b"b", "id-b")]
-    assert missing(out, {"id-a"}) == [("s", b"b", "id-b")]
 
 
 def _short_window_stream(url: str, name: str, subject: str) -> None:
@@ -56,11 +54,13 @@ class Crashes:
         self.real, self.how, self.at, self.calls = real, how, at, 0
         self.crashed = False
 
-    async def publish(self, nc: Any, out: list[Any], epoch: int | None = None) -> Any:
+    def publish(self, sink: Any, batch: Any, skip: set[str]) -> Any:
         self.calls += 1
         if self.calls != self.at or self.how == "recorded":
-            return await self.real(nc, out, epoch)
-        await self.real(nc, out if self.how == "all" else out[: len(out) // 2], epoch)
+            return self.real(sink, batch, skip)
+        ids = batch.ids()
+        second_half = set() if self.how == "all" else set(ids[len(ids) // 2 :])
+        self.real(sink, batch, skip | second_half)
         self.crashed = True
         raise RuntimeError(f"injected crash after publishing {self.how} of a batch")
 
@@ -94,8 +94,8 @@ def test_a_batch_replayed_after_the_duplicate_window_is_published_once(
     )
     # every published batch marked at once: the crash after the mark then finds it
     monkeypatch.setattr(ledger_module, "MARK_EVERY", 0.0)
-    crashes = Crashes(runner_module.publish_encoded, how)
-    monkeypatch.setattr(runner_module, "publish_encoded", crashes.publish)
+    crashes = Crashes(runner_module.publish_batch, how)
+    monkeypatch.setattr(runner_module, "publish_batch", crashes.publish)
     monkeypatch.setattr(SinkLedger, "after", crashes.after(SinkLedger.after))
     publish(nats_url, source, f"lin{how}{uid}.r", [{"id": i} for i in range(20)])
     runner = PipelineRunner(spark, flow.spec(), nats_url=nats_url, checkpoint_dir=checkpoints)

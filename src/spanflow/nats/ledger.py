@@ -23,13 +23,14 @@ Spark replays only a query's last uncommitted batch, and only as the first batch
   batch is new; the rest when a node died mid-publish).
 
 Every later batch in the same process is new: published whole, no read. Decisions are
-pure (:func:`plan`, :func:`missing`); :class:`SinkLedger` is the thin I/O shell.
+pure (:func:`plan`); :class:`SinkLedger` is the thin I/O shell.
 """
 
 from __future__ import annotations
 
 import hashlib
 import time
+from collections.abc import Callable
 from enum import StrEnum
 
 from nats.aio.client import Client
@@ -39,8 +40,6 @@ from nats.js.errors import KeyNotFoundError
 from nats.js.kv import KeyValue
 from pydantic import BaseModel, ValidationError
 
-Encoded = list[tuple[str, bytes, str]]
-"""(subject, payload, Nats-Msg-Id) per message (:func:`spanflow.spark.jetstream.encode_rows`)."""
 SCAN_WAIT = 1.0
 """Seconds a read of the stream waits for more before it counts as the end."""
 MARK_EVERY = 2.0
@@ -67,11 +66,6 @@ def plan(mark: Mark | None, batch: int, first: bool) -> Action:
     if mark is not None and mark.batch == batch:
         return Action.SKIP
     return Action.CHECK if first and mark is not None else Action.PUBLISH
-
-
-def missing(out: Encoded, stored_ids: set[str]) -> Encoded:
-    """The messages of ``out`` whose ids the stream does not hold."""
-    return [m for m in out if m[2] not in stored_ids]
 
 
 def lost_checkpoint(mark: Mark | None, has_offsets: bool) -> bool:
@@ -108,8 +102,10 @@ class SinkLedger:
         self.checked = 0
         """First batches checked against the stream (restarts)."""
 
-    async def before(self, batch: int, out: Encoded) -> Encoded:
-        """What of batch ``batch`` to publish now."""
+    async def published_before(self, batch: int, ids: Callable[[], list[str]]) -> set[str]:
+        """The ids of batch ``batch``'s messages the stream already holds: publish the
+        rest. ``ids`` lists the batch's message ids; it is called only when the batch
+        may have been published before (the first batch after a restart)."""
         first, self._first = self._first, False
         if first:
             self._mark = await self._read()
@@ -119,12 +115,12 @@ class SinkLedger:
         action = plan(self._mark, batch, first)
         if action is Action.SKIP:
             self.skipped += 1
-            return []
+            return set(ids())
         if action is Action.CHECK:
             assert self._mark is not None
             self.checked += 1
-            return missing(out, await self._stored_ids(self._mark.end_seq + 1, out))
-        return out
+            return await self._stored_ids(self._mark.end_seq + 1, set(ids()))
+        return set()
 
     async def mark(self) -> Mark | None:
         """The sink's last mark in the store (None: it never published)."""
@@ -152,10 +148,9 @@ class SinkLedger:
         except ValidationError:
             return None  # unreadable: a new start (the duplicate window still helps)
 
-    async def _stored_ids(self, start_seq: int, out: Encoded) -> set[str]:
-        """Ids among ``out``'s that the stream holds from ``start_seq`` on (read with
+    async def _stored_ids(self, start_seq: int, wanted: set[str]) -> set[str]:
+        """Ids among ``wanted`` that the stream holds from ``start_seq`` on (read with
         headers only, the sink's subjects; a pull that times out: nothing more)."""
-        wanted = {m[2] for m in out}
         found: set[str] = set()
         sub = await self.js.pull_subscribe(
             self.subjects,

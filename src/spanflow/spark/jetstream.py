@@ -1,5 +1,4 @@
-"""JetStream as a Spark Structured Streaming source (Python data source API), and the
-encoding its sinks publish with.
+"""JetStream as a Spark Structured Streaming source (Python data source API).
 
 Source (``spark.readStream.format("spanflow_jetstream")``)
     Offsets are ``{"seq": N}``: the next stream sequence to read (exclusive end of the
@@ -12,12 +11,8 @@ Source (``spark.readStream.format("spanflow_jetstream")``)
     release what every pipeline has committed. Malformed messages are dead-lettered
     from ``read`` and never reach the query.
 
-Sinks (:func:`encode_rows`, :func:`publish_encoded`)
-    Every row is published as JSON with ``Nats-Msg-Id = pipeline:sink:batch:driver:
-    content-hash:occurrence``. A replayed batch produces the same rows, so its ids
-    repeat and JetStream drops the duplicates: the output is exactly once within the
-    stream's duplicate window. The runner publishes from the driver
-    (see :mod:`spanflow.spark.runner`).
+The sinks are the JVM's: :mod:`spanflow.spark.jetstream_sink` (micro-batch) and
+:mod:`spanflow.spark.realtime` (Real-Time Mode).
 
 Where each hook runs: ``initialOffset``, ``latestOffset`` and ``commit`` on the
 driver; ``read`` on executors. Options are plain strings; nothing here is pickled
@@ -27,14 +22,12 @@ except the option dict itself.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
 import pyarrow as pa
 from nats.aio.client import Client
 from pyspark.sql.datasource import (
@@ -51,9 +44,8 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import StructType
 
 from spanflow.nats.fastread import read_range_fast
-from spanflow.nats.fences import EPOCH_HEADER
 from spanflow.nats.ranges import last_before
-from spanflow.nats.streams import SyncNats, connect, token
+from spanflow.nats.streams import SyncNats, connect
 from spanflow.spark.deadletter import DeadLetter, publish_dead_letters
 from spanflow.spark.formats import AvroReader, Decoder, ProtobufReader
 from spanflow.spark.stagger import wait_for_slot
@@ -290,82 +282,3 @@ class JetStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         index = batch.schema.get_field_index("_heartbeat")
         beat = batch.set_column(index, "_heartbeat", pa.array([True], pa.bool_()))
         return [beat]
-
-
-@dataclass(frozen=True)
-class SinkTarget:
-    """Where and how a sink publishes."""
-
-    pipeline: str
-    step: str
-    subject: str
-    order_by: str | None = None
-
-
-def encode_rows(
-    target: SinkTarget, rows: list[dict[str, Any]], batch_id: str, partition: str
-) -> list[tuple[str, bytes, str]]:
-    """(subject, JSON payload, Nats-Msg-Id) per row.
-
-    The id is ``pipeline:sink:batch:partition:content-hash:occurrence``: a replayed batch
-    yields the same multiset of rows per partition, so the same ids, whatever the order.
-    Metadata columns (``_subject``, ``_seq``, ...) are not published.
-    """
-    rows = [{k: v for k, v in r.items() if not k.startswith("_")} for r in rows]
-    if target.order_by:
-        field = target.order_by
-        rows.sort(key=lambda r: (r.get(field) is None, r.get(field)))
-    prefix = f"{target.pipeline}:{target.step}:{batch_id}:{partition}"
-    template = target.subject
-    seen: dict[bytes, int] = {}
-    out: list[tuple[str, bytes, str]] = []
-    for row in rows:
-        payload = orjson.dumps(row, option=orjson.OPT_NAIVE_UTC | orjson.OPT_UTC_Z)
-        digest = hashlib.blake2b(payload, digest_size=12).digest()
-        n = seen.get(digest, 0)
-        seen[digest] = n + 1
-        subject = template.format_map(_Fields(row)) if "{" in template else template
-        out.append((subject, payload, f"{prefix}:{digest.hex()}:{n}"))
-    return out
-
-
-@dataclass(frozen=True)
-class Published:
-    """What a publish stored: how many JetStream flagged duplicate, and the highest
-    stream sequence among the acks (0: nothing published)."""
-
-    duplicates: int
-    last_seq: int
-
-
-async def publish_encoded(
-    nc: Client, out: list[tuple[str, bytes, str]], epoch: int | None = None
-) -> Published:
-    """Publish with acks, 2,000 in flight. ``epoch``: the writing fragment's, carried in
-    a header (see :mod:`spanflow.nats.fences`)."""
-    js = nc.jetstream()
-    duplicates = last_seq = 0
-    extra = {EPOCH_HEADER: str(epoch)} if epoch is not None else {}
-    for lo in range(0, len(out), 2000):
-        futures = [
-            await js.publish_async(s, p, headers={"Nats-Msg-Id": mid, **extra})
-            for s, p, mid in out[lo : lo + 2000]
-        ]
-        for ack in await asyncio.wait_for(asyncio.gather(*futures), 60):
-            duplicates += bool(ack.duplicate)
-            last_seq = max(last_seq, int(ack.seq))
-    return Published(duplicates, last_seq)
-
-
-class _Fields(dict[str, Any]):
-    """Subject templates like ``alerts.{device}``: a missing field becomes ``_``."""
-
-    def __init__(self, row: dict[str, Any]) -> None:
-        super().__init__({k: _subject_token(v) for k, v in row.items()})
-
-    def __missing__(self, key: str) -> str:
-        return "_"
-
-
-def _subject_token(value: Any) -> str:
-    return token(value)

@@ -20,9 +20,10 @@ import hashlib
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
+import numpy as np
 import orjson
 import pandas as pd
 from pyspark import TaskContext
@@ -480,27 +481,46 @@ class ProcessorAdapter(StatefulProcessor):
 def frames_to_records(
     frames: Iterable[pd.DataFrame], names: tuple[str, ...] = ()
 ) -> list[dict[str, Any]]:
-    """One key's chunks of a batch as plain records: nulls as None (not NaN, NaT or
-    pd.NA), timestamps in UTC; columns named ``names`` by position when given."""
+    """One bucket's chunks of a batch as plain records: nulls as None (not NaN, NaT or
+    pd.NA), timestamps as ``datetime`` in UTC; columns named ``names`` by position when
+    given (further columns, like the bucket Spark grouped by, are left out).
+
+    Column by column through numpy (``tolist`` builds Python values in C): a pandas
+    ``to_dict`` of a bucket's few dozen rows cost more in per-call overhead than the
+    rows themselves, ≈25 % of a keyed step's Python time at 2,000 events/s."""
     chunks = [f for f in frames if len(f)]
     if not chunks:
         return []
-    df = chunks[0] if len(chunks) == 1 else pd.concat(chunks, ignore_index=True)
-    if names and len(df.columns) > len(names):
-        df = df.iloc[:, : len(names)]  # the bucket Spark grouped by, not the user's
-    if names and len(names) == len(df.columns):
-        df = df.set_axis(list(names), axis=1)
-    for i in range(len(df.columns)):
-        series = df.iloc[:, i]
-        changed = False
-        if pd.api.types.is_datetime64_any_dtype(series) and series.dt.tz is None:
-            series, changed = series.dt.tz_localize("UTC"), True
-        if series.hasnans:
-            series, changed = series.astype(object).where(series.notna(), None), True
-        if changed:
-            df.isetitem(i, series)
-    records: list[dict[str, Any]] = df.to_dict("records")
-    return records
+    labels = list(names) if names else [str(c) for c in chunks[0].columns]
+    width = min(len(labels), len(chunks[0].columns))
+    columns: list[list[Any]] = [[] for _ in range(width)]
+    for chunk in chunks:
+        for i, (_, series) in zip(range(width), chunk.items(), strict=False):
+            columns[i].extend(_plain_values(series))
+    return [dict(zip(labels, values, strict=False)) for values in zip(*columns, strict=True)]
+
+
+def _plain_values(series: pd.Series) -> list[Any]:
+    """A column's values as plain Python values (see :func:`frames_to_records`)."""
+    dtype = series.dtype
+    if pd.api.types.is_datetime64_any_dtype(dtype):
+        # .values: UTC wall clock, tz-aware or not; NaT becomes None
+        micros = np.asarray(series.values).astype("datetime64[us]").tolist()
+        return [None if v is None else v.replace(tzinfo=UTC) for v in micros]
+    if isinstance(dtype, np.dtype) and dtype.kind in "iub":
+        return list(series.to_numpy().tolist())
+    if isinstance(dtype, np.dtype) and dtype.kind == "f":
+        array = series.to_numpy()
+        values = array.tolist()
+        if np.isnan(array).any():
+            return [None if v != v else v for v in values]
+        return list(values)
+    if series.hasnans:
+        series = series.astype(object).where(series.notna(), None)
+    values = series.tolist()
+    if pd.api.types.is_object_dtype(dtype):  # numpy numbers, boxed as to_dict would
+        return [v.item() if isinstance(v, np.generic) else v for v in values]
+    return list(values)
 
 
 _DTYPES = {"long": "Int64", "boolean": "boolean", "double": "float64"}

@@ -17,10 +17,10 @@ import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from nats.js.kv import KeyValue
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
@@ -34,14 +34,15 @@ from spanflow.spark.compile.pipeline import CompiledSink, compile_pipeline
 from spanflow.spark.compile.udf import UserFunction
 from spanflow.spark.connectors import BatchWriter, SinkContext
 from spanflow.spark.deadletter import DLQ_SUBJECT_PREFIX, EPOCH_PROPERTY, dlq_subject
-from spanflow.spark.jetstream import SinkTarget, encode_rows, publish_encoded, register_isolated
+from spanflow.spark.jetstream import register_isolated
+from spanflow.spark.jetstream_sink import JetStreamSink, SinkTarget, publish_batch
 from spanflow.spark.stagger import BatchSlots, phase_ms
 from spanflow.spec import locations
-from spanflow.spec.cluster import Histogram, StreamUsage
+from spanflow.spec.cluster import LATENCY_BUCKETS, Histogram, StreamUsage
 from spanflow.spec.durations import spark_interval
 from spanflow.spec.pipeline import PipelineSpec
 from spanflow.spec.retention import DEFAULT_RETENTION, Retention
-from spanflow.spec.steps.io import PUBLISHED, SinkStep
+from spanflow.spec.steps.io import SinkStep
 from spanflow.spec.steps.joins import EnrichStep
 
 log = logging.getLogger(__name__)
@@ -81,14 +82,16 @@ class Output:
     records: int = 0
     latency: Histogram = field(default_factory=Histogram)
 
-    def count(self, rows: list[dict[str, Any]], now: float) -> None:
-        """``rows`` were published at ``now`` (Unix time); a row that still carries its
-        source's publish time (``_published``) times the way through the pipeline."""
-        self.records += len(rows)
-        for row in rows:
-            born = row.get(PUBLISHED)
-            if isinstance(born, datetime):
-                self.latency.observe(max(0.0, now - born.timestamp()))
+    def count(self, records: int, born: np.ndarray, now: float) -> None:
+        """``records`` were published at ``now`` (Unix time); ``born``: when the source
+        stored each record that still carries it (``_published``, Unix seconds), which
+        times the way through the pipeline."""
+        self.records += records
+        if born.size:
+            seconds = np.maximum(0.0, now - born)
+            buckets = np.searchsorted(np.asarray(LATENCY_BUCKETS), seconds, side="left")
+            counts = np.bincount(buckets, minlength=len(LATENCY_BUCKETS) + 1)
+            self.latency.merge([int(n) for n in counts], float(seconds.sum()))
 
 
 @dataclass
@@ -158,6 +161,8 @@ class PipelineRunner:
         self.console_limit = console_limit
         self._queries: dict[str, _Supervised] = {}
         self._writers: dict[str, BatchWriter] = {}
+        self._sinks: dict[str, JetStreamSink] = {}
+        """JetStream sink id → its JVM publisher (one NATS connection across batches)."""
         self.outputs: dict[str, Output] = {}
         """sink id → what it wrote (JetStream sinks; see :class:`Output`)."""
         self._mirrors: list[Any] = []
@@ -434,38 +439,42 @@ class PipelineRunner:
     def _driver_publisher(
         self, target: SinkTarget, ledger: SinkLedger
     ) -> Callable[[DataFrame, int], None]:
-        """Every JetStream sink publishes from the driver, over the runner's connection.
+        """Every JetStream sink publishes from the driver, in the JVM
+        (:mod:`spanflow.spark.jetstream_sink`): no row crosses into Python.
 
-        ``toArrow`` brings a batch's rows to the driver without a Python worker; the
-        alternative, a Spark sink written in Python, costs per micro-batch a Python call
-        to plan the write, one per partition to write (even an empty one) and one to
-        commit. On a 2-core edge node those were ≈70 % of the Python workers' CPU and
-        ≈17 % of the whole pipeline's, at no gain in throughput (docs/benchmarks.md).
-        It also serves update-mode output, which Spark's Python sinks cannot take."""
+        A Spark sink written in Python would cost per micro-batch a Python call to plan
+        the write, one per partition (even an empty one) and one to commit; publishing
+        each record through nats-py on the driver cost ≈110 to 160 µs a record. The
+        ``foreachBatch`` also serves update-mode output, which Spark's Python sinks
+        cannot take (docs/benchmarks.md)."""
 
         output = self.outputs.setdefault(target.step, Output())
+        old = self._sinks.pop(target.step, None)
+        if old is not None:
+            old.close()
+        sink = self._sinks[target.step] = JetStreamSink(
+            self.spark, target, self.nats_url, self.fence.epoch if self.fence else None
+        )
 
         def write(batch: DataFrame, batch_id: int) -> None:
-            rows = batch.toArrow().to_pylist()
-            if not rows:
+            encoded = sink.encode(batch, batch_id)
+            if not encoded.size:
                 return
-            out = encode_rows(target, rows, str(batch_id), "driver")
             client = self._client
             assert client is not None
             self._check_fence()  # before the publish, and so before the checkpoint commit
-            epoch = self.fence.epoch if self.fence else None
-            todo = client.run(lambda: ledger.before(batch_id, out))
-            if len(todo) < len(out):
+            stored = client.run(lambda: ledger.published_before(batch_id, encoded.ids))
+            if stored:
                 log.info(
                     "%s: batch %d replayed: %d of its %d messages were published before",
                     target.step,
                     batch_id,
-                    len(out) - len(todo),
-                    len(out),
+                    len(stored),
+                    encoded.size,
                 )
-            published = client.run(lambda: publish_encoded(client.nc, todo, epoch))
+            published = publish_batch(sink, encoded, stored)
             client.run(lambda: ledger.after(batch_id, published.last_seq))
-            output.count(rows, time.time())
+            output.count(encoded.size, encoded.born_seconds(), time.time())
 
         return write
 
@@ -529,6 +538,10 @@ class PipelineRunner:
             with contextlib.suppress(Exception):
                 batch_writer.close()
         self._writers.clear()
+        for sink in self._sinks.values():
+            with contextlib.suppress(Exception):
+                sink.close()
+        self._sinks.clear()
         for mirror in self._mirrors:
             mirror.stop()
         self._mirrors.clear()

@@ -223,6 +223,13 @@ class Histogram(BaseModel):
         self.counts[i] += times
         self.sum += seconds * times
 
+    def merge(self, counts: list[int], total: float) -> None:
+        """Add observations already counted per bucket (``counts``, as :attr:`counts`)
+        whose sum is ``total``: a whole batch's at once."""
+        for i, n in enumerate(counts):
+            self.counts[i] += n
+        self.sum += total
+
     def cumulative(self) -> list[tuple[str, int]]:
         """(le, count of observations ≤ le) per bucket, ``+Inf`` last."""
         out, total = [], 0

@@ -91,7 +91,7 @@ public final class JetStreamWriter extends ForeachWriter<Row> {
       if (!epoch.isEmpty()) {
         headers.put("Spanflow-Epoch", epoch);
       }
-      inFlight.add(nc.publishForReply(subjectFor(row, schema), headers, payload));
+      inFlight.add(nc.publishForReply(Subjects.fill(subject, row, schema, true), headers, payload));
       while (inFlight.size() > maxInFlight) {
         settle(inFlight.poll(), 60_000);
       }
@@ -131,50 +131,6 @@ public final class JetStreamWriter extends ForeachWriter<Row> {
     Json.apiAnswer(msg, "publish"); // an error answer fails the task; a duplicate is fine
   }
 
-  /** The subject, with {field} placeholders replaced by the row's values as tokens. */
-  private String subjectFor(Row row, StructType schema) {
-    if (subject.indexOf('{') < 0) {
-      return subject;
-    }
-    StringBuilder out = new StringBuilder();
-    int i = 0;
-    while (i < subject.length()) {
-      char c = subject.charAt(i);
-      int close = c == '{' ? subject.indexOf('}', i) : -1;
-      if (close < 0) {
-        out.append(c);
-        i++;
-        continue;
-      }
-      String field = subject.substring(i + 1, close);
-      int index = fieldIndex(schema, field);
-      Object value = index < 0 ? null : row.get(index);
-      out.append(value == null ? "_" : token(String.valueOf(value)));
-      i = close + 1;
-    }
-    return out.toString();
-  }
-
-  private static int fieldIndex(StructType schema, String name) {
-    String[] names = schema.fieldNames();
-    for (int i = 0; i < names.length; i++) {
-      if (names[i].equals(name)) {
-        return i;
-      }
-    }
-    return -1;
-  }
-
-  /** Letters, digits, '-' and '_' kept, anything else '_' (spanflow.nats.streams.token). */
-  static String token(String value) {
-    StringBuilder out = new StringBuilder(value.length());
-    for (int i = 0; i < value.length(); i++) {
-      char ch = value.charAt(i);
-      out.append(Character.isLetterOrDigit(ch) || ch == '-' || ch == '_' ? ch : '_');
-    }
-    return out.length() == 0 ? "_" : out.toString();
-  }
-
   private String rowId(Row row, StructType schema, byte[] payload) {
     digest.reset();
     digest.update(payload);
@@ -195,7 +151,7 @@ public final class JetStreamWriter extends ForeachWriter<Row> {
     return hex.toString();
   }
 
-  private static byte[] payload(Row row, StructType schema) throws IOException {
+  static byte[] payload(Row row, StructType schema) throws IOException {
     ByteArrayOutputStream bytes = new ByteArrayOutputStream(256);
     try (JsonGenerator g = JSON.createGenerator(bytes)) {
       writeStruct(g, row, schema, true);

@@ -192,11 +192,21 @@ public final class NatsClient implements AutoCloseable {
   /** Publish; {@code headers} may be null. Written and flushed before returning. */
   public void publish(String subject, String reply, Map<String, String> headers, byte[] data)
       throws IOException {
+    publish(subject, reply, headers, data, true);
+  }
+
+  /**
+   * Publish; with {@code flush} false the message may wait in the buffer until the next
+   * {@link #flush} (or a full buffer): a batch of publishes then costs a write per buffer,
+   * not one per message.
+   */
+  public void publish(String subject, String reply, Map<String, String> headers, byte[] data,
+      boolean flush) throws IOException {
     String replyPart = reply == null ? "" : " " + reply;
     if (headers == null || headers.isEmpty()) {
       byte[] line = ("PUB " + subject + replyPart + " " + data.length + "\r\n")
           .getBytes(StandardCharsets.UTF_8);
-      write(line, data);
+      write(line, data, flush);
       return;
     }
     StringBuilder h = new StringBuilder("NATS/1.0\r\n");
@@ -210,17 +220,28 @@ public final class NatsClient implements AutoCloseable {
     byte[] body = new byte[head.length + data.length];
     System.arraycopy(head, 0, body, 0, head.length);
     System.arraycopy(data, 0, body, head.length, data.length);
-    write(line, body);
+    write(line, body, flush);
+  }
+
+  /** Write out whatever publishes wait in the buffer. */
+  public void flush() throws IOException {
+    write(new byte[0], null, true);
   }
 
   /** Publish with a reply subject of our inbox; the future completes with the reply. */
   public CompletableFuture<Msg> publishForReply(String subject, Map<String, String> headers,
       byte[] data) throws IOException {
+    return publishForReply(subject, headers, data, true);
+  }
+
+  /** As {@link #publishForReply(String, Map, byte[])}; {@code flush}: as in {@link #publish}. */
+  public CompletableFuture<Msg> publishForReply(String subject, Map<String, String> headers,
+      byte[] data, boolean flush) throws IOException {
     String reply = newInbox();
     CompletableFuture<Msg> future = new CompletableFuture<>();
     replies.put(reply, future);
     try {
-      publish(subject, reply, headers, data);
+      publish(subject, reply, headers, data, flush);
     } catch (IOException exc) {
       replies.remove(reply);
       throw exc;
@@ -266,6 +287,10 @@ public final class NatsClient implements AutoCloseable {
   }
 
   private void write(byte[] line, byte[] payload) throws IOException {
+    write(line, payload, true);
+  }
+
+  private void write(byte[] line, byte[] payload, boolean flush) throws IOException {
     IOException broken = failure;
     if (broken != null) {
       throw new IOException("NATS connection lost: " + broken.getMessage(), broken);
@@ -279,7 +304,9 @@ public final class NatsClient implements AutoCloseable {
         out.write(payload);
         out.write(CRLF);
       }
-      out.flush();
+      if (flush) {
+        out.flush();
+      }
     }
   }
 

@@ -223,7 +223,7 @@ class KeyStore:
 class ProcessorAdapter(StatefulProcessor):
     """Spark's side of a keyed processor step.
 
-    Spark groups the records by *bucket* (a hash of the key, one of 32:
+    Spark groups the records by *bucket* (a hash of the key, one of 8:
     :data:`spanflow.spark.compile.process.BUCKET_IDS`)
     rather than by key: each call takes a bucket's records for the batch, splits them
     by key and calls the user's processor once per key. Spark's per-group work (a

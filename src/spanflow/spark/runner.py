@@ -189,8 +189,10 @@ class PipelineRunner:
         self._ensure_streams()
         self._claim_fence()
         self._start_mirrors()
-        for sink_id, plan in compiled.items():
-            self._launch(self._queries[sink_id], plan)
+        # real-time sinks first: an alert path answers while the micro-batch queries
+        # still plan their first batch and start their Python workers
+        for sink_id in sorted(compiled, key=lambda s: not self._realtime(s)):
+            self._launch(self._queries[sink_id], compiled[sink_id])
         return self
 
     def _start_mirrors(self) -> None:

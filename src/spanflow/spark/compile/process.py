@@ -30,15 +30,15 @@ from spanflow.spec.steps.keyed import ProcessStep
 
 TIME_MODES = {"event_time": "EventTime", "processing_time": "ProcessingTime", "none": "None"}
 
-BUCKET_IDS: tuple[int, ...] = (
-    *(12, 64, 10, 1, 37, 20, 32, 35, 13, 6, 98, 7, 73, 30, 28, 0),
-    *(67, 16, 5, 69, 65, 44, 2, 75, 148, 17, 49, 33, 25, 15, 4, 21),
-)
+BUCKET_IDS: tuple[int, ...] = (12, 64, 10, 1, 37, 20, 32, 35)
 """The groups a keyed step's keys are spread over, by a hash of the key. Spark hashes
 the group id again to pick a shuffle partition; these ids are the smallest integers
-whose Spark hash falls on each residue modulo 32, so any power-of-two partition count
-up to 32 gets the same number of buckets in each partition. Fixed for the life of a
-checkpoint: a key's state is found in its bucket."""
+whose Spark hash falls on each residue modulo 8, so 1, 2, 4 or 8 shuffle partitions
+each get the same number of buckets. Eight: every bucket costs Spark a pandas frame
+in and out and round trips to the JVM per batch, and at 2,000 events/s 32 buckets
+added ≈75 ms a batch to 8 (docs/benchmarks.md); more than 8 shuffle partitions would
+leave some without keyed work. Fixed for the life of a checkpoint: a key's state is
+found in its bucket."""
 
 
 def processor_class(ref: str, step_id: str, local: Mapping[str, Any]) -> type[KeyedProcessor]:

@@ -275,3 +275,25 @@ def test_buckets_spread_evenly_over_power_of_two_shuffle_partitions(spark, parti
     ).collect()
     assert len(BUCKET_IDS) == len(set(BUCKET_IDS)) == 8
     assert sorted(r.n for r in rows) == [8 // partitions] * partitions
+
+
+def test_records_are_ordered_as_the_null_safe_key_orders_them():
+    """``in_order`` compares values as they are and falls back to a null-safe key when a
+    null meets a value: the order (nulls last, stable) is the same either way."""
+    import random
+
+    from spanflow.spark.keyed_processor import in_order
+
+    rng = random.Random(7)
+    fields = ("ts", "_seq")
+    for _ in range(200):
+        records = [
+            {
+                "ts": rng.choice([None, 1, 2, 3]) if rng.random() < 0.3 else rng.randint(1, 3),
+                "_seq": rng.choice([None, rng.randint(0, 5)]),
+                "i": i,
+            }
+            for i in range(rng.randint(0, 8))
+        ]
+        safe = sorted(records, key=lambda r: tuple((r[f] is None, r[f]) for f in fields))
+        assert [r["i"] for r in in_order(records, fields)] == [r["i"] for r in safe]

@@ -36,6 +36,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import msgpack
+import numpy as np
 import orjson
 
 from spanflow.api.processor import StateType, When
@@ -123,6 +124,8 @@ def value_check(kind: str) -> Callable[[Any], Any]:
     def long(v: Any) -> Any:
         if isinstance(v, int) and not isinstance(v, bool):
             return v
+        if isinstance(v, np.integer):  # numpy's numbers, e.g. from a user's np.sum
+            return int(v)
         if isinstance(v, float) and v.is_integer():
             return int(v)
         raise StateError(f"expected an integer, got {v!r}"[:120])
@@ -135,6 +138,8 @@ def value_check(kind: str) -> Callable[[Any], Any]:
     def boolean(v: Any) -> Any:
         if isinstance(v, bool):
             return v
+        if isinstance(v, np.bool_):
+            return bool(v)
         raise StateError(f"expected a boolean, got {v!r}"[:120])
 
     def timestamp(v: Any) -> Any:

@@ -10,6 +10,7 @@ from typing import Any
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
+from pyspark.sql.types import TimestampType
 
 from spanflow.api.processor import KeyedProcessor
 from spanflow.errors import CompileError
@@ -95,6 +96,9 @@ def transform_keyed(
             f for f in (frame.event_time, "_seq") if f is not None and f in frame.df.columns
         )
     names = tuple(frame.df.columns)
+    micros = tuple(
+        i for i, f in enumerate(frame.df.schema.fields) if isinstance(f.dataType, TimestampType)
+    )
     settings = ProcessorSettings(
         factory=factory,
         key_fields=frame.key,
@@ -105,12 +109,18 @@ def transform_keyed(
         step=step_id,
         nats_url=ctx.nats_url,
         input_names=names,
+        input_micros=micros,
         late_field=late_field,
     )
     # Spark regroups rows through namedtuples, which rename fields like '_seq' or
     # 'class'; positional names survive, and the adapter puts the real ones back.
     positional = [f"c{i}" for i in range(len(names))]
     renamed = frame.df.toDF(*positional)
+    # Timestamps cross as microseconds: Spark's pandas path builds a pd.Timestamp for
+    # every value it regroups (≈20 % of a keyed step's Python time); the adapter turns
+    # the numbers back into datetimes in one numpy pass.
+    for i in micros:
+        renamed = renamed.withColumn(positional[i], F.unix_micros(F.col(positional[i])))
     key = [positional[names.index(k)] for k in frame.key]
     return (
         bucketed(renamed, key)

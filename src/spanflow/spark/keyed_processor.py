@@ -504,12 +504,18 @@ def frames_to_records(
 
 def _datetimes(micros: pd.Series) -> list[datetime | None]:
     """Microseconds since the epoch (nulls allowed) as UTC datetimes."""
-    raw = micros.to_numpy(dtype="int64", na_value=0).astype("datetime64[us]").tolist()
-    out: list[datetime | None] = [v.replace(tzinfo=UTC) for v in raw]
+    stamps = micros.to_numpy(dtype="int64", na_value=0).astype("datetime64[us]")
     if micros.hasnans:
-        missing = micros.isna().to_numpy()
-        out = [None if gone else v for v, gone in zip(out, missing, strict=True)]
-    return out
+        stamps[micros.isna().to_numpy()] = np.datetime64("NaT")
+    return _utc(stamps)
+
+
+def _utc(stamps: np.ndarray) -> list[datetime | None]:
+    """``datetime64`` values (UTC wall clock; NaT allowed) as aware datetimes, NaT as None."""
+    return [
+        None if v is None else v.replace(tzinfo=UTC)
+        for v in stamps.astype("datetime64[us]").tolist()
+    ]
 
 
 def in_order(records: list[dict[str, Any]], fields: tuple[str, ...]) -> list[dict[str, Any]]:
@@ -528,9 +534,7 @@ def _plain_values(series: pd.Series) -> list[Any]:
     """A column's values as plain Python values (see :func:`frames_to_records`)."""
     dtype = series.dtype
     if pd.api.types.is_datetime64_any_dtype(dtype):
-        # .values: UTC wall clock, tz-aware or not; NaT becomes None
-        micros = np.asarray(series.values).astype("datetime64[us]").tolist()
-        return [None if v is None else v.replace(tzinfo=UTC) for v in micros]
+        return _utc(np.asarray(series.values))  # .values: UTC wall clock, tz-aware or not
     if isinstance(dtype, np.dtype) and dtype.kind in "iub":
         return list(series.to_numpy().tolist())
     if isinstance(dtype, np.dtype) and dtype.kind == "f":

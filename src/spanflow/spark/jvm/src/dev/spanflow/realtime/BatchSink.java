@@ -1,5 +1,6 @@
 package dev.spanflow.realtime;
 
+import com.fasterxml.jackson.databind.JsonNode;
 import java.io.IOException;
 import java.nio.ByteBuffer;
 import java.nio.ByteOrder;
@@ -20,7 +21,6 @@ import java.util.List;
 import java.util.Map;
 import java.util.Set;
 import java.util.concurrent.CompletableFuture;
-import java.util.concurrent.TimeUnit;
 import org.apache.spark.sql.Dataset;
 import org.apache.spark.sql.Row;
 import org.apache.spark.sql.types.StructType;
@@ -195,16 +195,7 @@ public final class BatchSink implements AutoCloseable {
 
   private void settle(CompletableFuture<NatsClient.Msg> ack, long timeoutMs, long[] acked)
       throws IOException {
-    NatsClient.Msg msg;
-    try {
-      msg = ack.get(timeoutMs, TimeUnit.MILLISECONDS);
-    } catch (Exception exc) {
-      throw new IOException("sink " + sink + ": no ack from JetStream: " + exc, exc);
-    }
-    if (msg.status == 503) {
-      throw new IOException("sink " + sink + ": no stream captures the subject " + subject);
-    }
-    com.fasterxml.jackson.databind.JsonNode answer = Json.apiAnswer(msg, "sink " + sink);
+    JsonNode answer = JetStream.publishAck(ack, timeoutMs, sink, subject);
     if (answer.path("duplicate").asBoolean(false)) {
       acked[0]++;
     }

@@ -6,8 +6,10 @@ import com.fasterxml.jackson.databind.node.ObjectNode;
 import java.io.IOException;
 import java.nio.charset.StandardCharsets;
 import java.util.List;
+import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.TimeUnit;
 
-/** The few JetStream API calls the real-time source needs, over {@link NatsClient}. */
+/** The few JetStream API calls the JVM source and sinks need, over {@link NatsClient}. */
 final class JetStream {
   static final long API_TIMEOUT_MS = 5000;
   static final long NANOS_PER_MS = 1_000_000L;
@@ -15,6 +17,25 @@ final class JetStream {
   private JetStream() {}
 
   /** {first sequence, last sequence} of a stream (first is at least 1). */
+  /**
+   * The answer to a publish, once it comes (within {@code timeoutMs}); an IOException
+   * naming the sink when none comes, no stream captures {@code subject} or JetStream
+   * refuses the message. A duplicate is an answer like any other.
+   */
+  static JsonNode publishAck(CompletableFuture<NatsClient.Msg> ack, long timeoutMs, String sink,
+      String subject) throws IOException {
+    NatsClient.Msg msg;
+    try {
+      msg = ack.get(timeoutMs, TimeUnit.MILLISECONDS);
+    } catch (Exception exc) {
+      throw new IOException("sink " + sink + ": no ack from JetStream: " + exc, exc);
+    }
+    if (msg.status == 503) {
+      throw new IOException("sink " + sink + ": no stream captures the subject " + subject);
+    }
+    return Json.apiAnswer(msg, "sink " + sink);
+  }
+
   static long[] bounds(NatsClient nc, String stream) throws IOException {
     NatsClient.Msg msg = nc.request("$JS.API.STREAM.INFO." + stream, new byte[0], API_TIMEOUT_MS);
     JsonNode state = Json.apiAnswer(msg, "stream " + stream).path("state");

@@ -19,7 +19,6 @@ import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
 import java.util.concurrent.CompletableFuture;
-import java.util.concurrent.TimeUnit;
 import org.apache.spark.sql.ForeachWriter;
 import org.apache.spark.sql.Row;
 import org.apache.spark.sql.types.StructField;
@@ -119,16 +118,7 @@ public final class JetStreamWriter extends ForeachWriter<Row> {
   }
 
   private void settle(CompletableFuture<NatsClient.Msg> ack, long timeoutMs) throws IOException {
-    NatsClient.Msg msg;
-    try {
-      msg = ack.get(timeoutMs, TimeUnit.MILLISECONDS);
-    } catch (Exception exc) {
-      throw new IOException("no ack from JetStream: " + exc, exc);
-    }
-    if (msg.status == 503) {
-      throw new IOException("no stream captures the sink's subject " + subject);
-    }
-    Json.apiAnswer(msg, "publish"); // an error answer fails the task; a duplicate is fine
+    JetStream.publishAck(ack, timeoutMs, sink, subject); // an error fails the task
   }
 
   private String rowId(Row row, StructType schema, byte[] payload) {

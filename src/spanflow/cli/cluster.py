@@ -221,7 +221,13 @@ def node(
     token: TokenOption = None,
     cores: Annotated[int | None, typer.Option(help="Cores to offer (default: detected).")] = None,
     memory: Annotated[str | None, typer.Option(help="Memory to offer, e.g. 4g.")] = None,
-    slots: Annotated[int | None, typer.Option(help="Fragments at once (default: cores).")] = None,
+    slots: Annotated[
+        int | None,
+        typer.Option(
+            help="Fragment slots: fragments at once, one more per Python stateful step "
+            "(default: cores)."
+        ),
+    ] = None,
     tag: Annotated[list[str] | None, typer.Option(help="Capability tag (repeatable).")] = None,
     master: Annotated[
         str | None,

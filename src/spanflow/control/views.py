@@ -163,7 +163,11 @@ def cluster_metrics(state: ClusterState, observed: Observed, uptime_s: float) ->
     live = [n for n in nodes if n.state in (NodeState.ALIVE, NodeState.DRAINING)]
     slots = sum(n.spec.capabilities.fragment_slots for n in live)
     cores = sum(n.spec.capabilities.cores for n in live)
-    used = len(state.assignments)
+    used = sum(
+        state.nodes[a.node].spec.capabilities.slots_for(a.fragment.spec.fragment_slots())
+        for a in state.assignments.values()
+        if a.node in state.nodes
+    )
     cpus = [observed.heartbeats[n.name].cpu_percent for n in live if n.name in observed.heartbeats]
     by_pipeline_state: dict[str, int] = {s.value: 0 for s in PipelineState}
     for p in state.pipelines.values():

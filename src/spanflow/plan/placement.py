@@ -40,19 +40,30 @@ class ClusterView:
         """Has the node the Real-Time Mode task slots the fragment's real-time sinks hold?"""
         return realtime_need(fragment) <= self.free_realtime(node)
 
+    def need(self, fragment: Fragment, node: str) -> int:
+        """Fragment slots ``fragment`` takes on ``node`` (Python stateful steps count)."""
+        return self.nodes[node].spec.capabilities.slots_for(slot_need(fragment))
+
+    def fits(self, fragment: Fragment, node: str) -> bool:
+        """Has the node the fragment slots and the real-time task slots it takes?"""
+        return self.need(fragment, node) <= self.free_slots(node) and self.realtime_fits(
+            fragment, node
+        )
+
     def release(self, fragment: Fragment, node: str) -> None:
         """Uncount the fragment on ``node`` (to place it again)."""
-        self.used_slots[node] = self.used_slots.get(node, 1) - 1
-        need = realtime_need(fragment)
-        if need:
-            self.used_realtime[node] = self.used_realtime.get(node, need) - need
+        need = self.need(fragment, node)
+        self.used_slots[node] = self.used_slots.get(node, need) - need
+        realtime = realtime_need(fragment)
+        if realtime:
+            self.used_realtime[node] = self.used_realtime.get(node, realtime) - realtime
 
     def take(self, fragment: Fragment, node: str) -> None:
-        """Count the fragment's slot (and real-time task slots) on ``node``."""
-        self.used_slots[node] = self.used_slots.get(node, 0) + 1
-        need = realtime_need(fragment)
-        if need:
-            self.used_realtime[node] = self.used_realtime.get(node, 0) + need
+        """Count the fragment's slots (and real-time task slots) on ``node``."""
+        self.used_slots[node] = self.used_slots.get(node, 0) + self.need(fragment, node)
+        realtime = realtime_need(fragment)
+        if realtime:
+            self.used_realtime[node] = self.used_realtime.get(node, 0) + realtime
 
     def free_slots(self, node: str) -> int:
         return self.slots(node) - self.used_slots.get(node, 0)
@@ -64,6 +75,11 @@ class ClusterView:
     def schedulable(self, exclude: Iterable[str] = ()) -> list[NodeRecord]:
         skip = set(exclude)
         return [n for n in self.nodes.values() if n.state == NodeState.ALIVE and n.name not in skip]
+
+
+def slot_need(fragment: Fragment) -> int:
+    """Fragment slots a fragment asks for: one, plus one per Python stateful step."""
+    return fragment.spec.fragment_slots()
 
 
 def realtime_need(fragment: Fragment) -> int:
@@ -106,14 +122,15 @@ class LocalityPlacer:
                     f"fragment {fragment.id}: no live node"
                     + (f" (excluded: {', '.join(sorted(excluded))})" if excluded else "")
                 )
-            free = [
-                n
-                for n in candidates
-                if view.free_slots(n.name) > 0 and view.realtime_fits(fragment, n.name)
-            ]
+            free = [n for n in candidates if view.fits(fragment, n.name)]
             if not free:
                 usage = ", ".join(
                     f"{n.name} {view.used_slots.get(n.name, 0)}/{view.slots(n.name)}"
+                    + (
+                        f" ({view.need(fragment, n.name)} needed)"
+                        if view.need(fragment, n.name) > 1
+                        else ""
+                    )
                     + (
                         f" ({view.free_realtime(n.name)} real-time task slots free, "
                         f"{realtime_need(fragment)} needed)"

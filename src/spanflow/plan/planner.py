@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from spanflow.plan.fragments import CompiledPipeline
-from spanflow.plan.placement import ClusterView, PlacementError, realtime_need
+from spanflow.plan.placement import ClusterView, PlacementError, realtime_need, slot_need
 from spanflow.plan.solver import GroupDemand, NodeOffer, Solution, solve_exact, solve_greedy
 from spanflow.spec.cluster import Fragment, NodeRecord, NodeState, PipelineRecord
 from spanflow.spec.topology import SiteKind, Topology
@@ -184,9 +184,7 @@ def _place_local(fragment: Fragment, view: ClusterView, skip: set[str]) -> Decis
         )
     live = [n for n in at_site if n.state == NodeState.ALIVE]
     capable = [n for n in live if _fits(fragment, n)]
-    free = [
-        n for n in capable if view.free_slots(n.name) > 0 and view.realtime_fits(fragment, n.name)
-    ]
+    free = [n for n in capable if view.fits(fragment, n.name)]
     streams = ", ".join(fragment.input_streams) or "its input"
     if free:
         hosts = [n for n in free if hosts_input(n)]
@@ -236,6 +234,9 @@ def _allowed_sites(fragment: Fragment, cloud_sites: frozenset[str]) -> frozenset
 def _usage(view: ClusterView, fragment: Fragment, n: NodeRecord) -> str:
     """``edge-a 2/2``, with the real-time task slots when the fragment needs some."""
     text = f"{n.name} {view.used_slots.get(n.name, 0)}/{view.slots(n.name)}"
+    slots = view.need(fragment, n.name)
+    if slots > 1:
+        text += f", {slots} needed"
     need = realtime_need(fragment)
     if need:
         text += f", real-time task slots {view.free_realtime(n.name)} free of {need} needed"
@@ -284,9 +285,7 @@ def _nearest_elsewhere(
         if n.spec.site == site or not _fits(fragment, n):
             continue
         latency = view.topology.latency(site, n.spec.site)
-        if latency is None or view.free_slots(n.name) <= 0:
-            continue
-        if not view.realtime_fits(fragment, n.name):
+        if latency is None or not view.fits(fragment, n.name):
             continue
         options.append((latency, _load_key(view, n), n))
     if not options:
@@ -317,6 +316,7 @@ def _place_global(
             name=n.name,
             site=n.spec.site,
             free_slots=max(0, view.free_slots(n.name)),
+            slots=view.slots(n.name),
             cores=n.spec.capabilities.cores,
             memory_mb=n.spec.capabilities.memory_mb,
             tags=frozenset(n.spec.capabilities.tags),
@@ -330,6 +330,7 @@ def _place_global(
             id=f.id,
             input_sites=f.input_sites,
             priority=priority,
+            slots=slot_need(f),
             tags=frozenset(f.node_tags),
             accelerators=frozenset(f.node_accelerators),
             latency_budget=budget,

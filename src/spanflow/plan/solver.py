@@ -54,6 +54,9 @@ class NodeOffer:
     name: str
     site: str
     free_slots: int
+    slots: int | None = None
+    """All its slots (None: no limit); a group never needs more than these, so an idle
+    node can take a group that asks for more (see ``Capabilities.slots_for``)."""
     cores: int = 1
     memory_mb: int = 1024
     tags: frozenset[str] = frozenset()
@@ -74,6 +77,10 @@ class Solution:
     method: str
     seconds: float
     notes: dict[str, str] = field(default_factory=dict)
+
+
+def _capacity(node: NodeOffer) -> int:
+    return np.iinfo(np.int64).max if node.slots is None else node.slots
 
 
 def _weight(priority: int) -> float:
@@ -102,6 +109,7 @@ class _Costs:
             [np.inf if g.latency_budget is None else g.latency_budget for g in groups]
         )
         self.capable = capable
+        self.capacity = np.array([_capacity(n) for n in nodes], dtype=np.int64)
         self.feasible = capable & np.isfinite(self.worst) & (self.worst <= budget[:, None])
         load = np.array([n.load for n in nodes])
         weights = np.array([_weight(g.priority) for g in groups])
@@ -119,9 +127,10 @@ class _Costs:
             column([n.memory_mb for n in nodes])[None, :]
             >= column([g.memory_mb for g in groups])[:, None]
         )
-        ok &= (
-            column([n.free_slots for n in nodes])[None, :]
-            >= column([g.slots for g in groups])[:, None]
+        free = column([n.free_slots for n in nodes])[None, :]
+        # free >= min(need, all slots), without a groups-by-nodes matrix of integers
+        ok &= (free >= column([g.slots for g in groups])[:, None]) | (
+            (free >= column([_capacity(n) for n in nodes])[None, :]) & (free > 0)
         )
         wanted = sorted(
             {f"t:{t}" for g in groups for t in g.tags}
@@ -194,6 +203,10 @@ class _Costs:
         if problems:
             raise PlacementError("; ".join(problems))
 
+    def need(self, gi: int) -> np.ndarray:
+        """Slots group ``gi`` takes on each node."""
+        return np.maximum(1, np.minimum(self.groups[gi].slots, self.capacity))
+
     def solution(self, choice: dict[int, int], method: str, started: float) -> Solution:
         placement = {self.groups[g].id: self.nodes[n].name for g, n in choice.items()}
         worst = {self.groups[g].id: float(self.worst[g, n]) for g, n in choice.items()}
@@ -215,7 +228,8 @@ def solve_greedy(
     )
     choice: dict[int, int] = {}
     for gi in order:
-        ok = c.feasible[gi] & (free >= groups[gi].slots)
+        need = c.need(gi)
+        ok = c.feasible[gi] & (free >= need)
         if not ok.any():
             raise PlacementError(
                 f"group {groups[gi].id}: every feasible node is full "
@@ -224,7 +238,7 @@ def solve_greedy(
         costs = np.where(ok, c.cost[gi], np.inf)
         ni = int(np.argmin(costs))
         choice[gi] = ni
-        free[ni] -= groups[gi].slots
+        free[ni] -= need[ni]
     return c.solution(choice, "greedy", started)
 
 
@@ -247,7 +261,8 @@ def solve_exact(
     objective = c.cost[pairs[:, 0], pairs[:, 1]]
     var = np.arange(nvar)
     once = coo_matrix((np.ones(nvar), (pairs[:, 0], var)), shape=(len(groups), nvar))
-    slots = np.array([groups[g].slots for g in pairs[:, 0]], dtype=float)
+    wanted = np.array([groups[g].slots for g in pairs[:, 0]], dtype=np.int64)
+    slots = np.maximum(1, np.minimum(wanted, c.capacity[pairs[:, 1]])).astype(float)
     room = coo_matrix((slots, (pairs[:, 1], var)), shape=(len(nodes), nvar))
     free = np.array([n.free_slots for n in nodes], dtype=float)
     result = milp(

@@ -83,7 +83,9 @@ class ClusterMetrics(_Answer):
     nodes: dict[str, int] = Field(description="Node count per state.")
     cores: int = Field(description="Cores of live nodes.")
     slots: int = Field(description="Fragment slots of live nodes.")
-    slots_used: int = Field(description="Fragments assigned.")
+    slots_used: int = Field(
+        description="Slots the assigned fragments take (one more per Python stateful step)."
+    )
     utilisation: float = Field(description="slots_used / slots.")
     cpu_percent: float = Field(description="Mean CPU use of live nodes.")
     throughput_rows_per_s: float = Field(description="Input rows per second, all fragments.")

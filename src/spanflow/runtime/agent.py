@@ -558,6 +558,11 @@ class NodeAgent:
         self._bg.append(loop.create_task(self._measure_usage()))
         self._bg.append(loop.create_task(self._watch_sourcing()))
 
+    def _slots_taken(self) -> int:
+        """Fragment slots the assigned fragments take, counted as the planner does."""
+        caps = self.offered
+        return sum(caps.slots_for(a.fragment.spec.fragment_slots()) for a in self._desired.values())
+
     def _running(self) -> list[Running]:
         """Fragments running here, with what the shedding policy weighs."""
         out = []
@@ -566,7 +571,9 @@ class NodeAgent:
             if rt.status != "running" or a is None or a.action != "run":
                 continue
             trigger_ms = int(a.fragment.spec.trigger * 1000)
-            out.append(Running(fid, a.priority, a.latency_budget, FragmentLoad.of(rt, trigger_ms)))
+            load = FragmentLoad.of(rt, trigger_ms)
+            slots = a.fragment.spec.fragment_slots()
+            out.append(Running(fid, a.priority, a.latency_budget, load, slots))
         return out
 
     def _measure_load(self, cpu: float, memory: float) -> LoadReport:
@@ -577,7 +584,7 @@ class NodeAgent:
             # No free slot to offer until this node's Spark runs: a peer asking it to take
             # a fragment would only be refused (and remember the refusal).
             ready = self._executor is not None
-            free = max(0, self.offered.fragment_slots - len(self._desired)) if ready else 0
+            free = max(0, self.offered.fragment_slots - self._slots_taken()) if ready else 0
             self.gossip.set_load(self.load.score, free, self._nats_connected())
         return self.load
 

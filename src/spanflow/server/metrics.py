@@ -64,10 +64,10 @@ class _ClusterCollector(Collector):
             pipelines.add_metric([state], n)
         yield pipelines
         yield GaugeMetricFamily("spanflow_slots", "Fragment slots on live nodes", summary.slots)
-        yield GaugeMetricFamily("spanflow_slots_used", "Fragments assigned", summary.slots_used)
         yield GaugeMetricFamily(
-            "spanflow_utilisation", "Assigned fragments / slots", summary.utilisation
+            "spanflow_slots_used", "Fragment slots the assigned fragments take", summary.slots_used
         )
+        yield GaugeMetricFamily("spanflow_utilisation", "Slots used / slots", summary.utilisation)
 
     def _control_plane(self) -> Iterator[Metric]:
         c = self.coordinator

@@ -119,6 +119,14 @@ class PipelineSpec(BaseModel):
                 slots += 2 if keyed else 1
         return slots
 
+    def fragment_slots(self) -> int:
+        """Fragment slots this pipeline (or fragment) takes on a node: one for its Spark
+        query, and one more for each step that keeps state in Python (keyed processors,
+        detection, learning, patterns, ...). Those run in Spark's Python workers beside
+        the JVM and take about twice a JVM step's CPU per event (docs/benchmarks.md), so a
+        node full of them must count them as such (``Capabilities.slots_for`` caps it)."""
+        return 1 + sum(1 for s in self.expanded().steps if s.keeps_python_state())
+
     def mode_of(self, sink: SinkStep) -> str:
         """'realtime' or 'microbatch': the sink's own mode, else the pipeline's."""
         return sink.mode or self.mode

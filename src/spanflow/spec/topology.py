@@ -124,6 +124,12 @@ class Capabilities(BaseModel):
     def fragment_slots(self) -> int:
         return self.cores if self.slots is None else self.slots
 
+    def slots_for(self, need: int) -> int:
+        """The slots a fragment needing ``need`` takes here: never more than the node
+        has, so an idle node can take any fragment (it is then full). A node with no
+        slots still counts one, and so takes nothing."""
+        return max(1, min(need, self.fragment_slots))
+
 
 class NodeSpec(BaseModel):
     """One machine (or container) that runs a node agent."""

@@ -5,8 +5,9 @@ seconds before anything moves (a burst is not an overload), and nothing moves ag
 for ``cooldown`` seconds after a request. The fragment is the lowest-priority one
 (then the biggest share of the load, which relieves the most); the peer is the
 least-loaded one the node knows of from gossip — alive, with a load report younger
-than ``peer_load_max_age``, a free slot, and room: its load plus the fragment's share
-must stay under ``low``. ``low < high`` is the hysteresis that keeps work from
+than ``peer_load_max_age``, the free slots the fragment takes (one, plus one per
+Python stateful step), and room: its load plus the fragment's share must stay under
+``low``. ``low < high`` is the hysteresis that keeps work from
 ping-ponging: a node that takes a fragment ends below ``low``, well short of the
 ``high`` at which it would shed it back.
 
@@ -49,6 +50,8 @@ class Running:
     priority: int
     latency_budget: float | None
     load: FragmentLoad | None = None
+    slots: int = 1
+    """Fragment slots it takes (Python stateful steps count); a peer needs that many free."""
 
 
 @dataclass(frozen=True)
@@ -100,6 +103,8 @@ class Shedder:
         ):
             share = shares[fragment.fragment]
             for peer in sorted(candidates, key=lambda p: (p.load, p.name)):
+                if peer.free_slots < fragment.slots:
+                    continue
                 if self._refused.get((fragment.fragment, peer.name), float("-inf")) > now:
                     continue
                 if peer.load + share >= config.low:

@@ -161,6 +161,12 @@ class StepBase(BaseModel):
         patterns, models) stays on micro-batches."""
         return f"a {self.type_name} step runs Python code, which stays on micro-batches"
 
+    def keeps_python_state(self) -> bool:
+        """Whether this step keeps per-key state in Spark's Python workers (a keyed
+        processor under the hood). Such a step costs a node about a second core's worth
+        of work beside the JVM's, so the planner counts it as one more fragment slot."""
+        return False
+
     def state_horizon(self) -> float:
         """Seconds of event time this step remembers records for; the watermark delay of
         the stream covers it (e.g. a de-duplication within 10 minutes)."""

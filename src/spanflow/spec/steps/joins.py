@@ -150,6 +150,9 @@ class EnrichStep(StepBase):
 
     local_reason: ClassVar[str] = "looks each record up in the table, where its data is"
 
+    def keeps_python_state(self) -> bool:
+        return self.path is None  # a live table is kept per key in Python
+
     def realtime_problem(self) -> str | None:
         if self.path is None:
             return "a live table is looked up in Python; a file: table runs in real time"

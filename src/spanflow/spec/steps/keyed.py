@@ -86,6 +86,9 @@ class ProcessStep(StepBase):
 
     placement: ClassVar[Placement] = Placement.KEYED
 
+    def keeps_python_state(self) -> bool:
+        return True
+
     type: Literal["process"] = "process"
     processor: FunctionRef = Field(description="The KeyedProcessor class, 'module:Class'.")
     output_schema: Schema = Field(min_length=1, description="Field name → type of emitted rows.")
@@ -146,6 +149,9 @@ class RunningStep(StepBase):
     """
 
     placement: ClassVar[Placement] = Placement.KEYED
+
+    def keeps_python_state(self) -> bool:
+        return True
 
     type: Literal["running"] = "running"
     fn: Literal["sum", "count", "avg", "min", "max"] = Field(description="The aggregate.")

@@ -78,6 +78,9 @@ class DetectAnomaliesStep(StepBase):
 
     placement: ClassVar[Placement] = Placement.KEYED
 
+    def keeps_python_state(self) -> bool:
+        return True
+
     type: Literal["detect_anomalies"] = "detect_anomalies"
     fields: tuple[str, ...] = Field(min_length=1, description="Numeric fields to watch.")
     method: str = Field(
@@ -211,6 +214,9 @@ class LearnStep(StepBase):
     """
 
     placement: ClassVar[Placement] = Placement.KEYED
+
+    def keeps_python_state(self) -> bool:
+        return True
 
     type: Literal["learn"] = "learn"
     model: str = Field(pattern=MODEL_REF, description="river:<module>.<Class>.")

@@ -34,6 +34,10 @@ class PatternStep(StepBase):
     Late events (not after the watermark) are dead-lettered with the reason."""
 
     placement: ClassVar[Placement] = Placement.KEYED
+
+    def keeps_python_state(self) -> bool:
+        return True
+
     local_reason: ClassVar[str] = "a pattern per key, where the key's events are born"
 
     type: Literal["pattern"] = "pattern"

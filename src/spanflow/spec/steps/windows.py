@@ -98,6 +98,11 @@ class WindowStep(StepBase):
         check_aggregates(self.aggregates or {})
         return self
 
+    def keeps_python_state(self) -> bool:
+        # a Python reduce over tumbling or sliding windows folds records in keyed state;
+        # a session window collects its records and reduces them statelessly
+        return self.reduce is not None and self.kind != "session"
+
     def realtime_problem(self) -> str | None:
         if self.reduce:
             return "its Python reduce runs on micro-batches; use SQL aggregates to run in real time"
@@ -179,6 +184,9 @@ class CountWindowStep(StepBase):
     """
 
     placement: ClassVar[Placement] = Placement.KEYED
+
+    def keeps_python_state(self) -> bool:
+        return True
 
     type: Literal["count_window"] = "count_window"
     size: int = Field(ge=1, le=1_000_000, description="Records per window.")

@@ -1,4 +1,5 @@
-"""Create the project's virtual environment and make sure a JVM is there.
+"""Create the project's virtual environment, make sure a JVM is there, and make
+Spark's class archive (sessions start ≈3 s sooner, see spanflow.spark.class_archive).
 
 Run by ``./dev`` before every command. It is idempotent and fast when nothing changed:
 the install is skipped while pyproject.toml hashes the same as at the last install.
@@ -141,12 +142,22 @@ def ensure_test_servers() -> None:
     subprocess.run(["apt-get", "install", "-y", "-qq", *packages], check=True, env=env)
 
 
+def ensure_class_archive() -> None:
+    """Spark's classes in a class-data-sharing archive (spanflow.spark.class_archive):
+    every Spark session then starts ≈3 s sooner. Made once, in ≈45 s; without one
+    (it failed, or SPANFLOW_SPARK_CLASS_ARCHIVE=0) sessions start as before."""
+    if os.environ.get("SPANFLOW_SPARK_CLASS_ARCHIVE") == "0":
+        return
+    subprocess.run([str(PY), "-m", "spanflow.spark.class_archive", "--quiet"], check=False)
+
+
 def main() -> None:
     if sys.version_info < (3, 11):
         sys.exit("spanflow needs Python 3.11 or newer")
     ensure_venv()
     ensure_java()
     ensure_test_servers()
+    ensure_class_archive()
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from spanflow.api.yaml_loader import load_pipeline_text
-from spanflow.errors import PipelineFileError
+from spanflow.errors import CompileError, PipelineFileError
 from spanflow.nats.streams import connect
 from spanflow.spark import realtime
 from spanflow.spark.deadletter import dlq_subject
@@ -301,6 +301,32 @@ sinks:
     modes = {s.id: spec.mode_of(s) for s in spec.sinks()}
     assert modes == {"slow": "microbatch", "quick": "realtime"}
     assert spec.realtime_slots() == 1
+
+
+def test_real_time_sinks_start_first_and_a_bad_micro_batch_sink_stops_them(
+    spark, nats_url, uid, tmp_path, caplog
+):
+    name = f"first-{uid}"
+    text = f"""name: {name}
+mode: realtime
+sources:
+  - {{id: readings, stream: IN_{uid}, schema: {{device: string, temp: double}}, to: [py, fast]}}
+processors:
+  - {{id: py, type: filter, function: 'tests.spark.processors:no_such_function', to: [slow]}}
+  - {{id: fast, type: filter, where: "temp > 1", to: [quick]}}
+sinks:
+  - {{id: slow, type: jetstream, stream: OUT_{uid}, subject: "slow{uid}", mode: microbatch}}
+  - {{id: quick, type: jetstream, stream: OUT_{uid}, subject: "quick{uid}"}}
+"""
+    runner = _runner(spark, text, nats_url, tmp_path / "checkpoints")
+    with (
+        caplog.at_level("INFO", logger="spanflow.spark.runner"),
+        pytest.raises(CompileError, match="no_such_function"),
+    ):
+        runner.start()
+    started = [r.getMessage() for r in caplog.records if "started" in r.getMessage()]
+    assert started and started[0].startswith(f"started {name}.quick in real time")
+    assert not [q for q in spark.streams.active if q.name and name in q.name]
 
 
 def test_live_rates_say_when_a_real_time_query_falls_behind():

@@ -27,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import httpx
 import psutil
@@ -335,7 +336,13 @@ class NodeAgent:
         ``after_spark`` runs once the SparkSession exists (PySpark replaces the process's
         SIGINT handler when it starts; the CLI puts its own back there)."""
         self._stop = stop
-        answer = self.register()
+        warm = self._warm_up_spark()
+        try:
+            answer = self.register()
+        except BaseException:
+            if warm is not None:
+                warm.discard()
+            raise
         assert answer is not None
         log.info(
             "node %s %s (agent %s); NATS %s",
@@ -366,18 +373,7 @@ class NodeAgent:
         client.run(self._start_heartbeats)
         if self.offline or self._kv is None:
             threading.Thread(target=self._rejoin, name="rejoin", daemon=True).start()
-        from spanflow.spark.session import build_session  # Spark only once registered
-
-        caps = answer.node.spec.capabilities
-        spark = build_session(
-            # A node offers `cores` cores: local mode uses that many task threads, plus
-            # the slots its Real-Time Mode queries hold for their whole batches.
-            master=self.settings.master
-            or os.environ.get("SPANFLOW_SPARK_MASTER")
-            or f"local[{caps.cores + caps.realtime_slots},3]",
-            app_name=f"spanflow-{self.settings.name}",
-            conf=self.settings.spark_conf,
-        )
+        spark = self._spark(answer.node.spec.capabilities, warm)
         if after_spark is not None:
             after_spark()
         self._executor = FragmentExecutor(
@@ -400,6 +396,41 @@ class NodeAgent:
             if self.gossip is not None:
                 self.gossip.close(leave=True)
             client.close()
+
+    def _spark_master(self, caps: Capabilities) -> str:
+        # A node offers `cores` cores: local mode uses that many task threads, plus the
+        # slots its Real-Time Mode queries hold for their whole batches.
+        return (
+            self.settings.master
+            or os.environ.get("SPANFLOW_SPARK_MASTER")
+            or f"local[{caps.cores + caps.realtime_slots},3]"
+        )
+
+    def _warm_up_spark(self) -> SparkWarmUp | None:
+        """A restarted node (one with a saved registration) starts its Spark session
+        while it registers, with the capabilities it registered with last time: during
+        an uplink cut registration waits up to ``offline_after`` for the coordinator,
+        and the session's few seconds no longer come after that wait."""
+        saved = self._cache.load()
+        if saved is None:
+            return None  # a first registration may change what the node offers
+        master = self._spark_master(saved.node.spec.capabilities)
+        return SparkWarmUp(master, f"spanflow-{self.settings.name}", self.settings.spark_conf)
+
+    def _spark(self, caps: Capabilities, warm: SparkWarmUp | None) -> Any:
+        """The session for this node's fragments: the warmed one when the registration
+        kept its master, else one built now."""
+        from spanflow.spark.session import build_session  # Spark only once registered
+
+        master = self._spark_master(caps)
+        if warm is not None:
+            if warm.master == master:
+                return warm.session()
+            log.info("capabilities changed since the last registration: Spark starts again")
+            warm.discard()
+        return build_session(
+            master=master, app_name=f"spanflow-{self.settings.name}", conf=self.settings.spark_conf
+        )
 
     def _connect_control(self) -> bool:
         """Open the assignments bucket and watch this node's keys; False when the
@@ -823,6 +854,41 @@ class NodeAgent:
             )
         except Exception as exc:
             log.warning("activity report %s for %s not sent: %s", event, rt.fragment_id, exc)
+
+
+class SparkWarmUp:
+    """A SparkSession built on a background thread while the agent does other work."""
+
+    def __init__(self, master: str, app_name: str, conf: dict[str, str] | None) -> None:
+        self.master = master
+        self._session: Any = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(
+            target=self._build, args=(app_name, conf), name="spark-warm-up", daemon=True
+        )
+        self._thread.start()
+
+    def _build(self, app_name: str, conf: dict[str, str] | None) -> None:
+        from spanflow.spark.session import build_session
+
+        try:
+            self._session = build_session(master=self.master, app_name=app_name, conf=conf)
+        except BaseException as exc:  # raised again by session()
+            self._error = exc
+
+    def session(self) -> Any:
+        """The session, once built (its error, if building it failed)."""
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._session
+
+    def discard(self) -> None:
+        """Stop the session once built (it is not the one the node needs)."""
+        self._thread.join()
+        if self._session is not None:
+            with contextlib.suppress(Exception):
+                self._session.stop()
 
 
 def _detail(r: httpx.Response) -> str:

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 
 from pyspark.sql import SparkSession
 
-from spanflow.spark import realtime
+from spanflow.spark import class_archive, realtime
 from spanflow.spark.java import ensure_java_home
 
 ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
@@ -85,6 +85,10 @@ def build_session(
     settings = {**DEFAULTS, **needed, **_cluster_conf(chosen), **(conf or {})}
     if conf and "spark.jars" in conf:  # the user's jars and the real-time jar
         settings["spark.jars"] = f"{conf['spark.jars']},{needed['spark.jars']}"
+    if not conf or "spark.driver.extraJavaOptions" not in conf:
+        archive = class_archive.java_options()  # Spark's classes mapped, not loaded
+        if archive:
+            settings["spark.driver.extraJavaOptions"] += f" {archive}"
     for key, value in settings.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()

@@ -11,7 +11,7 @@ step.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, replace
 
 from pyspark.errors import PySparkException
@@ -44,17 +44,25 @@ def compile_pipeline(
     plan: PipelineSpec | None = None,
     slot: tuple[int, int] = (0, 0),
     realtime: bool = False,
+    sinks: Collection[str] | None = None,
 ) -> list[CompiledSink]:
     """One streaming DataFrame per sink (each becomes its own query).
 
     ``source_format`` is the registered name sources read through (see
-    :func:`spanflow.spark.jetstream.register_isolated`).
+    :func:`spanflow.spark.jetstream.register_isolated`). ``sinks``: only these sinks,
+    and only the steps on their paths (a query compiles what it runs, no more).
     """
     ctx = CompileContext(spark, nats_url, functions or {}, source_format, plan, slot, realtime)
     core = spec.expanded()
-    frames = _compile_frames(ctx, core, list(core.topological()))
+    steps = list(core.topological())
+    if sinks is not None:
+        wanted = {s.id for sink in sinks for s in core.path_to(sink)}
+        steps = [s for s in steps if s.id in wanted]
+    frames = _compile_frames(ctx, core, steps)
     out: list[CompiledSink] = []
     for step in core.sinks():
+        if sinks is not None and step.id not in sinks:
+            continue
         frame = frames[step.inputs[0]]
         if step.kind == "parquet" and frame.mode != "append":
             raise CompileError(

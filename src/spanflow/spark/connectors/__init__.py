@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import pkgutil
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -120,14 +120,21 @@ def checks(name: str) -> Callable[[Check], Check]:
     return register
 
 
-def preflight(spec: PipelineSpec, schemas: Mapping[str, StructType] | None = None) -> None:
+def preflight(
+    spec: PipelineSpec,
+    schemas: Mapping[str, StructType] | None = None,
+    *,
+    sinks: Collection[str] | None = None,
+    sources: bool = True,
+) -> None:
     """Check every source and sink of an external system before a query starts, so a
     wrong address, topic or credential is one clear error, not a restart loop.
-    ``schemas``: each sink's row schema, by sink id."""
+    ``schemas``: each sink's row schema, by sink id; ``sinks``: only these sinks (None:
+    all); ``sources``: the sources too."""
     _import_connectors()
     steps: list[tuple[str, SourceStep | SinkStep]] = [
-        *((s.connector, s) for s in spec.sources()),
-        *((s.kind, s) for s in spec.sinks()),
+        *((s.connector, s) for s in (spec.sources() if sources else [])),
+        *((s.kind, s) for s in spec.sinks() if sinks is None or s.id in sinks),
     ]
     for name, step in steps:
         _check_library(step)

@@ -12,6 +12,7 @@ import spanflow as sf
 from spanflow.api.topology_loader import load_topology_text
 from spanflow.control.state import ClusterState, Observed
 from spanflow.control.views import cluster_metrics
+from spanflow.plan.explain import explain_dict, explain_text
 from spanflow.plan.fragments import compile_fragments
 from spanflow.plan.placement import PlacementError, slot_need
 from spanflow.plan.planner import offline_view, plan_pipeline
@@ -89,10 +90,15 @@ def sql_flow(name: str) -> sf.Flow:
 def test_a_keyed_fragment_fills_a_two_slot_node_and_the_next_goes_to_its_peer():
     topo = load_topology_text(ONE_SITE)
     view = offline_view(topo)
-    first = plan_pipeline(compile_fragments(keyed_flow("k1").spec(), topo), view)
+    compiled = compile_fragments(keyed_flow("k1").spec(), topo)
+    first = plan_pipeline(compiled, view)
     (fragment,) = first.decisions
-    assert slot_need(fragment.fragment) == 2
+    assert slot_need(fragment.fragment) == 2 and fragment.slots == 2
     assert fragment.node == "n1" and view.used_slots["n1"] == 2
+    assert "slots: 2 (one, plus one per step with Python state: mean)" in "\n".join(
+        explain_text(compiled, first)
+    )
+    assert explain_dict(compiled, first)["fragments"][0]["slots"] == 2
     second = plan_pipeline(compile_fragments(keyed_flow("k2").spec(), topo), view)
     assert list(second.placement.values()) == ["n2"]
     assert view.used_slots == {"n1": 2, "n2": 2}

@@ -9,7 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 from spanflow.plan.fragments import CompiledPipeline
-from spanflow.plan.planner import BATCH_OVERHEAD, Plan
+from spanflow.plan.placement import slot_need
+from spanflow.plan.planner import BATCH_OVERHEAD, Decision, Plan
 
 
 def _ms(seconds: float) -> str:
@@ -35,6 +36,7 @@ def explain_dict(compiled: CompiledPipeline, plan: Plan) -> dict[str, Any]:
                     {"node": n, "worst_input_latency_s": w} for n, w in d.alternatives
                 ],
                 "steps": list(d.fragment.steps),
+                "slots": d.slots,
             }
             for d in plan.decisions
         ],
@@ -49,6 +51,16 @@ def explain_dict(compiled: CompiledPipeline, plan: Plan) -> dict[str, Any]:
             "budget_s": plan.latency_budget,
         },
     }
+
+
+def _slots(d: Decision) -> str:
+    """``3 (Python state: a, b)``, and what a smaller node caps it at."""
+    python = [s.id for s in d.fragment.spec.expanded().steps if s.keeps_python_state()]
+    need = slot_need(d.fragment)
+    why = f"one, plus one per step with Python state: {', '.join(python)}"
+    if need > d.slots:
+        return f"{d.slots}, all {d.node} has ({need} asked: {why})"
+    return f"{d.slots} ({why})"
 
 
 def explain_text(compiled: CompiledPipeline, plan: Plan, *, steps: bool = True) -> list[str]:
@@ -67,6 +79,8 @@ def explain_text(compiled: CompiledPipeline, plan: Plan, *, steps: bool = True) 
             alts = ", ".join(f"{node} {_ms(w)}" for node, w in d.alternatives)
             lines.append(f"  {'':<{width}}    next best: {alts}")
         lines.append(f"  {'':<{width}}    steps: {', '.join(f.steps)}")
+        if d.slots > 1 or slot_need(f) > 1:
+            lines.append(f"  {'':<{width}}    slots: {_slots(d)}")
     if plan.exact_cost is not None and plan.greedy_cost is not None:
         gap = plan.greedy_cost / plan.exact_cost if plan.exact_cost else 1.0
         lines.append(

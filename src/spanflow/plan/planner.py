@@ -45,6 +45,8 @@ class Decision:
     """Global fragments: one-way latency from their farthest input site (seconds)."""
     alternatives: list[tuple[str, float]] = field(default_factory=list)
     """Global fragments: the next-best nodes and their worst input latency."""
+    slots: int = 1
+    """Fragment slots it takes on its node (one more per Python stateful step)."""
 
 
 @dataclass
@@ -213,7 +215,7 @@ def _place_local(fragment: Fragment, view: ClusterView, skip: set[str]) -> Decis
     view.take(fragment, best.name)
     if fragment.node_tags or fragment.node_accelerators:
         why += f" ({_needs(fragment)})"
-    return Decision(fragment, best.name, why)
+    return Decision(fragment, best.name, why, slots=view.need(fragment, best.name))
 
 
 def _allowed_sites(fragment: Fragment, cloud_sites: frozenset[str]) -> frozenset[str] | None:
@@ -380,6 +382,7 @@ def _place_global(
                 _global_why(topo, fragment, node, worst, view),
                 worst,
                 alternatives,
+                slots=view.need(fragment, node),
             )
         )
 

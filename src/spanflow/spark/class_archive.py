@@ -241,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.quiet:
             print(f"Spark's class archive: {path}")
         return 0
-    print("making Spark's class archive (once per machine and Spark version, ≈30 s)", flush=True)
+    print("making Spark's class archive (once per machine and Spark version, ≈45 s)", flush=True)
     made = ensure()
     if made is None:
         print("no class archive: Spark sessions start without one")

@@ -28,7 +28,9 @@ nodes:
   - name: edge-1
     site: plant
     local: true
-    capabilities: {cores: 1, slots: 2}
+    # plant-watch takes 2 slots (its detector keeps state in Python), plant-windows 1:
+    # both stay at the edge; cloud-1 runs nothing (a test kills it)
+    capabilities: {cores: 1, slots: 3}
     streams:
       - {name: SENSORS, subjects: ["sensors.>"]}
   - name: cloud-1

@@ -177,6 +177,9 @@ class NodeStatus(_Answer):
         description="What its agent reports of each fragment."
     )
     slots: int
+    slots_used: int = Field(
+        default=0, description="Slots its fragments take (one more per Python stateful step)."
+    )
     cpu_percent: float | None
     memory_percent: float | None
     last_heartbeat_s: float | None = Field(description="Seconds since it was last heard.")

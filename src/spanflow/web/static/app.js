@@ -229,7 +229,7 @@ function nodeTable(nodes) {
       <td data-field="health">${stateTag(n.health)}</td>
       <td class="num" data-field="load">${n.load === null ? "–" : num(n.load, 2)}</td>
       <td class="num">${n.cpu_percent === null ? "–" : num(n.cpu_percent, 0) + " %"}</td>
-      <td class="num" data-field="slots">${n.fragments.length} / ${n.slots}</td>
+      <td class="num" data-field="slots">${n.slots_used} / ${n.slots}</td>
       <td data-field="fragments" class="mono">${n.fragments.map(esc).join("<br>") || "–"}</td>
       <td>${ago(n.last_heartbeat_s)}</td>
       <td class="detail">${gossip}</td>
@@ -237,7 +237,7 @@ function nodeTable(nodes) {
     </tr>`;
   }).join("");
   return `<table id="node-table"><thead><tr><th>node</th><th>site</th><th>health</th><th class="num">load</th>
-    <th class="num">CPU</th><th class="num">fragments / slots</th><th>fragments</th><th>heard</th><th>gossip view</th><th>warnings</th></tr></thead>
+    <th class="num">CPU</th><th class="num">slots used</th><th>fragments</th><th>heard</th><th>gossip view</th><th>warnings</th></tr></thead>
     <tbody>${rows || `<tr><td colspan="10" class="muted">no nodes registered</td></tr>`}</tbody></table>`;
 }
 
@@ -251,7 +251,7 @@ function drawNetwork(nodes) {
   for (const s of topo.sites || []) sites.add(s.name);
   const links = (topo.links || []).filter((l) => l.between && l.between.length === 2);
   const key = [...sites].sort().join(",") + "|" + nodes.map((n) => n.name).join(",") + "|" + links.length;
-  const data = (n) => ({id: `node:${n.name}`, label: `${n.name}\n${n.health} · ${n.fragments.length}/${n.slots}`, colour: HEALTH_COLOUR[n.health] || "#8a94a3"});
+  const data = (n) => ({id: `node:${n.name}`, label: `${n.name}\n${n.health} · ${n.slots_used}/${n.slots}`, colour: HEALTH_COLOUR[n.health] || "#8a94a3"});
   if (S.graph && S.graphKey === key) {
     for (const n of nodes) S.graph.getElementById(`node:${n.name}`).data(data(n));
     return;

@@ -13,7 +13,7 @@ from spanflow.protocol.rest import (
     PipelineMetrics,
     PipelineStatus,
 )
-from spanflow.spec.cluster import Assignment, Heartbeat, NodeRecord, NodeState, PipelineState
+from spanflow.spec.cluster import Heartbeat, NodeRecord, NodeState, PipelineState
 
 
 def pipeline_status(state: ClusterState, observed: Observed, name: str) -> PipelineStatus:
@@ -140,7 +140,9 @@ def node_status(
         running=sorted(hb.fragments) if hb else [],
         agent_fragments=dict(hb.fragments) if hb else {},
         slots=record.spec.capabilities.fragment_slots,
-        slots_used=sum(_slots_taken(record, a) for a in state.assignments_on(name)),
+        slots_used=sum(
+            a.fragment.slots_on(record.spec.capabilities) for a in state.assignments_on(name)
+        ),
         cpu_percent=hb.cpu_percent if hb else None,
         memory_percent=hb.memory_percent if hb else None,
         last_heartbeat_s=round(now - seen, 2) if seen is not None else None,
@@ -156,11 +158,6 @@ def node_status(
     )
 
 
-def _slots_taken(record: NodeRecord, a: Assignment) -> int:
-    """Fragment slots an assignment takes on its node, as the planner counts them."""
-    return record.spec.capabilities.slots_for(a.fragment.spec.fragment_slots())
-
-
 def cluster_metrics(state: ClusterState, observed: Observed, uptime_s: float) -> ClusterMetrics:
     nodes = state.nodes.values()
     by_state: dict[str, int] = {s.value: 0 for s in NodeState}
@@ -170,7 +167,7 @@ def cluster_metrics(state: ClusterState, observed: Observed, uptime_s: float) ->
     slots = sum(n.spec.capabilities.fragment_slots for n in live)
     cores = sum(n.spec.capabilities.cores for n in live)
     used = sum(
-        _slots_taken(state.nodes[a.node], a)
+        a.fragment.slots_on(state.nodes[a.node].spec.capabilities)
         for a in state.assignments.values()
         if a.node in state.nodes
     )

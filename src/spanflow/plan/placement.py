@@ -42,7 +42,7 @@ class ClusterView:
 
     def need(self, fragment: Fragment, node: str) -> int:
         """Fragment slots ``fragment`` takes on ``node`` (Python stateful steps count)."""
-        return self.nodes[node].spec.capabilities.slots_for(slot_need(fragment))
+        return fragment.slots_on(self.nodes[node].spec.capabilities)
 
     def fits(self, fragment: Fragment, node: str) -> bool:
         """Has the node the fragment slots and the real-time task slots it takes?"""

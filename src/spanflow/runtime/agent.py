@@ -592,7 +592,7 @@ class NodeAgent:
     def _slots_taken(self) -> int:
         """Fragment slots the assigned fragments take, counted as the planner does."""
         caps = self.offered
-        return sum(caps.slots_for(a.fragment.spec.fragment_slots()) for a in self._desired.values())
+        return sum(a.fragment.slots_on(caps) for a in self._desired.values())
 
     def _running(self) -> list[Running]:
         """Fragments running here, with what the shedding policy weighs."""

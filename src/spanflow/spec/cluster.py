@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from spanflow.spec.durations import Duration
 from spanflow.spec.pipeline import PipelineSpec
-from spanflow.spec.topology import NodeSpec
+from spanflow.spec.topology import Capabilities, NodeSpec
 
 HISTORY_LIMIT = 50
 
@@ -133,6 +133,11 @@ class Fragment(BaseModel):
     @staticmethod
     def make_id(pipeline: str, index: int) -> str:
         return f"{pipeline}.f{index}"
+
+    def slots_on(self, caps: Capabilities) -> int:
+        """Fragment slots it takes on a node with ``caps``: one, plus one per Python
+        stateful step, never more than the node has (planner, agents and metrics)."""
+        return caps.slots_for(self.spec.fragment_slots())
 
 
 class PipelineRecord(BaseModel):

@@ -69,7 +69,8 @@ def test_role_permissions_keep_agents_off_the_control_log() -> None:
     assert "spanflow.wal.>" in denied and "$JS.API.STREAM.PURGE.SPANFLOW_WAL" in denied
     assert role_permissions("coordinator") is None
     reader = role_permissions("reader")
-    assert reader is not None and "$JS.API.CONSUMER.>" in reader["publish"]["allow"]
+    assert reader is not None and "$JS.API.CONSUMER.CREATE.*" in reader["publish"]["allow"]
+    assert not any("DELETE" in s for s in reader["publish"]["allow"])
 
 
 def test_urls_carry_credentials_but_logs_do_not() -> None:

@@ -66,6 +66,7 @@ from spanflow.protocol.rest import (
     PipelineStatus,
     ShedAnswer,
 )
+from spanflow.security.secrets import control_identity_from_env
 from spanflow.spec import locations
 from spanflow.spec.cluster import (
     Activity,
@@ -103,6 +104,10 @@ class Coordinator:
         self.state = ClusterState()
         self.observed = Observed()
         self.nc: Client | None = None
+        """The data plane: agents' heartbeats and reports, the KV the agents read."""
+        self.control_nc: Client | None = None
+        """The control log, snapshots and lease (locked: the control account; open:
+        the same connection as ``nc``)."""
         self.control_log: ControlLog | None = None
         self.started_at = self.clock.monotonic()
         self._next_rebalance = self.started_at + self.settings.rebalance_interval
@@ -124,6 +129,12 @@ class Coordinator:
         self.nc = await connect(
             s.nats_url, name=f"spanflow-{s.name}", reconnected_cb=self._reconnected
         )
+        control = control_identity_from_env()
+        self.control_nc = self.nc
+        if control is not None:
+            self.control_nc = await connect(
+                s.nats_url, identity=control, name=f"spanflow-{s.name}-control"
+            )
         await self._open_control_plane()
         await self.nc.subscribe(f"{HEARTBEAT_PREFIX}.*", cb=self._on_heartbeat)
         await self.nc.subscribe(f"{ACTIVITY_PREFIX}.>", cb=self._on_activity)
@@ -146,12 +157,14 @@ class Coordinator:
         """The log, the lease bucket and the state, retried with back-off: replicas
         started at the same instant race to create the same streams, and a bucket just
         created on a cluster answers only once its Raft group has a leader."""
-        assert self.nc is not None
-        s, js = self.settings, self.nc.jetstream()
+        assert self.nc is not None and self.control_nc is not None
+        s, js = self.settings, self.control_nc.jetstream()
         wait, deadline = 0.2, self.clock.monotonic() + STARTUP_PATIENCE
         while True:
             try:
-                self.control_log = await ControlLog.open(self.nc, s.replicas)
+                self.control_log = await ControlLog.open(
+                    self.control_nc, s.replicas, data_nc=self.nc
+                )
                 wanted = s.lease_seconds or leadership.lease_for(cluster_servers(self.nc))
                 self._leases = await ensure_kv(js, LEADER_BUCKET, ttl=wanted, replicas=s.replicas)
                 self.lease_seconds = await self._bucket_lease(wanted)
@@ -171,8 +184,8 @@ class Coordinator:
     async def _bucket_lease(self, wanted: float) -> float:
         """The lease every replica times itself by: the lease bucket's own TTL (set by
         whoever created it), so replicas configured differently never disagree."""
-        assert self.nc is not None
-        info = await self.nc.jetstream().stream_info(f"KV_{LEADER_BUCKET}")
+        assert self.control_nc is not None
+        info = await self.control_nc.jetstream().stream_info(f"KV_{LEADER_BUCKET}")
         actual = float(info.config.max_age or 0) or wanted
         if actual != wanted:
             log.warning(
@@ -189,9 +202,9 @@ class Coordinator:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        if self.nc is not None:
+        for nc in {id(c): c for c in (self.control_nc, self.nc) if c is not None}.values():
             with contextlib.suppress(Exception):
-                await self.nc.drain()
+                await nc.drain()
 
     async def _savepoint_reports(self) -> list[Activity]:
         """The last 'savepointed' report of every assignment taking a savepoint: it may

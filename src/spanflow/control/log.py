@@ -103,6 +103,10 @@ def changed_keys(before: ClusterState, after: ClusterState) -> set[tuple[str, st
 
 
 class ControlLog:
+    """The log and its snapshots over ``nc`` (locked: the control account, where no
+    application identity can make the server publish), the KV projection the agents
+    read in ``buckets`` (their account)."""
+
     def __init__(self, nc: Client, buckets: dict[str, KeyValue], snapshots: ObjectStore) -> None:
         self.nc = nc
         self.js = nc.jetstream()
@@ -114,10 +118,14 @@ class ControlLog:
         self._needs_repair = False
 
     @classmethod
-    async def open(cls, nc: Client, replicas: int | None = None) -> ControlLog:
-        js = nc.jetstream()
-        await ensure_log_streams(js, replicas)
-        buckets = {name: await ensure_kv(js, name, replicas=replicas) for name in BUCKETS}
+    async def open(
+        cls, nc: Client, replicas: int | None = None, *, data_nc: Client | None = None
+    ) -> ControlLog:
+        """Open (creating what is missing) the log and snapshots over ``nc``, the
+        projection buckets and the activity log over ``data_nc`` (default ``nc``)."""
+        js, data_js = nc.jetstream(), (data_nc or nc).jetstream()
+        await ensure_log_streams(js, replicas, activity_js=data_js)
+        buckets = {name: await ensure_kv(data_js, name, replicas=replicas) for name in BUCKETS}
         return cls(nc, buckets, await ensure_object_store(js, SNAPSHOTS, replicas=replicas))
 
     # -- writing ---------------------------------------------------------------------------

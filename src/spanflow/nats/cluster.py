@@ -150,28 +150,34 @@ async def _open_or_create(
     return found
 
 
-async def ensure_log_streams(js: JetStreamContext, replicas: int | None = None) -> None:
-    """The control log and the activity log (bounded per fragment and event)."""
+async def ensure_log_streams(
+    js: JetStreamContext,
+    replicas: int | None = None,
+    *,
+    activity_js: JetStreamContext | None = None,
+) -> None:
+    """The control log (in ``js``: the control account when locked) and the activity
+    log the agents report to (in ``activity_js``, their account; default ``js``),
+    bounded per fragment and event."""
     replicas = await resolve_replicas(js, replicas)
-    for config in (
-        StreamConfig(
-            name=WAL_STREAM,
-            subjects=[f"{WAL_PREFIX}.>"],
-            storage=StorageType.FILE,
-            num_replicas=replicas,
-        ),
-        StreamConfig(
-            name=ACTIVITY_STREAM,
-            subjects=[f"{ACTIVITY_PREFIX}.>"],
-            storage=StorageType.FILE,
-            max_msgs_per_subject=ACTIVITY_PER_SUBJECT,
-            max_age=ACTIVITY_MAX_AGE,
-            num_replicas=replicas,
-        ),
-    ):
+    control = StreamConfig(
+        name=WAL_STREAM,
+        subjects=[f"{WAL_PREFIX}.>"],
+        storage=StorageType.FILE,
+        num_replicas=replicas,
+    )
+    activity = StreamConfig(
+        name=ACTIVITY_STREAM,
+        subjects=[f"{ACTIVITY_PREFIX}.>"],
+        storage=StorageType.FILE,
+        max_msgs_per_subject=ACTIVITY_PER_SUBJECT,
+        max_age=ACTIVITY_MAX_AGE,
+        num_replicas=replicas,
+    )
+    for where, config in ((js, control), (activity_js or js, activity)):
         try:
-            await js.stream_info(config.name or "")
+            await where.stream_info(config.name or "")
         except NotFoundError:
             with contextlib.suppress(BadRequestError):  # created meanwhile
-                await js.add_stream(config)
-        await raise_replicas(js, config.name or "", replicas)
+                await where.add_stream(config)
+        await raise_replicas(where, config.name or "", replicas)

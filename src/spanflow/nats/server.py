@@ -27,7 +27,8 @@ from types import TracebackType
 
 from spanflow.errors import NatsError
 from spanflow.security.nats_config import (
-    authorization_block,
+    APP_ACCOUNT,
+    accounts_block,
     redact_url,
     tls_block,
     with_userinfo,
@@ -172,7 +173,7 @@ class EmbeddedNats:
         creds = self.secrets.credentials() if self.secrets else None
         if self.secrets is not None and creds is not None:
             lines.append(tls_block(self.secrets, indent=""))
-            lines.append(authorization_block(creds))
+            lines.append(accounts_block(creds))
         if self.leaf_listen:
             # The ports file does not report the leaf port, so pick one.
             port = self._leaf_port = self._leaf_port or _free_port(self.leaf_host)
@@ -181,16 +182,14 @@ class EmbeddedNats:
             leaf = [f"listen: {self.leaf_host}:{port}", "no_advertise: true"]
             if self.secrets is not None and creds is not None:
                 leaf.append(tls_block(self.secrets))
-                leaf.append(
-                    "authorization { user: leaf, password: "
-                    + json.dumps(creds.passwords["leaf"])
-                    + " }"
-                )
+                auth = {"user": "leaf", "password": creds.passwords["leaf"], "account": APP_ACCOUNT}
+                leaf.append("authorization " + json.dumps(auth))
             lines.append("leafnodes {\n  " + "\n  ".join(leaf) + "\n}")
         if self.leaf_remote:
             remote: dict[str, object] = {"url": self.leaf_remote}
             if self.secrets is not None and creds is not None:
                 remote["url"] = with_userinfo(self.leaf_remote, "leaf", creds.passwords["leaf"])
+                remote["account"] = APP_ACCOUNT  # the control account never crosses a link
                 remote["tls"] = {
                     "ca_file": str(self.secrets.ca_cert),
                     "cert_file": str(self.secrets.client_cert("leaf")),

@@ -1,5 +1,17 @@
 """The locked parts of a nats-server configuration: TLS on every listener, a user per
-role with permissions on subjects, authenticated leaf links and cluster routes.
+role with permissions on subjects, authenticated leaf links and cluster routes, and two
+NATS accounts.
+
+Why two accounts: NATS checks what a client may publish, but not the reply subject it
+names, and JetStream answers with the server's own rights: a device publishing a
+reading with reply-to ``spanflow.wal.x`` had its publish ack stored in the control log,
+and a stored message fetched by DIRECT.GET, a stream info request, a push consumer can
+all be aimed the same way. No permission stops the server from publishing on a
+subject of the account the request came from. So the control plane's state — the
+control log, its snapshots, the leader lease — lives in an account of its own
+(:data:`CONTROL_ACCOUNT`) that only the ``control`` user (coordinators) enters and that
+imports and exports nothing: whatever an application identity makes the server publish
+stays in :data:`APP_ACCOUNT`, where every other user, the leaf links and MQTT live.
 
 Pure text: :class:`~spanflow.nats.server.EmbeddedNats` splices these blocks into the
 configuration file it writes (owner-only, since it holds the role passwords).
@@ -11,8 +23,21 @@ import json
 from typing import Any
 from urllib.parse import quote, urlsplit, urlunsplit
 
+from spanflow.errors import SecurityError
 from spanflow.protocol.names import CONTROL_STREAMS, CONTROL_SUBJECTS
-from spanflow.security.secrets import Credentials, Secrets
+from spanflow.security.secrets import (
+    CONTROL_ROLE,
+    DEVICE_INBOXES,
+    LINK_ROLES,
+    Credentials,
+    Secrets,
+    inbox_prefix,
+)
+
+APP_ACCOUNT = "SPANFLOW"
+"""Devices, agents, readers, the coordinators' data-plane connection, leaf links, MQTT."""
+CONTROL_ACCOUNT = "SPANFLOW_CONTROL"
+"""The control log, its snapshots and the leader lease: the ``control`` user only."""
 
 STREAM_ADMIN = ("DELETE", "PURGE", "UPDATE", "MSG.DELETE", "CREATE")
 SYSTEM_SUBJECTS = ("$SYS.>",)
@@ -23,12 +48,19 @@ READER_PUBLISH = (
     "$JS.API.STREAM.LIST",
     "$JS.API.STREAM.MSG.GET.>",
     "$JS.API.DIRECT.GET.>",
-    "$JS.API.CONSUMER.>",
+    "$JS.API.CONSUMER.CREATE.*",
+    "$JS.API.CONSUMER.INFO.>",
+    "$JS.API.CONSUMER.NAMES.>",
+    "$JS.API.CONSUMER.LIST.>",
+    "$JS.API.CONSUMER.MSG.NEXT.>",
     "$JS.ACK.>",
     "$JS.FC.>",
 )
 """What a read-only client (dashboards, `spanflow tail`) needs: stream info and
-consumers, nothing that writes a stream."""
+consumers of its own — unnamed ones (``CONSUMER.CREATE.<stream>``), so it can neither
+delete nor redefine another client's consumer — nothing that writes a stream."""
+OTHERS_INBOXES = ("_INBOX.>", f"{DEVICE_INBOXES}.>")
+"""Replies to other clients: a reader reads its own (``_INBOX_READER``) only."""
 
 
 def _q(value: str) -> str:
@@ -59,33 +91,39 @@ def _agent_deny() -> list[str]:
 
 
 def role_permissions(role: str) -> dict[str, Any] | None:
-    """Subject permissions of a role's NATS user (None: everything)."""
-    if role in ("coordinator", "leaf"):
+    """Subject permissions of a role's NATS user (None: everything in its account)."""
+    if role in ("coordinator", CONTROL_ROLE):
         return None
     if role == "agent":
         return {"publish": {"deny": _agent_deny()}}
     if role == "reader":
         return {
             "publish": {"allow": list(READER_PUBLISH)},
-            "subscribe": {"allow": [">"], "deny": list(SYSTEM_SUBJECTS)},
+            "subscribe": {"allow": [">"], "deny": [*OTHERS_INBOXES, *SYSTEM_SUBJECTS]},
         }
     if role == "device":
         return {
             "publish": {
                 "allow": [">"],
-                "deny": ["spanflow.>", "$JS.>", "$KV.>", "$O.>", *SYSTEM_SUBJECTS],
+                "deny": [
+                    *("spanflow.>", "$JS.>", "$KV.>", "$O.>"),
+                    *OTHERS_INBOXES,  # no forged answers to another client's request
+                    *SYSTEM_SUBJECTS,
+                ],
             },
-            "subscribe": {"allow": ["_INBOX.>"]},
+            "subscribe": {"allow": [f"{inbox_prefix(role, role)}.>"]},
         }
     raise ValueError(f"no permissions for role {role!r}")
 
 
 def users(creds: Credentials) -> list[dict[str, Any]]:
-    """Every NATS user: one per client role, one per device."""
+    """Every user of the application account: one per client role, one per device.
+    Leaf links and routes authenticate in their own blocks and have no rights on the
+    client port; the control user is in the control account alone."""
     out: list[dict[str, Any]] = []
     for role, password in creds.passwords.items():
-        if role == "route":
-            continue  # routes authenticate in the cluster block
+        if role in LINK_ROLES or role == CONTROL_ROLE:
+            continue
         user: dict[str, Any] = {"user": role, "password": password}
         permissions = role_permissions(role)
         if permissions is not None:
@@ -98,15 +136,32 @@ def users(creds: Credentials) -> list[dict[str, Any]]:
                 "password": device.password,
                 "permissions": {
                     "publish": {"allow": list(device.publish)},
-                    "subscribe": {"allow": ["_INBOX.>"]},
+                    "subscribe": {"allow": [f"{inbox_prefix(name, 'device')}.>"]},
                 },
             }
         )
     return out
 
 
-def authorization_block(creds: Credentials) -> str:
-    return "authorization {\n  users: " + json.dumps(users(creds), indent=2) + "\n}"
+def control_users(creds: Credentials) -> list[dict[str, Any]]:
+    """The control account's one user (coordinators)."""
+    password = creds.passwords.get(CONTROL_ROLE)
+    if password is None:
+        raise SecurityError(
+            "the credentials have no password for the control plane's user: run "
+            "`spanflow secrets init` once more (it adds what is missing and keeps the rest)"
+        )
+    return [{"user": CONTROL_ROLE, "password": password}]
+
+
+def accounts_block(creds: Credentials) -> str:
+    """``accounts { ... }``: the application account and the control account, each
+    with JetStream, neither importing from nor exporting to the other."""
+    accounts = {
+        APP_ACCOUNT: {"jetstream": "enabled", "users": users(creds)},
+        CONTROL_ACCOUNT: {"jetstream": "enabled", "users": control_users(creds)},
+    }
+    return "accounts " + json.dumps(accounts, indent=2)
 
 
 def with_userinfo(url: str, user: str, password: str) -> str:

@@ -28,9 +28,33 @@ from spanflow.errors import SecurityError
 from spanflow.security import pki
 from spanflow.security.keyring import Keyring, new_key
 
-ROLES = ("coordinator", "agent", "reader", "device", "leaf", "route")
-"""Who connects to NATS: the control plane, node agents (and their Spark workers),
+ROLES = ("coordinator", "control", "agent", "reader", "device", "leaf", "route")
+"""Who connects to NATS: coordinators (data plane), coordinators' control plane (the
+control account: log, snapshots, lease), node agents (and their Spark workers),
 read-only tools and dashboards, devices, leaf links between sites, cluster routes."""
+CONTROL_ROLE = "control"
+"""The user of the control account (spanflow.security.nats_config): coordinators only."""
+LINK_ROLES = ("leaf", "route")
+"""Users that authenticate server-to-server links, never a client connection."""
+DEVICE_INBOXES = "_INBOX_DEV"
+READER_INBOX = "_INBOX_READER"
+
+
+def inbox_prefix(user: str, role: str) -> str | None:
+    """Where a client's replies come back (``nats.connect(inbox_prefix=...)``): devices
+    and readers get inboxes of their own, so NATS can let them read their replies and
+    nobody else's (the coordinators' replies carry pipeline specs and assignments).
+    None: the default ``_INBOX``.
+
+    >>> inbox_prefix("press-7", "device"), inbox_prefix("reader", "reader")
+    ('_INBOX_DEV.press-7', '_INBOX_READER')
+    """
+    if role == "device":
+        return f"{DEVICE_INBOXES}.{user}"
+    if role == "reader":
+        return READER_INBOX
+    return None
+
 
 SECRETS_ENV = "SPANFLOW_SECRETS"
 ROLE_ENV = "SPANFLOW_ROLE"
@@ -162,6 +186,7 @@ class Secrets:
             ca_file=self.ca_cert,
             cert_file=self.client_cert(role),
             key_file=self.client_key(role),
+            inbox_prefix=inbox_prefix(role, role),
         )
 
     def device_identity(self, name: str) -> NatsIdentity:
@@ -174,6 +199,7 @@ class Secrets:
             ca_file=self.ca_cert,
             cert_file=self.client_cert("device"),
             key_file=self.client_key("device"),
+            inbox_prefix=inbox_prefix(name, "device"),
         )
 
     # ---------------------------------------------------------------- writing
@@ -207,10 +233,24 @@ class Secrets:
             creds = Credentials({role: _password() for role in ROLES}, _password())
             _write_private(self.credentials_file, creds.to_json())
             written.append(self.credentials_file)
+        elif self._add_missing_passwords():
+            written.append(self.credentials_file)
         if not self.keyring_file.exists():
             _write_private(self.keyring_file, Keyring((new_key(),)).dumps())
             written.append(self.keyring_file)
         return written
+
+    def _add_missing_passwords(self) -> bool:
+        """A directory made by an older version lacks a newer role's password (the
+        control account's, say): add it, keep every other secret as it is."""
+        creds = self.credentials()
+        missing = [role for role in ROLES if role not in creds.passwords]
+        if not missing:
+            return False
+        passwords = {**creds.passwords, **{role: _password() for role in missing}}
+        updated = Credentials(passwords, creds.rest_token, creds.devices)
+        _write_private(self.credentials_file, updated.to_json())
+        return True
 
     def add_device(self, name: str, publish: tuple[str, ...]) -> str:
         """Add (or re-key) a device user allowed to publish on ``publish`` only;
@@ -249,6 +289,8 @@ class NatsIdentity:
     ca_file: Path | None = None
     cert_file: Path | None = None
     key_file: Path | None = None
+    inbox_prefix: str | None = None
+    """Where replies to this client come back (:func:`inbox_prefix`); None: ``_INBOX``."""
 
     def ssl_context(self) -> ssl.SSLContext | None:
         if self.ca_file is None:
@@ -264,6 +306,8 @@ class NatsIdentity:
     def connect_options(self) -> dict[str, Any]:
         """Keyword arguments for ``nats.connect``."""
         options: dict[str, Any] = {"user": self.user, "password": self.password}
+        if self.inbox_prefix:
+            options["inbox_prefix"] = self.inbox_prefix
         ctx = self.ssl_context()
         if ctx is not None:
             options["tls"] = ctx
@@ -282,6 +326,13 @@ def identity_from_env() -> NatsIdentity | None:
     if found is None:
         return None
     return found.identity(os.environ.get(ROLE_ENV, "agent"))
+
+
+def control_identity_from_env() -> NatsIdentity | None:
+    """The control account's identity for this coordinator, or None in open mode (one
+    account for everything: the control plane connects as the data plane does)."""
+    found = secrets_from_env()
+    return None if found is None else found.identity(CONTROL_ROLE)
 
 
 def adopt(secrets: Secrets, role: str) -> None:

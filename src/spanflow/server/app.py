@@ -5,11 +5,15 @@ whenever a token is configured — reads too, unless ``public_reads`` is set (th
 are open and only writes need it); ``/healthz``, the dashboard's static files (``/ui``)
 and the REST reference (``/docs``) never do. Bad input is answered with a 4xx and a
 message that says what is wrong.
+
+Requests are bounded before login (spanflow.server.limits): the token is checked
+before a body is read, a body is at most :data:`MAX_BODY` bytes (a model file
+:data:`~spanflow.ml.model_store.MAX_FILE`), and addresses that keep sending wrong
+tokens are throttled.
 """
 
 from __future__ import annotations
 
-import hmac
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Annotated
@@ -19,7 +23,9 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from spanflow.control.coordinator import Coordinator
 from spanflow.control.errors import Unauthorized
+from spanflow.ml.model_store import MAX_FILE
 from spanflow.server import errors
+from spanflow.server.limits import RequestLimits, token_matches
 from spanflow.server.routes.cluster import add_cluster_routes
 from spanflow.server.routes.dashboard import add_dashboard_routes, sampling
 from spanflow.server.routes.models import add_model_routes
@@ -29,6 +35,10 @@ from spanflow.server.routes.rules import add_rule_routes
 from spanflow.server.routes.topology import add_topology_routes
 
 _bearer = HTTPBearer(auto_error=False)
+GUARDED_PREFIXES = ("/api/", "/metrics")
+MAX_BODY = 2 * 1024 * 1024
+"""Bytes a request body may have (a pipeline file, a rule set): the largest real
+pipeline files are tens of kilobytes."""
 
 
 def _authorised(
@@ -41,8 +51,15 @@ def _authorised(
     if request.app.state.public_reads and request.method in ("GET", "HEAD"):
         return
     given = credentials.credentials if credentials is not None else ""
-    if not hmac.compare_digest(given.encode(), token.encode()):
+    if not token_matches(given, token):
         raise Unauthorized("unauthorized", "missing or wrong bearer token")
+
+
+def _limit_for(path: str) -> int:
+    """A model version's file may be larger than any other body."""
+    if path.startswith("/api/v1/models/") and path.endswith("/versions"):
+        return MAX_FILE
+    return MAX_BODY
 
 
 def create_app(coordinator: Coordinator) -> FastAPI:
@@ -76,4 +93,17 @@ def create_app(coordinator: Coordinator) -> FastAPI:
     add_model_routes(app, coordinator, guarded)
     add_rule_routes(app, coordinator, guarded)
     add_dashboard_routes(app, coordinator, guarded)
+    public_reads = coordinator.settings.public_reads
+
+    def needs_token(method: str, path: str) -> bool:
+        if not path.startswith(GUARDED_PREFIXES):
+            return False
+        return not (public_reads and method in ("GET", "HEAD"))
+
+    app.add_middleware(
+        RequestLimits,
+        token=coordinator.settings.token,
+        guarded=needs_token,
+        limit_for=_limit_for,
+    )
     return app

@@ -10,9 +10,16 @@ publishes each to ``<subject>`` and waits for JetStream's acknowledgement:
 * **400** with the reason (and the line or element) for a body that is not JSON, or
   an empty one; **413** for one over ``max_body`` bytes; **401** without the token
   when one is configured;
+* **403** for a subject of spanflow's own (``spanflow.>``: the control plane, heartbeats,
+  reports, fragment cuts) or of NATS's (``_INBOX``): ingest takes readings only;
 * **404** when no stream captures the subject; **503** when JetStream does not answer
   in time or refuses (a full stream with ``discard: new``): nothing is acknowledged,
   so the client retries.
+
+Bounded before login (spanflow.server.limits): the token is checked before the body is
+read, and a body over ``max_body`` is refused on its ``Content-Length`` or cut off as it
+arrives. Locked, ingest publishes as the ``device`` role, so NATS itself keeps it to
+readings whatever a request names.
 
 An ``Idempotency-Key`` header makes a retried POST store nothing twice: each
 message's ``Nats-Msg-Id`` is ``<key>`` (or ``<key>:<n>`` for the n-th element), which
@@ -22,7 +29,6 @@ no other change: what a pipeline's source reads is the JSON as posted.
 
 from __future__ import annotations
 
-import hmac
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -33,9 +39,13 @@ from fastapi.responses import JSONResponse
 
 from spanflow.nats.streams import connect
 from spanflow.security.policy import require_token
+from spanflow.security.secrets import NatsIdentity, secrets_from_env
+from spanflow.server.limits import RequestLimits
 
 MAX_BODY = 4 * 1024 * 1024
 INGEST_TIMEOUT = 10.0
+RESERVED_PREFIXES = ("spanflow.", "_INBOX")
+"""Subjects ingest never publishes on (403)."""
 
 
 class BadBody(ValueError):
@@ -77,12 +87,22 @@ def _compact(data: bytes, where: str) -> bytes:
     return orjson.dumps(_parse(data, where))
 
 
-def create_ingest_app(nats_url: str, token: str | None = None) -> FastAPI:
-    """The ingest endpoint over the NATS server at ``nats_url``."""
+def ingest_identity() -> NatsIdentity | None:
+    """Locked: the shared ``device`` role (readings only, never ``spanflow.>``,
+    ``$JS.>``, ``$KV.>``); open: none."""
+    found = secrets_from_env()
+    return None if found is None else found.identity("device")
+
+
+def create_ingest_app(
+    nats_url: str, token: str | None = None, *, identity: NatsIdentity | None = None
+) -> FastAPI:
+    """The ingest endpoint over the NATS server at ``nats_url``, publishing as
+    ``identity`` (default :func:`ingest_identity`)."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        app.state.nc = await connect(nats_url)
+        app.state.nc = await connect(nats_url, identity=identity or ingest_identity())
         yield
         await app.state.nc.close()
 
@@ -94,15 +114,12 @@ def create_ingest_app(nats_url: str, token: str | None = None) -> FastAPI:
 
     @app.post("/ingest/{subject}")
     async def ingest(subject: str, request: Request) -> JSONResponse:
-        if token is not None:
-            given = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
-            if not hmac.compare_digest(given.encode(), token.encode()):
-                return _error(401, "missing or wrong bearer token")
+        # the token and the body's size were checked before the body was read (limits)
         if not _valid_subject(subject):
             return _error(400, f"{subject!r} is not a subject (tokens of letters, digits, -_)")
+        if subject.startswith(RESERVED_PREFIXES):
+            return _error(403, f"{subject!r} is spanflow's own subject: ingest takes readings")
         body = await request.body()
-        if len(body) > MAX_BODY:
-            return _error(413, f"body over {MAX_BODY} bytes: split it")
         try:
             messages = split_body(body, request.headers.get("content-type", ""))
         except BadBody as exc:
@@ -110,6 +127,12 @@ def create_ingest_app(nats_url: str, token: str | None = None) -> FastAPI:
         key = request.headers.get("idempotency-key")
         return await _store(request.app.state.nc, subject, messages, key)
 
+    app.add_middleware(
+        RequestLimits,
+        token=token,
+        guarded=lambda method, path: path.startswith("/ingest/"),
+        limit_for=lambda path: MAX_BODY,
+    )
     return app
 
 

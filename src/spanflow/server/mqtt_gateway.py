@@ -29,6 +29,7 @@ import hashlib
 import logging
 import ssl
 import threading
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,6 +41,7 @@ from spanflow.errors import SecurityError
 from spanflow.nats.streams import connect
 from spanflow.protocol import mqtt
 from spanflow.security.secrets import NatsIdentity, Secrets
+from spanflow.security.throttle import LoginThrottle
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +49,11 @@ PUBLISH_TIMEOUT = 10.0
 """Seconds a reading may wait for JetStream's ack before the device is disconnected
 (it resends after reconnecting)."""
 CONNECT_TIMEOUT = 10.0
-"""Seconds a new connection has to send CONNECT."""
+"""Seconds a new connection has to finish its TLS handshake, and then to send CONNECT."""
+MAX_CONNECT = 64 * 1024
+"""Bytes a packet may have before its device logged in: a CONNECT carries a client id,
+a user, a password and a will of a few hundred bytes; a stranger must not make the
+gateway hold megabytes per connection (16 connections with 8 MB CONNECTs took 126 MB)."""
 MAX_IN_FLIGHT = 1000
 """Unacknowledged QoS 1/2 publishes per connection before reading pauses."""
 
@@ -58,6 +64,7 @@ Authenticate = Callable[[mqtt.Connect], Awaitable[NatsIdentity | None]]
 class GatewayStats:
     connections: int = 0
     refused_logins: int = 0
+    throttled_logins: int = 0
     stored: int = 0
     duplicates: int = 0
     not_stored: int = 0
@@ -113,6 +120,7 @@ class MqttGateway:
         self.authenticate: Authenticate | None = device_login(secrets) if secrets else None
         self.tls = tls if tls is not None else (server_tls(secrets) if secrets else None)
         self.stats = GatewayStats()
+        self.throttle = LoginThrottle()
         self._server: asyncio.base_events.Server | None = None
         self._shared: Client | None = None
         self._sessions: set[asyncio.Task[None]] = set()
@@ -132,7 +140,12 @@ class MqttGateway:
                 self.port,
             )
         self._server = await asyncio.start_server(
-            self._serve, self.host, self.port, ssl=self.tls, limit=mqtt.MAX_PACKET + 8
+            self._serve,
+            self.host,
+            self.port,
+            ssl=self.tls,
+            ssl_handshake_timeout=CONNECT_TIMEOUT if self.tls else None,
+            limit=mqtt.MAX_PACKET + 8,
         )
         self.port = self._server.sockets[0].getsockname()[1]
         log.info("MQTT gateway on %s:%d (%s)", self.host, self.port, "TLS" if self.tls else "plain")
@@ -179,7 +192,7 @@ class MqttGateway:
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peer: object
     ) -> _Session | None:
         async with asyncio.timeout(CONNECT_TIMEOUT):
-            first, body = await _read_packet(reader)
+            first, body = await _read_packet(reader, MAX_CONNECT)
         packet = mqtt.parse(first, body)
         if not isinstance(packet, mqtt.Connect):
             raise mqtt.MqttError("the first packet is not CONNECT")
@@ -188,8 +201,17 @@ class MqttGateway:
             return None
         identity: NatsIdentity | None = None
         if self.authenticate is not None:
+            address = peer[0] if isinstance(peer, tuple) else str(peer)
+            now = time.monotonic()
+            if not self.throttle.allowed(address, now):
+                self.stats.throttled_logins += 1
+                writer.write(mqtt.connack(mqtt.NOT_AUTHORIZED))
+                return None
             identity = await self.authenticate(packet)
-            if identity is None:
+            if identity is not None:
+                self.throttle.succeeded(address)
+            else:
+                self.throttle.failed(address, now)
                 self.stats.refused_logins += 1
                 log.warning(
                     "MQTT %s: login refused for user %r (client %r): bad user or password",
@@ -340,7 +362,10 @@ def _done() -> asyncio.Future[bool]:
     return future
 
 
-async def _read_packet(reader: asyncio.StreamReader) -> tuple[int, bytes]:
+async def _read_packet(
+    reader: asyncio.StreamReader, limit: int = mqtt.MAX_PACKET
+) -> tuple[int, bytes]:
+    """One packet; a length over ``limit`` is refused before its body is read."""
     header = bytearray(await reader.readexactly(2))
     while True:
         found = mqtt.remaining_length(header)
@@ -348,6 +373,8 @@ async def _read_packet(reader: asyncio.StreamReader) -> tuple[int, bytes]:
             break
         header += await reader.readexactly(1)
     length, _ = found
+    if length > limit:
+        raise mqtt.MqttError(f"packet of {length} bytes exceeds {limit}")
     body = await reader.readexactly(length) if length else b""
     return header[0], body
 

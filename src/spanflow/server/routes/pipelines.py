@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 from fastapi import FastAPI
@@ -10,6 +13,7 @@ from pydantic import ValidationError
 from spanflow.api.yaml_loader import load_pipeline_text
 from spanflow.control.coordinator import Coordinator
 from spanflow.control.requests import Submission
+from spanflow.errors import PipelineFileError
 from spanflow.protocol.rest import PipelineMetrics, PipelineStatus, ResumeBody, SubmitBody
 from spanflow.server.errors import RequestError
 from spanflow.spec.pipeline import PipelineSpec, format_validation_error
@@ -25,7 +29,7 @@ def add_pipeline_routes(app: FastAPI, coordinator: Coordinator, guarded: list[An
 
     @app.post(API, tags=["pipelines"], dependencies=guarded, status_code=201)
     async def submit(body: SubmitBody) -> PipelineStatus:
-        spec = spec_of(body, coordinator.topology())
+        spec = await parse_submission(body, coordinator.topology())
         record = await coordinator.submit(
             Submission(
                 spec=spec,
@@ -63,6 +67,42 @@ def add_pipeline_routes(app: FastAPI, coordinator: Coordinator, guarded: list[An
     async def resume(name: str, body: ResumeBody | None = None) -> PipelineStatus:
         await coordinator.resume(name, body.savepoint if body else None)
         return coordinator.pipeline_status(name)
+
+
+LARGE_FILE = 64 * 1024
+"""Characters of YAML above which a file is parsed in a worker process: PyYAML parses
+about 40 KB a second here and holds the interpreter while it does, so a 1.6 MB file in
+a thread still stalled the event loop (``/healthz`` 1.8 s, the leader's lease at risk)."""
+_parser: ProcessPoolExecutor | None = None
+
+
+async def parse_submission(body: SubmitBody, topology: Topology | None) -> PipelineSpec:
+    """:func:`spec_of` off the event loop: in a thread for the usual small file, in a
+    worker process for a large one."""
+    if len(body.yaml or "") <= LARGE_FILE:
+        return await asyncio.to_thread(spec_of, body, topology)
+    global _parser
+    if _parser is None:
+        _parser = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
+    outcome = await asyncio.get_running_loop().run_in_executor(
+        _parser, _spec_or_error, body, topology
+    )
+    if isinstance(outcome, PipelineSpec):
+        return outcome
+    if outcome[0] == "file":
+        raise PipelineFileError(outcome[1], outcome[2])
+    raise RequestError(outcome[1], outcome[2], outcome[3])
+
+
+def _spec_or_error(body: SubmitBody, topology: Topology | None) -> PipelineSpec | tuple[Any, ...]:
+    """In the worker: the spec, or the error as plain values (spanflow's errors do not
+    survive pickling with their fields)."""
+    try:
+        return spec_of(body, topology)
+    except PipelineFileError as exc:
+        return ("file", exc.path, exc.problems)
+    except RequestError as exc:
+        return ("request", exc.status, str(exc), exc.code)
 
 
 def spec_of(body: SubmitBody, topology: Topology | None = None) -> PipelineSpec:

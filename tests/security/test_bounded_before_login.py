@@ -102,7 +102,7 @@ def coordinator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int,
                 return False
 
         _wait_for(healthy, "the coordinator never answered /healthz")
-        yield proc.pid, port, secrets.credentials().rest_token
+        yield proc.pid, port, secrets.credentials().rest_token or ""
     finally:
         proc.terminate()
         proc.wait(timeout=30)

@@ -206,6 +206,49 @@ def test_locked_gateway_logs_devices_in_and_keeps_them_to_their_subjects(
             loop.run(gateway.close())
 
 
+def test_a_revoked_device_is_cut_off_and_a_guesser_is_throttled(tmp_path: Path, loop: Loop) -> None:
+    secrets = Secrets(tmp_path / "secrets")
+    secrets.init()
+    password = secrets.add_device("press-7", ("plant.press-7.>",))
+    with EmbeddedNats(tmp_path / "nats", secrets=secrets) as server:
+        asyncio.run(
+            _stream(server.url, secrets.identity("coordinator"), name="P", subjects=["plant.>"])
+        )
+        gateway = loop.run(MqttGateway(server.url, secrets=secrets).start())
+        try:
+            client, _ = _device(
+                gateway.port, "press-7", username="press-7", password=password, ca=secrets.ca_cert
+            )
+            dropped: list[Any] = []
+            client.on_disconnect = lambda c, u, f, rc, p: dropped.append(rc)
+            try:
+                first = client.publish("plant/press-7/temp", b"20.5", qos=1)
+                _until(first.is_published, "its reading was not acknowledged")
+                secrets.revoke_device("press-7")
+                server.reload()  # what `spanflow site-server` does on SIGHUP
+                _until(lambda: dropped, "the revoked device's MQTT session stayed open")
+                assert asyncio.run(_count(server.url, "P", secrets.identity("reader"))) == 1
+            finally:
+                client.loop_stop()
+                client.disconnect()
+            # a guesser: refused ten times, then refused without a check
+            for n in range(12):
+                answers: list[Any] = []
+                guesser = paho.Client(paho.CallbackAPIVersion.VERSION2, client_id=f"g{n}")
+                guesser.on_connect = lambda c, u, f, rc, p, got=answers: got.append(rc)
+                guesser.username_pw_set("press-8", f"guess-{n}")
+                guesser.tls_set(ca_certs=str(secrets.ca_cert))
+                guesser.connect("127.0.0.1", gateway.port)
+                guesser.loop_start()
+                _until(lambda got=answers: got, "no CONNACK")
+                guesser.loop_stop()
+                guesser.disconnect()
+                assert answers[0].is_failure
+            assert gateway.stats.refused_logins == 10 and gateway.stats.throttled_logins == 2
+        finally:
+            loop.run(gateway.close())
+
+
 def _other(tmp_path: Path) -> Path:
     other = Secrets(tmp_path / "other")
     other.init()

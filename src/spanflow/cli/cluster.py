@@ -164,8 +164,9 @@ def coordinator(
         raise fail(exc) from None
     directory = _data_dir(data_dir)
     secrets = use_secrets(directory, "coordinator")
-    if not token and secrets is not None:
-        token = secrets.credentials().rest_token
+    creds = secrets.credentials() if secrets is not None else None
+    if not token and creds is not None:
+        token = creds.rest_token
     try:
         require_token("REST API", host, token, "--token or `spanflow secrets init`")
     except SpanflowError as exc:
@@ -177,6 +178,7 @@ def coordinator(
             heartbeat_interval=heartbeat,
             hub_domain=hub_domain,
             token=token or None,
+            node_token_key=creds.agent_key if creds is not None else None,
             topology=topo,
             name=name,
             replicas=replicas,
@@ -315,7 +317,7 @@ def node(
     _quiet_spark()
     secrets = use_secrets(state_dir, "agent")
     if not token and secrets is not None:
-        token = secrets.credentials().rest_token
+        token = secrets.credentials().api_token(name)
     caps = None
     if master and master.startswith("spark://") and cores is None:
         cores, memory = _spark_cluster_offer(master, master_ui, memory)

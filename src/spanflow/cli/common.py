@@ -144,7 +144,7 @@ def local_rest_token() -> str | None:
     if found is None:
         return None
     try:
-        return str(found.credentials().rest_token)
+        return found.credentials().rest_token  # None in a host's bundle: give --token
     except SecurityError:
         return None
 

@@ -154,7 +154,7 @@ def run_hosts_demo(duration: float | None, rate: float, devices: int, cut: str |
                     host.address,
                 ],
             )
-        api = _api(coordinator, secrets.credentials().rest_token)
+        api = _api(coordinator, secrets.credentials().rest_token or "")
         err.print("waiting for the three nodes (each starts Spark) …")
         _until(
             lambda: (

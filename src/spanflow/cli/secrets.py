@@ -11,10 +11,11 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from spanflow.cli.common import _data_dir, app, console
+from spanflow.cli.common import _data_dir, app, console, fail
+from spanflow.errors import SecurityError
 from spanflow.security import pki
 from spanflow.security.keyring import Keyring, decode_key, new_key
-from spanflow.security.secrets import ROLES, Secrets
+from spanflow.security.secrets import BUNDLE_ROLES, ROLES, Secrets
 
 secrets_app = typer.Typer(
     no_args_is_help=True,
@@ -96,9 +97,14 @@ def show(secrets_dir: SecretsDirOption = None, data_dir: DataDir = None) -> None
             )
     console.print(table)
     creds = secrets.credentials()
-    console.print(f"NATS users: {', '.join(sorted(creds.passwords))}; REST token: set")
+    token = "set" if creds.rest_token else "none (a host's bundle)"
+    console.print(f"NATS users: {', '.join(sorted(creds.passwords))}; REST token: {token}")
+    for node in sorted(creds.node_tokens):
+        console.print(f"node token for {node}: set")
     for name, device in sorted(creds.devices.items()):
         console.print(f"device {name}: may publish {', '.join(device.publish)}")
+    if not secrets.keyring_file.exists():
+        return  # a bundle for a host that does not gossip
     ring = secrets.keyring()
     ids = [key_id(k) for k in ring.keys]
     console.print(f"gossip keys: {ids[0]} (primary)" + "".join(f", {i}" for i in ids[1:]))
@@ -108,19 +114,58 @@ def show(secrets_dir: SecretsDirOption = None, data_dir: DataDir = None) -> None
 def device(
     name: Annotated[str, typer.Argument(help="Device name: its NATS/MQTT user.")],
     publish: Annotated[
-        list[str],
+        list[str] | None,
         typer.Option(
             "--publish", help="A subject it may publish on (repeat), e.g. sensors.press-7.>"
         ),
-    ],
+    ] = None,
+    revoke: Annotated[
+        bool, typer.Option("--revoke", help="Remove the device: it can no longer log in.")
+    ] = False,
     secrets_dir: SecretsDirOption = None,
     data_dir: DataDir = None,
 ) -> None:
     """Add (or re-key) a device allowed to publish on its subjects and nothing else;
-    prints its password once. Running servers pick it up on reload (SIGHUP)."""
-    password = secrets_at(secrets_dir, data_dir).add_device(name, tuple(publish))
+    prints its password once. ``--revoke`` removes it. Running servers pick either up
+    on reload (SIGHUP): a revoked device's connections are closed then."""
+    secrets = secrets_at(secrets_dir, data_dir)
+    try:
+        if revoke:
+            secrets.revoke_device(name)
+            console.print(f"device {name}: revoked; reload the servers (SIGHUP) to cut it off")
+            return
+        if not publish:
+            raise SecurityError("give --publish SUBJECT (repeat) or --revoke")
+        password = secrets.add_device(name, tuple(publish))
+    except SecurityError as exc:
+        raise fail(exc) from None
     console.print(f"device {name}: password {password}", markup=False, highlight=False)
     console.print("(shown once: give it to the device; it is not logged anywhere)")
+
+
+@secrets_app.command("export")
+def export(
+    role: Annotated[str, typer.Option(help=f"One of {', '.join(BUNDLE_ROLES)}.")],
+    out: Annotated[Path, typer.Option(help="A new directory for the bundle.")],
+    node: Annotated[str | None, typer.Option(help="The node (role agent).")] = None,
+    site: Annotated[str | None, typer.Option(help="The site (role site).")] = None,
+    device_name: Annotated[
+        str | None, typer.Option("--device", help="The device (role device).")
+    ] = None,
+    secrets_dir: SecretsDirOption = None,
+    data_dir: DataDir = None,
+) -> None:
+    """Write the secrets one host needs for its role (docs/security.md): an edge host
+    gets no coordinator, control, reader, route or REST secret and no CA key. Copy the
+    bundle to the host as its secrets directory."""
+    secrets = secrets_at(secrets_dir, data_dir)
+    try:
+        written = secrets.export(out, role, node=node, site=site, device=device_name)
+    except SecurityError as exc:
+        raise fail(exc) from None
+    for path in written:
+        console.print(f"wrote {path}")
+    console.print(f"copy {out} to the host as its secrets directory (owner-only)")
 
 
 gossip_app = typer.Typer(

@@ -107,7 +107,7 @@ def site_server(
         raise fail(exc) from None
     gateway = None
     if secrets is not None and not http_token:
-        http_token = secrets.credentials().rest_token
+        http_token = secrets.credentials().ingest_token_for(site)
     try:
         err.print(f"site {site}: NATS {server.url} (JetStream domain {site})")
         if hub is None:

@@ -22,6 +22,9 @@ class CoordinatorSettings:
     failure_after: int = 3
     """A node silent for this many heartbeat periods is failed."""
     token: str | None = None
+    node_token_key: str | None = None
+    """Checks node tokens (spanflow.security.secrets.node_token): an agent's bundle holds
+    its node's token, which registers and sheds as that node and does nothing else."""
     public_reads: bool = False
     """GET requests (the dashboard, /metrics) need no token; writes still do."""
     topology: Topology | None = None

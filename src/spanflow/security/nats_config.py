@@ -23,7 +23,6 @@ import json
 from typing import Any
 from urllib.parse import quote, urlsplit, urlunsplit
 
-from spanflow.errors import SecurityError
 from spanflow.protocol.names import CONTROL_STREAMS, CONTROL_SUBJECTS
 from spanflow.security.secrets import (
     CONTROL_ROLE,
@@ -143,24 +142,16 @@ def users(creds: Credentials) -> list[dict[str, Any]]:
     return out
 
 
-def control_users(creds: Credentials) -> list[dict[str, Any]]:
-    """The control account's one user (coordinators)."""
-    password = creds.passwords.get(CONTROL_ROLE)
-    if password is None:
-        raise SecurityError(
-            "the credentials have no password for the control plane's user: run "
-            "`spanflow secrets init` once more (it adds what is missing and keeps the rest)"
-        )
-    return [{"user": CONTROL_ROLE, "password": password}]
-
-
 def accounts_block(creds: Credentials) -> str:
     """``accounts { ... }``: the application account and the control account, each
-    with JetStream, neither importing from nor exporting to the other."""
-    accounts = {
-        APP_ACCOUNT: {"jetstream": "enabled", "users": users(creds)},
-        CONTROL_ACCOUNT: {"jetstream": "enabled", "users": control_users(creds)},
-    }
+    with JetStream, neither importing from nor exporting to the other. A site server's
+    bundle has no control password: its server has no control account (the control
+    plane lives on the hub's servers)."""
+    accounts: dict[str, Any] = {APP_ACCOUNT: {"jetstream": "enabled", "users": users(creds)}}
+    password = creds.passwords.get(CONTROL_ROLE)
+    if password is not None:
+        control = [{"user": CONTROL_ROLE, "password": password}]
+        accounts[CONTROL_ACCOUNT] = {"jetstream": "enabled", "users": control}
     return "accounts " + json.dumps(accounts, indent=2)
 
 

@@ -16,11 +16,14 @@ environment, connect with the same identity as their agent.
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import hmac
 import json
 import os
 import secrets as _random
 import ssl
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -88,22 +91,37 @@ class Device:
 
 @dataclass(frozen=True)
 class Credentials:
+    """What ``credentials.json`` holds. A full directory (the issuing host, the
+    coordinators) has every role's password, the operator's REST token and the key node
+    tokens derive from; a host's bundle (:meth:`Secrets.export`) only what its role
+    needs: no ``rest_token``, no ``agent_key``, its own node token or ingest token."""
+
     passwords: dict[str, str]
-    rest_token: str
+    rest_token: str | None
     devices: dict[str, Device] = field(default_factory=dict)
+    agent_key: str | None = None
+    """Coordinators only: derives each node's REST token (:func:`node_token`)."""
+    node_tokens: dict[str, str] = field(default_factory=dict)
+    """An agent bundle: its node's REST token (register and shed as that node only)."""
+    ingest_token: str | None = None
+    """A site bundle: the token its HTTP ingest takes."""
 
     def to_json(self) -> str:
-        return json.dumps(
-            {
-                "nats": self.passwords,
-                "rest_token": self.rest_token,
-                "devices": {
-                    name: {"password": d.password, "publish": list(d.publish)}
-                    for name, d in sorted(self.devices.items())
-                },
+        raw: dict[str, Any] = {
+            "nats": self.passwords,
+            "rest_token": self.rest_token,
+            "devices": {
+                name: {"password": d.password, "publish": list(d.publish)}
+                for name, d in sorted(self.devices.items())
             },
-            indent=2,
-        )
+        }
+        if self.agent_key:
+            raw["agent_key"] = self.agent_key
+        if self.node_tokens:
+            raw["node_tokens"] = self.node_tokens
+        if self.ingest_token:
+            raw["ingest_token"] = self.ingest_token
+        return json.dumps(raw, indent=2)
 
     @classmethod
     def from_json(cls, text: str, source: str) -> Credentials:
@@ -113,11 +131,70 @@ class Credentials:
                 str(name): Device(str(d["password"]), tuple(str(s) for s in d["publish"]))
                 for name, d in (raw.get("devices") or {}).items()
             }
+            token = raw.get("rest_token")
             return cls(
-                {str(k): str(v) for k, v in raw["nats"].items()}, str(raw["rest_token"]), devices
+                {str(k): str(v) for k, v in raw["nats"].items()},
+                None if token is None else str(token),
+                devices,
+                agent_key=raw.get("agent_key"),
+                node_tokens={str(k): str(v) for k, v in (raw.get("node_tokens") or {}).items()},
+                ingest_token=raw.get("ingest_token"),
             )
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise SecurityError(f"{source} is not a spanflow credentials file: {exc!r}") from exc
+
+    def api_token(self, node: str | None = None) -> str | None:
+        """The token this host calls the REST API with: the operator's, else its node's."""
+        if self.rest_token:
+            return self.rest_token
+        if node is not None:
+            return self.node_tokens.get(node)
+        return next(iter(self.node_tokens.values()), None)
+
+    def ingest_token_for(self, site: str) -> str | None:
+        """The token a site's HTTP ingest takes: a site bundle's own, else (on a full
+        directory) the operator's REST token."""
+        return self.ingest_token or self.rest_token
+
+
+NODE_TOKEN_PREFIX = "node."
+
+
+def _mac(key: str, what: str) -> str:
+    digest = hmac.new(key.encode(), what.encode(), hashlib.sha256).digest()
+    return base64.urlsafe_b64encode(digest).decode().rstrip("=")
+
+
+def node_token(agent_key: str, node: str) -> str:
+    """A node's REST token: its name and a MAC the coordinators check with the key
+    they alone hold — no list of tokens to keep, none to leak but the node's own.
+
+    >>> node_token("k", "edge-1").startswith("node.edge-1.")
+    True
+    """
+    return f"{NODE_TOKEN_PREFIX}{node}.{_mac(agent_key, 'node:' + node)}"
+
+
+def node_of_token(agent_key: str, token: str) -> str | None:
+    """The node a token was issued to, or None for anything else (constant time).
+
+    >>> node_of_token("k", node_token("k", "edge-1")), node_of_token("k", "node.edge-1.x")
+    ('edge-1', None)
+    """
+    if not token.startswith(NODE_TOKEN_PREFIX):
+        return None
+    node, _, mac = token[len(NODE_TOKEN_PREFIX) :].rpartition(".")
+    if not node or not hmac.compare_digest(mac, _mac(agent_key, "node:" + node)):
+        return None
+    return node
+
+
+def ingest_token(agent_key: str, site: str) -> str:
+    return f"ingest.{site}.{_mac(agent_key, 'ingest:' + site)}"
+
+
+BUNDLE_ROLES = ("coordinator", "agent", "site", "device", "reader")
+"""What ``spanflow secrets export --role`` makes a bundle for."""
 
 
 class Secrets:
@@ -179,7 +256,10 @@ class Secrets:
             raise SecurityError(f"unknown role {role!r}: one of {', '.join(ROLES)}")
         password = self.credentials().passwords.get(role)
         if password is None:
-            raise SecurityError(f"{self.credentials_file} has no password for role {role!r}")
+            raise SecurityError(
+                f"{self.credentials_file} has no password for role {role!r} (a bundle for "
+                "another role, or made by an older version: run `spanflow secrets init`)"
+            )
         return NatsIdentity(
             user=role,
             password=password,
@@ -230,27 +310,111 @@ class Secrets:
                 _write_private(self.client_cert(role), cert.cert_pem)
                 written.append(self.client_cert(role))
         if not self.credentials_file.exists():
-            creds = Credentials({role: _password() for role in ROLES}, _password())
+            creds = Credentials(
+                {role: _password() for role in ROLES}, _password(), agent_key=_password()
+            )
             _write_private(self.credentials_file, creds.to_json())
             written.append(self.credentials_file)
-        elif self._add_missing_passwords():
+        elif self._top_up():
             written.append(self.credentials_file)
         if not self.keyring_file.exists():
             _write_private(self.keyring_file, Keyring((new_key(),)).dumps())
             written.append(self.keyring_file)
         return written
 
-    def _add_missing_passwords(self) -> bool:
+    def _top_up(self) -> bool:
         """A directory made by an older version lacks a newer role's password (the
-        control account's, say): add it, keep every other secret as it is."""
+        control account's, say) or the node-token key: add them, keep every other
+        secret as it is. A host's bundle (no REST token) is left alone."""
         creds = self.credentials()
+        if creds.rest_token is None:
+            return False
         missing = [role for role in ROLES if role not in creds.passwords]
-        if not missing:
+        if not missing and creds.agent_key:
             return False
         passwords = {**creds.passwords, **{role: _password() for role in missing}}
-        updated = Credentials(passwords, creds.rest_token, creds.devices)
+        updated = replace(creds, passwords=passwords, agent_key=creds.agent_key or _password())
         _write_private(self.credentials_file, updated.to_json())
         return True
+
+    def export(
+        self,
+        dest: str | Path,
+        role: str,
+        *,
+        node: str | None = None,
+        site: str | None = None,
+        device: str | None = None,
+    ) -> list[Path]:
+        """Write the bundle one host needs for ``role`` into ``dest`` (a new, owner-only
+        directory) and return its files: an edge host holds no coordinator, control,
+        reader, route or operator secret, no CA key and no node-token key.
+
+        - ``coordinator``: everything but the CA key;
+        - ``agent`` (``node``): the agent's password and certificate, its node's REST
+          token, the gossip keyring;
+        - ``site`` (``site``): a site server's certificate, the leaf link's, the
+          passwords of the users it admits (agents, devices), its ingest token;
+        - ``device`` (``device``): that device's password and the device certificate;
+        - ``reader``: the reader's password and certificate.
+        """
+        if role not in BUNDLE_ROLES:
+            raise SecurityError(f"no bundle for role {role!r}: one of {', '.join(BUNDLE_ROLES)}")
+        needed = {"agent": node, "site": site, "device": device}
+        if role in needed and not needed[role]:
+            flag = {"agent": "--node", "site": "--site", "device": "--device"}[role]
+            raise SecurityError(f"a {role} bundle is for one {flag[2:]}: give {flag}")
+        creds = self.credentials()
+        if creds.rest_token is None or creds.agent_key is None:
+            raise SecurityError(
+                f"{self.root} is itself a bundle: export from the full secrets directory"
+            )
+        out = Secrets(dest)
+        if out.root.exists() and any(out.root.iterdir()):
+            raise SecurityError(f"{out.root} is not empty: export into a new directory")
+        files = [self.ca_cert]
+        bundle: Credentials
+        if role == "coordinator":
+            files += [self.server_cert, self.server_key, self.keyring_file]
+            files += [p for r in ROLES for p in (self.client_cert(r), self.client_key(r))]
+            bundle = creds
+        elif role == "agent":
+            assert node is not None
+            files += [self.client_cert("agent"), self.client_key("agent"), self.keyring_file]
+            bundle = Credentials(
+                {"agent": creds.passwords["agent"]},
+                None,
+                node_tokens={node: node_token(creds.agent_key, node)},
+            )
+        elif role == "site":
+            assert site is not None
+            files += [self.server_cert, self.server_key]
+            files += [self.client_cert("leaf"), self.client_key("leaf")]
+            bundle = Credentials(
+                {r: creds.passwords[r] for r in ("agent", "device", "leaf")},
+                None,
+                creds.devices,
+                ingest_token=ingest_token(creds.agent_key, site),
+            )
+        elif role == "device":
+            assert device is not None
+            if device not in creds.devices:
+                raise SecurityError(f"no device {device!r}: add it with `spanflow secrets device`")
+            files += [self.client_cert("device"), self.client_key("device")]
+            bundle = Credentials({}, None, {device: creds.devices[device]})
+        else:
+            files += [self.client_cert("reader"), self.client_key("reader")]
+            bundle = Credentials({"reader": creds.passwords["reader"]}, None)
+        out.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        os.chmod(out.root, 0o700)
+        written = []
+        for path in files:
+            target = out.root / path.relative_to(self.root)
+            _write_private(target, path.read_bytes())
+            written.append(target)
+        _write_private(out.credentials_file, bundle.to_json())
+        written.append(out.credentials_file)
+        return written
 
     def add_device(self, name: str, publish: tuple[str, ...]) -> str:
         """Add (or re-key) a device user allowed to publish on ``publish`` only;
@@ -264,9 +428,17 @@ class Secrets:
         creds = self.credentials()
         password = _password()
         devices = {**creds.devices, name: Device(password, publish)}
-        updated = Credentials(creds.passwords, creds.rest_token, devices)
+        updated = replace(creds, devices=devices)
         _write_private(self.credentials_file, updated.to_json())
         return password
+
+    def revoke_device(self, name: str) -> None:
+        """Remove a device's user; servers that reload (SIGHUP) close its connections."""
+        creds = self.credentials()
+        if name not in creds.devices:
+            raise SecurityError(f"no device {name!r} to revoke")
+        devices = {k: v for k, v in creds.devices.items() if k != name}
+        _write_private(self.credentials_file, replace(creds, devices=devices).to_json())
 
     def write_keyring(self, ring: Keyring) -> None:
         _write_private(self.keyring_file, ring.dumps())

@@ -25,7 +25,8 @@ from spanflow.control.coordinator import Coordinator
 from spanflow.control.errors import Unauthorized
 from spanflow.ml.model_store import MAX_FILE
 from spanflow.server import errors
-from spanflow.server.limits import RequestLimits, token_matches
+from spanflow.server.limits import RequestLimits
+from spanflow.server.principals import authenticator, permits
 from spanflow.server.routes.cluster import add_cluster_routes
 from spanflow.server.routes.dashboard import add_dashboard_routes, sampling
 from spanflow.server.routes.models import add_model_routes
@@ -45,13 +46,13 @@ def _authorised(
     request: Request,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> None:
-    token: str | None = request.app.state.token
-    if token is None:
+    """The route's own check (and the lock icon in /docs): the request limits in front
+    of the app already authenticated the token and left who holds it in the state."""
+    if request.app.state.token is None:
         return
     if request.app.state.public_reads and request.method in ("GET", "HEAD"):
         return
-    given = credentials.credentials if credentials is not None else ""
-    if not token_matches(given, token):
+    if getattr(request.state, "principal", None) is None:
         raise Unauthorized("unauthorized", "missing or wrong bearer token")
 
 
@@ -95,15 +96,18 @@ def create_app(coordinator: Coordinator) -> FastAPI:
     add_dashboard_routes(app, coordinator, guarded)
     public_reads = coordinator.settings.public_reads
 
+    token = coordinator.settings.token
+
     def needs_token(method: str, path: str) -> bool:
-        if not path.startswith(GUARDED_PREFIXES):
+        if token is None or not path.startswith(GUARDED_PREFIXES):
             return False
         return not (public_reads and method in ("GET", "HEAD"))
 
     app.add_middleware(
         RequestLimits,
-        token=coordinator.settings.token,
+        authenticate=authenticator(token, coordinator.settings.node_token_key),
         guarded=needs_token,
+        permits=permits,
         limit_for=_limit_for,
     )
     return app

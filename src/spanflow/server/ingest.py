@@ -40,7 +40,7 @@ from fastapi.responses import JSONResponse
 from spanflow.nats.streams import connect
 from spanflow.security.policy import require_token
 from spanflow.security.secrets import NatsIdentity, secrets_from_env
-from spanflow.server.limits import RequestLimits
+from spanflow.server.limits import RequestLimits, one_token
 
 MAX_BODY = 4 * 1024 * 1024
 INGEST_TIMEOUT = 10.0
@@ -129,8 +129,8 @@ def create_ingest_app(
 
     app.add_middleware(
         RequestLimits,
-        token=token,
-        guarded=lambda method, path: path.startswith("/ingest/"),
+        authenticate=one_token(token, "ingest"),
+        guarded=lambda method, path: token is not None and path.startswith("/ingest/"),
         limit_for=lambda path: MAX_BODY,
     )
     return app

@@ -4,10 +4,12 @@ FastAPI reads and parses a request's body before it runs the dependency that che
 the token, so a stranger's 256 MB body was held in memory before its 401. This layer
 runs first, on the raw ASGI messages:
 
-1. **Who**: a request the app guards (``guarded(method, path)``) must carry the
-   bearer token before one byte of its body is read; a wrong one is answered 401 and
-   the connection closed. Addresses that keep failing are throttled
-   (:class:`~spanflow.security.throttle.LoginThrottle`): 429 without a check.
+1. **Who**: a request the app guards (``guarded(method, path)``) must carry a bearer
+   token ``authenticate`` knows before one byte of its body is read; a wrong one is
+   answered 401 and the connection closed, a principal ``permits`` does not allow to
+   do this is answered 403. Addresses that keep failing are throttled
+   (:class:`~spanflow.security.throttle.LoginThrottle`): 429 without a check. The
+   principal is left in the request's state (``request.state.principal``).
 2. **How much**: a ``Content-Length`` over the path's limit is answered 413 at once;
    a body sent without one (chunked) is counted as it arrives and cut off at the
    limit. What the app then reads is the body held here, never more than the limit.
@@ -44,25 +46,40 @@ def token_matches(given: str, token: str) -> bool:
     return hmac.compare_digest(given.encode(), token.encode())
 
 
-class RequestLimits:
-    """``RequestLimits(app, token=..., guarded=..., limit_for=...)``.
+def one_token(token: str | None, principal: str = "operator") -> Callable[[str], str | None]:
+    """``authenticate`` for a door with one token (None: the door is open)."""
 
-    ``guarded(method, path)``: whether the app needs the token for this request (None
-    token: nothing is guarded). ``limit_for(path)``: the most bytes its body may have.
+    def authenticate(given: str) -> str | None:
+        if token is None:
+            return principal
+        return principal if token_matches(given, token) else None
+
+    return authenticate
+
+
+class RequestLimits:
+    """``RequestLimits(app, authenticate=..., guarded=..., limit_for=...)``.
+
+    ``guarded(method, path)``: whether the request needs a token.
+    ``authenticate(token)``: who holds it (a principal name), None for nobody.
+    ``permits(principal, method, path)``: whether that principal may (default: yes).
+    ``limit_for(path)``: the most bytes its body may have.
     """
 
     def __init__(
         self,
         app: Any,
         *,
-        token: str | None,
+        authenticate: Callable[[str], str | None],
         guarded: Callable[[str, str], bool],
         limit_for: Callable[[str], int],
+        permits: Callable[[str, str, str], bool] | None = None,
         throttle: LoginThrottle | None = None,
     ) -> None:
         self.app = app
-        self.token = token
+        self.authenticate = authenticate
         self.guarded = guarded
+        self.permits = permits or (lambda principal, method, path: True)
         self.limit_for = limit_for
         self.throttle = throttle or LoginThrottle()
 
@@ -71,7 +88,7 @@ class RequestLimits:
             await self.app(scope, receive, send)
             return
         method, path = scope["method"], scope["path"]
-        if self.token is not None and self.guarded(method, path):
+        if self.guarded(method, path):
             address = (scope.get("client") or ("?", 0))[0]
             now = time.monotonic()
             if not self.throttle.allowed(address, now):
@@ -79,11 +96,16 @@ class RequestLimits:
                     send, 429, "throttled", "too many failed logins from this address: wait"
                 )
                 return
-            if not token_matches(bearer(scope["headers"]), self.token):
+            principal = self.authenticate(bearer(scope["headers"]))
+            if principal is None:
                 self.throttle.failed(address, now)
                 await _answer(send, 401, "unauthorized", "missing or wrong bearer token")
                 return
             self.throttle.succeeded(address)
+            if not self.permits(principal, method, path):
+                await _answer(send, 403, "forbidden", f"{principal} may not {method} {path}")
+                return
+            scope.setdefault("state", {})["principal"] = principal
         if method in BODYLESS:
             await self.app(scope, receive, send)
             return

@@ -223,9 +223,20 @@ class MqttGateway:
                 return None
         nc = self._shared
         if identity is not None:
+
+            async def cut_off() -> None:
+                """NATS dropped the device's own connection (a revoked user after a
+                reload, a server restart): end its MQTT session at once, so it logs in
+                again — and is refused if it was revoked — instead of publishing into
+                a client that only buffers."""
+                writer.close()
+
             try:
                 nc = await connect(
-                    self.nats_url, identity=identity, name=f"mqtt:{packet.client_id}"
+                    self.nats_url,
+                    identity=identity,
+                    name=f"mqtt:{packet.client_id}",
+                    disconnected_cb=cut_off,
                 )
             except SecurityError as exc:
                 log.warning("MQTT %s: %s", peer, exc)
@@ -353,7 +364,10 @@ class MqttGateway:
                 await sub.unsubscribe()
         if session.nc is not self._shared:
             with contextlib.suppress(Exception):
-                await session.nc.drain()
+                if session.nc.is_connected:
+                    await session.nc.drain()
+                else:  # reconnecting (a revoked user, a server away): stop trying
+                    await session.nc.close()
 
 
 def _done() -> asyncio.Future[bool]:

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import FastAPI, Response
+from fastapi import FastAPI, Request, Response
 
 from spanflow.control.coordinator import Coordinator
 from spanflow.control.requests import Registration
 from spanflow.protocol.rest import NodeStatus, Registered, ShedAnswer
+from spanflow.server.errors import RequestError
+from spanflow.server.principals import node_of
 from spanflow.spec.cluster import ShedRequest
 from spanflow.spec.topology import Capabilities
 
@@ -21,8 +23,11 @@ def add_node_routes(app: FastAPI, coordinator: Coordinator, guarded: list[Any]) 
         return [coordinator.node_status(n) for n in sorted(coordinator.state.nodes)]
 
     @app.post(API, tags=["nodes"], dependencies=guarded, status_code=201)
-    async def register(reg: Registration) -> Registered:
+    async def register(reg: Registration, request: Request) -> Registered:
         """An agent registers its node (again after every restart)."""
+        node = node_of(request)
+        if node is not None and node != reg.name:
+            raise RequestError(403, f"node {node}'s token cannot register {reg.name}", "forbidden")
         record = await coordinator.register_node(reg)
         s = coordinator.settings
         return Registered(

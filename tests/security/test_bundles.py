@@ -1,0 +1,173 @@
+"""A credential bundle per host and role: what an edge host holds is enough for its
+role and nothing more — read from the bundle's files — and it works against real
+servers and a real coordinator; a node's token is its node's alone; a revoked device is
+cut off at the next reload."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from spanflow.api.topology_loader import load_topology_text
+from spanflow.control.coordinator import Coordinator, CoordinatorSettings
+from spanflow.errors import SecurityError
+from spanflow.nats.server import EmbeddedNats
+from spanflow.nats.streams import connect
+from spanflow.security.secrets import Secrets, node_token
+from spanflow.server.app import create_app
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    from fastapi.testclient import TestClient
+
+
+@pytest.fixture
+def full(tmp_path: Path) -> Secrets:
+    found = Secrets(tmp_path / "full")
+    found.init()
+    found.add_device("press-7", ("sensors.press-7.>",))
+    return found
+
+
+def _every_secret_text(root: Path) -> str:
+    return "\n".join(p.read_text(errors="replace") for p in root.rglob("*") if p.is_file())
+
+
+def test_an_edge_hosts_bundles_hold_no_secret_of_another_role(
+    full: Secrets, tmp_path: Path
+) -> None:
+    creds = full.credentials()
+    assert creds.rest_token and creds.agent_key
+    agent = full.export(tmp_path / "agent", "agent", node="edge-1")
+    site = full.export(tmp_path / "site", "site", site="factory")
+    names = {p.relative_to(tmp_path / "agent").as_posix() for p in agent}
+    assert names == {
+        "ca.crt", "clients/agent.crt", "clients/agent.key", "gossip.keyring", "credentials.json",
+    }  # fmt: skip
+    assert "ca.key" not in {p.name for p in site}
+    edge = _every_secret_text(tmp_path / "agent") + _every_secret_text(tmp_path / "site")
+    for role in ("coordinator", "control", "reader", "route"):
+        assert creds.passwords[role] not in edge, role
+    assert creds.rest_token not in edge and creds.agent_key not in edge
+    assert full.ca_key.read_text() not in edge
+    assert node_token(creds.agent_key, "edge-2") not in edge  # another node's token
+    bundle = Secrets(tmp_path / "agent").credentials()
+    assert bundle.rest_token is None and set(bundle.node_tokens) == {"edge-1"}
+    assert set(json.loads((tmp_path / "site" / "credentials.json").read_text())["nats"]) == {
+        "agent", "device", "leaf",
+    }  # fmt: skip
+    device = full.export(tmp_path / "device", "device", device="press-7")
+    assert set(Secrets(tmp_path / "device").credentials().devices) == {"press-7"}
+    assert creds.passwords["device"] not in _every_secret_text(device[0].parent)
+    with pytest.raises(SecurityError, match="not empty"):
+        full.export(tmp_path / "agent", "agent", node="edge-1")
+    with pytest.raises(SecurityError, match="itself a bundle"):
+        Secrets(tmp_path / "agent").export(tmp_path / "again", "reader")
+    with pytest.raises(SecurityError, match="--node"):
+        full.export(tmp_path / "nobody", "agent")
+
+
+def test_bundles_work_against_real_servers_and_let_nothing_else_in(
+    full: Secrets, tmp_path: Path
+) -> None:
+    full.export(tmp_path / "site", "site", site="factory")
+    full.export(tmp_path / "agent", "agent", node="edge-1")
+    site_secrets, agent_secrets = Secrets(tmp_path / "site"), Secrets(tmp_path / "agent")
+    with EmbeddedNats(
+        tmp_path / "hub", name="hub", domain="hub", leaf_listen=True, secrets=full
+    ) as hub:
+        site = EmbeddedNats(
+            tmp_path / "nats-site", name="factory", domain="factory",
+            leaf_remote=hub.leaf_url, secrets=site_secrets,
+        )  # fmt: skip
+        with site:
+
+            async def scenario() -> None:
+                agent = await connect(site.url, identity=agent_secrets.identity("agent"))
+                assert agent.is_connected
+                await agent.close()
+                # the site's server admits no coordinator or control user at all
+                for role in ("coordinator", "control"):
+                    with pytest.raises(SecurityError):
+                        await connect(site.url, identity=full.identity(role))
+                with pytest.raises(SecurityError, match="no password for role 'coordinator'"):
+                    agent_secrets.identity("coordinator")
+
+            asyncio.run(scenario())
+
+
+TOPOLOGY = """
+sites: [{name: edge-a}, {name: cloud, kind: cloud}]
+nodes:
+  - {name: a1, site: edge-a}
+  - {name: a2, site: edge-a}
+  - {name: c1, site: cloud}
+"""
+
+
+@pytest.fixture
+def api(full: Secrets, tmp_path: Path) -> Iterator[TestClient]:
+    creds = full.credentials()
+    with EmbeddedNats(tmp_path / "nats") as server:
+        settings = CoordinatorSettings(
+            nats_url=server.url,
+            state_dir=str(tmp_path / "state"),
+            token=creds.rest_token,
+            node_token_key=creds.agent_key,
+            topology=load_topology_text(TOPOLOGY),
+            heartbeat_interval=5.0,
+        )
+        with TestClient(create_app(Coordinator(settings))) as client:
+            yield client
+
+
+def test_a_node_token_registers_and_sheds_as_its_node_and_does_nothing_else(
+    api: TestClient, full: Secrets, tmp_path: Path
+) -> None:
+    full.export(tmp_path / "agent", "agent", node="a1")
+    token = Secrets(tmp_path / "agent").credentials().api_token("a1")
+    assert token is not None
+    mine = {"Authorization": f"Bearer {token}"}
+    body = {"name": "a1", "site": "edge-a", "agent_id": "agent-a1"}
+    assert api.post("/api/v1/nodes", json=body, headers=mine).status_code == 201
+    other = {**body, "name": "a2", "agent_id": "agent-a2"}
+    refused = api.post("/api/v1/nodes", json=other, headers=mine)
+    assert refused.status_code == 403 and refused.json()["code"] == "forbidden"
+    for method, path in (
+        ("GET", "/api/v1/nodes"),
+        ("POST", "/api/v1/pipelines"),
+        ("POST", "/api/v1/nodes/a2/shed"),
+        ("POST", "/api/v1/nodes/a1/drain"),
+        ("GET", "/metrics"),
+    ):
+        answer = api.request(method, path, headers=mine, json={})
+        assert answer.status_code == 403, (method, path, answer.text)
+    forged = {"Authorization": f"Bearer {token[:-2]}xx"}
+    assert api.post("/api/v1/nodes", json=body, headers=forged).status_code == 401
+    operator = {"Authorization": f"Bearer {full.credentials().rest_token}"}
+    assert api.get("/api/v1/nodes", headers=operator).status_code == 200
+
+
+def test_a_revoked_device_is_cut_off_at_the_reload(full: Secrets, tmp_path: Path) -> None:
+    with EmbeddedNats(tmp_path / "nats", secrets=full) as server:
+
+        async def scenario() -> None:
+            identity = full.device_identity("press-7")
+            device = await connect(server.url, identity=identity)
+            full.revoke_device("press-7")
+            server.reload()
+            deadline = time.monotonic() + 15
+            while device.is_connected:
+                assert time.monotonic() < deadline, "the revoked device is still connected"
+                await asyncio.sleep(0.1)
+            with pytest.raises(SecurityError):
+                await connect(server.url, identity=identity)
+            await device.close()
+
+        asyncio.run(scenario())

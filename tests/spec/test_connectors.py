@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import pytest
+from pydantic import ValidationError
 
 import spanflow as sf
 from spanflow.errors import SpecError
 from spanflow.spec.connectors import Connector, NoOptions, connectors, lookup
 from spanflow.spec.connectors.kafka import KafkaSinkOptions
+from spanflow.spec.connectors.webhook import WebhookSinkOptions
 from spanflow.spec.steps.io import SinkStep, SourceStep
 
 MAP = {"type": "map", "values": "long"}
@@ -37,11 +39,25 @@ def test_a_missing_client_library_says_which_extra_to_install():
     )
 
 
-def test_secrets_in_kafka_settings_are_masked_where_options_are_shown():
+def test_secrets_in_kafka_and_webhook_options_are_found_and_masked():
+    inline = KafkaSinkOptions(topic="t", bootstrap="b:9092", config={"sasl.password": "pw"})
+    assert inline.secret_free()["config"] == {"sasl.password": "***"}
+    assert inline.inline_secrets() == ["config.sasl.password (give it in config_env)"]
     options = KafkaSinkOptions(
-        topic="t", bootstrap="b:9092", config={"sasl.password": "pw", "sasl.username": "u"}
+        topic="t",
+        bootstrap="b:9092",
+        config={"sasl.username": "u"},
+        config_env={"sasl.password": "KAFKA_PASSWORD"},
     )
-    assert options.secret_free()["config"] == {"sasl.password": "***", "sasl.username": "u"}
+    assert options.inline_secrets() == []
+    with pytest.raises(ValidationError, match="environment variable"):
+        KafkaSinkOptions(topic="t", bootstrap="b:9092", config_env={"sasl.password": "p w"})
+    hook = WebhookSinkOptions(url="https://x", headers={"Authorization": "Bearer abc"})
+    assert hook.inline_secrets() == ["headers.Authorization (give it in headers_env)"]
+    assert (
+        WebhookSinkOptions(url="https://x", headers_env={"Authorization": "H"}).inline_secrets()
+        == []
+    )
 
 
 def test_options_are_typed_per_connector_and_round_trip_through_json():

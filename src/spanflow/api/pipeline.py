@@ -147,6 +147,7 @@ class Pipeline:
         start_time: str | None = None,
         max_rows_per_batch: int = 200_000,
         config: Mapping[str, str] | None = None,
+        config_env: Mapping[str, str] | None = None,
         avro_schema: Mapping[str, Any] | str | None = None,
         avro_framing: str = "plain",
         id: str | None = None,
@@ -157,12 +158,15 @@ class Pipeline:
         the Kafka timestamp as event time. ``format="avro"`` with ``avro_schema`` (a
         mapping or an .avsc path; ``avro_framing="confluent"`` for Confluent's wire
         format) reads Avro records; without ``schema`` their fields are the Avro
-        record's. See docs/connectors.md."""
+        record's. Secret settings (``sasl.password``...) go in ``config_env``: setting →
+        environment variable. See docs/connectors.md."""
         options: dict[str, Any] = {"topic": topic, "bootstrap": bootstrap}
         if start_time is not None:
             options["start_time"] = start_time
         if config:
             options["config"] = dict(config)
+        if config_env:
+            options["config_env"] = dict(config_env)
         avro: dict[str, Any] = {}
         if avro_schema is not None:
             avro["avro_schema"] = (
@@ -634,14 +638,17 @@ class Stream:
         key: str | None = None,
         headers: Sequence[str] = (),
         config: Mapping[str, str] | None = None,
+        config_env: Mapping[str, str] | None = None,
         trigger: str | float | None = None,
         id: str | None = None,
     ) -> Flow:
         """Write each record as JSON to a Kafka topic, one transaction per micro-batch
         (exactly once for read_committed consumers). ``key``: the column whose value is
-        the Kafka key; ``headers``: columns also sent as headers."""
+        the Kafka key; ``headers``: columns also sent as headers; secret settings in
+        ``config_env`` (setting → environment variable)."""
         options: dict[str, Any] = {"topic": topic, "bootstrap": bootstrap, "key": key}
         options |= {"headers": tuple(headers), "config": dict(config or {})}
+        options |= {"config_env": dict(config_env or {})}
         return self._sink(id, trigger, kind="kafka", options=options)
 
     def sink_postgres(

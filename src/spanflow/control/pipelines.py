@@ -60,6 +60,14 @@ def shown_fragments(state: ClusterState, record: PipelineRecord) -> list[Fragmen
 def submit(tx: Draft, sub: Submission, run_id: str) -> PipelineRecord:
     """Accept a pipeline (its spec already pinned to what its models need)."""
     name = sub.spec.name
+    secrets = sub.spec.inline_secrets()
+    if secrets:
+        raise Invalid(
+            "inline_secret",
+            f"pipeline {name!r} holds secrets in its spec ({'; '.join(secrets)}): name "
+            "environment variables instead, read where the query runs; a spec is stored "
+            "in the control log and shown by the API",
+        )
     old = tx.state.pipelines.get(name)
     if old is not None and not old.state.terminal and old.state != PipelineState.STOPPED:
         raise Conflict(

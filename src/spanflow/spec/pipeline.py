@@ -202,6 +202,23 @@ class PipelineSpec(BaseModel):
     def sinks(self) -> list[SinkStep]:
         return [s for s in self.steps if isinstance(s, SinkStep)]
 
+    def secret_free(self) -> dict[str, Any]:
+        """The spec as the API shows it: every connector's options with secrets masked
+        (specs submitted before secrets were refused may still hold some)."""
+        shown = self.model_dump(mode="json", by_alias=True)
+        ends: list[SourceStep | SinkStep] = [*self.sources(), *self.sinks()]
+        masked = {s.id: s.options.secret_free() for s in ends}
+        for step in shown["steps"]:
+            if step.get("id") in masked and "options" in step:
+                step["options"] = masked[step["id"]]
+        return shown
+
+    def inline_secrets(self) -> list[str]:
+        """Every connector option that holds a secret's value (``step id: option``);
+        a submission with any is refused (the control plane stores and shows specs)."""
+        ends: list[SourceStep | SinkStep] = [*self.sources(), *self.sinks()]
+        return [f"{step.id}: {found}" for step in ends for found in step.options.inline_secrets()]
+
     def trigger_of(self, sink: SinkStep) -> float:
         """The micro-batch interval of a sink's query: its own, else the pipeline's."""
         return self.trigger if sink.trigger is None else sink.trigger

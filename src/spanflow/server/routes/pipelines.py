@@ -46,8 +46,8 @@ def add_pipeline_routes(app: FastAPI, coordinator: Coordinator, guarded: list[An
 
     @app.get(f"{API}/{{name}}/spec", tags=["pipelines"], dependencies=guarded)
     async def spec(name: str) -> dict[str, Any]:
-        """The pipeline as submitted (its spec: sources, steps, sinks)."""
-        return coordinator.pipeline(name).spec.model_dump(mode="json", by_alias=True)
+        """The pipeline as submitted (its spec: sources, steps, sinks), secrets masked."""
+        return coordinator.pipeline(name).spec.secret_free()
 
     @app.get(f"{API}/{{name}}/metrics", tags=["pipelines"], dependencies=guarded)
     async def pipeline_metrics(name: str) -> PipelineMetrics:

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import time
 from collections.abc import Iterator
@@ -44,7 +45,7 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPart
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
 from pyspark.sql.types import StructType
 
-from spanflow.errors import CompileError
+from spanflow.errors import CompileError, SpanflowError
 from spanflow.nats.ranges import Message
 from spanflow.spark.connectors import (
     BatchWriter,
@@ -71,9 +72,13 @@ METADATA_TIMEOUT = 10.0
 _LIBRDKAFKA_LOG = logging.getLogger("spanflow.kafka.client")
 
 
-def _client_config(bootstrap: str, config: dict[str, str]) -> dict[str, Any]:
+def _client_config(
+    bootstrap: str, config: dict[str, str], config_env: dict[str, str] | None = None
+) -> dict[str, Any]:
     """librdkafka settings: its own log goes through Python logging (not stderr), and a
-    broker that refuses connections is retried with back-off instead of every 100 ms."""
+    broker that refuses connections is retried with back-off instead of every 100 ms.
+    Secret settings come from the environment of the process that connects
+    (``config_env``), never from the spec."""
     return {
         "bootstrap.servers": bootstrap,
         "client.id": "spanflow",
@@ -81,7 +86,21 @@ def _client_config(bootstrap: str, config: dict[str, str]) -> dict[str, Any]:
         "reconnect.backoff.ms": 500,
         "reconnect.backoff.max.ms": 10_000,
         **config,
+        **_from_env(config_env or {}),
     }
+
+
+def _from_env(config_env: dict[str, str]) -> dict[str, str]:
+    values = {}
+    for key, name in config_env.items():
+        value = os.environ.get(name)
+        if value is None:
+            raise SpanflowError(
+                f"Kafka setting {key!r} comes from the environment variable {name}, "
+                "which is not set where this query runs"
+            )
+        values[key] = value
+    return values
 
 
 def describe_failure(what: str, bootstrap: str, exc: BaseException) -> str:
@@ -107,6 +126,7 @@ def read_kafka(ctx: SourceContext, step: SourceStep) -> DataFrame:
         .option("bootstrap", options.bootstrap)
         .option("topic", options.topic)
         .option("config", json.dumps(options.config))
+        .option("config_env", json.dumps(options.config_env))
         .option("group", options.group or f"spanflow.{ctx.pipeline}.{step.id}")
         .option("start", step.start)
         .option("start_time", start_time)
@@ -151,6 +171,7 @@ class KafkaReader(DataSourceStreamReader):
         self.bootstrap = options["bootstrap"]
         self.topic = options["topic"]
         self.config: dict[str, str] = json.loads(options.get("config", "{}"))
+        self.config_env: dict[str, str] = json.loads(options.get("config_env", "{}"))
         self.group = options["group"]
         self.start_at = options.get("start", "earliest")
         self.start_time = options.get("start_time") or None
@@ -170,7 +191,7 @@ class KafkaReader(DataSourceStreamReader):
     # -- driver side -----------------------------------------------------------------
     def _consumer_config(self) -> dict[str, Any]:
         return {
-            **_client_config(self.bootstrap, self.config),
+            **_client_config(self.bootstrap, self.config, self.config_env),
             "group.id": self.group,
             "enable.auto.commit": False,
             "enable.auto.offset.store": False,
@@ -385,7 +406,7 @@ class KafkaWriter(BatchWriter):
         self.options = options
         self.marker = marker_topic(ctx.pipeline, sink_id)
         self.transactional_id = options.transactional_id or f"spanflow.{ctx.pipeline}.{sink_id}"
-        self.config = _client_config(options.bootstrap, options.config)
+        self.config = _client_config(options.bootstrap, options.config, options.config_env)
         self._producer: Any = None
         self.committed: int | None = None
         """The last batch id committed to Kafka (read from the marker topic at start)."""
@@ -527,7 +548,9 @@ def check_kafka(step: SourceStep | SinkStep, schema: StructType | None = None) -
     options = step.options
     assert isinstance(options, KafkaSourceOptions | KafkaSinkOptions)
     # the answer (or its absence) is the error raised below: the client's log is noise
-    admin = AdminClient({**_client_config(options.bootstrap, options.config), "log_level": 0})
+    admin = AdminClient(
+        {**_client_config(options.bootstrap, options.config, options.config_env), "log_level": 0}
+    )
     try:
         topics = admin.list_topics(timeout=METADATA_TIMEOUT).topics
     except Exception as exc:

@@ -41,6 +41,12 @@ class ConnectorOptions(BaseModel):
         """The options as shown in logs, plans and errors: secrets masked."""
         return self.model_dump(mode="json")
 
+    def inline_secrets(self) -> list[str]:
+        """Options that hold a secret's value in the spec itself (``config.sasl.password``):
+        a submission with any is refused — the spec is stored in the control plane,
+        shown by the API and handed to Spark — in favour of ``..._env`` references."""
+        return []
+
     def address(self) -> str | None:
         """Where the external system is (brokers, a DSN, a URL), to match it with an
         external declared in the topology; None for spanflow's own systems."""

@@ -18,6 +18,7 @@ from spanflow.spec.connectors.base import Connector, ConnectorOptions, register
 
 TOPIC = r"^[A-Za-z0-9._-]{1,249}$"
 _SECRET = re.compile(r"password|secret|token|credential|key\.pem|\.key$", re.IGNORECASE)
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 def _bootstrap(value: str) -> str:
@@ -38,8 +39,15 @@ class _KafkaOptions(ConnectorOptions):
     )
     config: dict[str, str] = Field(
         default_factory=dict,
-        description="More librdkafka settings (security.protocol, sasl.*, ssl.*...). "
-        "Values of settings named like passwords or secrets are masked in logs.",
+        description="More librdkafka settings (security.protocol, sasl.mechanism, "
+        "sasl.username, ssl.*...). Settings named like passwords or secrets are refused "
+        "in a submission: give them in config_env.",
+    )
+    config_env: dict[str, str] = Field(
+        default_factory=dict,
+        description="librdkafka settings whose values come from environment variables "
+        "where the query runs, e.g. {sasl.password: KAFKA_PASSWORD}: secrets stay out of "
+        "the pipeline, the control plane and Spark's plans.",
     )
     partitions: int | None = Field(
         default=None,
@@ -51,10 +59,23 @@ class _KafkaOptions(ConnectorOptions):
 
     _check_bootstrap = field_validator("bootstrap")(classmethod(lambda cls, v: _bootstrap(v)))
 
+    @field_validator("config_env")
+    @classmethod
+    def _env_names(cls, config_env: dict[str, str]) -> dict[str, str]:
+        for key, name in config_env.items():
+            if not ENV_NAME.match(name):
+                raise ValueError(f"config_env[{key!r}]: {name!r} is not an environment variable")
+        return config_env
+
     def secret_free(self) -> dict[str, object]:
         shown = self.model_dump(mode="json")
         shown["config"] = {k: ("***" if _SECRET.search(k) else v) for k, v in self.config.items()}
         return shown
+
+    def inline_secrets(self) -> list[str]:
+        return [
+            f"config.{key} (give it in config_env)" for key in self.config if _SECRET.search(key)
+        ]
 
     def address(self) -> str | None:
         return self.bootstrap

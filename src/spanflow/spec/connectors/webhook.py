@@ -10,13 +10,15 @@ pipeline goes on.
 
 from __future__ import annotations
 
-from typing import Annotated
+import re
+from typing import Annotated, Any
 
 from pydantic import Field
 
 from spanflow.spec.connectors.base import Connector, ConnectorOptions, register, url_check
 
 HttpUrl = Annotated[str, url_check("http://", "https://", what="webhook url")]
+SECRET_HEADER = re.compile(r"authorization|token|secret|api[-_]?key|password|cookie", re.I)
 
 
 class WebhookSinkOptions(ConnectorOptions):
@@ -36,6 +38,20 @@ class WebhookSinkOptions(ConnectorOptions):
     )
     max_backoff: float = Field(default=30.0, ge=0, le=600)
     concurrency: int = Field(default=16, ge=1, le=256, description="Requests in flight.")
+
+    def secret_free(self) -> dict[str, Any]:
+        shown = self.model_dump(mode="json")
+        shown["headers"] = {
+            k: ("***" if SECRET_HEADER.search(k) else v) for k, v in self.headers.items()
+        }
+        return shown
+
+    def inline_secrets(self) -> list[str]:
+        return [
+            f"headers.{name} (give it in headers_env)"
+            for name in self.headers
+            if SECRET_HEADER.search(name)
+        ]
 
     def address(self) -> str | None:
         return self.url

@@ -26,6 +26,7 @@ from nats.js.api import ExternalStream, StreamConfig, StreamSource
 from spanflow.cli.demo_hosts import hub_args
 from spanflow.local.hosts import Host, Hosts, can_make_hosts
 from spanflow.nats.streams import connect
+from spanflow.security.https import client_context
 from spanflow.security.secrets import SECRETS_ENV, Secrets
 from tests.helpers import wait_for
 
@@ -141,27 +142,37 @@ def _rest_needs_the_token_from_another_host(
         env=env,
     )
     assert "token required" in _wait_line(log, r"coordinator on \S+ .*").group(0)
-    base = f"http://{cloud.address}:7070"
-    wait_for(lambda: _status(f"{base}/healthz") == 200, timeout=60)
-    assert _status(f"{base}/api/v1/nodes") == 401
-    assert _status(f"{base}/api/v1/nodes", wrong="not-the-token") == 401
-    token = secrets.credentials().rest_token
-    assert _status(f"{base}/api/v1/nodes", token=token) == 200
+    base = f"https://{cloud.address}:7070"  # beyond loopback, locked: HTTPS only
+    ca = client_context(secrets)
+    wait_for(lambda: _status(f"{base}/healthz", verify=ca) == 200, timeout=60)
+    assert _status(f"http://{cloud.address}:7070/healthz") == 0  # no plain HTTP
+    assert _status(f"{base}/healthz") == 0  # a client that does not trust our CA
+    assert _status(f"{base}/api/v1/nodes", verify=ca) == 401
+    assert _status(f"{base}/api/v1/nodes", wrong="not-the-token", verify=ca) == 401
+    token = secrets.credentials().rest_token or ""
+    assert _status(f"{base}/api/v1/nodes", token=token, verify=ca) == 200
     assert token not in log.read_text()
     return base
 
 
 class _Api:
-    def __init__(self, base: str, token: str) -> None:
+    def __init__(self, base: str, token: str, verify: Any) -> None:
         self.base, self.headers = base, {"Authorization": f"Bearer {token}"}
+        self.verify = verify
 
     def node_state(self, name: str) -> str | None:
-        r = httpx.get(f"{self.base}/api/v1/nodes", headers=self.headers, timeout=5)
+        r = httpx.get(
+            f"{self.base}/api/v1/nodes", headers=self.headers, timeout=5, verify=self.verify
+        )
         return next((n["state"] for n in r.json() if n["name"] == name), None)
 
     def submit(self, text: str) -> None:
         r = httpx.post(
-            f"{self.base}/api/v1/pipelines", json={"yaml": text}, headers=self.headers, timeout=30
+            f"{self.base}/api/v1/pipelines",
+            json={"yaml": text},
+            headers=self.headers,
+            timeout=30,
+            verify=self.verify,
         )
         assert r.status_code < 300, r.text
 
@@ -199,11 +210,13 @@ def _window_counts(url: str, secrets: Secrets) -> Counter[str]:
     return out
 
 
-def _status(url: str, token: str | None = None, wrong: str | None = None) -> int:
+def _status(
+    url: str, token: str | None = None, wrong: str | None = None, verify: Any = True
+) -> int:
     bearer = token or wrong
     headers = {"Authorization": f"Bearer {bearer}"} if bearer else {}
     try:
-        return httpx.get(url, headers=headers, timeout=5).status_code
+        return httpx.get(url, headers=headers, timeout=5, verify=verify).status_code
     except httpx.HTTPError:
         return 0
 
@@ -253,7 +266,7 @@ def test_a_locked_factory_survives_a_cut_across_namespaced_hosts(tmp_path: Path)
         base = _rest_needs_the_token_from_another_host(
             net, cloud, hub_url, secrets, env, tmp_path, topology
         )
-        api = _Api(base, secrets.credentials().rest_token)
+        api = _Api(base, secrets.credentials().rest_token or "", client_context(secrets))
         net.run(
             cloud,
             [

@@ -36,6 +36,7 @@ from spanflow.cli.common import (
 )
 from spanflow.errors import SpanflowError
 from spanflow.protocol.rest import ClusterMetrics, NodeStatus, PipelineStatus, SubmitBody
+from spanflow.security.https import client_context, require_tls, scheme, server_files, wants_tls
 from spanflow.security.policy import require_token
 from spanflow.spec.cluster import NodeState
 from spanflow.spec.locations import resolve
@@ -144,6 +145,14 @@ def coordinator(
             "without the token; writes still need it."
         ),
     ] = False,
+    tls: Annotated[
+        bool | None,
+        typer.Option(
+            "--tls/--no-tls",
+            help="Serve HTTPS with the deployment's certificate [default: when locked and "
+            "listening beyond loopback; plain HTTP beyond loopback is refused].",
+        ),
+    ] = None,
 ) -> None:
     """Run a coordinator: REST API, dashboard (/ui), registry, pipeline manager, failure
     detection.
@@ -167,8 +176,11 @@ def coordinator(
     creds = secrets.credentials() if secrets is not None else None
     if not token and creds is not None:
         token = creds.rest_token
+    https = wants_tls(host, secrets, tls)
     try:
         require_token("REST API", host, token, "--token or `spanflow secrets init`")
+        require_tls("REST API", host, https)
+        certificate = server_files(secrets) if https else None
     except SpanflowError as exc:
         raise fail(exc) from None
     with nats_url(nats, directory) as url:
@@ -196,15 +208,19 @@ def coordinator(
             raise fail(SpanflowError(f"cannot listen on {host}:{port}: {exc.strerror}")) from None
         actual = sock.getsockname()[1]
         shown = socket.gethostname() if host in ("0.0.0.0", "::") else host
-        settings.url = advertise or f"http://{shown}:{actual}"
+        settings.url = advertise or f"{scheme(https)}://{shown}:{actual}"
         if port_file:
             port_file.write_text(str(actual))
         err.print(
-            f"coordinator on http://{host}:{actual} (dashboard /ui, API docs /docs; "
-            f"token {_token_mode(settings.token, public_reads)})"
+            f"coordinator on {scheme(https)}://{host}:{actual} (dashboard /ui, API docs "
+            f"/docs; token {_token_mode(settings.token, public_reads)})"
         )
         config = uvicorn.Config(
-            create_app(Coordinator(settings)), log_level="warning", lifespan="on"
+            create_app(Coordinator(settings)),
+            log_level="warning",
+            lifespan="on",
+            ssl_certfile=certificate[0] if certificate else None,
+            ssl_keyfile=certificate[1] if certificate else None,
         )
         uvicorn.Server(config).run(sockets=[sock])
 
@@ -380,7 +396,9 @@ class Api:
     def __init__(self, url: str, token: str | None, patience: float = 30.0) -> None:
         from spanflow.protocol.client import CoordinatorClient
 
-        self.client = CoordinatorClient(url, token or local_rest_token(), patience=patience)
+        self.client = CoordinatorClient(
+            url, token or local_rest_token(), patience=patience, verify=client_context()
+        )
 
     @property
     def url(self) -> str:

@@ -21,6 +21,7 @@ from typing import Any
 
 from spanflow.cli.common import err
 from spanflow.errors import SpanflowError
+from spanflow.security.https import client_context
 
 SITES = ("factory-a", "factory-b")
 NODES = {"factory-a": "edge-a", "factory-b": "edge-b"}
@@ -114,7 +115,7 @@ def run_hosts_demo(duration: float | None, rate: float, devices: int, cut: str |
             _wait_line(log, r"MQTT listener on", proc)
         topology = work / "topology.yaml"
         topology.write_text(_topology(addresses))
-        coordinator = f"http://{cloud.address}:7070"
+        coordinator = f"https://{cloud.address}:7070"  # locked beyond loopback: HTTPS
         log, proc = start(
             cloud,
             "coordinator",
@@ -154,7 +155,7 @@ def run_hosts_demo(duration: float | None, rate: float, devices: int, cut: str |
                     host.address,
                 ],
             )
-        api = _api(coordinator, secrets.credentials().rest_token or "")
+        api = _api(coordinator, secrets.credentials().rest_token or "", client_context(secrets))
         err.print("waiting for the three nodes (each starts Spark) …")
         _until(
             lambda: (
@@ -199,7 +200,7 @@ def _parse_cut(cut: str | None) -> tuple[str | None, float]:
     return site, float(seconds)
 
 
-def _api(base: str, token: str) -> Any:
+def _api(base: str, token: str, verify: Any = True) -> Any:
     import httpx
 
     def call(method: str, path: str, body: Any = None) -> Any:
@@ -209,6 +210,7 @@ def _api(base: str, token: str) -> Any:
             json=body,
             headers={"Authorization": f"Bearer {token}"},
             timeout=30,
+            verify=verify,
         )
         if r.status_code >= 400:
             raise SpanflowError(f"{method} {path}: {r.status_code} {r.text[:300]}")

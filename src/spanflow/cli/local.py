@@ -341,15 +341,21 @@ def ingest(url: str, listen: str | None, token: str | None) -> Iterator[None]:
         yield
         return
     from spanflow.nats.server import split_listen
+    from spanflow.security.https import server_files, wants_tls
+    from spanflow.security.secrets import secrets_from_env
     from spanflow.server.ingest import IngestServer
 
     try:
         host, port = split_listen(listen)
-        server = IngestServer(url, host, port, token).start()
+        secrets = secrets_from_env()
+        tls = server_files(secrets) if wants_tls(host, secrets) else None
+        server = IngestServer(url, host, port, token, tls=tls).start()
     except (ValueError, RuntimeError, SpanflowError) as exc:
         _error(ValueError(f"--http-listen: {exc}"))
         raise typer.Exit(2) from None
-    err.print(f"HTTP ingest on {server.host}:{server.port} (POST /ingest/<subject>)")
+    err.print(
+        f"HTTP ingest on {server.host}:{server.port} ({server.scheme}; POST /ingest/<subject>)"
+    )
     try:
         yield
     finally:

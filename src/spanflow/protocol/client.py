@@ -12,6 +12,7 @@ of :mod:`spanflow.protocol.rest` and raise :class:`ApiError` for a 4xx or 5xx.
 
 from __future__ import annotations
 
+import ssl
 import time
 from collections.abc import Sequence
 from typing import Any, TypeVar
@@ -64,8 +65,11 @@ class CoordinatorClient:
         *,
         timeout: float = 30.0,
         patience: float = 0.0,
+        verify: ssl.SSLContext | bool = True,
     ) -> None:
         self.urls = parse_urls(urls)
+        self.verify = verify
+        """How ``https://`` coordinators are checked (spanflow.security.https.client_context)."""
         self.headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.timeout = timeout
         self.patience = patience
@@ -101,6 +105,7 @@ class CoordinatorClient:
                         headers=self.headers,
                         timeout=self.timeout,
                         follow_redirects=True,
+                        verify=self.verify,
                     )
                 except httpx.HTTPError as exc:
                     problems[url] = str(exc) or type(exc).__name__

@@ -69,6 +69,7 @@ from spanflow.runtime.shedding.policy import (
     Shedder,
     SheddingConfig,
 )
+from spanflow.security.https import client_context
 from spanflow.security.secrets import secrets_from_env
 from spanflow.spec.cluster import (
     Activity,
@@ -240,6 +241,7 @@ class NodeAgent:
                     headers=headers,
                     timeout=patience,
                     follow_redirects=True,
+                    verify=client_context(),
                 )
                 problem = f"answered {r.status_code}" if r.status_code >= 500 else ""
             except httpx.HTTPError as exc:
@@ -671,6 +673,7 @@ class NodeAgent:
             headers=headers,
             timeout=10,
             follow_redirects=True,
+            verify=client_context(),
         )
 
     async def _measure_usage(self) -> None:

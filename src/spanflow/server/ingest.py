@@ -38,6 +38,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from spanflow.nats.streams import connect
+from spanflow.security.https import require_tls
 from spanflow.security.policy import require_token
 from spanflow.security.secrets import NatsIdentity, secrets_from_env
 from spanflow.server.limits import RequestLimits, one_token
@@ -176,17 +177,34 @@ def _error(status: int, detail: str, **extra: Any) -> JSONResponse:
 
 
 class IngestServer:
-    """The ingest app served by uvicorn in a background thread (``spanflow run``)."""
+    """The ingest app served by uvicorn in a background thread (``spanflow run``,
+    ``spanflow site-server``). ``tls``: (certificate, key) to serve HTTPS with; beyond
+    loopback it is required (a token must not cross the network in clear)."""
 
-    def __init__(self, nats_url: str, host: str, port: int, token: str | None = None) -> None:
+    def __init__(
+        self,
+        nats_url: str,
+        host: str,
+        port: int,
+        token: str | None = None,
+        *,
+        tls: tuple[str, str] | None = None,
+    ) -> None:
         import uvicorn
 
         require_token("HTTP ingest", host, token, "--http-token")
+        require_tls("HTTP ingest", host, tls is not None)
         config = uvicorn.Config(
-            create_ingest_app(nats_url, token), host=host, port=port, log_level="warning"
+            create_ingest_app(nats_url, token),
+            host=host,
+            port=port,
+            log_level="warning",
+            ssl_certfile=tls[0] if tls else None,
+            ssl_keyfile=tls[1] if tls else None,
         )
         self.server = uvicorn.Server(config)
         self.host, self.port = host, port
+        self.scheme = "https" if tls else "http"
         self._thread: Any = None
 
     def start(self, timeout: float = 10.0) -> IngestServer:

@@ -19,7 +19,7 @@ from pathlib import Path
 import nats.errors
 import pytest
 from nats.aio.client import Client
-from nats.js.api import ConsumerConfig, StreamConfig
+from nats.js.api import ConsumerConfig, RePublish, StreamConfig
 
 from spanflow.control import records as r
 from spanflow.control.log import ControlLog
@@ -106,6 +106,29 @@ async def _push_consumer_at(url: str, secrets: Secrets, deliver: str) -> None:
         await agent.close()
 
 
+async def _republish_and_purge(url: str, secrets: Secrets) -> None:
+    """An agent's stream that republishes what it stores onto the log's subjects, and
+    an agent purging or deleting the control streams by name."""
+    agent = await connect(url, identity=secrets.identity("agent"))
+    try:
+        ajs = agent.jetstream(timeout=2.0)
+        await ajs.add_stream(
+            StreamConfig(
+                name="ECHO",
+                subjects=["echo.>"],
+                republish=RePublish(src="echo.>", dest="spanflow.wal.>"),
+            )
+        )
+        await ajs.publish("echo.site", b'{"kind": "site"}')
+        for stream in (WAL_STREAM, f"OBJ_{SNAPSHOTS_BUCKET}", f"KV_{LEADER_BUCKET}"):
+            with pytest.raises(nats.errors.Error):  # not in its account: not found
+                await ajs.purge_stream(stream)
+            with pytest.raises(nats.errors.Error):
+                await ajs.delete_stream(stream)
+    finally:
+        await agent.close()
+
+
 async def _messages(nc: Client, stream: str) -> int:
     return int((await nc.jetstream().stream_info(stream)).state.messages)
 
@@ -134,6 +157,7 @@ def test_no_application_identity_can_make_the_server_write_the_control_plane(
             return rounds
 
         await _attack_once(hub.url, secrets)  # makes the agent's EVIL stream
+        await _republish_and_purge(hub.url, secrets)
         attacking = asyncio.create_task(attacker())
         await _push_consumer_at(hub.url, secrets, "spanflow.wal.pushed")
         committed = 0

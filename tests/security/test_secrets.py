@@ -126,3 +126,23 @@ def test_keyring_files_name_the_bad_line(tmp_path: Path) -> None:
         Keyring.load(path)
     with pytest.raises(SecurityError, match="base64"):
         decode_key("not base64!")
+
+
+def test_init_closes_an_open_clients_directory_and_refuses_symbolic_links(tmp_path: Path) -> None:
+    secrets = Secrets(tmp_path / "secrets")
+    (secrets.root / "clients").mkdir(parents=True, mode=0o777)
+    (secrets.root / "clients").chmod(0o777)
+    secrets.init()
+    assert stat.S_IMODE((secrets.root / "clients").stat().st_mode) == 0o700
+    elsewhere = tmp_path / "elsewhere.key"
+    elsewhere.write_text("")
+    victim = Secrets(tmp_path / "victim")
+    (victim.root / "clients").mkdir(parents=True)
+    (victim.root / "clients" / "agent.key").symlink_to(elsewhere)
+    with pytest.raises(SecurityError, match="symbolic link"):
+        victim.init()
+    assert elsewhere.read_text() == ""  # no key was written through the link
+    linked = Secrets(tmp_path / "linked")
+    linked.root.symlink_to(tmp_path / "elsewhere-dir", target_is_directory=True)
+    with pytest.raises(SecurityError, match="symbolic link"):
+        linked.init()

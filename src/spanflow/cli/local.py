@@ -134,7 +134,7 @@ def run(
     except SpanflowError as exc:
         _error(exc)
         raise typer.Exit(2) from None
-    _check_mqtt(nats, mqtt, mqtt_listen)
+    _check_mqtt(nats, mqtt, mqtt_listen, data_dir)
     _quiet_spark()
     from spanflow.spark.runner import PipelineRunner
     from spanflow.spark.session import build_session
@@ -362,16 +362,30 @@ def ingest(url: str, listen: str | None, token: str | None) -> Iterator[None]:
         server.stop()
 
 
-def _check_mqtt(nats: str | None, mqtt: bool, mqtt_listen: str | None) -> None:
-    """MQTT is the embedded server's listener: refuse what cannot be honoured."""
+def _check_mqtt(
+    nats: str | None, mqtt: bool, mqtt_listen: str | None, data_dir: Path | None = None
+) -> None:
+    """MQTT is the embedded server's listener: refuse what cannot be honoured, and an
+    open listener beyond loopback (as ``spanflow site-server`` does)."""
+    from spanflow.cli.common import find_secrets
     from spanflow.nats.server import split_listen
+    from spanflow.security.policy import is_loopback
 
     if (mqtt or mqtt_listen) and nats:
         _error(ValueError("--mqtt and --mqtt-listen need the embedded server (drop --nats)"))
         raise typer.Exit(2)
     if mqtt_listen:
         try:
-            split_listen(mqtt_listen)
+            host, _ = split_listen(mqtt_listen)
         except ValueError as exc:
             _error(ValueError(f"--mqtt-listen: {exc}"))
             raise typer.Exit(2) from None
+        if not is_loopback(host) and find_secrets(data_dir) is None:
+            _error(
+                SpanflowError(
+                    f"MQTT on {host} would take readings from anyone on the network: run "
+                    "`spanflow secrets init` (devices then log in over TLS) or listen on "
+                    "127.0.0.1"
+                )
+            )
+            raise typer.Exit(2)

@@ -73,7 +73,11 @@ def _write_private(path: Path, data: bytes | str) -> None:
     between the write and a chmod)."""
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     raw = data.encode() if isinstance(data, str) else data
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:  # never through a symbolic link planted where a secret goes
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    except OSError as exc:
+        raise SecurityError(f"cannot write {path}: {exc.strerror or exc}") from exc
+    os.fchmod(fd, 0o600)  # an existing file keeps its mode on open: close it first
     try:
         os.write(fd, raw)
     finally:
@@ -288,8 +292,11 @@ class Secrets:
         server and client certificates (new hosts, near expiry) under the same CA and
         keeps passwords and keys. Returns the files written."""
         written: list[Path] = []
+        self._refuse_links()
         self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
         os.chmod(self.root, 0o700)
+        (self.root / "clients").mkdir(exist_ok=True, mode=0o700)
+        os.chmod(self.root / "clients", 0o700)  # an existing one may have been left open
         if not self.ca_cert.exists():
             ca = pki.create_ca()
             _write_private(self.ca_key, ca.key_pem)
@@ -321,6 +328,19 @@ class Secrets:
             _write_private(self.keyring_file, Keyring((new_key(),)).dumps())
             written.append(self.keyring_file)
         return written
+
+    def _refuse_links(self) -> None:
+        """Secrets are written only into real directories and files: a symbolic link
+        planted in the directory would send a private key wherever it points."""
+        for path in (self.root, self.root / "clients"):
+            if path.is_symlink():
+                raise SecurityError(f"{path} is a symbolic link: refusing to write secrets there")
+        if self.root.is_dir():
+            for path in self.root.rglob("*"):
+                if path.is_symlink():
+                    raise SecurityError(
+                        f"{path} is a symbolic link: refusing to write secrets beside it"
+                    )
 
     def _top_up(self) -> bool:
         """A directory made by an older version lacks a newer role's password (the

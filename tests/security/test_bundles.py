@@ -49,7 +49,9 @@ def test_an_edge_hosts_bundles_hold_no_secret_of_another_role(
     names = {p.relative_to(tmp_path / "agent").as_posix() for p in agent}
     assert names == {
         "ca.crt", "clients/agent.crt", "clients/agent.key", "gossip.keyring", "credentials.json",
+        "control.pub",
     }  # fmt: skip
+    assert full.control_key.read_text() not in _every_secret_text(tmp_path / "agent")
     assert "ca.key" not in {p.name for p in site}
     edge = _every_secret_text(tmp_path / "agent") + _every_secret_text(tmp_path / "site")
     for role in ("coordinator", "control", "reader", "route"):

@@ -66,7 +66,7 @@ from spanflow.protocol.rest import (
     PipelineStatus,
     ShedAnswer,
 )
-from spanflow.security.secrets import control_identity_from_env
+from spanflow.security.secrets import assignment_signer, control_identity_from_env
 from spanflow.spec import locations
 from spanflow.spec.cluster import (
     Activity,
@@ -163,7 +163,7 @@ class Coordinator:
         while True:
             try:
                 self.control_log = await ControlLog.open(
-                    self.control_nc, s.replicas, data_nc=self.nc
+                    self.control_nc, s.replicas, data_nc=self.nc, signer=assignment_signer()
                 )
                 wanted = s.lease_seconds or leadership.lease_for(cluster_servers(self.nc))
                 self._leases = await ensure_kv(js, LEADER_BUCKET, ttl=wanted, replicas=s.replicas)

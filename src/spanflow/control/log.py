@@ -52,6 +52,7 @@ from spanflow.nats.cluster import (
 )
 from spanflow.nats.ranges import read_range
 from spanflow.protocol.names import SNAPSHOTS_BUCKET as SNAPSHOTS
+from spanflow.security.signing import Signer
 
 log = logging.getLogger(__name__)
 
@@ -65,12 +66,17 @@ APPEND_PATIENCE = 15.0
 Projection = dict[tuple[str, str], bytes]
 
 
-def projection(state: ClusterState) -> Projection:
-    """What the KV buckets hold for ``state``: (bucket, key) → JSON."""
+def projection(state: ClusterState, signer: Signer | None = None) -> Projection:
+    """What the KV buckets hold for ``state``: (bucket, key) → JSON. With a ``signer``
+    (locked), assignments — what makes a node import and run code — are signed
+    envelopes (spanflow.security.signing) the agents verify."""
     out: Projection = {}
 
     def add(bucket: str, key: str, model: BaseModel) -> None:
-        out[(bucket, key)] = model.model_dump_json().encode()
+        value = model.model_dump_json().encode()
+        if signer is not None and bucket == ASSIGNMENTS_BUCKET:
+            value = signer.envelope(value)
+        out[(bucket, key)] = value
 
     add(META_BUCKET, "topology", state.topology)
     for name, node in state.nodes.items():
@@ -107,8 +113,16 @@ class ControlLog:
     application identity can make the server publish), the KV projection the agents
     read in ``buckets`` (their account)."""
 
-    def __init__(self, nc: Client, buckets: dict[str, KeyValue], snapshots: ObjectStore) -> None:
+    def __init__(
+        self,
+        nc: Client,
+        buckets: dict[str, KeyValue],
+        snapshots: ObjectStore,
+        signer: Signer | None = None,
+    ) -> None:
         self.nc = nc
+        self.signer = signer
+        """Signs projected assignments (locked mode); None: plain values."""
         self.js = nc.jetstream()
         self.buckets = buckets
         self.snapshots = snapshots
@@ -119,14 +133,20 @@ class ControlLog:
 
     @classmethod
     async def open(
-        cls, nc: Client, replicas: int | None = None, *, data_nc: Client | None = None
+        cls,
+        nc: Client,
+        replicas: int | None = None,
+        *,
+        data_nc: Client | None = None,
+        signer: Signer | None = None,
     ) -> ControlLog:
         """Open (creating what is missing) the log and snapshots over ``nc``, the
         projection buckets and the activity log over ``data_nc`` (default ``nc``)."""
         js, data_js = nc.jetstream(), (data_nc or nc).jetstream()
         await ensure_log_streams(js, replicas, activity_js=data_js)
         buckets = {name: await ensure_kv(data_js, name, replicas=replicas) for name in BUCKETS}
-        return cls(nc, buckets, await ensure_object_store(js, SNAPSHOTS, replicas=replicas))
+        store = await ensure_object_store(js, SNAPSHOTS, replicas=replicas)
+        return cls(nc, buckets, store, signer)
 
     # -- writing ---------------------------------------------------------------------------
     async def commit(self, state: ClusterState, records: list[r.Record]) -> int:
@@ -236,7 +256,7 @@ class ControlLog:
             delay = min(delay * 2, 1.0)
 
     async def _project(self, keys: set[tuple[str, str]], state: ClusterState) -> None:
-        wanted = projection(state)
+        wanted = projection(state, self.signer)
         try:
             for bucket, key in sorted(keys):
                 value = wanted.get((bucket, key))
@@ -312,7 +332,7 @@ class ControlLog:
         return replayed
 
     async def _repair(self, state: ClusterState) -> int:
-        wanted = projection(state)
+        wanted = projection(state, self.signer)
         actual: Projection = {}
         for bucket in (NODES_BUCKET, PIPELINES_BUCKET, ASSIGNMENTS_BUCKET):
             for key, value in (await self._load_raw(bucket)).items():

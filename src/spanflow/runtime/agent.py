@@ -70,7 +70,8 @@ from spanflow.runtime.shedding.policy import (
     SheddingConfig,
 )
 from spanflow.security.https import client_context
-from spanflow.security.secrets import secrets_from_env
+from spanflow.security.secrets import assignment_verifier, secrets_from_env
+from spanflow.security.signing import Unsigned, read_signed
 from spanflow.spec.cluster import (
     Activity,
     ActivityEvent,
@@ -161,6 +162,9 @@ class NodeAgent:
         self.interval = 1.0
         self._client: SyncNats | None = None
         self._kv: KeyValue | None = None
+        self._verifier = assignment_verifier()
+        self.refused_assignments = 0
+        """Assignment values whose signature did not verify (forged, not run)."""
         self._control_js: JetStreamContext | None = None
         self._changes: queue.Queue[tuple[str, Assignment | None]] = queue.Queue()
         self._desired: dict[str, Assignment] = {}
@@ -481,10 +485,15 @@ class NodeAgent:
             try:
                 entry = await kv.get(key)
                 if entry.value:
-                    out[key.partition(".")[2]] = Assignment.model_validate_json(entry.value)
-            except (KeyNotFoundError, ValueError) as exc:
+                    out[key.partition(".")[2]] = self._assignment(entry.value)
+            except (KeyNotFoundError, ValueError, Unsigned) as exc:
                 log.error("unreadable last-known assignment %s: %s", key, exc)
         return out
+
+    def _assignment(self, value: bytes) -> Assignment:
+        """An assignment value as this node may run it: locked, only what the
+        coordinators signed (:class:`Unsigned` otherwise)."""
+        return Assignment.model_validate_json(read_signed(value, self._verifier))
 
     async def _site_keys(self) -> list[str]:
         """This node's keys in its site's copy of its assignments."""
@@ -535,7 +544,11 @@ class NodeAgent:
                     await self._remember(entry.key, None)
                     continue
                 try:
-                    self._changes.put((entry.key, Assignment.model_validate_json(entry.value)))
+                    self._changes.put((entry.key, self._assignment(entry.value)))
+                except Unsigned as exc:
+                    self.refused_assignments += 1
+                    log.error("assignment %s refused, not run: %s", entry.key, exc)
+                    continue
                 except ValueError as exc:
                     log.error("unreadable assignment %s: %s", entry.key, exc)
                     continue

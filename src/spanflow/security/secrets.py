@@ -30,6 +30,7 @@ from typing import Any
 from spanflow.errors import SecurityError
 from spanflow.security import pki
 from spanflow.security.keyring import Keyring, new_key
+from spanflow.security.signing import Signer, Verifier, new_key_pair
 
 ROLES = ("coordinator", "control", "agent", "reader", "device", "leaf", "route")
 """Who connects to NATS: coordinators (data plane), coordinators' control plane (the
@@ -238,6 +239,23 @@ class Secrets:
     def keyring_file(self) -> Path:
         return self.root / "gossip.keyring"
 
+    @property
+    def control_key(self) -> Path:
+        """Signs assignments (spanflow.security.signing): coordinators only."""
+        return self.root / "control.key"
+
+    @property
+    def control_pub(self) -> Path:
+        """Checks assignments' signatures: every agent."""
+        return self.root / "control.pub"
+
+    def signer(self) -> Signer | None:
+        """The coordinators' signer, or None where this host has no key."""
+        return Signer(self.control_key.read_bytes()) if self.control_key.exists() else None
+
+    def verifier(self) -> Verifier | None:
+        return Verifier(self.control_pub.read_bytes()) if self.control_pub.exists() else None
+
     def exists(self) -> bool:
         return self.credentials_file.exists() and self.ca_cert.exists()
 
@@ -293,6 +311,11 @@ class Secrets:
         keeps passwords and keys. Returns the files written."""
         written: list[Path] = []
         self._refuse_links()
+        if self.credentials_file.exists() and self.credentials().rest_token is None:
+            raise SecurityError(
+                f"{self.root} is a host's bundle: run `spanflow secrets init` on the host "
+                "that issues, then `spanflow secrets export` for this one"
+            )
         self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
         os.chmod(self.root, 0o700)
         (self.root / "clients").mkdir(exist_ok=True, mode=0o700)
@@ -327,6 +350,11 @@ class Secrets:
         if not self.keyring_file.exists():
             _write_private(self.keyring_file, Keyring((new_key(),)).dumps())
             written.append(self.keyring_file)
+        if not self.control_key.exists():
+            private, public = new_key_pair()
+            _write_private(self.control_key, private)
+            _write_private(self.control_pub, public)
+            written += [self.control_key, self.control_pub]
         return written
 
     def _refuse_links(self) -> None:
@@ -396,11 +424,13 @@ class Secrets:
         bundle: Credentials
         if role == "coordinator":
             files += [self.server_cert, self.server_key, self.keyring_file]
+            files += [self.control_key, self.control_pub]
             files += [p for r in ROLES for p in (self.client_cert(r), self.client_key(r))]
             bundle = creds
         elif role == "agent":
             assert node is not None
             files += [self.client_cert("agent"), self.client_key("agent"), self.keyring_file]
+            files.append(self.control_pub)
             bundle = Credentials(
                 {"agent": creds.passwords["agent"]},
                 None,
@@ -532,3 +562,31 @@ def adopt(secrets: Secrets, role: str) -> None:
     ``secrets`` as ``role``."""
     os.environ[SECRETS_ENV] = str(secrets.root.resolve())
     os.environ[ROLE_ENV] = role
+
+
+def assignment_signer() -> Signer | None:
+    """This coordinator's signer for assignments (locked), or None (open mode)."""
+    found = secrets_from_env()
+    if found is None:
+        return None
+    signer = found.signer()
+    if signer is None:
+        raise SecurityError(
+            f"{found.control_key} is missing: coordinators sign assignments with it "
+            "(run `spanflow secrets init` on the issuing host; export --role coordinator)"
+        )
+    return signer
+
+
+def assignment_verifier() -> Verifier | None:
+    """This agent's check of assignments' signatures (locked), or None (open mode)."""
+    found = secrets_from_env()
+    if found is None:
+        return None
+    verifier = found.verifier()
+    if verifier is None:
+        raise SecurityError(
+            f"{found.control_pub} is missing: agents check assignments with it "
+            "(export the node's bundle again)"
+        )
+    return verifier

@@ -1,0 +1,116 @@
+"""Signed assignments: an assignment makes a node import and run code, and it lives in
+a KV bucket of the application account. An agent stores a well-formed assignment of its
+own making and has the server write it over another node's key (a DIRECT.GET aimed at
+``$KV.spanflow_assignments.<node>.<fragment>``): the value lands — and the node refuses
+it, because only the coordinators' key signs; what the coordinators project verifies."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+from nats.js.api import StreamConfig
+
+from spanflow.api.yaml_loader import load_pipeline_text
+from spanflow.control import records as r
+from spanflow.control.log import ControlLog, projection
+from spanflow.control.state import ClusterState
+from spanflow.nats.cluster import ASSIGNMENTS_BUCKET
+from spanflow.nats.server import EmbeddedNats
+from spanflow.nats.streams import connect
+from spanflow.security.secrets import Secrets
+from spanflow.security.signing import Signer, Unsigned, Verifier, new_key_pair, read_signed
+from spanflow.spec.cluster import Assignment, Fragment
+
+EVIL = load_pipeline_text(
+    """
+name: p
+sources: [{id: s, stream: IN, schema: {v: long}, to: [m]}]
+processors: [{id: m, type: map, function: "os:system", to: [out]}]
+sinks: [{id: out, type: jetstream, stream: OUT, subject: out}]
+""",
+    "evil.yaml",
+)
+
+
+def _assignment(node: str = "n1") -> Assignment:
+    fragment = Fragment(id="p-f1", pipeline="p", spec=EVIL)
+    return Assignment(fragment=fragment, node=node, epoch=9, checkpoint_dir="/c")
+
+
+def test_only_what_the_coordinators_signed_verifies() -> None:
+    private, public = new_key_pair()
+    signer, verifier = Signer(private), Verifier(public)
+    value = _assignment().model_dump_json().encode()
+    envelope = signer.envelope(value)
+    assert envelope == signer.envelope(value)  # deterministic: the repair compares bytes
+    assert read_signed(envelope, verifier) == value
+    assert read_signed(envelope, None) == value and read_signed(value, None) == value
+    with pytest.raises(Unsigned):
+        read_signed(value, verifier)  # a plain value
+    other = Signer(new_key_pair()[0]).envelope(value)
+    with pytest.raises(Unsigned):
+        read_signed(other, verifier)  # another key
+    tampered = json.loads(envelope)
+    tampered["signed"] = tampered["signed"].replace('"epoch":9', '"epoch":10')
+    with pytest.raises(Unsigned):
+        read_signed(json.dumps(tampered).encode(), verifier)
+
+
+def test_a_forged_assignment_written_by_the_server_is_refused(tmp_path: Path) -> None:
+    secrets = Secrets(tmp_path / "secrets")
+    secrets.init()
+    signer, verifier = secrets.signer(), secrets.verifier()
+    assert signer is not None and verifier is not None
+    with EmbeddedNats(tmp_path / "nats", secrets=secrets) as server:
+
+        async def scenario() -> None:
+            control = await connect(server.url, identity=secrets.identity("control"))
+            data = await connect(server.url, identity=secrets.identity("coordinator"))
+            log = await ControlLog.open(control, data_nc=data, signer=signer)
+            state = ClusterState()
+            state.assignments["p-f1"] = _assignment()
+            await log._repair(state)  # projects every key the state has
+            kv = log.buckets[ASSIGNMENTS_BUCKET]
+            genuine = (await kv.get("n1.p-f1")).value or b""
+            assert Assignment.model_validate_json(read_signed(genuine, verifier)).epoch == 9
+            assert await log._repair(state) == 0  # the signed projection is stable
+
+            agent = await connect(server.url, identity=secrets.identity("agent"))
+            ajs = agent.jetstream()
+            await ajs.add_stream(StreamConfig(name="MINE", subjects=["mine.>"], allow_direct=True))
+            forged = _assignment().model_copy(update={"epoch": 99})
+            stored = await ajs.publish("mine.x", forged.model_dump_json().encode())
+            request = json.dumps({"seq": stored.seq}).encode()
+            await agent.publish(
+                "$JS.API.DIRECT.GET.MINE", request, reply="$KV.spanflow_assignments.n1.p-f1"
+            )
+            await agent.flush()
+            deadline = asyncio.get_running_loop().time() + 10
+            while (await kv.get("n1.p-f1")).value == genuine:  # the server wrote it ...
+                assert asyncio.get_running_loop().time() < deadline, "the attack did not land"
+                await asyncio.sleep(0.05)
+            landed = (await kv.get("n1.p-f1")).value or b""
+            assert b'"epoch":99' in landed
+            with pytest.raises(Unsigned):  # ... and the node does not run it
+                read_signed(landed, verifier)
+            assert await log._repair(state) == 1  # the coordinator puts its own back
+            assert (await kv.get("n1.p-f1")).value == genuine
+            for nc in (agent, control, data):
+                await nc.close()
+
+        asyncio.run(scenario())
+
+
+def test_projection_signs_assignments_only() -> None:
+    signer = Signer(new_key_pair()[0])
+    state = ClusterState()
+    state.assignments["p-f1"] = _assignment()
+    signed = projection(state, signer)
+    plain = projection(state)
+    assert signed[(ASSIGNMENTS_BUCKET, "n1.p-f1")] != plain[(ASSIGNMENTS_BUCKET, "n1.p-f1")]
+    others = {k: v for k, v in signed.items() if k[0] != ASSIGNMENTS_BUCKET}
+    assert others == {k: v for k, v in plain.items() if k[0] != ASSIGNMENTS_BUCKET}
+    _ = r  # records are what the log carries; the projection is derived from the state

@@ -206,6 +206,50 @@ def test_locked_gateway_logs_devices_in_and_keeps_them_to_their_subjects(
             loop.run(gateway.close())
 
 
+def test_locked_commands_reach_their_device_and_other_subscriptions_fail_visibly(
+    tmp_path: Path, loop: Loop
+) -> None:
+    secrets = Secrets(tmp_path / "secrets")
+    secrets.init()
+    password = secrets.add_device(
+        "press-7", ("plant.press-7.>",), subscribe=("commands.press-7.>",)
+    )
+    with EmbeddedNats(tmp_path / "nats", secrets=secrets) as server:
+        gateway = loop.run(MqttGateway(server.url, secrets=secrets).start())
+        got: list[tuple[str, bytes]] = []
+        granted: list[list[int]] = []
+        client, _ = _device(
+            gateway.port, "press-7", username="press-7", password=password, ca=secrets.ca_cert
+        )
+        client.on_message = lambda c, u, m: got.append((m.topic, m.payload))
+        client.on_subscribe = lambda c, u, mid, codes, p: granted.append(
+            [int(getattr(code, "value", code)) for code in codes]
+        )
+        try:
+            _until(lambda: gateway.stats.connections == 1, "no connection")
+            client.subscribe([("commands/press-7/#", 0), ("commands/press-8/#", 0)])
+            _until(lambda: granted, "no SUBACK")
+            assert granted[0] == [0, 0x80]  # its own commands granted, another's refused
+
+            async def command(subject: str) -> None:
+                nc = await connect(server.url, identity=secrets.identity("coordinator"))
+                await nc.publish(subject, b"stop")
+                await nc.flush()
+                await nc.close()
+
+            deadline = time.monotonic() + 20
+            while not got:
+                assert time.monotonic() < deadline, "no command arrived"
+                asyncio.run(command("commands.press-7.stop"))
+                asyncio.run(command("commands.press-8.stop"))
+                time.sleep(0.2)
+            assert {topic for topic, _ in got} == {"commands/press-7/stop"}
+        finally:
+            client.disconnect()
+            client.loop_stop()
+            loop.run(gateway.close())
+
+
 def test_a_revoked_device_is_cut_off_and_a_guesser_is_throttled(tmp_path: Path, loop: Loop) -> None:
     secrets = Secrets(tmp_path / "secrets")
     secrets.init()

@@ -119,6 +119,13 @@ def device(
             "--publish", help="A subject it may publish on (repeat), e.g. sensors.press-7.>"
         ),
     ] = None,
+    subscribe: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--subscribe",
+            help="A subject it may subscribe to (repeat): commands for it, e.g. commands.press-7.>",
+        ),
+    ] = None,
     revoke: Annotated[
         bool, typer.Option("--revoke", help="Remove the device: it can no longer log in.")
     ] = False,
@@ -136,7 +143,7 @@ def device(
             return
         if not publish:
             raise SecurityError("give --publish SUBJECT (repeat) or --revoke")
-        password = secrets.add_device(name, tuple(publish))
+        password = secrets.add_device(name, tuple(publish), tuple(subscribe or ()))
     except SecurityError as exc:
         raise fail(exc) from None
     console.print(f"device {name}: password {password}", markup=False, highlight=False)

@@ -135,7 +135,9 @@ def users(creds: Credentials) -> list[dict[str, Any]]:
                 "password": device.password,
                 "permissions": {
                     "publish": {"allow": list(device.publish)},
-                    "subscribe": {"allow": [f"{inbox_prefix(name, 'device')}.>"]},
+                    "subscribe": {
+                        "allow": [f"{inbox_prefix(name, 'device')}.>", *device.subscribe]
+                    },
                 },
             }
         )

@@ -88,10 +88,12 @@ def _write_private(path: Path, data: bytes | str) -> None:
 
 @dataclass(frozen=True)
 class Device:
-    """A device's NATS/MQTT user: it may publish on ``publish`` subjects only."""
+    """A device's NATS/MQTT user: it may publish on ``publish`` subjects only, and
+    subscribe to ``subscribe`` (commands sent to it) and its own inbox."""
 
     password: str
     publish: tuple[str, ...]
+    subscribe: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -116,7 +118,11 @@ class Credentials:
             "nats": self.passwords,
             "rest_token": self.rest_token,
             "devices": {
-                name: {"password": d.password, "publish": list(d.publish)}
+                name: {
+                    "password": d.password,
+                    "publish": list(d.publish),
+                    "subscribe": list(d.subscribe),
+                }
                 for name, d in sorted(self.devices.items())
             },
         }
@@ -133,7 +139,11 @@ class Credentials:
         try:
             raw = json.loads(text)
             devices = {
-                str(name): Device(str(d["password"]), tuple(str(s) for s in d["publish"]))
+                str(name): Device(
+                    str(d["password"]),
+                    tuple(str(s) for s in d["publish"]),
+                    tuple(str(s) for s in d.get("subscribe") or ()),
+                )
                 for name, d in (raw.get("devices") or {}).items()
             }
             token = raw.get("rest_token")
@@ -466,9 +476,12 @@ class Secrets:
         written.append(out.credentials_file)
         return written
 
-    def add_device(self, name: str, publish: tuple[str, ...]) -> str:
-        """Add (or re-key) a device user allowed to publish on ``publish`` only;
-        returns its password (shown once to the operator, never logged)."""
+    def add_device(
+        self, name: str, publish: tuple[str, ...], subscribe: tuple[str, ...] = ()
+    ) -> str:
+        """Add (or re-key) a device user allowed to publish on ``publish`` only (and to
+        subscribe to ``subscribe``: commands for it); returns its password (shown once
+        to the operator, never logged)."""
         if not name or any(c in name for c in " .*>\t\n"):
             raise SecurityError(f"a device name is one token without spaces or dots: {name!r}")
         if name in ROLES:
@@ -477,7 +490,7 @@ class Secrets:
             raise SecurityError("a device needs at least one subject it may publish on")
         creds = self.credentials()
         password = _password()
-        devices = {**creds.devices, name: Device(password, publish)}
+        devices = {**creds.devices, name: Device(password, publish, subscribe)}
         updated = replace(creds, devices=devices)
         _write_private(self.credentials_file, updated.to_json())
         return password

@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import hmac
 import logging
 import ssl
 import threading
@@ -40,6 +41,7 @@ from nats.errors import Error as NatsClientError
 from spanflow.errors import SecurityError
 from spanflow.nats.streams import connect
 from spanflow.protocol import mqtt
+from spanflow.protocol.subjects import covers
 from spanflow.security.secrets import NatsIdentity, Secrets
 from spanflow.security.throttle import LoginThrottle
 
@@ -81,6 +83,8 @@ class _Session:
     )
     subscriptions: dict[str, Any] = field(default_factory=dict)
     failed: str | None = None
+    may_subscribe: tuple[str, ...] | None = None
+    """Locked: the subjects the device may subscribe to (its commands); None: open."""
 
 
 def device_login(secrets: Secrets) -> Authenticate:
@@ -97,7 +101,9 @@ def device_login(secrets: Secrets) -> Authenticate:
             identity = secrets.device_identity(packet.username)
         else:
             return None
-        return identity if identity.password == packet.password else None
+        if not hmac.compare_digest(identity.password.encode(), packet.password.encode()):
+            return None
+        return identity
 
     return check
 
@@ -246,7 +252,11 @@ class MqttGateway:
         self.stats.connections += 1
         writer.write(mqtt.connack(mqtt.ACCEPTED))
         client_id = packet.client_id or f"anon-{id(writer):x}"
-        return _Session(client_id, nc, writer)
+        session = _Session(client_id, nc, writer)
+        if identity is not None and self.secrets is not None:
+            device = self.secrets.credentials().devices.get(identity.user)
+            session.may_subscribe = device.subscribe if device is not None else ()
+        return session
 
     async def _run(self, session: _Session, reader: asyncio.StreamReader) -> None:
         acks = asyncio.create_task(self._send_acks(session))
@@ -343,6 +353,18 @@ class MqttGateway:
                 subject = mqtt.filter_to_subject(topic_filter)
             except mqtt.MqttError:
                 codes.append(0x80)
+                continue
+            allowed = session.may_subscribe
+            if allowed is not None and not any(covers(p, subject) for p in allowed):
+                if (session.client_id, topic_filter) not in self._reported:
+                    self._reported.add((session.client_id, topic_filter))
+                    log.warning(
+                        "MQTT %s: may not subscribe to %s (its commands: %s)",
+                        session.client_id,
+                        topic_filter,
+                        ", ".join(allowed) or "none",
+                    )
+                codes.append(0x80)  # a failure the device sees, not a silent no-op
                 continue
             writer = session.writer
 

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import time
 from collections.abc import Callable
 
 import pytest
 
 from spanflow.runtime.membership.config import MembershipConfig
-from spanflow.runtime.membership.messages import State
+from spanflow.runtime.membership.messages import Alive, State, encode
 from spanflow.runtime.membership.udp import GossipService, split_addr
 from spanflow.security.keyring import Keyring, new_key
 
@@ -130,6 +131,36 @@ def test_sealed_gossip_admits_the_keyring_and_drops_forgeries() -> None:
             assert a.stats.rejected >= rejected  # only the intruder's packets are refused
         finally:
             for s in (*services, intruder):
+                await s.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_recorded_sealed_packet_sent_again_is_refused() -> None:
+    """A sealed packet is accepted once: the same bytes again (a replay by someone on
+    the path, who cannot read or forge them) are dropped and counted, as is one sealed
+    long ago under the right key."""
+
+    async def scenario() -> None:
+        ring = Keyring((new_key(),))
+        a, b = (GossipService(f"r{i}", CONFIG, keyring=ring) for i in range(2))
+        try:
+            await a.start()
+            await b.start(seeds=[a.addr])
+            await until(lambda: sees(a, b, State.ALIVE) and sees(b, a, State.ALIVE))
+            host, port = split_addr(a.addr)
+            fresh = ring.seal(encode([Alive(1, "ghost", "127.0.0.1:9")]))
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as raw:
+                raw.sendto(fresh, (host, port))
+                await until(lambda: a.membership is not None and "ghost" in a.membership.members)
+                rejected = a.stats.rejected
+                raw.sendto(fresh, (host, port))  # the same packet again
+                old = ring.seal(encode([Alive(1, "ghost-2", "127.0.0.1:8")]), at=time.time() - 600)
+                raw.sendto(old, (host, port))
+            await until(lambda: a.stats.rejected >= rejected + 2)
+            assert a.membership is not None and "ghost-2" not in a.membership.members
+        finally:
+            for s in (a, b):
                 await s.close()
 
     asyncio.run(scenario())

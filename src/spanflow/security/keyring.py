@@ -3,10 +3,13 @@ key (the primary) seals every outgoing packet, while every key in the ring may o
 incoming one — so keys rotate without a flag day (install the new key everywhere, make
 it primary everywhere, then remove the old one).
 
-A sealed packet is ``version (1 byte) | nonce (12 bytes) | AES-GCM(ciphertext + tag)``
-with a label bound in as associated data, so a packet sealed for one cluster does not
-open in another even under the same key. A packet that no key opens — forged, from
-another cluster, corrupted — raises :class:`SealError`; the caller drops and counts it.
+A sealed packet is ``version (1 byte) | nonce (12 bytes) | AES-GCM(sealed-at + data,
+tag)`` with a label bound in as associated data, so a packet sealed for one cluster does
+not open in another even under the same key. ``sealed-at`` (milliseconds since the
+epoch, 8 bytes, inside the encryption) and the nonce let a receiver refuse a packet
+recorded and sent again (:mod:`spanflow.security.replay`). A packet that no key opens —
+forged, from another cluster, corrupted — raises :class:`SealError`; the caller drops
+and counts it.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 import base64
 import binascii
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,9 +26,10 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from spanflow.errors import SecurityError
 
-VERSION = 1
+VERSION = 2
 NONCE_BYTES = 12
-OVERHEAD = 1 + NONCE_BYTES + 16
+STAMP_BYTES = 8
+OVERHEAD = 1 + NONCE_BYTES + STAMP_BYTES + 16
 """Bytes a sealed packet adds to the plain one."""
 KEY_SIZES = (16, 24, 32)
 """AES-128, -192 or -256, as memberlist accepts."""
@@ -32,6 +37,16 @@ KEY_SIZES = (16, 24, 32)
 
 class SealError(ValueError):
     """A packet that no key of the ring opens."""
+
+
+@dataclass(frozen=True)
+class Opened:
+    """An opened packet: its data, when it was sealed (wall-clock seconds) and its
+    nonce (unique per packet)."""
+
+    data: bytes
+    sealed_at: float
+    nonce: bytes
 
 
 def new_key(size: int = 32) -> bytes:
@@ -78,20 +93,27 @@ class Keyring:
     def primary(self) -> bytes:
         return self.keys[0]
 
-    def seal(self, data: bytes) -> bytes:
+    def seal(self, data: bytes, at: float | None = None) -> bytes:
+        """``data`` sealed under the primary key, stamped with ``at`` (default now)."""
         nonce = os.urandom(NONCE_BYTES)
-        sealed = AESGCM(self.primary).encrypt(nonce, data, self.label)
+        stamp = int((time.time() if at is None else at) * 1000).to_bytes(STAMP_BYTES, "big")
+        sealed = AESGCM(self.primary).encrypt(nonce, stamp + data, self.label)
         return bytes([VERSION]) + nonce + sealed
 
     def open(self, packet: bytes) -> bytes:
+        return self.open_stamped(packet).data
+
+    def open_stamped(self, packet: bytes) -> Opened:
         if len(packet) < OVERHEAD or packet[0] != VERSION:
             raise SealError("not a sealed gossip packet (plain text, or another version)")
         nonce, sealed = packet[1 : 1 + NONCE_BYTES], packet[1 + NONCE_BYTES :]
         for key in self.keys:
             try:
-                return AESGCM(key).decrypt(nonce, sealed, self.label)
+                plain = AESGCM(key).decrypt(nonce, sealed, self.label)
             except InvalidTag:
                 continue
+            at = int.from_bytes(plain[:STAMP_BYTES], "big") / 1000
+            return Opened(plain[STAMP_BYTES:], at, nonce)
         raise SealError("no key of the keyring opens it (wrong key, or forged)")
 
     # ------------------------------------------------------------- rotation

@@ -28,6 +28,7 @@ from spanflow.runtime.membership.config import MembershipConfig
 from spanflow.runtime.membership.messages import MAX_PACKET, CodecError, decode, encode
 from spanflow.runtime.membership.protocol import Change, Member, Membership, Send
 from spanflow.security.keyring import OVERHEAD, Keyring, SealError
+from spanflow.security.replay import ReplayGuard
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +80,7 @@ class GossipService:
         """Seals every packet (AES-GCM) and opens what arrives; None: plain, for open
         mode. Swap it at any time to rotate keys (docs/security.md)."""
         self._rejected_from: set[str] = set()
+        self._replays = ReplayGuard()
         self.config = config or MembershipConfig.lan()
         self.host = bind
         self.port = port
@@ -207,10 +209,15 @@ class GossipService:
             return
         if self.keyring is not None:
             try:
-                data = self.keyring.open(data)
+                opened = self.keyring.open_stamped(data)
             except SealError as exc:
                 self._reject(peer, exc)
                 return
+            stale = self._replays.check(opened.nonce, opened.sealed_at, self.clock.time())
+            if stale is not None:
+                self._reject(peer, SealError(stale))
+                return
+            data = opened.data
         try:
             messages = decode(data)
         except CodecError as exc:
@@ -253,7 +260,7 @@ class GossipService:
                 continue
             payload = encode(send.messages)
             if self.keyring is not None:
-                payload = self.keyring.seal(payload)
+                payload = self.keyring.seal(payload, at=self.clock.time())
             if send.reliable:
                 task = asyncio.get_running_loop().create_task(
                     self._send_reliable(host, port, payload)

@@ -54,7 +54,14 @@ SHEDDING = ["--shed-high", "0.7", "--shed-low", "0.6", "--shed-sustain", "5"]
 def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
     topology = tmp_path / "topology.yaml"
     topology.write_text(TOPOLOGY)
-    c = LocalCluster(topology, tmp_path / "data", port=0, node_args=SHEDDING, failure_after=60)
+    c = LocalCluster(
+        topology,
+        tmp_path / "data",
+        port=0,
+        node_args=SHEDDING,
+        failure_after=60,
+        coordinator_args=["--no-rebalance"],  # peers shed here: the rebalancer must not
+    )
     try:
         yield c.start()
     finally:

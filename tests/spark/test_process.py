@@ -156,7 +156,7 @@ def test_ttl_expires_processing_time_state(spark, nats_url, checkpoints, uid):
             Dedup,
             output_schema={"device": "string", "id": "long", "v": "double"},
             timers="processing_time",
-            params={"ttl": "3s"},
+            params={"ttl": "8s"},  # a repeat on a busy machine still comes within it
         )
         .sink_jetstream(out, subject=f"out{uid}")
     )
@@ -182,7 +182,7 @@ def test_ttl_expires_processing_time_state(spark, nats_url, checkpoints, uid):
         wait_for(repeat_passes, timeout=60, interval=0.5)
     finally:
         runner.stop()
-    assert time.time() - written >= 3.0 - 0.3  # Spark's batch clock vs ours
+    assert time.time() - written >= 8.0 - 0.3  # Spark's batch clock vs ours
 
 
 def test_a_processor_on_a_stream_without_key_is_refused_at_validation():

@@ -59,6 +59,9 @@ def test_doors_beyond_loopback_refuse_to_open_without_a_lock(tmp_path: Path) -> 
     assert "REST API on 0.0.0.0 would answer anyone" in coordinator.output
     site = runner.invoke(app, ["site-server", "--site", "s1", "--listen", "0.0.0.0:0", *data])
     assert site.exit_code == 2 and "spanflow secrets init" in site.output
+    mqtt = ["--listen", "127.0.0.1:0", "--mqtt-listen", "0.0.0.0:0"]
+    site = runner.invoke(app, ["site-server", "--site", "s1", *mqtt, *data])
+    assert site.exit_code == 2 and "beyond loopback without TLS" in site.output
     example = str(Path(__file__).parents[2] / "examples" / "sensor_alerts.yaml")
     run = runner.invoke(app, ["run", example, "--mqtt-listen", "0.0.0.0:0", *data])
     assert run.exit_code == 2 and "MQTT on 0.0.0.0 would take readings from anyone" in run.output

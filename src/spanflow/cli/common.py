@@ -175,7 +175,10 @@ def nats_url(
         gateway = None
         if mqtt or mqtt_listen:
             host, port = split_listen(mqtt_listen) if mqtt_listen else ("127.0.0.1", 0)
-            gateway = GatewayThread(server.url, host, port, secrets=secrets).start()
+            try:
+                gateway = GatewayThread(server.url, host, port, secrets=secrets).start()
+            except SpanflowError as exc:
+                raise fail(exc) from None
             err.print(f"MQTT listener on {gateway.host}:{gateway.port}{ready}")
         try:
             yield server.url

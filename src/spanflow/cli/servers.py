@@ -77,7 +77,9 @@ def site_server(
     secrets = use_secrets(directory, "coordinator")
     host, port = _listen(listen, "--listen")
     leaf_host, leaf_port = _listen(leaf_listen, "--leaf-listen")
-    exposed = not (is_loopback(host) and (hub or is_loopback(leaf_host)))
+    doors = [host] if hub else [host, leaf_host]
+    doors += [_listen(given, flag)[0] for given, flag in ((mqtt_listen, "--mqtt-listen"),) if given]
+    exposed = not all(is_loopback(door) for door in doors)
     if secrets is None and exposed and not open_:
         raise fail(
             SpanflowError(
@@ -114,7 +116,10 @@ def site_server(
             err.print(f"hub leaf listener: {server.leaf_url}")
         if mqtt_listen:
             mqtt_host, mqtt_port = _listen(mqtt_listen, "--mqtt-listen")
-            gateway = GatewayThread(server.url, mqtt_host, mqtt_port, secrets=secrets).start()
+            try:
+                gateway = GatewayThread(server.url, mqtt_host, mqtt_port, secrets=secrets).start()
+            except SpanflowError as exc:
+                raise fail(exc) from None
             err.print(f"MQTT listener on {gateway.host}:{gateway.port}")
         reload = threading.Event()
         signal.signal(signal.SIGHUP, lambda *_: reload.set())

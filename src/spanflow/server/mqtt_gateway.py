@@ -38,7 +38,7 @@ from typing import Any
 from nats.aio.client import Client
 from nats.errors import Error as NatsClientError
 
-from spanflow.errors import SecurityError
+from spanflow.errors import SecurityError, SpanflowError
 from spanflow.nats.streams import connect
 from spanflow.protocol import mqtt
 from spanflow.protocol.subjects import covers
@@ -445,8 +445,17 @@ class GatewayThread:
         return self.gateway.port
 
     def start(self) -> GatewayThread:
+        """Listen; an address this host cannot listen on is a :class:`SpanflowError`
+        naming it (not a traceback)."""
         self._thread.start()
-        asyncio.run_coroutine_threadsafe(self.gateway.start(), self._loop).result(30)
+        try:
+            asyncio.run_coroutine_threadsafe(self.gateway.start(), self._loop).result(30)
+        except OSError as exc:
+            self.stop()
+            where = f"{self.gateway.host}:{self.gateway.port}"
+            raise SpanflowError(
+                f"the MQTT gateway cannot listen on {where}: {exc.strerror or exc}"
+            ) from None
         return self
 
     def stop(self) -> None:

@@ -163,6 +163,9 @@ class NodeAgent:
         self._client: SyncNats | None = None
         self._kv: KeyValue | None = None
         self._verifier = assignment_verifier()
+        self._tls = client_context()
+        """How https:// coordinators are checked (the deployment's CA when locked): made
+        once, not at every registration attempt or shed request."""
         self.refused_assignments = 0
         """Assignment values whose signature did not verify (forged, not run)."""
         self._control_js: JetStreamContext | None = None
@@ -245,7 +248,7 @@ class NodeAgent:
                     headers=headers,
                     timeout=patience,
                     follow_redirects=True,
-                    verify=client_context(),
+                    verify=self._tls,
                 )
                 problem = f"answered {r.status_code}" if r.status_code >= 500 else ""
             except httpx.HTTPError as exc:
@@ -686,7 +689,7 @@ class NodeAgent:
             headers=headers,
             timeout=10,
             follow_redirects=True,
-            verify=client_context(),
+            verify=self._tls,
         )
 
     async def _measure_usage(self) -> None:

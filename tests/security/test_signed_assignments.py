@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from nats.js.api import StreamConfig
+from nats.js.errors import KeyNotFoundError
 
 from spanflow.api.yaml_loader import load_pipeline_text
 from spanflow.control import records as r
@@ -114,3 +115,50 @@ def test_projection_signs_assignments_only() -> None:
     others = {k: v for k, v in signed.items() if k[0] != ASSIGNMENTS_BUCKET}
     assert others == {k: v for k, v in plain.items() if k[0] != ASSIGNMENTS_BUCKET}
     _ = r  # records are what the log carries; the projection is derived from the state
+
+
+def test_a_forged_delete_of_an_assignment_is_noticed_and_put_back(tmp_path: Path) -> None:
+    """No signature covers a delete: an agent has the server delete another node's
+    assignment (a stored ``KV-Operation: DEL`` fetched by DIRECT.GET with the key's
+    subject as reply-to). The leader notices a change it did not make and puts it back."""
+    secrets = Secrets(tmp_path / "secrets")
+    secrets.init()
+    with EmbeddedNats(tmp_path / "nats", secrets=secrets) as server:
+
+        async def scenario() -> None:
+            control = await connect(server.url, identity=secrets.identity("control"))
+            data = await connect(server.url, identity=secrets.identity("coordinator"))
+            log = await ControlLog.open(control, data_nc=data, signer=secrets.signer())
+            state = ClusterState()
+            state.assignments["p-f1"] = _assignment()
+            log.guard(leading=True)
+            await log.repair_if_needed(state)  # a new leader checks every key once
+            kv = log.buckets[ASSIGNMENTS_BUCKET]
+            genuine = (await kv.get("n1.p-f1")).value
+            assert genuine and log.tampered == 0
+
+            agent = await connect(server.url, identity=secrets.identity("agent"))
+            ajs = agent.jetstream()
+            await ajs.add_stream(StreamConfig(name="MINE", subjects=["mine.>"], allow_direct=True))
+            stored = await ajs.publish("mine.x", b"", headers={"KV-Operation": "DEL"})
+            request = json.dumps({"seq": stored.seq}).encode()
+            await agent.publish(
+                "$JS.API.DIRECT.GET.MINE", request, reply="$KV.spanflow_assignments.n1.p-f1"
+            )
+            await agent.flush()
+            deadline = asyncio.get_running_loop().time() + 10
+            while log.tampered == 0:  # the delete landed, and the leader saw it
+                assert asyncio.get_running_loop().time() < deadline, "the delete went unseen"
+                await asyncio.sleep(0.05)
+            with pytest.raises(KeyNotFoundError):
+                await kv.get("n1.p-f1")
+            await log.repair_if_needed(state)  # the leader's next lease pass
+            assert (await kv.get("n1.p-f1")).value == genuine
+            log.guard(leading=False)  # a follower leaves the projection to the leader
+            await kv.put("n1.p-f1", b"the new leader's")
+            await asyncio.sleep(0.3)  # nothing to poll for: the counter must stay
+            assert log.tampered == 1
+            for nc in (agent, control, data):
+                await nc.close()
+
+        asyncio.run(scenario())

@@ -345,6 +345,7 @@ class Coordinator:
                 return
             self._merged_topology = True
             self.leading = True
+            self.control_log.guard(leading=True)
             self.leader_url = s.url
             topology_manager.grace(self.state, self.observed, self.clock.monotonic())
         log.info("%s leads (epoch %d)", s.name, self.state.leader_epoch)
@@ -359,6 +360,8 @@ class Coordinator:
     def _step_down(self, why: str) -> None:
         log.warning("%s steps down: %s", self.settings.name, why)
         self.leading = False
+        if self.control_log is not None:
+            self.control_log.guard(leading=False)
 
     # -- the one way state changes --------------------------------------------------------
     async def _decide(self, decide: Callable[[Draft], T]) -> T:

@@ -26,9 +26,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
 
 import orjson
 from nats.aio.client import Client
+from nats.aio.msg import Msg
 from nats.errors import Error as NatsError
 from nats.js.errors import APIError, KeyNotFoundError, NoKeysError, ObjectNotFoundError
 from nats.js.kv import KeyValue
@@ -51,12 +53,13 @@ from spanflow.nats.cluster import (
     ensure_object_store,
 )
 from spanflow.nats.ranges import read_range
+from spanflow.protocol.names import PROJECTION_BUCKETS
 from spanflow.protocol.names import SNAPSHOTS_BUCKET as SNAPSHOTS
 from spanflow.security.signing import Signer
 
 log = logging.getLogger(__name__)
 
-BUCKETS = (NODES_BUCKET, PIPELINES_BUCKET, ASSIGNMENTS_BUCKET, META_BUCKET)
+BUCKETS = PROJECTION_BUCKETS
 SNAPSHOT_OBJECT = "state"
 WRONG_LAST_SEQUENCE = 10071
 """JetStream's error code for a refused expected-last-sequence append."""
@@ -130,6 +133,11 @@ class ControlLog:
         """Log sequence the latest snapshot this replica knows includes."""
         self._lock = asyncio.Lock()
         self._needs_repair = False
+        self._expected: Projection | None = None
+        """What this replica last made the projection hold (None: not known yet)."""
+        self._guarding = False
+        self.tampered = 0
+        """Projection changes nobody here made (a forged delete, say), each repaired."""
 
     @classmethod
     async def open(
@@ -146,7 +154,46 @@ class ControlLog:
         await ensure_log_streams(js, replicas, activity_js=data_js)
         buckets = {name: await ensure_kv(data_js, name, replicas=replicas) for name in BUCKETS}
         store = await ensure_object_store(js, SNAPSHOTS, replicas=replicas)
-        return cls(nc, buckets, store, signer)
+        opened = cls(nc, buckets, store, signer)
+        await opened._watch_projection(data_nc or nc)
+        return opened
+
+    async def _watch_projection(self, nc: Client) -> None:
+        """Notice a projection change nobody here made. The buckets live in the
+        application account, where an agent can have the server write for it (a stored
+        ``KV-Operation: DEL`` fetched by DIRECT.GET with a bucket's subject as reply-to
+        lands as a delete); no signature covers a delete, so the leader repairs whatever
+        differs from what it projected, at its next lease pass."""
+        for bucket in BUCKETS:
+            prefix = f"$KV.{bucket}."
+            await nc.subscribe(f"{prefix}>", cb=self._projection_message(bucket, prefix))
+
+    def guard(self, leading: bool) -> None:
+        """Watch the projection for changes nobody here made while this replica leads
+        (it alone writes the projection); a new leader checks every key once."""
+        self._guarding = leading
+        if leading:
+            self._expected = None
+            self._needs_repair = True
+
+    def _projection_message(self, bucket: str, prefix: str) -> Callable[[Msg], Awaitable[None]]:
+        async def seen(msg: Msg) -> None:
+            expected = self._expected
+            if expected is None or not self._guarding:
+                return
+            key = msg.subject[len(prefix) :]
+            operation = (msg.headers or {}).get("KV-Operation")
+            value = None if operation in ("DEL", "PURGE") else msg.data
+            try:
+                differs = _differs(expected.get((bucket, key)), value)
+            except orjson.JSONDecodeError:
+                differs = True
+            if differs:
+                self.tampered += 1
+                self._needs_repair = True
+                log.warning("KV projection %s/%s changed by someone else: repairing", bucket, key)
+
+        return seen
 
     # -- writing ---------------------------------------------------------------------------
     async def commit(self, state: ClusterState, records: list[r.Record]) -> int:
@@ -257,10 +304,16 @@ class ControlLog:
 
     async def _project(self, keys: set[tuple[str, str]], state: ClusterState) -> None:
         wanted = projection(state, self.signer)
+        if self._expected is None:
+            self._expected = dict(wanted)
         try:
             for bucket, key in sorted(keys):
                 value = wanted.get((bucket, key))
                 kv = self.buckets[bucket]
+                if value is None:  # before the write: its echo is then no surprise
+                    self._expected.pop((bucket, key), None)
+                else:
+                    self._expected[(bucket, key)] = value
                 if value is None:
                     await kv.delete(key)
                 else:
@@ -341,6 +394,7 @@ class ControlLog:
         if "topology" in meta:
             actual[(META_BUCKET, "topology")] = meta["topology"]
         keys = {k for k in wanted.keys() | actual.keys() if _differs(wanted.get(k), actual.get(k))}
+        self._expected = dict(wanted)
         await self._project(keys, state)
         return len(keys)
 

@@ -172,7 +172,7 @@ class EmbeddedNats:
         ]
         creds = self.secrets.credentials() if self.secrets else None
         if self.secrets is not None and creds is not None:
-            lines.append(tls_block(self.secrets, indent=""))
+            lines.append(tls_block(self.secrets, map_users=True, indent=""))
             lines.append(accounts_block(creds))
         if self.leaf_listen:
             # The ports file does not report the leaf port, so pick one.

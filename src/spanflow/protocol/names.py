@@ -57,5 +57,11 @@ RULE_PINS_BUCKET = "SPANFLOW_RULE_PINS"
 # -- what locked NATS servers keep agents from rewriting (spanflow.security) --------------
 CONTROL_SUBJECTS = (f"{WAL_PREFIX}.>",)
 """The control log's subjects: the coordinators' alone."""
-CONTROL_STREAMS = (WAL_STREAM, f"KV_{LEADER_BUCKET}")
+PROJECTION_BUCKETS = (NODES_BUCKET, PIPELINES_BUCKET, ASSIGNMENTS_BUCKET, META_BUCKET)
+"""The control state's copy agents read (control/log.py projects it): coordinators write."""
+CONTROL_STREAMS = (
+    WAL_STREAM,
+    f"KV_{LEADER_BUCKET}",
+    *(f"KV_{bucket}" for bucket in PROJECTION_BUCKETS),
+)
 """Streams an agent may read but must never rewrite, purge or delete."""

@@ -23,13 +23,20 @@ import json
 from typing import Any
 from urllib.parse import quote, urlsplit, urlunsplit
 
-from spanflow.protocol.names import CONTROL_STREAMS, CONTROL_SUBJECTS
+from spanflow.protocol.names import (
+    CONTROL_STREAMS,
+    CONTROL_SUBJECTS,
+    LEADER_BUCKET,
+    PROJECTION_BUCKETS,
+)
 from spanflow.security.secrets import (
     CONTROL_ROLE,
     DEVICE_INBOXES,
     LINK_ROLES,
     Credentials,
+    Device,
     Secrets,
+    cert_user,
     inbox_prefix,
 )
 
@@ -66,14 +73,19 @@ def _q(value: str) -> str:
     return json.dumps(value)
 
 
-def tls_block(secrets: Secrets, *, verify: bool = True, indent: str = "  ") -> str:
+def tls_block(
+    secrets: Secrets, *, verify: bool = True, map_users: bool = False, indent: str = "  "
+) -> str:
     """``tls { ... }``: the server certificate; with ``verify`` a client must present a
-    certificate from the deployment's CA."""
+    certificate from the deployment's CA; with ``map_users`` (the client port) that
+    certificate names the user the client logs in as (``verify_and_map``): a device's
+    certificate cannot log in as an agent, whatever password its client sends."""
+    check = "verify_and_map: true" if map_users else f"verify: {'true' if verify else 'false'}"
     lines = [
         f"cert_file: {_q(str(secrets.server_cert))}",
         f"key_file: {_q(str(secrets.server_key))}",
         f"ca_file: {_q(str(secrets.ca_cert))}",
-        f"verify: {'true' if verify else 'false'}",
+        check,
         "timeout: 5",
     ]
     inner = indent + "  "
@@ -81,7 +93,8 @@ def tls_block(secrets: Secrets, *, verify: bool = True, indent: str = "  ") -> s
 
 
 def _agent_deny() -> list[str]:
-    deny = list(CONTROL_SUBJECTS) + list(SYSTEM_SUBJECTS) + ["$KV.spanflow_leader.>"]
+    deny = [*CONTROL_SUBJECTS, *SYSTEM_SUBJECTS, f"$KV.{LEADER_BUCKET}.>"]
+    deny += [f"$KV.{bucket}.>" for bucket in PROJECTION_BUCKETS]  # puts and deletes alike
     for stream in CONTROL_STREAMS:
         for action in STREAM_ADMIN:
             deny.append(f"$JS.API.STREAM.{action}.{stream}")
@@ -115,32 +128,45 @@ def role_permissions(role: str) -> dict[str, Any] | None:
     raise ValueError(f"no permissions for role {role!r}")
 
 
+CLIENT_PORT = ["STANDARD"]
+"""Users named by a certificate log in on the client port only (never over MQTT)."""
+MQTT_ONLY = ["MQTT"]
+"""A device's password login on the server's MQTT listener: nowhere else."""
+
+
+def certificate_user(name: str, password: str) -> dict[str, Any]:
+    """A client-port user: the certificate's subject names it, its password is checked
+    as well (both must match)."""
+    return {"user": cert_user(name), "password": password, "allowed_connection_types": CLIENT_PORT}
+
+
+def device_permissions(name: str, device: Device) -> dict[str, Any]:
+    return {
+        "publish": {"allow": list(device.publish)},
+        "subscribe": {"allow": [f"{inbox_prefix(name, 'device')}.>", *device.subscribe]},
+    }
+
+
 def users(creds: Credentials) -> list[dict[str, Any]]:
-    """Every user of the application account: one per client role, one per device.
-    Leaf links and routes authenticate in their own blocks and have no rights on the
-    client port; the control user is in the control account alone."""
+    """Every user of the application account: one per client role and one per device,
+    each named by its certificate; and per device a password user for the server's
+    MQTT listener (MQTT clients present no certificate). Leaf links and routes
+    authenticate in their own blocks and have no rights on the client port; the control
+    user is in the control account alone."""
     out: list[dict[str, Any]] = []
     for role, password in creds.passwords.items():
         if role in LINK_ROLES or role == CONTROL_ROLE:
             continue
-        user: dict[str, Any] = {"user": role, "password": password}
+        user = certificate_user(role, password)
         permissions = role_permissions(role)
         if permissions is not None:
             user["permissions"] = permissions
         out.append(user)
     for name, device in sorted(creds.devices.items()):
-        out.append(
-            {
-                "user": name,
-                "password": device.password,
-                "permissions": {
-                    "publish": {"allow": list(device.publish)},
-                    "subscribe": {
-                        "allow": [f"{inbox_prefix(name, 'device')}.>", *device.subscribe]
-                    },
-                },
-            }
-        )
+        permissions = device_permissions(name, device)
+        out.append({**certificate_user(name, device.password), "permissions": permissions})
+        mqtt = {"user": name, "password": device.password, "allowed_connection_types": MQTT_ONLY}
+        out.append({**mqtt, "permissions": permissions})
     return out
 
 
@@ -152,7 +178,7 @@ def accounts_block(creds: Credentials) -> str:
     accounts: dict[str, Any] = {APP_ACCOUNT: {"jetstream": "enabled", "users": users(creds)}}
     password = creds.passwords.get(CONTROL_ROLE)
     if password is not None:
-        control = [{"user": CONTROL_ROLE, "password": password}]
+        control = [certificate_user(CONTROL_ROLE, password)]
         accounts[CONTROL_ACCOUNT] = {"jetstream": "enabled", "users": control}
     return "accounts " + json.dumps(accounts, indent=2)
 

@@ -42,6 +42,20 @@ LINK_ROLES = ("leaf", "route")
 """Users that authenticate server-to-server links, never a client connection."""
 DEVICE_INBOXES = "_INBOX_DEV"
 READER_INBOX = "_INBOX_READER"
+CERT_ORGANIZATION = "spanflow"
+"""The organisation every client certificate spanflow issues names (spanflow.security.pki)."""
+
+
+def cert_user(common_name: str) -> str:
+    """The NATS user a client certificate logs in as: locked servers map a certificate
+    to the user named by its subject (``verify_and_map``), so a device's certificate
+    logs in as that device whatever name and password its client sends. An operator's
+    own PKI issues certificates with the same subject: ``O=spanflow, CN=<role or device>``.
+
+    >>> cert_user("press-7")
+    'CN=press-7,O=spanflow'
+    """
+    return f"CN={common_name},O={CERT_ORGANIZATION}"
 
 
 def inbox_prefix(user: str, role: str) -> str | None:
@@ -241,6 +255,13 @@ class Secrets:
     def client_key(self, role: str) -> Path:
         return self.root / "clients" / f"{role}.key"
 
+    def device_cert(self, name: str) -> Path:
+        """A device's own certificate: it logs in as that device and nobody else."""
+        return self.root / "clients" / "devices" / f"{name}.crt"
+
+    def device_key(self, name: str) -> Path:
+        return self.root / "clients" / "devices" / f"{name}.key"
+
     @property
     def credentials_file(self) -> Path:
         return self.root / "credentials.json"
@@ -309,8 +330,8 @@ class Secrets:
             user=name,
             password=device.password,
             ca_file=self.ca_cert,
-            cert_file=self.client_cert("device"),
-            key_file=self.client_key("device"),
+            cert_file=self.device_cert(name),
+            key_file=self.device_key(name),
             inbox_prefix=inbox_prefix(name, "device"),
         )
 
@@ -357,6 +378,7 @@ class Secrets:
             written.append(self.credentials_file)
         elif self._top_up():
             written.append(self.credentials_file)
+        written += self._issue_device_certs(renew=renew)
         if not self.keyring_file.exists():
             _write_private(self.keyring_file, Keyring((new_key(),)).dumps())
             written.append(self.keyring_file)
@@ -366,6 +388,20 @@ class Secrets:
             _write_private(self.control_pub, public)
             written += [self.control_key, self.control_pub]
         return written
+
+    def _issue_device_certs(self, *, renew: bool = False) -> list[Path]:
+        """A certificate per device (a directory made by an older version shared one)."""
+        written = []
+        for name in sorted(self.credentials().devices):
+            if renew or not self.device_cert(name).exists():
+                self._issue_device_cert(name)
+                written.append(self.device_cert(name))
+        return written
+
+    def _issue_device_cert(self, name: str) -> None:
+        cert = pki.issue(self._ca(), name, client=True)
+        _write_private(self.device_key(name), cert.key_pem)
+        _write_private(self.device_cert(name), cert.cert_pem)
 
     def _refuse_links(self) -> None:
         """Secrets are written only into real directories and files: a symbolic link
@@ -436,6 +472,7 @@ class Secrets:
             files += [self.server_cert, self.server_key, self.keyring_file]
             files += [self.control_key, self.control_pub]
             files += [p for r in ROLES for p in (self.client_cert(r), self.client_key(r))]
+            files += self._device_files(creds.devices)
             bundle = creds
         elif role == "agent":
             assert node is not None
@@ -450,6 +487,8 @@ class Secrets:
             assert site is not None
             files += [self.server_cert, self.server_key]
             files += [self.client_cert("leaf"), self.client_key("leaf")]
+            files += [self.client_cert("device"), self.client_key("device")]  # HTTP ingest
+            files += self._device_files(creds.devices)  # the MQTT gateway logs in as each
             bundle = Credentials(
                 {r: creds.passwords[r] for r in ("agent", "device", "leaf")},
                 None,
@@ -460,7 +499,7 @@ class Secrets:
             assert device is not None
             if device not in creds.devices:
                 raise SecurityError(f"no device {device!r}: add it with `spanflow secrets device`")
-            files += [self.client_cert("device"), self.client_key("device")]
+            files += self._device_files({device: creds.devices[device]})
             bundle = Credentials({}, None, {device: creds.devices[device]})
         else:
             files += [self.client_cert("reader"), self.client_key("reader")]
@@ -476,12 +515,23 @@ class Secrets:
         written.append(out.credentials_file)
         return written
 
+    def _device_files(self, devices: dict[str, Device]) -> list[Path]:
+        missing = [name for name in devices if not self.device_cert(name).exists()]
+        if missing:
+            raise SecurityError(
+                f"no certificate for device(s) {', '.join(sorted(missing))}: run "
+                "`spanflow secrets init` on the issuing host (it issues what is missing)"
+            )
+        return [
+            p for name in sorted(devices) for p in (self.device_cert(name), self.device_key(name))
+        ]
+
     def add_device(
         self, name: str, publish: tuple[str, ...], subscribe: tuple[str, ...] = ()
     ) -> str:
         """Add (or re-key) a device user allowed to publish on ``publish`` only (and to
-        subscribe to ``subscribe``: commands for it); returns its password (shown once
-        to the operator, never logged)."""
+        subscribe to ``subscribe``: commands for it) with a certificate of its own;
+        returns its password (shown once to the operator, never logged)."""
         if not name or any(c in name for c in " .*>\t\n"):
             raise SecurityError(f"a device name is one token without spaces or dots: {name!r}")
         if name in ROLES:
@@ -491,6 +541,7 @@ class Secrets:
         creds = self.credentials()
         password = _password()
         devices = {**creds.devices, name: Device(password, publish, subscribe)}
+        self._issue_device_cert(name)  # first: without the CA key nothing changes
         updated = replace(creds, devices=devices)
         _write_private(self.credentials_file, updated.to_json())
         return password
@@ -502,6 +553,8 @@ class Secrets:
             raise SecurityError(f"no device {name!r} to revoke")
         devices = {k: v for k, v in creds.devices.items() if k != name}
         _write_private(self.credentials_file, replace(creds, devices=devices).to_json())
+        self.device_cert(name).unlink(missing_ok=True)  # mapped to no user from now on
+        self.device_key(name).unlink(missing_ok=True)
 
     def write_keyring(self, ring: Keyring) -> None:
         _write_private(self.keyring_file, ring.dumps())
@@ -517,7 +570,10 @@ class Secrets:
 
 @dataclass(frozen=True)
 class NatsIdentity:
-    """Who a NATS client is: a user and password, over TLS with a client certificate."""
+    """Who a NATS client is: a user and password, over TLS with a client certificate.
+
+    Locked servers take the user from the certificate (:func:`cert_user`) and check the
+    password against it: both must match. ``user`` names the identity in messages."""
 
     user: str
     password: str = field(repr=False)
@@ -540,7 +596,10 @@ class NatsIdentity:
 
     def connect_options(self) -> dict[str, Any]:
         """Keyword arguments for ``nats.connect``."""
-        options: dict[str, Any] = {"user": self.user, "password": self.password}
+        # With a certificate the server reads the user from it; an empty name in
+        # CONNECT keeps its log free of a warning per connection.
+        user = "" if self.cert_file is not None else self.user
+        options: dict[str, Any] = {"user": user, "password": self.password}
         if self.inbox_prefix:
             options["inbox_prefix"] = self.inbox_prefix
         ctx = self.ssl_context()

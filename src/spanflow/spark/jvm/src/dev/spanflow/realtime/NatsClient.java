@@ -73,7 +73,9 @@ public final class NatsClient implements AutoCloseable {
       String password, String token, String name) throws IOException {
     NatsTls identity = NatsTls.fromEnv();
     if (user == null && token == null && identity != null) {
-      user = identity.user;
+      // Locked servers take the user from the client certificate (verify_and_map) and
+      // check the password against it: an empty user name keeps their log quiet.
+      user = "";
       password = identity.password;
     }
     InputStream plainIn = new BufferedInputStream(plain.getInputStream(), 1 << 16);
@@ -123,7 +125,9 @@ public final class NatsClient implements AutoCloseable {
     }
     if (answer == null || !answer.equals("PONG")) {
       throw new IOException("NATS at " + host + ":" + port + " refused "
-          + (user == null ? "a client without credentials" : "user " + user) + ": " + answer);
+          + (user == null ? "a client without credentials"
+              : "user " + (user.isEmpty() && identity != null ? identity.user : user))
+          + ": " + answer);
     }
     reader = new Thread(this::readLoop, "spanflow-nats-reader");
     reader.setDaemon(true);

@@ -18,9 +18,13 @@ Baselines, run in the same run on the same rows:
   HalfSpaceTrees(seed=42)`` with its defaults, scoring then learning each value.
 
 Printed: NAB's standard, reward-low-FP and reward-low-FN scores of each method
-(100 = perfect, 0 = the null detector), and the events/s of each method's per-key
-code on one core (the processor with its state handling; Spark's own overhead is in
-``ml_throughput.py``). Written to ``benchmarks/results/anomaly_nab.json``.
+(100 = perfect, 0 = the null detector) — in-sample (one threshold per profile chosen
+on the whole corpus, as NAB does) and **leave-one-category-out** (for each of the six
+categories with labelled windows in turn, the threshold is chosen on the others and
+the held-out category is scored with it; the mean of the six folds) — and the events/s
+of each method's per-key code on one core (the processor with its state handling;
+Spark's own overhead is in ``ml_throughput.py``). Written to
+``benchmarks/results/anomaly_nab.json``.
 
 Run: ``.venv/bin/python benchmarks/anomaly_nab.py [--nab ../shared/nab] [--batch 200]``.
 """
@@ -50,6 +54,7 @@ PROFILES = ("standard", "reward_low_FP_rate", "reward_low_FN_rate")
 # Spanflow methods: (method, threshold) as a user would write them, defaults otherwise
 SPANFLOW = {
     "likelihood (default)": "likelihood",
+    "multivariate": "multivariate",
     "robust": "robust",
     "hst": "hst",
 }
@@ -67,35 +72,13 @@ def run_processor(
     method: str, times: list[datetime], values: list[float], batch: int
 ) -> list[float]:
     """The detect_anomalies step's keyed processor over one series, batch by batch."""
-    from spanflow.ml.anomaly import AnomalyDetection
-    from spanflow.ml.detectors import make_detector
-    from spanflow.ml.thresholds import make_threshold
+    from anomaly_step import step_harness
+
     from spanflow.spec.steps.models import DetectAnomaliesStep
-    from spanflow.testing import KeyedProcessorTest
 
     step = DetectAnomaliesStep(id="detect", fields=("value",), method=method)
-    season = step.season_seconds(has_event_time=True)
-    harness = KeyedProcessorTest(
-        AnomalyDetection,
-        key="series",
-        event_time="ts",
-        output_schema={
-            "series": "string",
-            "ts": "timestamp",
-            "value": "double",
-            "anomaly_score": "double",
-            "is_anomaly": "boolean",
-            "anomaly_field": "string?",
-        },
-        params={
-            "detector": lambda: make_detector(
-                step.method, step.fields, step.detector_params(), season
-            ),
-            "threshold": lambda: make_threshold(step.threshold_or_default),
-            "warmup": step.warmup_or_default,
-            "only_anomalies": False,
-            "event_time": "ts",
-        },
+    harness = step_harness(
+        step, "series", {"series": "string", "ts": "timestamp", "value": "double"}
     )
     scores: list[float] = []
     for lo in range(0, len(values), batch):
@@ -166,13 +149,18 @@ def run_one(args: tuple[str, str, str, str, int]) -> tuple[str, str, float, int]
     return method_key, name, elapsed, len(values)
 
 
-def score(nab: Path, results: Path) -> dict[str, Any]:
-    """NAB's three profiles for one results tree, by NAB's scorer."""
+def score(
+    nab: Path, results: Path, windows: Path | None = None, threshold: str | None = None
+) -> dict[str, Any]:
+    """NAB's three profiles for one results tree, by NAB's scorer: over the series of
+    ``windows`` (default: all), with one threshold per profile optimised over them, or
+    the ``threshold`` given (``profile=value,...``)."""
+    fixed = ["--threshold", threshold] if threshold else []
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
         subprocess.run(
             [sys.executable, str(nab / "score.py"), "score", "--results", str(results),
-             "--data", str(nab / "data"), "--windows", str(nab / "windows.json"),
-             "--json", out.name],
+             "--data", str(nab / "data"), "--windows", str(windows or nab / "windows.json"),
+             "--json", out.name, *fixed],
             check=True,
             stdout=subprocess.DEVNULL,
         )  # fmt: skip
@@ -180,6 +168,30 @@ def score(nab: Path, results: Path) -> dict[str, Any]:
     return {
         p: {k: report[p][k] for k in ("score", "threshold", "tp", "fp", "fn")} for p in PROFILES
     }
+
+
+def fold_categories(windows: dict[str, list[Any]]) -> list[str]:
+    """The categories a fold holds out: those with at least one labelled window."""
+    return sorted({name.split("/")[0] for name, spans in windows.items() if spans})
+
+
+def score_held_out(nab: Path, results: Path, windows: dict[str, list[Any]]) -> dict[str, Any]:
+    """Leave-one-category-out: per fold, thresholds chosen on the other categories'
+    series, the held-out category scored with them; the mean of the folds per profile."""
+    folds: dict[str, dict[str, float]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for category in fold_categories(windows):
+            tune = {k: v for k, v in windows.items() if not k.startswith(f"{category}/")}
+            held = {k: v for k, v in windows.items() if k.startswith(f"{category}/")}
+            tune_file, held_file = Path(tmp) / "tune.json", Path(tmp) / "held.json"
+            tune_file.write_text(json.dumps(tune))
+            held_file.write_text(json.dumps(held))
+            chosen = score(nab, results, tune_file)
+            fixed = ",".join(f"{p}={chosen[p]['threshold']}" for p in PROFILES)
+            scored = score(nab, results, held_file, threshold=fixed)
+            folds[category] = {p: scored[p]["score"] for p in PROFILES}
+    mean = {p: sum(f[p] for f in folds.values()) / len(folds) for p in PROFILES}
+    return {"mean": mean, "folds": folds}
 
 
 def main() -> None:
@@ -212,14 +224,24 @@ def main() -> None:
                           end="" if sys.stdout.isatty() else "\n", flush=True)  # fmt: skip
         print()
         table = {m: score(args.nab, root / _slug(m)) for m in methods}
+        for m in methods:
+            table[m]["held_out"] = score_held_out(args.nab, root / _slug(m), windows)
     for m in methods:
         table[m]["events_per_s"] = timing[m][1] / timing[m][0]
     print(f"NAB, {len(windows)} series; scores: 100 perfect, 0 the null detector")
-    print(f"{'method':24} {'standard':>9} {'low FP':>9} {'low FN':>9} {'events/s':>10}")
+    print("in-sample: thresholds chosen on every series; held out: leave one category out")
+    head = f"{'method':24} {'standard':>9} {'low FP':>9} {'low FN':>9}"
+    print(f"{head}  {'held-out std':>12} {'low FP':>7} {'low FN':>7} {'events/s':>10}")
     for m in methods:
         row = table[m]
         cells = [f"{row[p]['score']:9.1f}" for p in PROFILES]
-        print(f"{m:24} {' '.join(cells)} {row['events_per_s']:10,.0f}")
+        held = row["held_out"]["mean"]
+        out_cells = f"{held[PROFILES[0]]:12.1f} {held[PROFILES[1]]:7.1f} {held[PROFILES[2]]:7.1f}"
+        print(f"{m:24} {' '.join(cells)}  {out_cells} {row['events_per_s']:10,.0f}")
+    print("held-out standard score per category:")
+    for m in methods:
+        folds = table[m]["held_out"]["folds"]
+        print(f"  {m:22} " + "  ".join(f"{c} {f[PROFILES[0]]:.1f}" for c, f in folds.items()))
     if args.only:
         return  # a partial run prints; the results file holds full runs only
     RESULTS.mkdir(exist_ok=True)

@@ -19,11 +19,13 @@ import spanflow as sf
 from spanflow.cep.nfa import NFA
 from spanflow.ml.anomaly import judge
 from spanflow.ml.calibration import TailCalibration
+from spanflow.ml.detector import Detector
 from spanflow.ml.detectors import make_detector
 from spanflow.ml.episodes import Episodes
 from spanflow.ml.scaling import UnitScaler
 from spanflow.ml.thresholds import make_threshold
 from spanflow.spark.runner import PipelineRunner
+from spanflow.spec.steps.models import DetectAnomaliesStep
 from tests.helpers import publish, read_all, read_records, wait_for
 from tests.ml.test_likelihood import nab_series
 from tests.spark.test_exactly_once import _crash, _start
@@ -68,11 +70,28 @@ def _expected_scores(
         by_device[r["device"]].append(r)
     out = {}
     for rows in by_device.values():
-        detector = make_detector(method, FIELDS, {}, 86400.0 if method == "robust" else None)
+        detector = _detector(method, warmup)
         t = make_threshold(0.5)
         times = [datetime.fromtimestamp(r["ts"], UTC) for r in rows]
         verdicts = judge(detector, detector.load(None), t, t.empty(), rows, times, warmup)
         out.update({r["id"]: v for r, v in zip(rows, verdicts, strict=True)})
+    return out
+
+
+def _detector(method: str, warmup: int) -> Detector:
+    """The detector a step of ``method`` with ``warmup`` compiles to, without Spark."""
+    step = DetectAnomaliesStep(id="d", fields=FIELDS, method=method, warmup=warmup)
+    season = step.season_seconds(has_event_time=True)
+    return make_detector(method, FIELDS, step.detector_params(), season)
+
+
+def _with_a_fault(records: list[dict]) -> list[dict]:
+    """Device a's t runs 3 degrees warm for 150 of its readings (a fault that lasts),
+    then comes back."""
+    out = [dict(r) for r in records]
+    for r in out:
+        if r["device"] == "a" and 400 <= r["id"] < 700:
+            r["t"] = round(r["t"] + 3.0, 4)
     return out
 
 
@@ -120,8 +139,12 @@ def test_scores_per_key_and_global_equal_a_plain_run(spark, nats_url, checkpoint
     whole = readings.detect_anomalies(["t", "v"], method="hst").sink_jetstream(
         f"HST_{uid}", subject=f"hst{uid}"
     )
-    outputs = [f"ALL_{uid}", f"HST_{uid}"]
-    _run(spark, nats_url, checkpoints, every.merge(only, whole), outputs, len(records))
+    joint = keyed.detect_anomalies(["t", "v"], method="multivariate", warmup=30).sink_jetstream(
+        f"MV_{uid}", subject=f"mv{uid}"
+    )
+    outputs = [f"ALL_{uid}", f"HST_{uid}", f"MV_{uid}"]
+    flow = every.merge(only, whole, joint)
+    _run(spark, nats_url, checkpoints, flow, outputs, len(records))
     expected = _expected_scores(records, 30, "robust")
     got = {r["id"]: r for r in read_records(nats_url, f"ALL_{uid}")}
     assert len(got) == len(read_all(nats_url, f"ALL_{uid}")) == len(records)
@@ -138,6 +161,12 @@ def test_scores_per_key_and_global_equal_a_plain_run(spark, nats_url, checkpoint
     assert sorted(r["id"] for r in read_records(nats_url, f"ONLY_{uid}")) == flagged
     hst = _expected_hst(records)
     assert {r["id"]: r["anomaly_score"] for r in read_records(nats_url, f"HST_{uid}")} == hst
+    joint = _expected_scores(records, 30, "multivariate")
+    got = {
+        r["id"]: (r["anomaly_score"], r["is_anomaly"], r["anomaly_field"])
+        for r in read_records(nats_url, f"MV_{uid}")
+    }
+    assert got == joint
 
 
 def _nab_records() -> list[dict]:
@@ -200,11 +229,13 @@ def test_the_default_detector_on_nab_series_equals_the_pure_run(spark, nats_url,
     assert len(letters) == 1 and "field 'value'" in letters[0]["Spanflow-Reason"]
 
 
-def _expected_alarms(records: list[dict], warmup: int, quiet: int) -> Counter:
+def _expected_alarms(
+    records: list[dict], warmup: int, quiet: int, method: str = "likelihood"
+) -> Counter:
     """(device, episode, start, end, anomalies, readings, peak) of each episode row: the
-    default detector and the episode tracker over each device's records."""
+    detector and the episode tracker over each device's records."""
     out: Counter = Counter()
-    for device, verdicts in _verdicts_by_device(records, warmup).items():
+    for device, verdicts in _verdicts_by_device(records, warmup, method).items():
         tracker, state = Episodes(quiet_readings=quiet), Episodes().empty()
         for (_, at), (score, flag, field) in verdicts:
             for row in tracker.step(state, at, score, flag, field):
@@ -212,11 +243,11 @@ def _expected_alarms(records: list[dict], warmup: int, quiet: int) -> Counter:
     return out
 
 
-def _verdicts_by_device(records: list[dict], warmup: int) -> dict[str, list]:
+def _verdicts_by_device(records: list[dict], warmup: int, method: str) -> dict[str, list]:
     out = {}
     for device in sorted({r["device"] for r in records}):
         rows = [r for r in records if r["device"] == device]
-        detector = make_detector("likelihood", FIELDS, {}, None)
+        detector = _detector(method, warmup)
         t = make_threshold(0.5)
         times = [datetime.fromtimestamp(r["ts"], UTC) for r in rows]
         verdicts = judge(detector, detector.load(None), t, t.empty(), rows, times, warmup)
@@ -291,7 +322,7 @@ sources:
     key: device
     event_time: ts
     max_rows_per_batch: 75
-    to: [scores, alarms, model, episodes]
+    to: [scores, alarms, model, episodes, shifts]
 processors:
   - id: scores
     type: detect_anomalies
@@ -306,6 +337,14 @@ processors:
     emit: episodes
     quiet: 20
     to: [alarmed]
+  - id: shifts
+    type: detect_anomalies
+    method: multivariate
+    fields: [t, v]
+    warmup: 30
+    emit: episodes
+    quiet: 20
+    to: [shifted]
   - id: model
     type: learn
     model: river:linear_model.LogisticRegression
@@ -328,6 +367,7 @@ sinks:
   - {{id: alarmed, type: jetstream, stream: ALARMS_{uid}, subject: "alarms{uid}"}}
   - {{id: learnt, type: jetstream, stream: LEARNT_{uid}, subject: "learnt{uid}"}}
   - {{id: matched, type: jetstream, stream: MATCHED_{uid}, subject: "matched{uid}"}}
+  - {{id: shifted, type: jetstream, stream: SHIFTS_{uid}, subject: "shifts{uid}"}}
 """
 
 
@@ -363,7 +403,7 @@ def _expected_episodes(records: list[dict]) -> Counter:
 def test_scores_and_learning_after_a_sigkill_and_restart_equal_an_uninterrupted_run(
     nats_url, tmp_path, uid
 ):
-    records = _records(900)
+    records = _with_a_fault(_records(900))
     pipeline = tmp_path / "pipeline.yaml"
     pipeline.write_text(_pipeline(uid))
     data_dir, log = tmp_path / "node", tmp_path / "run.log"
@@ -379,6 +419,7 @@ def test_scores_and_learning_after_a_sigkill_and_restart_equal_an_uninterrupted_
     publish(nats_url, f"AD_{uid}", f"ad{uid}.r", records[600:])
     episodes = _expected_episodes(records)
     alarms = _expected_alarms(records, 30, 20)
+    shifts = _expected_alarms(records, 30, 20, "multivariate")
     proc = _start(pipeline, nats_url, data_dir, log)
     try:
         wait_for(
@@ -387,6 +428,7 @@ def test_scores_and_learning_after_a_sigkill_and_restart_equal_an_uninterrupted_
                 and len(read_all(nats_url, f"LEARNT_{uid}")) >= len(records)
                 and len(read_all(nats_url, f"MATCHED_{uid}")) >= sum(episodes.values())
                 and len(read_all(nats_url, f"ALARMS_{uid}")) >= sum(alarms.values())
+                and len(read_all(nats_url, f"SHIFTS_{uid}")) >= sum(shifts.values())
             ),
             timeout=240,
         )
@@ -400,7 +442,13 @@ def test_scores_and_learning_after_a_sigkill_and_restart_equal_an_uninterrupted_
     expected = _expected_scores(records, 30)  # the default method: likelihood
     for r in rows:
         assert (r["anomaly_score"], r["is_anomaly"], r["anomaly_field"]) == expected[r["id"]]
-    # Anomaly episodes: none lost, none twice
+    # Anomaly episodes: none lost, none twice (the fault is one multivariate episode
+    # that lasts: its start and its end)
+    assert shifts and max(key[5] for key in shifts) >= 100, shifts  # readings in it
+    assert (
+        Counter(_alarm_key(r["device"], r) for r in read_records(nats_url, f"SHIFTS_{uid}"))
+        == shifts
+    )
     assert (
         alarms
         and Counter(_alarm_key(r["device"], r) for r in read_records(nats_url, f"ALARMS_{uid}"))

@@ -387,12 +387,13 @@ class Stream:
         the whole stream without — adding ``anomaly_score`` (0 to 1), ``is_anomaly`` and
         ``anomaly_field``.
 
-        ``method``: ``"likelihood"`` (default), ``"robust"``, ``"hst"`` or
+        ``method``: ``"likelihood"`` (default), ``"multivariate"`` (the fields
+        together; a fault stays flagged until it is undone), ``"robust"``, ``"hst"`` or
         ``"river:<module>.<Class>"``; ``threshold``: a score (default 0.5 for
-        likelihood and robust, 0.75 for hst and river:), ``"quantile(0.99)"`` or
-        ``"adaptive"``; the first ``warmup``
-        records of a key are never anomalies (default 300 for likelihood, 100 for the
-        others); ``seasonality``: a period such as ``"1d"``, ``"none"``, or found in
+        likelihood, multivariate and robust, 0.75 for hst and river:),
+        ``"quantile(0.99)"`` or ``"adaptive"``; the first ``warmup`` records of a key
+        are never anomalies (default 300 for likelihood, 200 for multivariate, 100 for
+        the others); ``seasonality``: a period such as ``"1d"``, ``"none"``, or found in
         the data (default); ``emit="anomalies"`` keeps only anomalies, ``emit="episodes"``
         gives a row when an episode of anomalies starts and one when it ends, after
         ``quiet`` readings (default 100) or a ``quiet`` duration without an anomaly.

@@ -4,6 +4,8 @@ A detector's state is plain data (a dict, River models as :mod:`snapshot` text),
 Spark keeps it per key in RocksDB and restores it after a crash. Methods:
 
 * ``likelihood`` (default): :class:`~spanflow.ml.likelihood.LikelihoodDetector`;
+* ``multivariate``: :class:`~spanflow.ml.multivariate.MultivariateDetector`, a MEWMA
+  T-squared chart over the fields together, faults kept as states;
 * ``robust``: :class:`~spanflow.ml.baseline.RobustBaseline`;
 * ``hst``: River's ``HalfSpaceTrees`` behind a
   :class:`~spanflow.ml.scaling.UnitScaler` (it assumes features in [0, 1]), seeded
@@ -35,10 +37,11 @@ from spanflow.ml.baseline import RobustBaseline, score_of
 from spanflow.ml.calibration import TailCalibration
 from spanflow.ml.detector import Detector
 from spanflow.ml.likelihood import LikelihoodDetector
+from spanflow.ml.multivariate import MultivariateDetector
 from spanflow.ml.river_classes import river_class
 from spanflow.ml.scaling import UnitScaler
 
-METHODS = ("likelihood", "robust", "hst", "river:<module>.<Class>")
+METHODS = ("likelihood", "multivariate", "robust", "hst", "river:<module>.<Class>")
 HST_SEED = 42
 
 
@@ -156,6 +159,8 @@ def make_detector(
         return LikelihoodDetector(fields, seasonality, **params)
     if method == "robust":
         return RobustDetector(fields, seasonality, **params)
+    if method == "multivariate":
+        return MultivariateDetector(fields, **params)
     if method == "hst" or method.startswith("river:"):
         return RiverDetector(fields, method, **params)
     raise ValueError(f"unknown method {method!r}; methods: {', '.join(METHODS)}")

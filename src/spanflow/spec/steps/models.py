@@ -14,7 +14,7 @@ from pydantic import Field, field_validator, model_validator
 from spanflow.spec.durations import Duration, parse_duration
 from spanflow.spec.steps.base import Placement, StepBase, StreamFacts, one_or_many
 
-METHOD = r"^(likelihood|robust|hst|river:[A-Za-z_][\w]*(\.[A-Za-z_]\w*)+)$"
+METHOD = r"^(likelihood|multivariate|robust|hst|river:[A-Za-z_][\w]*(\.[A-Za-z_]\w*)+)$"
 _CALL = re.compile(r"^\s*(quantile|adaptive)\s*\(\s*([0-9.eE+-]+)\s*\)\s*$")
 ADDED_FIELDS = ("anomaly_score", "is_anomaly", "anomaly_field")
 
@@ -67,7 +67,9 @@ class DetectAnomaliesStep(StepBase):
     ``anomaly_field`` (the field that contributed most).
 
     ``method``: ``likelihood`` (the default: an anomaly likelihood over two streaming
-    predictors, with the period of a cycle found in the data), ``robust`` (a
+    predictors, with the period of a cycle found in the data), ``multivariate`` (a
+    MEWMA T-squared chart over the fields together; a fault stays flagged until it is
+    undone), ``robust`` (a
     streaming baseline with a daily profile), ``hst`` (River's Half-Space Trees) or
     any River detector as ``river:<module>.<Class>``; ``params`` go to it.
     ``threshold``: a score (static), ``quantile(q)`` of the key's scores so far, or
@@ -86,21 +88,22 @@ class DetectAnomaliesStep(StepBase):
     method: str = Field(
         default="likelihood",
         pattern=METHOD,
-        description="likelihood, robust, hst or river:<module>.<Class>.",
+        description="likelihood, multivariate, robust, hst or river:<module>.<Class>.",
     )
     params: dict[str, Any] = Field(
         default_factory=dict, description="Parameters of the method (plain data)."
     )
     threshold: float | str | None = Field(
         default=None,
-        description="A score, 'quantile(q)' or 'adaptive(k)' (default: 0.5 for likelihood "
-        "and robust, 0.75 — one reading in 1,000 per key — for hst and river:).",
+        description="A score, 'quantile(q)' or 'adaptive(k)' (default: 0.5 for likelihood, "
+        "multivariate and robust, 0.75 — one reading in 1,000 per key — for hst and river:).",
     )
     warmup: int | None = Field(
         default=None,
         ge=0,
         description="Records per key before any anomaly (default: 300 for likelihood, "
-        "the records it learns from before it scores; 100 for the others).",
+        "the records it learns from before it scores; 200 for multivariate, the records "
+        "its baseline is fitted on; 100 for the others).",
     )
     emit: Literal["all", "anomalies", "episodes"] = Field(
         default="all",
@@ -157,13 +160,13 @@ class DetectAnomaliesStep(StepBase):
     def threshold_or_default(self) -> float | str:
         if self.threshold is not None:
             return self.threshold
-        return 0.5 if self.method in ("likelihood", "robust") else 0.75
+        return 0.5 if self.method in ("likelihood", "multivariate", "robust") else 0.75
 
     @property
     def warmup_or_default(self) -> int:
         if self.warmup is not None:
             return self.warmup
-        return 300 if self.method == "likelihood" else 100
+        return {"likelihood": 300, "multivariate": 200}.get(self.method, 100)
 
     def season_seconds(self, has_event_time: bool) -> float | None:
         """The period of the profile the detector is given, or None (likelihood: none
@@ -178,6 +181,8 @@ class DetectAnomaliesStep(StepBase):
         """``params``, plus what ``seasonality: none`` means for the likelihood method."""
         if self.method == "likelihood" and self.seasonality == "none":
             return {**self.params, "detect_period": False}
+        if self.method == "multivariate":  # its baseline is fitted on the warm-up
+            return {**self.params, "warmup": self.warmup_or_default}
         return dict(self.params)
 
     def check_inputs(self, inputs: Sequence[StreamFacts]) -> None:

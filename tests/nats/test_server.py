@@ -3,6 +3,7 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+from pathlib import Path
 
 import pytest
 
@@ -132,3 +133,17 @@ def test_a_listen_address_must_be_host_and_port():
     with pytest.raises(ValueError, match="is not HOST:PORT"):
         split_listen("0.0.0.0:99999")
     assert split_listen("0.0.0.0:0") == ("0.0.0.0", 0)
+
+
+def test_a_reload_returns_once_applied_and_a_refused_configuration_is_an_error(
+    tmp_path: Path,
+) -> None:
+    with EmbeddedNats(tmp_path / "nats") as server:
+        server.reload()  # returns after the server's own "Reloaded" line
+        log = (tmp_path / "nats" / "nats.log").read_text()
+        assert log.count("Reloaded server configuration") == 1
+        server._config = lambda ports: "listen: 127.0.0.1:1\nbroken {{{\n"  # type: ignore[method-assign]
+        with pytest.raises(NatsError, match="refused its new configuration"):
+            server.reload()
+        assert server.pid is not None and server._proc is not None
+        assert server._proc.poll() is None  # the old configuration stays in force

@@ -19,6 +19,7 @@ from spanflow.control.coordinator import Coordinator, CoordinatorSettings
 from spanflow.errors import SecurityError
 from spanflow.nats.server import EmbeddedNats
 from spanflow.nats.streams import connect
+from spanflow.security import pki
 from spanflow.security.secrets import Secrets, node_token
 from spanflow.server.app import create_app
 
@@ -73,14 +74,23 @@ def test_an_edge_hosts_bundles_hold_no_secret_of_another_role(
         Secrets(tmp_path / "agent").export(tmp_path / "again", "reader")
     with pytest.raises(SecurityError, match="--node"):
         full.export(tmp_path / "nobody", "agent")
+    with pytest.raises(SecurityError, match="runs no server"):
+        full.export(tmp_path / "nobody", "agent", node="edge-1", hosts=("edge-1.example",))
 
 
 def test_bundles_work_against_real_servers_and_let_nothing_else_in(
     full: Secrets, tmp_path: Path
 ) -> None:
-    full.export(tmp_path / "site", "site", site="factory")
+    full.init(("hub.example",), renew=True)  # the hub's servers are dialled at hub.example
+    full.export(tmp_path / "site", "site", site="factory", hosts=("factory-a.example",))
     full.export(tmp_path / "agent", "agent", node="edge-1")
     site_secrets, agent_secrets = Secrets(tmp_path / "site"), Secrets(tmp_path / "agent")
+    # the site's server has a certificate of its own: its key cannot pass for the hub
+    own, shared = pki.describe(site_secrets.server_cert), pki.describe(full.server_cert)
+    assert own.fingerprint != shared.fingerprint
+    assert "factory-a.example" in own.hosts and "hub.example" not in own.hosts
+    assert "hub.example" in shared.hosts
+    assert full.server_key.read_text() not in _every_secret_text(tmp_path / "site")
     with EmbeddedNats(
         tmp_path / "hub", name="hub", domain="hub", leaf_listen=True, secrets=full
     ) as hub:

@@ -159,6 +159,15 @@ def export(
     device_name: Annotated[
         str | None, typer.Option("--device", help="The device (role device).")
     ] = None,
+    host: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--host",
+            help="Roles site and coordinator: a name or address clients dial this host's "
+            "server at (repeat); the bundle gets a server certificate of its own naming "
+            "only these (and localhost).",
+        ),
+    ] = None,
     secrets_dir: SecretsDirOption = None,
     data_dir: DataDir = None,
 ) -> None:
@@ -166,12 +175,18 @@ def export(
     gets no coordinator, control, reader, route or REST secret and no CA key. Copy the
     bundle to the host as its secrets directory."""
     secrets = secrets_at(secrets_dir, data_dir)
+    hosts = tuple(host or ())
     try:
-        written = secrets.export(out, role, node=node, site=site, device=device_name)
+        written = secrets.export(out, role, node=node, site=site, device=device_name, hosts=hosts)
     except SecurityError as exc:
         raise fail(exc) from None
     for path in written:
         console.print(f"wrote {path}")
+    if role in ("site", "coordinator") and not hosts:
+        console.print(
+            "[yellow]the bundle shares the deployment's server certificate: give --host "
+            "to issue this host one of its own[/yellow]"
+        )
     console.print(f"copy {out} to the host as its secrets directory (owner-only)")
 
 

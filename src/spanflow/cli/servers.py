@@ -13,7 +13,7 @@ import typer
 
 from spanflow.cli.common import _data_dir, _Interrupted, app, console, err, fail, use_secrets
 from spanflow.cli.local import ingest
-from spanflow.errors import SpanflowError
+from spanflow.errors import NatsError, SpanflowError
 
 
 def _listen(value: str, option: str) -> tuple[str, int]:
@@ -127,7 +127,11 @@ def site_server(
             while not stop.event.wait(0.5):
                 if reload.is_set():  # new devices or certificates in the secrets
                     reload.clear()
-                    server.reload()
+                    try:
+                        server.reload()
+                    except NatsError as exc:  # the old configuration stays in force
+                        err.print(f"[red]site {site}: reload failed: {exc}[/red]")
+                        continue
                     err.print(f"site {site}: configuration reloaded")
     finally:
         if gateway is not None:

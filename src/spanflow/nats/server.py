@@ -277,18 +277,33 @@ class EmbeddedNats:
         log.info("embedded NATS at %s (data in %s)", redact_url(self.url), self.data_dir)
         return self
 
-    def reload(self) -> None:
+    def reload(self, timeout: float = 10.0) -> None:
         """Rewrite the configuration and have the running server re-read it (SIGHUP):
         new device users, renewed certificates, without dropping connections. Listener
-        addresses and ports stay as they were."""
+        addresses and ports stay as they were. Returns once the server says it has
+        reloaded (a revoked device is refused from then on); NatsError when it refuses
+        the new configuration or does not answer within ``timeout`` seconds."""
         if self._proc is None:
             return
         conf = self.data_dir / "nats.conf"
         ports_dir = self.data_dir / "ports"
+        log_path = self.data_dir / "nats.log"
         self.port = self.port or int(self.url.rpartition(":")[2])
+        before = _reload_lines(log_path)
         with open(conf, "w") as out:  # owner-only since start()
             out.write(self._config(ports_dir))
         self._proc.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + timeout
+        while True:
+            done, failed = _reload_lines(log_path)
+            if failed > before[1]:
+                tail = log_path.read_text(errors="replace")[-1500:]
+                raise NatsError(f"nats-server refused its new configuration:\n{tail}")
+            if done > before[0]:
+                return
+            if time.monotonic() > deadline or self._proc.poll() is not None:
+                raise NatsError(f"nats-server did not reload within {timeout:.0f} s")
+            time.sleep(0.02)
 
     @property
     def pid(self) -> int | None:
@@ -395,3 +410,12 @@ class NatsCluster:
 def default_data_dir() -> Path:
     """Where commands keep NATS data and checkpoints unless told otherwise."""
     return Path(os.environ.get("SPANFLOW_HOME", Path.cwd() / "spanflow-data"))
+
+
+def _reload_lines(log_path: Path) -> tuple[int, int]:
+    """How many reloads the server's log reports done, and failed."""
+    try:
+        text = log_path.read_text(errors="replace")
+    except OSError:
+        return 0, 0
+    return text.count("Reloaded server configuration"), text.count("Failed to reload")

@@ -439,10 +439,15 @@ class Secrets:
         node: str | None = None,
         site: str | None = None,
         device: str | None = None,
+        hosts: tuple[str, ...] = (),
     ) -> list[Path]:
         """Write the bundle one host needs for ``role`` into ``dest`` (a new, owner-only
         directory) and return its files: an edge host holds no coordinator, control,
         reader, route or operator secret, no CA key and no node-token key.
+
+        With ``hosts`` (roles ``site`` and ``coordinator``) the bundle gets a server
+        certificate of its own that names only those hosts (and localhost): a site's key
+        then cannot pass for another server. Without, it shares the deployment's.
 
         - ``coordinator``: everything but the CA key;
         - ``agent`` (``node``): the agent's password and certificate, its node's REST
@@ -462,6 +467,10 @@ class Secrets:
         if creds.rest_token is None or creds.agent_key is None:
             raise SecurityError(
                 f"{self.root} is itself a bundle: export from the full secrets directory"
+            )
+        if hosts and role not in ("site", "coordinator"):
+            raise SecurityError(
+                f"a {role} bundle runs no server: --host is for site or coordinator"
             )
         out = Secrets(dest)
         if out.root.exists() and any(out.root.iterdir()):
@@ -507,13 +516,25 @@ class Secrets:
         out.root.mkdir(parents=True, exist_ok=True, mode=0o700)
         os.chmod(out.root, 0o700)
         written = []
+        own = self._host_certificate(hosts) if hosts else None
         for path in files:
             target = out.root / path.relative_to(self.root)
-            _write_private(target, path.read_bytes())
+            data = path.read_bytes()
+            if own is not None and path in (self.server_cert, self.server_key):
+                data = own.cert_pem if path == self.server_cert else own.key_pem
+            _write_private(target, data)
             written.append(target)
         _write_private(out.credentials_file, bundle.to_json())
         written.append(out.credentials_file)
         return written
+
+    def _host_certificate(self, hosts: tuple[str, ...]) -> pki.Issued:
+        """A server certificate for these hosts alone, from the deployment's CA."""
+        names = tuple(dict.fromkeys((*DEFAULT_HOSTS, *hosts)))
+        # client use too: a clustered server dials its routes with it
+        return pki.issue(
+            self._ca(), f"spanflow server {hosts[0]}", hosts=names, server=True, client=True
+        )
 
     def _device_files(self, devices: dict[str, Device]) -> list[Path]:
         missing = [name for name in devices if not self.device_cert(name).exists()]

@@ -245,6 +245,7 @@ class ProcessorAdapter(StatefulProcessor):
         self._timers = BufferedTimers(self._txn, s.clock)
         self._failures = _Failures()
         self._checks = tuple((f, value_check(f.kind)) for f in s.output)
+        self._declared = frozenset(f.name for f in s.output)
         self._user = s.factory()
         self._declarations = Declarations(self._txn)
         self._user.init(self._declarations)
@@ -417,7 +418,7 @@ class ProcessorAdapter(StatefulProcessor):
         for item in produced or ():
             if not isinstance(item, dict):
                 raise StateError(f"an output row must be a dict, got {type(item).__name__}")
-            extra = [k for k in item if k not in keys and all(f.name != k for f, _ in self._checks)]
+            extra = [k for k in item if k not in keys and k not in self._declared]
             if extra:
                 names = [f.name for f, _ in self._checks]
                 raise StateError(f"output fields {extra} are not in output_schema {names}")

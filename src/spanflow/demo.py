@@ -116,8 +116,14 @@ def factory_monitoring() -> Flow:
     by_device = valid.key_by("site", "device", id="by_device")
     # Each machine scored against its own learnt baseline, at its factory: a row when an
     # anomaly episode starts and one when it ends (not one per anomalous reading)
+    # Sensors with Gaussian noise on a slow cycle: a new extreme alarms only when it is
+    # also 6 sigma from the machine's level (else noise at the edge of a growing range does)
     anomalies = by_device.detect_anomalies(
-        ["temperature", "vibration"], emit="episodes", quiet="10s", id="anomalies"
+        ["temperature", "vibration"],
+        emit="episodes",
+        quiet="10s",
+        params={"extreme_sigma": 6},
+        id="anomalies",
     ).sink_jetstream("SITE_ANOMALIES", subject="anomalies.{site}.{device}", id="anomalies_out")
     # Each machine's events, in event-time order, matched against a failure pattern
     seizing = by_device.match(

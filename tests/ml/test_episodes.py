@@ -95,3 +95,33 @@ def test_quiet_needs_episodes_and_a_time_quiet_needs_event_time():
         s.detect_anomalies("t", emit="episodes", quiet=0)
     with pytest.raises(SpecError, match="no event time"):
         s.detect_anomalies("t", emit="episodes", quiet="10m").sink_console().spec()
+
+
+def test_a_rebaselined_key_ends_its_episode_and_learns_its_new_level_afresh():
+    shifted = _noise(1200)
+    for i in range(500, 1200):
+        shifted[i] += 40.0  # a fault that stays
+    records = [
+        {"device": d, "ts": T0 + timedelta(minutes=i), "x": v}
+        for i, v in enumerate(shifted)
+        for d in ("a", "b")
+    ]
+    generations: dict[str, int] = {}
+    harness = detection_harness(
+        {"device": "string", "ts": "timestamp", **EPISODE_FIELDS},
+        episodes=lambda: Episodes(quiet_readings=50),
+        rebaselines=lambda: generations,
+        # holds a fault as a state (the default method adapts to a level in ~50 readings)
+        detector=lambda: make_detector("multivariate", ("x",), {"warmup": 300}, None),
+    )
+    before = harness.process(records[:1200])  # readings 0-599 of both keys
+    assert [(r["device"], r["episode"], r["ts"]) for r in before] == [
+        ("a", "start", T0 + timedelta(minutes=500)),
+        ("b", "start", T0 + timedelta(minutes=500)),
+    ]
+    generations["a"] = 1  # the operator accepts a's new level
+    after = harness.process(records[1200:])
+    a_rows = [(r["episode"], r["ts"]) for r in after if r["device"] == "a"]
+    assert a_rows == [("end", T0 + timedelta(minutes=600))]  # then nothing: the level is normal
+    assert harness.state("detector", "a") is not None
+    assert all(r["ts"] != T0 + timedelta(minutes=600) for r in after if r["device"] == "b")

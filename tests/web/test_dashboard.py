@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ import httpx
 import pytest
 
 from spanflow.cli.cluster import LocalCluster
-from tests.helpers import wait_for
+from tests.helpers import read_records, wait_for
 from tests.web.conftest import CHROMIUM, TOKEN, client, publish
 
 pytestmark = pytest.mark.slow
@@ -230,6 +231,45 @@ def test_the_rest_reference_works_offline(page: Watched, cluster: LocalCluster) 
     assert "/api/v1/nodes" in [t.strip() for t in paths]
     # every asset came from the coordinator itself (no CDN): any other host would
     # have failed here and been reported by the page fixture
+
+
+def _anomalies(cluster: LocalCluster, device: str) -> int:
+    """Anomalies of ``device`` in the sink's stream (read from a thread of its own:
+    Playwright's sync API runs an event loop in this one)."""
+    with ThreadPoolExecutor(1) as pool:
+        records = pool.submit(read_records, cluster.nats_url, "PLANT_ANOMALIES").result()
+    return sum(r["device"] == device for r in records)
+
+
+def test_rebaseline_from_the_events_page_is_logged_and_the_key_learns_afresh(
+    page: Watched, cluster: LocalCluster
+) -> None:
+    for device in ("r1", "r2"):  # r2 is not rebaselined: the control
+        steady = [{"device": device, "temperature": 20.0 + (i % 5) * 0.1} for i in range(40)]
+        publish(cluster.nats_url, "SENSORS", f"sensors.{device}", steady)
+    publish(cluster.nats_url, "SENSORS", "sensors.r1", [{"device": "r1", "temperature": 95.0}])
+    p = open_page(page, cluster, "events")
+    p.fill("#token", TOKEN)
+    p.click("#token-form button")
+    row = p.locator("#detection-table tr[data-kind=anomaly]", has_text="r1").first
+    row.wait_for(timeout=90_000)
+    p.once("dialog", lambda dialog: dialog.accept())
+    row.locator("button[data-rebaseline]").click()
+    p.wait_for_selector("[data-result=ok]")
+    log = client(cluster).log(limit=1000)
+    done = [e for e in log if e.kind == "detector-rebaselined"]
+    assert [(e.detail["pipeline"], e.detail["step"], e.detail["key"]) for e in done] == [
+        ("plant-watch", "watch", "r1")
+    ]
+    assert done[0].detail["by"] == "operator"
+    # r1 is in a fresh warm-up (20 readings): the same reading is not an anomaly now,
+    # while r2, not rebaselined, flags it (published after: its batch is no earlier)
+    assert _anomalies(cluster, "r2") == 0
+    wild = [{"device": "r1", "temperature": 95.0} for _ in range(15)]
+    publish(cluster.nats_url, "SENSORS", "sensors.r1", wild)
+    publish(cluster.nats_url, "SENSORS", "sensors.r2", [{"device": "r2", "temperature": 95.0}])
+    wait_for(lambda: _anomalies(cluster, "r2") == 1, timeout=90)
+    assert _anomalies(cluster, "r1") == 1
 
 
 def test_a_killed_node_turns_dead_on_the_network_page(page: Watched, cluster: LocalCluster) -> None:

@@ -56,6 +56,7 @@ from spanflow.spec import (
     format_validation_error,
 )
 from spanflow.spec.patterns import RuleSpec
+from spanflow.spec.steps.alarms import SuppressStep
 from spanflow.spec.steps.models import DetectAnomaliesStep, LearnStep, ScoreStep
 from spanflow.spec.steps.patterns import PatternStep
 
@@ -329,6 +330,14 @@ class Stream:
     def deduplicate(self, *key: str, within: str | float, id: str | None = None) -> Stream:
         """Drop records whose key was already seen within ``within`` of event time."""
         return self._then(DeduplicateStep, "deduplicate", id, key=key, within=within)
+
+    def suppress(
+        self, once_per: str | float, *, until: str = "period", id: str | None = None
+    ) -> Stream:
+        """One record per key per ``once_per`` (``until="period"``) or per incident
+        (``until="quiet"``: the next after ``once_per`` of silence), each counting the
+        held-back ones in ``suppressed``: an alert or pattern flood made actionable."""
+        return self._then(SuppressStep, "suppress", id, once_per=once_per, until=until)
 
     def aggregate(self, *, id: str | None = None, **aggregates: str) -> Stream:
         """Running aggregates per key over the whole stream (no window), emitted as

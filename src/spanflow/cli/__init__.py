@@ -4,6 +4,7 @@ from spanflow.cli import (  # noqa: F401  (registers the commands)
     cluster,
     config,
     demo,
+    detectors,
     local,
     models,
     plan,

@@ -17,9 +17,9 @@ import asyncio
 import contextlib
 import logging
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
@@ -34,6 +34,7 @@ from spanflow.control import (
     pipelines,
     rebalancer,
     reconciler,
+    records,
     registry,
     scheduler,
     topology_manager,
@@ -509,6 +510,17 @@ class Coordinator:
 
         await self._decide(decide)
         return self.pipeline(name)
+
+    async def rebaseline(
+        self,
+        name: str,
+        step: str | None,
+        key: str | None,
+        record: Mapping[str, Any] | None = None,
+        by: str = "",
+    ) -> records.DetectorRebaselined:
+        """Accept a key's behaviour as normal in a detector (spanflow.ml.rebaseline)."""
+        return await self._decide(lambda tx: pipelines.rebaseline(tx, name, step, key, record, by))
 
     # -- what nodes tell us ---------------------------------------------------------------
     async def _on_heartbeat(self, msg: Msg) -> None:

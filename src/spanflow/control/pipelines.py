@@ -7,16 +7,23 @@ scheduler's, noticing what runs is the reconciler's.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
+from typing import Any
 
 from spanflow.control import records as r
 from spanflow.control.errors import Conflict, Invalid, NotFound
 from spanflow.control.requests import Submission
 from spanflow.control.state import ClusterState, Draft
+from spanflow.ml.rebaseline import EVERY_KEY, key_text
 from spanflow.plan import PlacementError
 from spanflow.plan.fragments import PlanError, compile_fragments
 from spanflow.plan.planner import offline_view, plan_pipeline
 from spanflow.spec import locations
 from spanflow.spec.cluster import TRANSITIONS, Fragment, PipelineRecord, PipelineState
+from spanflow.spec.pipeline import PipelineSpec
+from spanflow.spec.steps.models import DetectAnomaliesStep
+
+MAX_KEY_TEXT = 256
 
 log = logging.getLogger(__name__)
 
@@ -138,6 +145,67 @@ def resume(tx: Draft, name: str, source: str | None, exists: bool) -> None:
     if source is None or not exists:
         raise Invalid("no_savepoint", f"savepoint {source!r} does not exist")
     tx.add(r.PipelineResumed, pipeline=name, savepoint=source)
+
+
+def rebaseline(
+    tx: Draft,
+    name: str,
+    step: str | None,
+    key: str | None,
+    record: Mapping[str, Any] | None = None,
+    by: str = "",
+) -> r.DetectorRebaselined:
+    """Accept a key's current behaviour as normal in a detect_anomalies step (the only
+    one, when ``step`` is None). The key is ``key`` (``*``: every key), or the one of
+    ``record`` — a detection as a sink wrote it — read from the step's key fields."""
+    pipe = pipeline(tx.state, name)
+    if pipe.state.terminal:
+        raise Conflict("not_running", f"pipeline {name!r} is {pipe.state.value}")
+    spec = pipe.spec.expanded()
+    detectors = [s for s in spec.steps if isinstance(s, DetectAnomaliesStep)]
+    chosen = _detector(name, detectors, step)
+    text = _rebaseline_key(spec, chosen, key, record)
+    generation = 1 + max(pipe.rebaselines.get(chosen.id, {}).values(), default=0)
+    return tx.add(
+        r.DetectorRebaselined, pipeline=name, step=chosen.id, key=text, generation=generation, by=by
+    )
+
+
+def _detector(
+    name: str, detectors: list[DetectAnomaliesStep], step: str | None
+) -> DetectAnomaliesStep:
+    ids = [d.id for d in detectors]
+    if not detectors:
+        raise Invalid("no_detector", f"pipeline {name!r} has no detect_anomalies step")
+    if step is None:
+        if len(detectors) > 1:
+            raise Invalid("which_step", f"pipeline {name!r} has several detectors {ids}: name one")
+        return detectors[0]
+    for d in detectors:
+        if d.id == step:
+            return d
+    raise NotFound("no_step", f"pipeline {name!r} has no detect_anomalies step {step!r}: {ids}")
+
+
+def _rebaseline_key(
+    spec: PipelineSpec, step: DetectAnomaliesStep, key: str | None, record: Mapping[str, Any] | None
+) -> str:
+    if (key is None) == (record is None):
+        raise Invalid("which_key", "give exactly one of 'key' (or '*': every key) and 'record'")
+    if key is not None:
+        text = key.strip()
+        if not text or len(text) > MAX_KEY_TEXT:
+            raise Invalid("bad_key", f"a key is 1 to {MAX_KEY_TEXT} characters")
+        return text
+    assert record is not None
+    fields = spec.facts()[step.inputs[0]].key
+    if not fields:
+        return EVERY_KEY  # the step keeps one model for the whole stream
+    missing = [f for f in fields if f not in record]
+    if missing:
+        raise Invalid("bad_record", f"the record has no key field {missing} (the key: {fields})")
+    values = tuple(record[f] for f in fields)
+    return key_text(values if len(values) > 1 else values[0])
 
 
 def check_transition(record: PipelineRecord, to: PipelineState) -> None:

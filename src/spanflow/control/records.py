@@ -162,6 +162,19 @@ class PipelineResumed(_Record):
     savepoint: str
 
 
+class DetectorRebaselined(_Record):
+    """An operator accepted a key's current behaviour as its new normal: the
+    ``detect_anomalies`` step ``step`` forgets what it learnt of ``key`` (``*``: of
+    every key) at its next micro-batch and learns that key afresh."""
+
+    kind: Literal["detector-rebaselined"] = "detector-rebaselined"
+    pipeline: str
+    step: str
+    key: str
+    generation: int = Field(ge=1, description="Rises with every rebaseline of the step.")
+    by: str = Field(default="", description="Who asked (the API's principal), if known.")
+
+
 # -- placement ----------------------------------------------------------------------------
 class FragmentsAssigned(_Record):
     """Fragments of one pipeline were placed; each assignment carries a new epoch."""
@@ -233,6 +246,7 @@ RECORD_CLASSES: tuple[type[_Record], ...] = (
     PipelineStopped,
     SavepointStarted,
     PipelineResumed,
+    DetectorRebaselined,
     FragmentsAssigned,
     FragmentsUnassigned,
     MoveStarted,
@@ -259,6 +273,7 @@ Record = Annotated[
     | PipelineStopped
     | SavepointStarted
     | PipelineResumed
+    | DetectorRebaselined
     | FragmentsAssigned
     | FragmentsUnassigned
     | MoveStarted

@@ -166,6 +166,8 @@ def apply(state: ClusterState, record: r.Record) -> None:
                 PipelineState.CREATED, f"resuming from {source}", at
             )
             state.pipelines[name] = moved.model_copy(update={"restore_from": source})
+        case r.DetectorRebaselined(pipeline=name, step=step, key=key, generation=generation):
+            state.pipelines[name] = state.pipelines[name].rebaselined(step, key, generation)
         case r.FragmentsAssigned():
             _assign(state, record)
         case r.FragmentsUnassigned(fragments=fragments):

@@ -5,7 +5,8 @@ Each record is scored, then learnt from, in event-time order (arrival order with
 event time); the threshold then decides, and learns the score. During a key's first
 ``warmup`` records scores are emitted but nothing is called an anomaly. With
 ``episodes`` the step emits anomaly episodes (:mod:`spanflow.ml.episodes`) instead
-of records.
+of records. A key rebaselined by an operator (:mod:`spanflow.ml.rebaseline`) forgets
+its state and learns afresh from its next reading.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import orjson
 from spanflow.api.processor import Context, KeyedProcessor, Record, StateDeclarations
 from spanflow.ml.detectors import Detector
 from spanflow.ml.episodes import Episodes
+from spanflow.ml.rebaseline import requested
 from spanflow.ml.thresholds import Threshold
 
 SCORE, FLAG, FIELD = "anomaly_score", "is_anomaly", "anomaly_field"
@@ -38,6 +40,7 @@ class AnomalyDetection(KeyedProcessor):
         event_time: str | None,
         hidden: tuple[str, ...] = (),
         episodes: Callable[[], Episodes] | None = None,
+        rebaselines: Callable[[], Mapping[str, int]] | None = None,
     ) -> None:
         self.detector = detector()
         self.episodes = episodes() if episodes is not None else None
@@ -46,6 +49,8 @@ class AnomalyDetection(KeyedProcessor):
         self.only_anomalies = only_anomalies
         self.event_time = event_time
         self.hidden = frozenset(hidden)
+        self._rebaselines = rebaselines
+        self._generations: Mapping[str, int] | None = None
 
     def init(self, state: StateDeclarations) -> None:
         # One JSON blob: a detector's state is nested plain data, read and written
@@ -55,6 +60,11 @@ class AnomalyDetection(KeyedProcessor):
     def process(self, key: Any, rows: list[Record], ctx: Context) -> Iterator[Record]:
         blob = self.state.get()
         saved: dict[str, Any] = orjson.loads(blob) if blob else {"n": 0, "d": None, "t": None}
+        out: list[Record] = []
+        generation = requested(self.generations(), key)
+        if generation > saved.get("g", 0):
+            out = self._closed_episode(saved, rows)
+            saved = {"n": 0, "d": None, "t": None, "g": generation}
         live = self.detector.load(saved["d"])
         limits = saved["t"] if saved["t"] is not None else self.threshold.empty()
         times = [row.get(self.event_time) for row in rows] if self.event_time else None
@@ -62,12 +72,13 @@ class AnomalyDetection(KeyedProcessor):
             self.detector, live, self.threshold, limits, rows, times, self.warmup, saved["n"]
         )
         state = {"n": saved["n"] + len(rows), "d": self.detector.save(live), "t": limits}
+        if "g" in saved:
+            state["g"] = saved["g"]
         if self.episodes is not None:
             episode = saved.get("e") or self.episodes.empty()
-            out = self._episode_rows(episode, rows, times, verdicts)
+            out += self._episode_rows(episode, rows, times, verdicts)
             state["e"] = episode
         else:
-            out = []
             for row, (score, anomalous, field) in zip(rows, verdicts, strict=True):
                 if anomalous or not self.only_anomalies:
                     record = {k: v for k, v in row.items() if k not in self.hidden}
@@ -75,6 +86,23 @@ class AnomalyDetection(KeyedProcessor):
                     out.append(record)
         self.state.set(orjson.dumps(state))
         yield from out
+
+    def generations(self) -> Mapping[str, int]:
+        """The step's rebaseline generations for this batch (read once per task)."""
+        if self._generations is None:
+            self._generations = self._rebaselines() if self._rebaselines is not None else {}
+        return self._generations
+
+    def _closed_episode(self, saved: dict[str, Any], rows: list[Record]) -> list[Record]:
+        """The end row of the key's open episode, which a rebaseline closes (stamped
+        with the first reading's event time: the episode ends before it)."""
+        episode = saved.get("e")
+        if self.episodes is None or not episode or not episode.get("open"):
+            return []
+        row = self.episodes.end(episode)
+        if self.event_time:
+            row[self.event_time] = rows[0].get(self.event_time) if rows else None
+        return [row]
 
     def _episode_rows(
         self,

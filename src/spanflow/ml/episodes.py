@@ -86,6 +86,14 @@ class Episodes:
             out.append(self._row(s, "start"))
         return out
 
+    def end(self, s: dict[str, Any]) -> dict[str, Any]:
+        """The end row of the open episode in ``s``, which is closed (an operator
+        accepted the key's behaviour: :mod:`spanflow.ml.rebaseline`)."""
+        row = self._row(s, "end")
+        s.clear()
+        s["open"] = False
+        return row
+
     def _extend(
         self, s: dict[str, Any], at: datetime | None, score: float, field: str | None
     ) -> None:

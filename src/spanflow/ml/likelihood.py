@@ -27,7 +27,10 @@ over cheap predictors instead of HTM. Per field:
    a level shift alarms when it starts and not on every reading after.
 
 3. **Beyond the range**: a value more than ``EXTREME`` (5 %) of the range seen so far
-   below its minimum or above its maximum scores 1 (Numenta's "spatial" check).
+   below its minimum or above its maximum scores 1 (Numenta's "spatial" check) — with
+   ``extreme_sigma`` above 0, only when it is also that many of the level predictor's
+   sigmas from its level: a sensor with Gaussian noise and a slow drift widens its range
+   by noise at the edge, which then alarms (docs/ml.md).
 
 A field's score is the largest of these; the record's, the largest of its fields'.
 After a record scores 0.5 or more, the next ``REST`` records' scores are halved, so
@@ -63,6 +66,7 @@ MIN_MEAN, MIN_VAR = 0.03, 0.0003  # floors of that distribution (Numenta's)
 RED = 1e-5  # tail probability of an alarm: score 0.5
 REPEAT = 0.3  # score of an alarm right after an alarm (Numenta's yellow, p = 1e-3)
 EXTREME = 0.05  # beyond the seen range by this share of it: score 1
+EXTREME_SIGMA = 0.0  # ... and this many sigma from the level (0: no such condition)
 REST = 100  # records after an alarm whose scores are halved
 LEARN = 300  # readings of a field before it scores
 ALARM = 0.5  # the score of an alarm, and the default threshold
@@ -89,6 +93,7 @@ class LikelihoodDetector(Detector):
         learn: int = LEARN,
         rest: int = REST,
         extreme: float | None = EXTREME,
+        extreme_sigma: float = EXTREME_SIGMA,
         level_span: int = LEVEL_SPAN,
         cycle_span: int = CYCLE_SPAN,
         history_span: int = HISTORY_SPAN,
@@ -99,6 +104,7 @@ class LikelihoodDetector(Detector):
         self.learn = learn
         self.rest = rest
         self.extreme = extreme
+        self.extreme_sigma = extreme_sigma
         self.level_alpha = 2.0 / (level_span + 1)
         self.cycle_alpha = 2.0 / (cycle_span + 1)
         self.history_alpha = 2.0 / (history_span + 1)
@@ -179,13 +185,20 @@ class LikelihoodDetector(Detector):
         lo, hi = s["lo"], s["hi"]
         if self.extreme is not None and hi > lo:
             margin = (hi - lo) * self.extreme
-            if x > hi + margin or x < lo - margin:
+            if (x > hi + margin or x < lo - margin) and self._far(s["level"], x):
                 score = 1.0
         if x < lo:
             s["lo"] = x
         elif x > hi:
             s["hi"] = x
         return score
+
+    def _far(self, p: dict[str, Any], x: float) -> bool:
+        """Whether ``x`` is more than ``extreme_sigma`` of the level predictor's
+        sigma from its level."""
+        if self.extreme_sigma <= 0:
+            return True
+        return abs(x - p["level"]) > self.extreme_sigma * SIGMA_PER_MAD * p["mad"]
 
     def _level_error(self, p: dict[str, Any], x: float) -> float:
         n = p["n"] = p["n"] + 1

@@ -27,13 +27,13 @@ from typing import Any, TypeVar
 
 import orjson
 from nats.js.client import JetStreamContext
-from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
+from nats.js.errors import KeyWrongLastSequenceError
 
 from spanflow.errors import InvalidModel, ModelError
 from spanflow.ml.artifacts import LoadedModel
 from spanflow.ml.model_store import ModelStore
 from spanflow.ml.registry import ModelVersion
-from spanflow.nats.cluster import ensure_kv
+from spanflow.nats.cluster import ensure_kv, get_json
 from spanflow.nats.streams import token
 from spanflow.nats.sync import run_sync
 from spanflow.protocol.names import MODEL_PINS_BUCKET as PINS
@@ -81,14 +81,6 @@ async def _pins(js: JetStreamContext) -> Any:
     return await ensure_kv(js, PINS, ttl=PIN_TTL)
 
 
-async def _get(kv: Any, key: str) -> Any:
-    try:
-        entry = await kv.get(key)
-    except KeyNotFoundError:
-        return None
-    return orjson.loads(entry.value) if entry.value else None
-
-
 async def _load(store: ModelStore, pin: Pinning, version: ModelVersion) -> LoadedModel:
     cache_key = (pin.model, version.version, version.sha256)
     with _lock:
@@ -106,7 +98,7 @@ async def _choose(js: JetStreamContext, pin: Pinning, stage: str, batch: str) ->
     """The model version that scores ``batch`` at ``stage`` (pinned on first ask)."""
     kv, store = await _pins(js), ModelStore(js)
     key = pin.key(stage, batch)
-    pinned = await _get(kv, key)
+    pinned = await get_json(kv, key)
     if pinned is None:
         pinned = await _decide(kv, store, pin, stage, key)
     if pinned.get("version") is None:
@@ -117,7 +109,7 @@ async def _choose(js: JetStreamContext, pin: Pinning, stage: str, batch: str) ->
 
 async def _decide(kv: Any, store: ModelStore, pin: Pinning, stage: str, key: str) -> dict[str, Any]:
     last_key = pin.key(stage, "last")
-    last = await _get(kv, last_key) or {"version": None}
+    last = await get_json(kv, last_key) or {"version": None}
     choice = dict(last)
     try:
         manifest, _ = await store.manifest(pin.model)
@@ -135,7 +127,7 @@ async def _decide(kv: Any, store: ModelStore, pin: Pinning, stage: str, key: str
     try:
         await kv.create(key, orjson.dumps(choice))
     except KeyWrongLastSequenceError:
-        return await _get(kv, key) or choice  # another task pinned first: theirs counts
+        return await get_json(kv, key) or choice  # another task pinned first: theirs counts
     await kv.put(last_key, orjson.dumps(choice))
     return choice
 

@@ -12,10 +12,17 @@ from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from typing import Any, TypeVar
 
+import orjson
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.api import KeyValueConfig, ObjectStoreConfig, StorageType, StreamConfig
-from nats.js.errors import APIError, BadRequestError, BucketNotFoundError, NotFoundError
+from nats.js.errors import (
+    APIError,
+    BadRequestError,
+    BucketNotFoundError,
+    KeyNotFoundError,
+    NotFoundError,
+)
 from nats.js.kv import KeyValue
 from nats.js.object_store import ObjectStore
 
@@ -83,6 +90,15 @@ async def raise_replicas(js: JetStreamContext, stream: str, replicas: int) -> No
         log.info("stream %s: now %d copies", stream, replicas)
     except APIError as exc:
         log.warning("stream %s: cannot raise to %d copies now: %s", stream, replicas, exc)
+
+
+async def get_json(kv: KeyValue, key: str) -> Any:
+    """The JSON value of ``key`` in ``kv`` (None when absent or empty)."""
+    try:
+        entry = await kv.get(key)
+    except KeyNotFoundError:
+        return None
+    return orjson.loads(entry.value) if entry.value else None
 
 
 async def ensure_kv(

@@ -28,6 +28,8 @@ from spanflow.protocol.rest import (
     NodeStatus,
     PipelineMetrics,
     PipelineStatus,
+    RebaselineBody,
+    Rebaselined,
     SubmitBody,
 )
 
@@ -173,6 +175,11 @@ class CoordinatorClient:
     def submit(self, body: SubmitBody) -> PipelineStatus:
         payload = body.model_dump(mode="json", exclude_none=True)
         return self.one("POST", "/api/v1/pipelines", PipelineStatus, payload)
+
+    def rebaseline(self, name: str, body: RebaselineBody) -> Rebaselined:
+        """Accept a key's current behaviour as normal in a pipeline's detector."""
+        payload = body.model_dump(mode="json", exclude_none=True)
+        return self.one("POST", f"/api/v1/pipelines/{name}/rebaseline", Rebaselined, payload)
 
     def pipeline_action(self, name: str, action: str, body: Any = None) -> PipelineStatus:
         """``cancel``, ``savepoint`` or ``resume`` a pipeline."""

@@ -212,6 +212,30 @@ class ResumeBody(BaseModel):
     savepoint: str | None = None
 
 
+class RebaselineBody(BaseModel):
+    """Which key of which detector accepts its current behaviour as normal."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    step: str | None = Field(
+        default=None, description="The detect_anomalies step (default: the pipeline's only one)."
+    )
+    key: str | None = Field(
+        default=None,
+        description="The key as text (a compound key's values joined by commas); '*': every key.",
+    )
+    record: dict[str, Any] | None = Field(
+        default=None, description="Or a detection as a sink wrote it: its key fields name the key."
+    )
+
+
+class Rebaselined(_Answer):
+    pipeline: str
+    step: str
+    key: str
+    generation: int = Field(description="Rises with every rebaseline of the step.")
+
+
 class FragmentStatus(_Answer):
     id: str
     kind: Literal["local", "global"]

@@ -1,5 +1,5 @@
-"""Built-in steps written as keyed processors: count windows and the incremental
-``reduce`` of event-time windows.
+"""Built-in steps written as keyed processors: count windows, the incremental
+``reduce`` of event-time windows and the alarm guard ``suppress``.
 
 They run through the same adapter as users' processors (:mod:`.keyed_processor`),
 so they get the same guarantees: state in RocksDB, checkpointed; each key's batch
@@ -17,6 +17,7 @@ from typing import Any
 from spanflow.api.processor import Context, KeyedProcessor, Record, StateDeclarations
 from spanflow.spark.keyed_state import EPOCH, to_micros
 from spanflow.spec.aggregates import parse_aggregate
+from spanflow.spec.steps.alarms import SUPPRESSED
 
 Reduce = Callable[[Record, Record], Record]
 
@@ -324,3 +325,51 @@ class TableLookup(KeyedProcessor):
             if versions[i][0] <= at:
                 return i
         return 0 if versions else -1
+
+
+class Suppression(KeyedProcessor):
+    """The ``suppress`` step (:mod:`spanflow.spec.steps.alarms`): a key's first record
+    passes, the ones that follow are held back for ``once_per`` seconds — since the
+    last one passed (``until="period"``) or since the key's last record of any kind
+    (``until="quiet"``). A passed record counts the held-back ones in ``suppressed``."""
+
+    def __init__(
+        self,
+        *,
+        once_per: float,
+        until: str,
+        event_time: str | None,
+        hidden: tuple[str, ...] = (),
+    ) -> None:
+        self.once_per = once_per
+        self.quiet = until == "quiet"
+        self.event_time = event_time
+        self.hidden = frozenset(hidden)
+
+    def init(self, state: StateDeclarations) -> None:
+        # {"passed": seconds, "seen": seconds, "held": n}; an entry untouched for far
+        # longer than once_per decides nothing (the next record passes either way)
+        self.state = state.value("suppress", "json", ttl=max(4 * self.once_per, 3600.0))
+
+    def process(self, key: Any, rows: list[Record], ctx: Context) -> Iterator[Record]:
+        s: dict[str, Any] = self.state.get() or {"passed": None, "seen": None, "held": 0}
+        now = ctx.processing_time.timestamp()
+        out = []
+        for row in rows:
+            at = self._seconds(row, now)
+            since = s["seen"] if self.quiet else s["passed"]
+            if since is None or at - since >= self.once_per:
+                record = {k: v for k, v in row.items() if k not in self.hidden}
+                record[SUPPRESSED] = s["held"]
+                out.append(record)
+                s["passed"], s["held"] = at, 0
+            else:
+                s["held"] += 1
+            s["seen"] = at if s["seen"] is None else max(s["seen"], at)
+        self.state.set(s)
+        yield from out
+
+    def _seconds(self, row: Record, now: float) -> float:
+        """The record's event time in seconds (processing time when it has none)."""
+        stamp = row.get(self.event_time) if self.event_time else None
+        return stamp.timestamp() if isinstance(stamp, datetime) else now

@@ -131,6 +131,8 @@ def value_check(kind: str) -> Callable[[Any], Any]:
         raise StateError(f"expected an integer, got {v!r}"[:120])
 
     def double(v: Any) -> Any:
+        if type(v) is float:  # the usual case, checked first: it is most of a row's cost
+            return v
         if isinstance(v, int | float) and not isinstance(v, bool):
             return float(v)
         raise StateError(f"expected a number, got {v!r}"[:120])

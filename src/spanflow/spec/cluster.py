@@ -161,10 +161,21 @@ class PipelineRecord(BaseModel):
     fragments: list[Fragment] = Field(
         default_factory=list, description="The current plan's fragments (empty until planned)."
     )
+    rebaselines: dict[str, dict[str, int]] = Field(
+        default_factory=dict,
+        description="detect_anomalies step id → key (or '*': every key) → the generation "
+        "of its last rebaseline (spanflow.ml.rebaseline).",
+    )
 
     @property
     def name(self) -> str:
         return self.spec.name
+
+    def rebaselined(self, step: str, key: str, generation: int) -> PipelineRecord:
+        """This record with ``key`` of ``step`` rebaselined at ``generation``."""
+        steps = dict(self.rebaselines)
+        steps[step] = {**steps.get(step, {}), key: generation}
+        return self.model_copy(update={"rebaselines": steps})
 
     def moved_to(
         self, state: PipelineState, reason: str = "", at: float | None = None

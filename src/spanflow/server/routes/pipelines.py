@@ -1,4 +1,5 @@
-"""``/api/v1/pipelines``: submit, status, metrics, cancel, savepoint, resume."""
+"""``/api/v1/pipelines``: submit, status, metrics, cancel, savepoint, resume, and
+rebaselining a detector's key."""
 
 from __future__ import annotations
 
@@ -7,14 +8,21 @@ import multiprocessing
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from pydantic import ValidationError
 
 from spanflow.api.yaml_loader import load_pipeline_text
 from spanflow.control.coordinator import Coordinator
 from spanflow.control.requests import Submission
 from spanflow.errors import PipelineFileError
-from spanflow.protocol.rest import PipelineMetrics, PipelineStatus, ResumeBody, SubmitBody
+from spanflow.protocol.rest import (
+    PipelineMetrics,
+    PipelineStatus,
+    RebaselineBody,
+    Rebaselined,
+    ResumeBody,
+    SubmitBody,
+)
 from spanflow.server.errors import RequestError
 from spanflow.spec.pipeline import PipelineSpec, format_validation_error
 from spanflow.spec.topology import Topology
@@ -67,6 +75,17 @@ def add_pipeline_routes(app: FastAPI, coordinator: Coordinator, guarded: list[An
     async def resume(name: str, body: ResumeBody | None = None) -> PipelineStatus:
         await coordinator.resume(name, body.savepoint if body else None)
         return coordinator.pipeline_status(name)
+
+    @app.post(f"{API}/{{name}}/rebaseline", tags=["pipelines"], dependencies=guarded)
+    async def rebaseline(name: str, body: RebaselineBody, request: Request) -> Rebaselined:
+        """Accept a key's current behaviour as normal in a detect_anomalies step: from its
+        next micro-batch the step forgets what it learnt of that key and learns it
+        afresh (warm-up included); an open episode ends. In the control log."""
+        by = str(getattr(request.state, "principal", None) or "")
+        done = await coordinator.rebaseline(name, body.step, body.key, body.record, by)
+        return Rebaselined(
+            pipeline=done.pipeline, step=done.step, key=done.key, generation=done.generation
+        )
 
 
 LARGE_FILE = 64 * 1024

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import functools
 import uuid
-from dataclasses import replace
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 
 from pyspark.sql.pandas.types import to_arrow_schema
 
@@ -21,6 +22,7 @@ from spanflow.ml.learning import (
     OnlineLearning,
     Publishing,
 )
+from spanflow.ml.rebaseline import Rebaselining
 from spanflow.ml.scoring import START, Pinning, models_for_batch
 from spanflow.ml.thresholds import make_threshold
 from spanflow.spark.compile.frame import (
@@ -89,9 +91,28 @@ def compile_detect_anomalies(
         event_time=up.event_time,
         hidden=tuple(c for c in frame.df.columns if c not in output),
         episodes=episodes,
+        rebaselines=(
+            BatchRebaselines(Rebaselining(ctx.nats_url, spec.name, spec.instance, step.id))
+            if ctx.nats_url
+            else None
+        ),
     )
     df = transform_keyed(ctx, spec, step.id, frame, factory=factory, output=output, clock="none")
     return Frame(df, key=up.key, mode="append")
+
+
+@dataclass(frozen=True)
+class BatchRebaselines:
+    """The rebaselines that hold for the micro-batch a worker's task is in."""
+
+    where: Rebaselining
+
+    def __call__(self) -> Mapping[str, int]:
+        from pyspark import TaskContext
+
+        task = TaskContext.get()
+        batch = task.getLocalProperty("streaming.sql.batchId") if task is not None else None
+        return self.where.for_batch(batch)
 
 
 @compiles(LearnStep)

@@ -13,7 +13,7 @@ from spanflow.spec.avro import fields_of as avro_fields
 from spanflow.spec.connectors import Connector, ConnectorOptions, NoOptions, Role, lookup
 from spanflow.spec.durations import Duration
 from spanflow.spec.schema import Schema, StreamFormat
-from spanflow.spec.steps.base import StepBase, StreamFacts
+from spanflow.spec.steps.base import StepBase, StreamFacts, derived_id
 
 PUBLISHED = "_published"
 """The broker's own timestamp of a record (JetStream's store time, Kafka's record
@@ -259,6 +259,19 @@ class SinkStep(StepBase):
     order_by: str | None = Field(
         default=None, description="Field that orders records of one key within a batch."
     )
+    once_per: Duration | None = Field(
+        default=None,
+        gt=0,
+        le=30 * 86400,
+        description="Write one record per key per this long, not one per reading: the "
+        "alert and pattern sinks' flood guard (a suppress step in front of the sink; each "
+        "written record counts the 'suppressed' ones).",
+    )
+    until: Literal["period", "quiet"] = Field(
+        default="period",
+        description="With once_per: 'period' writes a reminder every once_per while records "
+        "keep coming; 'quiet' writes one per incident (the next after once_per of silence).",
+    )
     trigger: Duration | None = Field(
         default=None,
         ge=0,
@@ -286,6 +299,20 @@ class SinkStep(StepBase):
     @classmethod
     def _options(cls, data: Any) -> Any:
         return _typed_options("sink", "kind", data)
+
+    def expand(self) -> tuple[StepBase, ...]:
+        if self.once_per is None:
+            return (self,)
+        from spanflow.spec.steps.alarms import SuppressStep
+
+        guard = SuppressStep(
+            id=derived_id(self.id, "once"),
+            inputs=self.inputs,
+            once_per=self.once_per,
+            until=self.until,
+            **self.pins(),
+        )
+        return (guard, self.model_copy(update={"inputs": (guard.id,), "once_per": None}))
 
     @property
     def connector_info(self) -> Connector:

@@ -468,7 +468,7 @@ async function renderEvents(first) {
       <p class="muted">Anomalies, pattern matches and alerts as pipelines write them (sinks after a detector or a pattern step, or marked <code>feed:</code>), newest first.</p>
       <div class="toolbar"><label>kind <select id="data-kind"><option value="">all</option><option>anomaly</option><option>pattern</option><option>alert</option></select></label>
       <label>contains <input id="data-filter" placeholder="device, site, pipeline…"></label><span id="data-count" class="muted"></span></div>
-      <div id="detections"></div>
+      <div id="action-result"></div><div id="detections"></div>
       <h2>Control decisions</h2>
       <p class="muted">Every decision of the control plane, newest first, as it is taken: registrations, placements, moves, sheds, failures, elections.</p>
       <div class="toolbar"><label>kind <select id="kind"><option value="">all</option></select></label>
@@ -478,6 +478,7 @@ async function renderEvents(first) {
     $("#filter").oninput = () => renderEvents(false);
     $("#data-kind").onchange = () => renderDetections();
     $("#data-filter").oninput = () => renderDetections();
+    $("#detections").onclick = (ev) => rebaseline(ev.target.closest("button[data-rebaseline]"));
     try {
       if (!S.log.length) for (const e of await api("/api/v1/cluster/log?limit=500")) onLog(e);
       if (!S.data.length) for (const e of await api("/api/v1/events?limit=500")) onData(e);
@@ -511,10 +512,19 @@ function renderDetections() {
   const text = $("#data-filter").value.toLowerCase();
   const shown = S.data.filter((e) => (!kind || e.kind === kind) && (!text || (e.pipeline + " " + e.subject + " " + JSON.stringify(e.data)).toLowerCase().includes(text))).slice(-300).reverse();
   $("#data-count").textContent = `${shown.length} of ${S.data.length}`;
-  box.innerHTML = shown.length ? `<table id="detection-table"><thead><tr><th>at</th><th>kind</th><th>pipeline</th><th>subject</th><th>record</th></tr></thead><tbody>${
+  box.innerHTML = shown.length ? `<table id="detection-table"><thead><tr><th>at</th><th>kind</th><th>pipeline</th><th>subject</th><th>record</th><th></th></tr></thead><tbody>${
     shown.map((e) => `<tr data-event="${e.seq}" data-kind="${esc(e.kind)}"><td>${clock(e.at)}</td><td>${stateTag(e.kind)}</td><td>${esc(e.pipeline)}</td>
-      <td class="mono">${esc(e.subject)}</td><td class="detail mono">${esc(fields(e.data))}</td></tr>`).join("")}</tbody></table>`
+      <td class="mono">${esc(e.subject)}</td><td class="detail mono">${esc(fields(e.data))}</td>
+      <td>${e.kind === "anomaly" ? `<button data-rebaseline="${e.seq}" title="Accept this key's behaviour as normal: its detector learns it afresh">Rebaseline</button>` : ""}</td></tr>`).join("")}</tbody></table>`
     : `<p class="muted">nothing detected yet</p>`;
+}
+
+// An operator accepts the key of a detection as normal (POST .../rebaseline, token needed)
+async function rebaseline(button) {
+  if (!button) return;
+  const e = S.data.find((d) => String(d.seq) === button.dataset.rebaseline);
+  if (!e || !confirm(`Accept the current behaviour of this key in ${e.pipeline} as normal? Its detector forgets what it learnt of it.`)) return;
+  await act(`/api/v1/pipelines/${encodeURIComponent(e.pipeline)}/rebaseline`, `rebaseline in ${e.pipeline}`, {record: e.data});
 }
 
 // -- models and rule sets --------------------------------------------------------------

@@ -1,0 +1,33 @@
+"""``suppress``: one record per key per period or incident, on keyed state (a built-in
+processor, :class:`~spanflow.spark.builtin_processors.Suppression`)."""
+
+from __future__ import annotations
+
+import functools
+
+from spanflow.spark.builtin_processors import Suppression
+from spanflow.spark.compile.frame import CompileContext, Frame, keyed_or_whole, spanflow_schema
+from spanflow.spark.compile.process import transform_keyed
+from spanflow.spark.compile.registry import compiles
+from spanflow.spec.pipeline import PipelineSpec
+from spanflow.spec.steps.alarms import SUPPRESSED, SuppressStep
+
+
+@compiles(SuppressStep)
+def compile_suppress(
+    ctx: CompileContext, spec: PipelineSpec, step: SuppressStep, inputs: list[Frame]
+) -> Frame:
+    (up,) = inputs
+    frame = keyed_or_whole(up)
+    fields = spanflow_schema(step.id, up.df.schema)
+    output = {k: v for k, v in fields.items() if k != SUPPRESSED}
+    output[SUPPRESSED] = "long"
+    factory = functools.partial(
+        Suppression,
+        once_per=step.once_per,
+        until=step.until,
+        event_time=up.event_time,
+        hidden=tuple(c for c in frame.df.columns if c not in output),
+    )
+    df = transform_keyed(ctx, spec, step.id, frame, factory=factory, output=output, clock="none")
+    return Frame(df, key=up.key, mode="append")

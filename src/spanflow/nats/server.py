@@ -289,17 +289,16 @@ class EmbeddedNats:
         ports_dir = self.data_dir / "ports"
         log_path = self.data_dir / "nats.log"
         self.port = self.port or int(self.url.rpartition(":")[2])
-        before = _reload_lines(log_path)
+        offset = _size(log_path)  # only what the server logs from now on is read
         with open(conf, "w") as out:  # owner-only since start()
             out.write(self._config(ports_dir))
         self._proc.send_signal(signal.SIGHUP)
         deadline = time.monotonic() + timeout
         while True:
-            done, failed = _reload_lines(log_path)
-            if failed > before[1]:
-                tail = log_path.read_text(errors="replace")[-1500:]
-                raise NatsError(f"nats-server refused its new configuration:\n{tail}")
-            if done > before[0]:
+            since = _read_from(log_path, offset)
+            if "Failed to reload" in since:
+                raise NatsError(f"nats-server refused its new configuration:\n{since[-1500:]}")
+            if "Reloaded server configuration" in since:
                 return
             if time.monotonic() > deadline or self._proc.poll() is not None:
                 raise NatsError(f"nats-server did not reload within {timeout:.0f} s")
@@ -412,10 +411,18 @@ def default_data_dir() -> Path:
     return Path(os.environ.get("SPANFLOW_HOME", Path.cwd() / "spanflow-data"))
 
 
-def _reload_lines(log_path: Path) -> tuple[int, int]:
-    """How many reloads the server's log reports done, and failed."""
+def _size(path: Path) -> int:
     try:
-        text = log_path.read_text(errors="replace")
+        return path.stat().st_size
     except OSError:
-        return 0, 0
-    return text.count("Reloaded server configuration"), text.count("Failed to reload")
+        return 0
+
+
+def _read_from(path: Path, offset: int) -> str:
+    """What ``path`` holds past byte ``offset`` ('' when it cannot be read)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""

@@ -31,10 +31,10 @@ import orjson
 import paho.mqtt.client as paho
 from nats.js.api import StreamConfig
 
+from spanflow.doors.mqtt_gateway import GatewayThread
 from spanflow.nats.server import EmbeddedNats
 from spanflow.nats.streams import connect
 from spanflow.security.secrets import Secrets
-from spanflow.server.mqtt_gateway import GatewayThread
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

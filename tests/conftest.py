@@ -100,3 +100,15 @@ def mongodb() -> Iterator[str]:
     server = LocalMongo().start()
     yield server.uri
     server.stop()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Run the modules holding slow (multi-process, SIGKILL) tests first: pytest-xdist
+    hands whole modules to workers in this order, so the long ones start at once and
+    the short ones fill the gaps instead of one long module finishing last, alone."""
+
+    def module(item: pytest.Item) -> str:
+        return item.nodeid.split("::")[0]
+
+    slow_modules = {module(item) for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: module(item) not in slow_modules)

@@ -11,7 +11,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -81,6 +81,28 @@ def wait_for(predicate: Callable[[], bool], timeout: float = 120.0, interval: fl
     raise AssertionError(f"condition not met within {timeout:.0f} s")
 
 
+@contextlib.contextmanager
+def supervising(*runners: Any, every: float = 0.5) -> Iterator[None]:
+    """Restart failed queries from their checkpoints while the block runs, as a node's
+    agent does (``PipelineRunner.supervise``): a query that fails once — e.g. Spark
+    gives a new Python process 10 s to connect back, which a loaded machine can miss —
+    comes back instead of failing the test that waits for its output."""
+    stop = threading.Event()
+
+    def loop() -> None:
+        while not stop.wait(every):
+            for runner in runners:
+                runner.supervise()
+
+    thread = threading.Thread(target=loop, name="supervise", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
 def run_until(
     spark: Any,
     nats_url: str,
@@ -98,8 +120,9 @@ def run_until(
         spark, flow.spec(), nats_url=nats_url, checkpoint_dir=checkpoints, functions=flow.functions
     ).start()
     try:
-        wait_for(lambda: len(read_all(nats_url, out_stream)) >= expected, timeout=timeout)
-        runner.await_idle()
+        with supervising(runner):
+            wait_for(lambda: len(read_all(nats_url, out_stream)) >= expected, timeout=timeout)
+            runner.await_idle()
     finally:
         runner.stop()
     return read_records(nats_url, out_stream)

@@ -31,6 +31,7 @@ LAYERS: dict[str, float] = {
     "simulator": 4.5,  # simulated devices: a library the demo, CLI and benchmarks use
     "web": 4.8,  # the dashboard's static assets; the server serves them
     "server": 5,
+    "doors": 5,  # the site's doors for devices (MQTT, HTTP ingest)
     "local": 5,
     "demo": 5,
     "testing": 5,

@@ -8,9 +8,9 @@ import asyncio
 import httpx
 import pytest
 
+from spanflow.doors.ingest import IngestServer
 from spanflow.errors import SecurityError
 from spanflow.nats.streams import connect, ensure_stream
-from spanflow.server.ingest import IngestServer
 from tests.helpers import read_all
 
 

@@ -18,7 +18,7 @@ from spanflow.api.topology_loader import load_topology_text
 from spanflow.control.coordinator import Coordinator, CoordinatorSettings
 from spanflow.nats.server import EmbeddedNats
 from spanflow.runtime.agent import AgentSettings, NodeAgent
-from spanflow.runtime.registration import RegistrationCache
+from spanflow.runtime.last_known import RegistrationCache
 from spanflow.server.app import create_app
 from tests.helpers import wait_for
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import signal
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -107,6 +108,42 @@ def test_one_leader_standbys_read_and_redirect_writes(cluster: LocalCluster) -> 
         assert view(one) == view(cluster.api())
     log = cluster.api().call("GET", "/api/v1/cluster/log?limit=1000")
     assert [r["kind"] for r in log].count("leader") == 1 and log[0]["epoch"] == 1
+
+
+def test_a_model_promote_at_a_standby_is_redirected_to_the_leader_and_logged(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    """The model registry is written by the leader only: a standby answers a push or a
+    promote with a redirect to the leader (307, nothing written by it), and each change
+    the leader makes is a record of the control log, which every replica then holds."""
+    from tests.ml.test_model_registry import _onnx_model
+
+    data = _onnx_model(tmp_path / "m.onnx").read_bytes()
+    other = Api(cluster.coordinator_urls[standby(cluster)], None)
+    headers = other.client.headers
+    push = f"{other.url}/api/v1/models/ha-model/versions?format=onnx&features=t,v"
+    promote = f"{other.url}/api/v1/models/ha-model/promote"
+    leader_url = cluster.coordinator_urls[cluster.leader() or ""]
+    for r in (
+        httpx.post(push, content=data, headers=headers),
+        httpx.post(promote, json={"version": 1}, headers=headers),
+    ):
+        assert r.status_code == 307 and r.headers["location"].startswith(leader_url), r.text
+    pushed = httpx.post(push, content=data, headers=headers, follow_redirects=True)
+    assert pushed.status_code == 201 and pushed.json()["version"] == 1
+    promoted = httpx.post(promote, json={"version": 1}, headers=headers, follow_redirects=True)
+    assert promoted.status_code == 200 and promoted.json()["production"] == 1
+
+    def changes(api: Api) -> list[tuple[str, int]]:
+        log = api.call("GET", "/api/v1/cluster/log?limit=1000")
+        return [
+            (e["detail"]["action"], e["detail"]["version"])
+            for e in log
+            if e["kind"] == "catalog-changed" and e["detail"]["name"] == "ha-model"
+        ]
+
+    wait_for(lambda: changes(other) == [("push", 1), ("promote", 1)], timeout=10)
+    assert changes(cluster.api()) == [("push", 1), ("promote", 1)]
 
 
 def test_killed_leader_is_replaced_and_nothing_is_lost(cluster: LocalCluster) -> None:
@@ -255,7 +292,7 @@ def test_every_stream_and_bucket_has_three_copies(cluster: LocalCluster) -> None
     from spanflow.nats.cluster import ensure_kv
     from spanflow.nats.fences import fences
     from spanflow.nats.streams import SyncNats, ensure_stream
-    from spanflow.runtime.registration import LAST_ASSIGNMENTS_BUCKET
+    from spanflow.runtime.last_known import LAST_ASSIGNMENTS_BUCKET
 
     client = SyncNats(cluster.nats_url)
     try:

@@ -200,6 +200,23 @@ def test_rest_endpoints_need_the_token_and_work_end_to_end(tmp_path):
         second = api.post("/api/v1/models/edge/publish", headers=AUTH)
         assert first.status_code == 202 and second.json()["request"] > first.json()["request"]
         assert api.post("/api/v1/models/no%20good/publish", headers=AUTH).status_code == 422
+        # Every change is in the control log, in order, with who asked; refusals are not.
+        log = api.get("/api/v1/cluster/log?limit=1000", headers=AUTH).json()
+        changes = [
+            (e["detail"]["name"], e["detail"]["action"], e["detail"]["version"], e["detail"]["by"])
+            for e in log
+            if e["kind"] == "catalog-changed"
+        ]
+        assert [c[:3] for c in changes] == [
+            ("pump", "push", 1),
+            ("pump", "push", 2),
+            ("pump", "promote", 2),
+            ("pump", "promote", 1),
+            ("pump", "rollback", 2),
+            ("edge", "publish", None),
+            ("edge", "publish", None),
+        ]
+        assert all(by for *_, by in changes)  # the token's principal
 
 
 def test_a_models_needs_pin_the_pipelines_that_score_with_it(tmp_path):

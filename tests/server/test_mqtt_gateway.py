@@ -18,11 +18,11 @@ import paho.mqtt.client as paho
 import pytest
 from nats.js.api import DiscardPolicy, StreamConfig
 
+from spanflow.doors.mqtt_gateway import MqttGateway
 from spanflow.nats.server import EmbeddedNats
 from spanflow.nats.streams import connect
 from spanflow.protocol import mqtt
 from spanflow.security.secrets import NatsIdentity, Secrets
-from spanflow.server.mqtt_gateway import MqttGateway
 
 
 class Loop:

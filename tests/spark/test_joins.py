@@ -10,7 +10,7 @@ import pytest
 import spanflow as sf
 from spanflow.errors import CompileError, SpecError
 from spanflow.spark.runner import PipelineRunner
-from tests.helpers import kv_apply, publish, read_all, read_records, wait_for
+from tests.helpers import kv_apply, publish, read_all, read_records, supervising, wait_for
 
 BASE = 1_800_000_000
 TEMP = {"device": "string", "ts": "timestamp", "temp": "double"}
@@ -70,8 +70,9 @@ def test_interval_join_matches_the_oracle(spark, nats_url, checkpoints, uid, how
     runner = PipelineRunner(spark, flow.spec(), nats_url=nats_url, checkpoint_dir=checkpoints)
     runner.start()
     try:
-        wait_for(lambda: len(read_all(nats_url, f"OUT_{uid}")) >= len(expected) + z_pairs)
-        runner.await_idle()
+        with supervising(runner):
+            wait_for(lambda: len(read_all(nats_url, f"OUT_{uid}")) >= len(expected) + z_pairs)
+            runner.await_idle()
     finally:
         runner.stop()
     got = [

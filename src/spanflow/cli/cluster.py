@@ -766,10 +766,10 @@ class LocalCluster:
         ]
 
     def _start_site_servers(self, sites: list[str]) -> None:
+        from spanflow.doors.mqtt_gateway import GatewayThread
         from spanflow.nats import EmbeddedNats
         from spanflow.nats.cluster import EDGE_ONLY_SUBJECTS
         from spanflow.nats.relay import WanRelay
-        from spanflow.server.mqtt_gateway import GatewayThread
 
         hub_leaf = urlparse(self._nats.leaf_url)
         for site in sites:

@@ -165,9 +165,9 @@ def nats_url(
     if url:
         yield url
         return
+    from spanflow.doors.mqtt_gateway import GatewayThread
     from spanflow.nats import EmbeddedNats
     from spanflow.nats.server import split_listen
-    from spanflow.server.mqtt_gateway import GatewayThread
 
     with EmbeddedNats(data_dir / "nats", secrets=secrets) as server:
         err.print(f"[dim]embedded NATS at {server.url} (data in {data_dir / 'nats'})[/dim]")

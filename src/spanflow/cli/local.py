@@ -340,10 +340,10 @@ def ingest(url: str, listen: str | None, token: str | None) -> Iterator[None]:
     if not listen:
         yield
         return
+    from spanflow.doors.ingest import IngestServer
     from spanflow.nats.server import split_listen
     from spanflow.security.https import server_files, wants_tls
     from spanflow.security.secrets import secrets_from_env
-    from spanflow.server.ingest import IngestServer
 
     try:
         host, port = split_listen(listen)

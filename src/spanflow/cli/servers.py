@@ -69,9 +69,9 @@ def site_server(
     ``--mqtt-listen``, the MQTT gateway (a PUBACK means stored). With ``--hub`` it joins
     the hub as a leaf node; locked when the data directory has secrets. SIGHUP reloads
     the server's users and certificates (after `spanflow secrets device`)."""
+    from spanflow.doors.mqtt_gateway import GatewayThread
     from spanflow.nats.server import EmbeddedNats
     from spanflow.security.policy import is_loopback
-    from spanflow.server.mqtt_gateway import GatewayThread
 
     directory = _data_dir(data_dir)
     secrets = use_secrets(directory, "coordinator")

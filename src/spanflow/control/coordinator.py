@@ -17,7 +17,7 @@ import asyncio
 import contextlib
 import logging
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -373,12 +373,33 @@ class Coordinator:
                 raise NotLeader(self.state.leader, self.leader_url)
             tx = Draft(self.state, self.clock.time(), epoch=self.state.leader_epoch)
             result = decide(tx)
-            try:
-                await self.control_log.commit(self.state, tx.records)
-            except Unavailable as exc:  # another replica wrote: we are not the leader
-                self._step_down(str(exc))
-                raise
-            self.observed.prune(self.state)
+            await self._commit(tx)
+            return result
+
+    async def _commit(self, tx: Draft) -> None:
+        assert self.control_log is not None
+        try:
+            await self.control_log.commit(self.state, tx.records)
+        except Unavailable as exc:  # another replica wrote: we are not the leader
+            self._step_down(str(exc))
+            raise
+        self.observed.prune(self.state)
+
+    async def change_catalog(
+        self, write: Callable[[], Awaitable[T]], change: Callable[[T], dict[str, Any]]
+    ) -> T:
+        """A change of the model registry or the rule sets, which keep their files and
+        manifests in stores of their own: written by the leader only (a standby raises
+        NotLeader, which the API answers with a redirect to the leader, as for every
+        write), under the lock decisions take, then recorded in the control log
+        (``change(result)``: the fields of its CatalogChanged record)."""
+        async with self._lock:
+            if not self.leading:
+                raise NotLeader(self.state.leader, self.leader_url)
+            result = await write()
+            tx = Draft(self.state, self.clock.time(), epoch=self.state.leader_epoch)
+            tx.add(records.CatalogChanged, **change(result))
+            await self._commit(tx)
             return result
 
     def _schedule(self, tx: Draft, exclude: list[str] | None = None) -> None:

@@ -175,6 +175,21 @@ class DetectorRebaselined(_Record):
     by: str = Field(default="", description="Who asked (the API's principal), if known.")
 
 
+class CatalogChanged(_Record):
+    """The model registry or the rule sets changed: a version pushed, promoted, rolled
+    back, or a publication asked for. Their files and manifests are in their own
+    stores (spanflow.ml.model_store, spanflow.cep.rule_store); only the leader writes
+    them, and each change is recorded here, in order with every other decision."""
+
+    kind: Literal["catalog-changed"] = "catalog-changed"
+    catalog: Literal["model", "rules"]
+    name: str
+    action: Literal["push", "promote", "rollback", "publish"]
+    version: int | None = Field(default=None, description="The version the change made current.")
+    stage: str | None = Field(default=None, description="A model's stage (promote).")
+    by: str = Field(default="", description="Who asked (the API's principal), if known.")
+
+
 # -- placement ----------------------------------------------------------------------------
 class FragmentsAssigned(_Record):
     """Fragments of one pipeline were placed; each assignment carries a new epoch."""
@@ -247,6 +262,7 @@ RECORD_CLASSES: tuple[type[_Record], ...] = (
     SavepointStarted,
     PipelineResumed,
     DetectorRebaselined,
+    CatalogChanged,
     FragmentsAssigned,
     FragmentsUnassigned,
     MoveStarted,
@@ -274,6 +290,7 @@ Record = Annotated[
     | SavepointStarted
     | PipelineResumed
     | DetectorRebaselined
+    | CatalogChanged
     | FragmentsAssigned
     | FragmentsUnassigned
     | MoveStarted

@@ -168,6 +168,8 @@ def apply(state: ClusterState, record: r.Record) -> None:
             state.pipelines[name] = moved.model_copy(update={"restore_from": source})
         case r.DetectorRebaselined(pipeline=name, step=step, key=key, generation=generation):
             state.pipelines[name] = state.pipelines[name].rebaselined(step, key, generation)
+        case r.CatalogChanged():
+            pass  # the catalogs keep their own state; the log keeps who changed what, when
         case r.FragmentsAssigned():
             _assign(state, record)
         case r.FragmentsUnassigned(fragments=fragments):

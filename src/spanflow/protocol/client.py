@@ -84,6 +84,11 @@ class CoordinatorClient:
         """The coordinator that answered last (or the first)."""
         return self.urls[self._current]
 
+    def skip(self) -> None:
+        """Send the next request to the next coordinator of the list first (the last
+        one answered, but wrongly: a 5xx)."""
+        self._current = (self._current + 1) % len(self.urls)
+
     def _follow(self, r: httpx.Response) -> None:
         """Remember the coordinator that answered (a redirect may have named another)."""
         final = str(r.url)

@@ -1,7 +1,7 @@
 """MQTT 3.1.1 packets, as much as a device gateway needs: CONNECT/CONNACK,
 PUBLISH/PUBACK (QoS 0 and 1) and the QoS 2 handshake, SUBSCRIBE/SUBACK,
 UNSUBSCRIBE/UNSUBACK, PINGREQ/PINGRESP, DISCONNECT. Pure bytes in, values out; the
-gateway (:mod:`spanflow.server.mqtt_gateway`) does the I/O.
+gateway (:mod:`spanflow.doors.mqtt_gateway`) does the I/O.
 
 Topics map to NATS subjects as nats-server's own MQTT listener maps them, so devices
 and pipelines see the same names either way: ``/`` separates levels (``.``), a ``.``

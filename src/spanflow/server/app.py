@@ -6,7 +6,7 @@ are open and only writes need it); ``/healthz``, the dashboard's static files (`
 and the REST reference (``/docs``) never do. Bad input is answered with a 4xx and a
 message that says what is wrong.
 
-Requests are bounded before login (spanflow.server.limits): the token is checked
+Requests are bounded before login (spanflow.security.limits): the token is checked
 before a body is read, a body is at most :data:`MAX_BODY` bytes (a model file
 :data:`~spanflow.ml.model_store.MAX_FILE`), and addresses that keep sending wrong
 tokens are throttled.
@@ -24,8 +24,8 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from spanflow.control.coordinator import Coordinator
 from spanflow.control.errors import Unauthorized
 from spanflow.ml.model_store import MAX_FILE
+from spanflow.security.limits import RequestLimits
 from spanflow.server import errors
-from spanflow.server.limits import RequestLimits
 from spanflow.server.principals import authenticator, permits
 from spanflow.server.routes.cluster import add_cluster_routes
 from spanflow.server.routes.dashboard import add_dashboard_routes, sampling

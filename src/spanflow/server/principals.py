@@ -13,8 +13,8 @@ from collections.abc import Callable
 
 from fastapi import Request
 
+from spanflow.security.limits import token_matches
 from spanflow.security.secrets import node_of_token
-from spanflow.server.limits import token_matches
 
 OPERATOR = "operator"
 NODE_PREFIX = "node:"

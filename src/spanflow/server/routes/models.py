@@ -44,7 +44,15 @@ def _list(text: str | None) -> list[str] | None:
     return None if text is None else [t.strip() for t in text.split(",") if t.strip()]
 
 
+def principal(request: Request) -> str:
+    """Who asked, as the API's authentication named them ('' when open)."""
+    return str(getattr(request.state, "principal", None) or "")
+
+
 def add_model_routes(app: FastAPI, coordinator: Coordinator, guarded: list[Any]) -> None:
+    """Reads from the store; writes by the leader, each in the control log
+    (:meth:`Coordinator.change_catalog`)."""
+
     def store() -> ModelStore:
         if coordinator.nc is None:
             raise Unavailable("not_connected", "the coordinator is not connected to NATS yet")
@@ -82,28 +90,48 @@ def add_model_routes(app: FastAPI, coordinator: Coordinator, guarded: list[Any])
         if len(data) > MAX_FILE:
             raise RequestError(413, f"model file is {len(data):,} bytes; at most {MAX_FILE:,}")
         names = [f.strip() for f in features.split(",") if f.strip()]
-        version = await store().push(
-            name,
-            data,
-            format=format,  # type: ignore[arg-type]
-            features=names,
-            note=note,
-            accelerators=_list(accelerators),
-            tags=_list(tags),
+        by = principal(request)
+        return await coordinator.change_catalog(
+            lambda: store().push(
+                name,
+                data,
+                format=format,  # type: ignore[arg-type]
+                features=names,
+                note=note,
+                accelerators=_list(accelerators),
+                tags=_list(tags),
+            ),
+            lambda v: change(name, "push", by, version=v.version),
         )
-        return version
 
     @app.post(f"{API}/{{name}}/promote", tags=["models"], dependencies=guarded)
-    async def promote(name: str, body: PromoteBody) -> ModelView:
-        manifest = await store().promote(name, body.version, body.stage)
+    async def promote(name: str, body: PromoteBody, request: Request) -> ModelView:
+        manifest = await coordinator.change_catalog(
+            lambda: store().promote(name, body.version, body.stage),
+            lambda _: change(
+                name, "promote", principal(request), version=body.version, stage=body.stage
+            ),
+        )
         return ModelView.of(manifest)
 
     @app.post(f"{API}/{{name}}/publish", tags=["models"], dependencies=guarded, status_code=202)
-    async def request_publication(name: str) -> PublicationRequested:
+    async def request_publication(name: str, request: Request) -> PublicationRequested:
         """Ask every learn step publishing as ``name`` to push its models at its next batch."""
-        return PublicationRequested(name=name, request=await store().request_publication(name))
+        asked = await coordinator.change_catalog(
+            lambda: store().request_publication(name),
+            lambda _: change(name, "publish", principal(request)),
+        )
+        return PublicationRequested(name=name, request=asked)
 
     @app.post(f"{API}/{{name}}/rollback", tags=["models"], dependencies=guarded)
-    async def rollback(name: str) -> ModelView:
-        manifest = await store().rollback(name)
+    async def rollback(name: str, request: Request) -> ModelView:
+        manifest = await coordinator.change_catalog(
+            lambda: store().rollback(name),
+            lambda m: change(name, "rollback", principal(request), version=m.production),
+        )
         return ModelView.of(manifest)
+
+
+def change(name: str, action: str, by: str, **fields: Any) -> dict[str, Any]:
+    """The fields of a model's CatalogChanged record."""
+    return {"catalog": "model", "name": name, "action": action, "by": by, **fields}

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from pydantic import BaseModel, Field
 
 from spanflow.cep.rule_store import RuleStore
 from spanflow.cep.rules import RuleSetManifest, RuleSetVersion
 from spanflow.control.coordinator import Coordinator
 from spanflow.control.errors import Unavailable
+from spanflow.server.routes.models import principal
 from spanflow.spec.patterns import RuleSpec
 
 API = "/api/v1/rules"
@@ -44,9 +45,22 @@ def add_rule_routes(app: FastAPI, coordinator: Coordinator, guarded: list[Any]) 
         return manifest
 
     @app.post(f"{API}/{{name}}", tags=["rules"], dependencies=guarded, status_code=201)
-    async def push(name: str, body: PushBody) -> RuleSetVersion:
-        return await store().push(name, body.rules, note=body.note)
+    async def push(name: str, body: PushBody, request: Request) -> RuleSetVersion:
+        """A new version, current at once; by the leader, in the control log."""
+        return await coordinator.change_catalog(
+            lambda: store().push(name, body.rules, note=body.note),
+            lambda v: change(name, "push", principal(request), v.version),
+        )
 
     @app.post(f"{API}/{{name}}/rollback", tags=["rules"], dependencies=guarded)
-    async def rollback(name: str) -> RuleSetManifest:
-        return await store().rollback(name)
+    async def rollback(name: str, request: Request) -> RuleSetManifest:
+        """The previous version current again; by the leader, in the control log."""
+        return await coordinator.change_catalog(
+            lambda: store().rollback(name),
+            lambda m: change(name, "rollback", principal(request), m.current),
+        )
+
+
+def change(name: str, action: str, by: str, version: int | None) -> dict[str, Any]:
+    """The fields of a rule set's CatalogChanged record."""
+    return {"catalog": "rules", "name": name, "action": action, "by": by, "version": version}

@@ -16,7 +16,7 @@ publishes each to ``<subject>`` and waits for JetStream's acknowledgement:
   in time or refuses (a full stream with ``discard: new``): nothing is acknowledged,
   so the client retries.
 
-Bounded before login (spanflow.server.limits): the token is checked before the body is
+Bounded before login (spanflow.security.limits): the token is checked before the body is
 read, and a body over ``max_body`` is refused on its ``Content-Length`` or cut off as it
 arrives. Locked, ingest publishes as the ``device`` role, so NATS itself keeps it to
 readings whatever a request names.
@@ -39,9 +39,9 @@ from fastapi.responses import JSONResponse
 
 from spanflow.nats.streams import connect
 from spanflow.security.https import require_tls
+from spanflow.security.limits import RequestLimits, one_token
 from spanflow.security.policy import require_token
 from spanflow.security.secrets import NatsIdentity, secrets_from_env
-from spanflow.server.limits import RequestLimits, one_token
 
 MAX_BODY = 4 * 1024 * 1024
 INGEST_TIMEOUT = 10.0

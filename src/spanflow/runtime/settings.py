@@ -1,0 +1,129 @@
+"""What a node agent is told (:class:`AgentSettings`) and how patient it is
+(:class:`AgentTimings`), both frozen: an agent's behaviour is fixed when it starts.
+
+Every time-out and period of the agent is set here, once, with the reason for its
+value. Three profiles: :meth:`AgentTimings.lan` (the default, a site's own network),
+:meth:`AgentTimings.wan` (nodes reaching the control plane over a slow or lossy
+uplink: more patience before calling something gone) and
+:meth:`AgentTimings.local_test` (everything on one machine: reports come sooner).
+
+>>> AgentTimings.lan().reconnect_grace < AgentTimings.wan().reconnect_grace
+True
+>>> AgentTimings.profile("local_test").progress_every
+1.0
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+from spanflow.runtime.shedding.policy import SheddingConfig
+from spanflow.spec.topology import Capabilities
+
+
+@dataclass(frozen=True)
+class AgentTimings:
+    progress_every: float = 5.0
+    """Seconds between progress reports of each running fragment to the activity log."""
+    usage_every: float = 10.0
+    """Seconds between looks at how full the streams this node uses are (in heartbeats)."""
+    usage_timeout: float = 3.0
+    """Seconds one stream's usage may take to answer; it keeps its last figure otherwise."""
+    sourcing_check_every: float = 1.0
+    """Seconds between checks that the copies of other sites' streams flow again after
+    their link came back (the broker's own retries wait up to two minutes)."""
+    control_patience: float = 15.0
+    """Seconds to wait for the control plane's assignments bucket at start."""
+    control_patience_offline: float = 3.0
+    """The same for an agent started from its saved registration: the uplink is likely
+    down, so its last-known assignments are not held up for long."""
+    reconnect_grace: float = 20.0
+    """Seconds a node whose NATS connection is re-establishing still reports its data
+    path up: longer than JetStream's failover (about 11 s, see control.leadership), so
+    losing one NATS server never fails the nodes that were connected to it."""
+    rejoin_every: float = 10.0
+    """Longest wait between attempts to reach the control plane after starting without it."""
+    register_timeout: float = 10.0
+    """Seconds one registration request may take (less when the saved registration is
+    due sooner: it is used ``offline_after`` seconds in, not a hung request later)."""
+    shed_timeout: float = 10.0
+    """Seconds a request to move a fragment away may take."""
+    report_timeout: float = 10.0
+    """Seconds an activity report may take while the control plane is reachable."""
+    report_timeout_cut_off: float = 2.0
+    """The same while cut off from it: a report never holds the main loop for long."""
+
+    @classmethod
+    def lan(cls) -> AgentTimings:
+        """A site's own network: the defaults."""
+        return cls()
+
+    @classmethod
+    def wan(cls) -> AgentTimings:
+        """An uplink with long round trips and short outages: twice the patience."""
+        return cls(
+            control_patience=30.0,
+            reconnect_grace=40.0,
+            register_timeout=20.0,
+            shed_timeout=20.0,
+            report_timeout=20.0,
+            report_timeout_cut_off=4.0,
+        )
+
+    @classmethod
+    def local_test(cls) -> AgentTimings:
+        """Every process on one machine: progress and usage are reported sooner."""
+        return cls(progress_every=1.0, usage_every=2.0, rejoin_every=2.0)
+
+    @classmethod
+    def profile(cls, name: str) -> AgentTimings:
+        profiles = {"lan": cls.lan, "wan": cls.wan, "local_test": cls.local_test}
+        if name not in profiles:
+            raise ValueError(f"unknown agent profile {name!r} (one of {', '.join(profiles)})")
+        return profiles[name]()
+
+
+@dataclass(frozen=True)
+class AgentSettings:
+    name: str
+    site: str
+    coordinator_url: str
+    token: str | None = None
+    capabilities: Capabilities | None = None
+    master: str | None = None
+    offline_after: float = 10.0
+    """Seconds without an answer from the coordinator after which a node that has
+    registered before starts from its saved registration (it keeps trying)."""
+    state_dir: Path | None = None
+    """Where the agent keeps its last registration (default: spanflow's data dir)."""
+    spark_conf: dict[str, str] = field(default_factory=dict)
+    batch_offset: float = 0.0
+    """Shift of this node's batch start slots, a fraction of the trigger interval: nodes
+    sharing one machine take different ones (:mod:`spanflow.spark.stagger`)."""
+    nats_url: str | None = None
+    """Reach NATS here instead of at the URL the coordinator names (a proxy, a NAT, a
+    different route to the same server)."""
+    gossip: bool = True
+    """Run membership (SWIM) with the other nodes of this node's partition."""
+    gossip_bind: str = "127.0.0.1"
+    gossip_port: int = 0
+    """UDP and TCP port of the membership endpoint (0: a free one)."""
+    gossip_advertise: str | None = None
+    """The address peers reach it at, when not the bind address (NAT, 0.0.0.0)."""
+    gossip_profile: str | None = None
+    """``lan``, ``wan`` or ``local_test``; None: the coordinator's choice."""
+    shedding: SheddingConfig = field(default_factory=SheddingConfig)
+    """When this node asks a peer to take one of its fragments (docs/balancing.md)."""
+    timings: AgentTimings = field(default_factory=AgentTimings.lan)
+    """Periods and time-outs of the agent (above)."""
+
+
+def detect_capabilities() -> Capabilities:
+    """What this machine offers: its cores and memory."""
+    cores = os.cpu_count() or 1
+    memory_mb = int(psutil.virtual_memory().total / (1024 * 1024))
+    return Capabilities(cores=cores, memory_mb=memory_mb)

@@ -1,0 +1,104 @@
+"""The node's SparkSession: which master it runs on, and a warm start for a restarted node.
+
+Spark is imported only once the node needs a session (registration and the control
+plane come first, and a refused registration should not pay for a JVM).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+from typing import Any
+
+from spanflow.protocol.rest import Registered
+from spanflow.runtime.settings import AgentSettings
+from spanflow.spec.topology import Capabilities
+
+log = logging.getLogger(__name__)
+
+
+def spark_master(settings: AgentSettings, caps: Capabilities) -> str:
+    """The given master, else local mode with the node's cores as task threads plus the
+    slots its Real-Time Mode queries hold for their whole batches."""
+    return (
+        settings.master
+        or os.environ.get("SPANFLOW_SPARK_MASTER")
+        or f"local[{caps.cores + caps.realtime_slots},3]"
+    )
+
+
+class SparkWarmUp:
+    """A SparkSession built on a background thread while the agent does other work."""
+
+    def __init__(self, master: str, app_name: str, conf: dict[str, str] | None) -> None:
+        self.master = master
+        self._session: Any = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(
+            target=self._build, args=(app_name, conf), name="spark-warm-up", daemon=True
+        )
+        self._thread.start()
+
+    def _build(self, app_name: str, conf: dict[str, str] | None) -> None:
+        from spanflow.spark.session import build_session
+
+        try:
+            self._session = build_session(master=self.master, app_name=app_name, conf=conf)
+        except BaseException as exc:  # raised again by session()
+            self._error = exc
+
+    def session(self) -> Any:
+        """The session, once built (its error, if building it failed)."""
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._session
+
+    def discard(self) -> None:
+        """Stop the session once built (it is not the one the node needs)."""
+        self._thread.join()
+        if self._session is not None:
+            with contextlib.suppress(Exception):
+                self._session.stop()
+
+
+class SparkHost:
+    """Builds the node's session: early from the saved registration when there is one,
+    else once the registration says what the node offers."""
+
+    def __init__(self, settings: AgentSettings) -> None:
+        self.settings = settings
+        self._app_name = f"spanflow-{settings.name}"
+        self._warm: SparkWarmUp | None = None
+
+    def warm_up(self, saved: Registered | None) -> None:
+        """A restarted node (one with a saved registration) starts its session while it
+        registers, with the capabilities it registered with last time: during an uplink
+        cut registration waits up to ``offline_after`` for the coordinator, and the
+        session's few seconds no longer come after that wait. A first registration may
+        change what the node offers: no warm start then."""
+        if saved is not None:
+            master = spark_master(self.settings, saved.node.spec.capabilities)
+            self._warm = SparkWarmUp(master, self._app_name, self.settings.spark_conf)
+
+    def discard(self) -> None:
+        """Registration failed: stop the warmed session, if any."""
+        if self._warm is not None:
+            self._warm.discard()
+            self._warm = None
+
+    def session(self, caps: Capabilities) -> Any:
+        """The session for this node's fragments: the warmed one when the registration
+        kept its master, else one built now."""
+        from spanflow.spark.session import build_session  # Spark only once registered
+
+        master, warm = spark_master(self.settings, caps), self._warm
+        self._warm = None
+        if warm is not None:
+            if warm.master == master:
+                return warm.session()
+            log.info("capabilities changed since the last registration: Spark starts again")
+            warm.discard()
+        return build_session(master=master, app_name=self._app_name, conf=self.settings.spark_conf)

@@ -56,7 +56,7 @@ os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
 from stats import pct
 
-from spanflow.cli.cluster import Api, LocalCluster
+from spanflow.local.cluster import Api, LocalCluster
 from spanflow.nats.ranges import read_range
 from spanflow.nats.relay import WanRelay
 from spanflow.nats.streams import connect, ensure_stream

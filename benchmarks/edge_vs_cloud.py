@@ -67,7 +67,7 @@ import psutil
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
 import spanflow as sf
-from spanflow.cli.cluster import LocalCluster
+from spanflow.local.cluster import LocalCluster
 from spanflow.nats.relay import WanRelay
 from spanflow.nats.streams import connect
 

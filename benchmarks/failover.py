@@ -45,7 +45,7 @@ import orjson
 
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
-from spanflow.cli.cluster import Api, LocalCluster
+from spanflow.local.cluster import Api, LocalCluster
 from spanflow.nats.ranges import read_range
 from spanflow.nats.streams import connect, ensure_stream
 from spanflow.testing.heartbeats import Heartbeats

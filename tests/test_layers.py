@@ -30,10 +30,10 @@ LAYERS: dict[str, float] = {
     "runtime": 4,
     "simulator": 4.5,  # simulated devices: a library the demo, CLI and benchmarks use
     "web": 4.8,  # the dashboard's static assets; the server serves them
+    "doors": 4.9,  # the site's doors for devices (MQTT, HTTP ingest): local clusters start them
     "server": 5,
-    "doors": 5,  # the site's doors for devices (MQTT, HTTP ingest)
     "local": 5,
-    "demo": 5,
+    "demo": 5.5,  # the demo: its pipelines, and a whole cluster here (local) shown live
     "testing": 5,
     "cli": 6,  # the outermost entry points
     "__init__": 7,  # the package facade (lazy re-exports)
@@ -96,3 +96,21 @@ def test_the_rule_catches_an_upward_import(tmp_path):
     found = [m for _, m in _imports(bad)]
     assert found == ["spanflow.control.coordinator"]
     assert LAYERS["control"] >= LAYERS["api"]
+
+
+def test_doctest_collection_can_tell_every_module_apart():
+    """The suite collects doctests from every module; in a folder without __init__.py
+    pytest imports a module by its file name, so two such files of one name (e.g.
+    control/settings.py and runtime/settings.py) break the collection."""
+    seen: dict[str, Path] = {}
+    clashes = []
+    for path in _modules():
+        parts, folder = [path.stem], path.parent
+        while (folder / "__init__.py").exists():
+            parts.insert(0, folder.name)
+            folder = folder.parent
+        name = ".".join(parts)
+        if name in seen:
+            clashes.append(f"{seen[name].relative_to(SRC)} and {path.relative_to(SRC)}")
+        seen[name] = path
+    assert not clashes, f"rename one of each: {clashes}"

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from spanflow.cli.cluster import Api, LocalCluster
+from spanflow.local.cluster import Api, LocalCluster
 from spanflow.nats.streams import SyncNats
 from tests.helpers import BASE, Feed, read_all, stored, wait_for
 

@@ -23,7 +23,7 @@ from typing import Any
 import psutil
 import pytest
 
-from spanflow.cli.cluster import Api, LocalCluster
+from spanflow.local.cluster import Api, LocalCluster
 from spanflow.security.secrets import ROLE_ENV, SECRETS_ENV
 from tests.helpers import publish, read_records, wait_for
 

@@ -17,7 +17,7 @@ from urllib.parse import urlparse
 
 import pytest
 
-from spanflow.cli.cluster import Api, LocalCluster
+from spanflow.local.cluster import Api, LocalCluster
 from spanflow.nats.fences import EPOCH_HEADER
 from spanflow.nats.relay import WanRelay
 from tests.helpers import publish, read_all, wait_for

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from spanflow.cli.cluster import Api, LocalCluster
+from spanflow.local.cluster import Api, LocalCluster
 from tests.helpers import Feed, read_all, stored, wait_for
 
 pytestmark = pytest.mark.slow

@@ -14,8 +14,8 @@ from typing import Any
 import httpx
 import pytest
 
-from spanflow.cli.cluster import Api, LocalCluster
 from spanflow.control.leadership import LEASE_KEY, RENEWALS_PER_LEASE, Lease, lease_for
+from spanflow.local.cluster import Api, LocalCluster
 from spanflow.nats.cluster import LEADER_BUCKET
 from spanflow.nats.streams import SyncNats
 from spanflow.testing.heartbeats import Heartbeats

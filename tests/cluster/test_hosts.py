@@ -23,7 +23,7 @@ import orjson
 import pytest
 from nats.js.api import ExternalStream, StreamConfig, StreamSource
 
-from spanflow.cli.demo_hosts import hub_args
+from spanflow.demo.hosts import hub_args
 from spanflow.local.hosts import Host, Hosts, can_make_hosts
 from spanflow.nats.streams import connect
 from spanflow.security.https import client_context

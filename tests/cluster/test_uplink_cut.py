@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from spanflow.cli.cluster import LocalCluster
+from spanflow.local.cluster import LocalCluster
 from tests.helpers import publish, read_records, wait_for
 
 TOPOLOGY = """\

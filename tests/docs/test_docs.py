@@ -122,7 +122,7 @@ def test_cluster_example_is_the_demo_pipeline_and_topology() -> None:
     """examples/cluster/ holds what `spanflow demo` runs."""
     from spanflow import demo
     from spanflow.api import load_pipeline
-    from spanflow.cli.demo import DEMO_TOPOLOGY
+    from spanflow.demo.cluster import DEMO_TOPOLOGY
 
     from_file = load_pipeline(ROOT / "examples" / "cluster" / "factory_monitoring.yaml")
     from_python = demo.factory_monitoring().spec()

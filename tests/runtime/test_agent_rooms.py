@@ -13,12 +13,12 @@ from typing import Any
 
 from spanflow.clock import FakeClock
 from spanflow.errors import SpecError
+from spanflow.runtime.agent_settings import AgentSettings, AgentTimings
 from spanflow.runtime.control_link import ControlLink
 from spanflow.runtime.fragments import LocalFragments
 from spanflow.runtime.last_known import RegistrationCache
 from spanflow.runtime.reconcile import RETRY_AFTER
 from spanflow.runtime.reports import Reports
-from spanflow.runtime.settings import AgentSettings, AgentTimings
 from spanflow.runtime.shedding.policy import Shedder
 from spanflow.spec.cluster import Assignment, FragmentRuntime
 from spanflow.spec.topology import Capabilities

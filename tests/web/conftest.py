@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from spanflow.cli.cluster import LocalCluster
+from spanflow.local.cluster import LocalCluster
 from spanflow.protocol.client import CoordinatorClient
 from spanflow.protocol.rest import SubmitBody
 from tests.helpers import publish as publish_now

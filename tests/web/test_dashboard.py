@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from spanflow.cli.cluster import LocalCluster
+from spanflow.local.cluster import LocalCluster
 from tests.helpers import read_records, wait_for
 from tests.web.conftest import CHROMIUM, TOKEN, client, publish
 

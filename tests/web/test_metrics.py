@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from spanflow.cli.cluster import LocalCluster
+from spanflow.local.cluster import LocalCluster
 from tests.helpers import wait_for
 from tests.web.conftest import client, publish
 

@@ -13,7 +13,7 @@ import httpx
 import pytest
 import yaml
 
-from spanflow.cli.cluster import LocalCluster
+from spanflow.local.cluster import LocalCluster
 from spanflow.local.server import free_port
 from tests.helpers import wait_for
 from tests.web.conftest import TOKEN, publish

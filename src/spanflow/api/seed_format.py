@@ -78,24 +78,7 @@ def seed_document(
     the problems found (each located in the file). ``bootstrap`` overrides the Kafka
     brokers of a file that names ``source_topic`` and ``sink_topic``."""
     problems: Problems = []
-    base: Path_
-    document: dict[str, Any]
-    kafka: dict[str, Any] = {}
-    if isinstance(data, list):
-        items, base, document = data, (), {}
-    else:
-        items, base = data.get("processors") or [], ("processors",)
-        document = {k: v for k, v in data.items() if k != "processors" and k not in _KAFKA_KEYS}
-        kafka = {k: data[k] for k in _KAFKA_KEYS if k in data}
-        for key in data:
-            if key not in _MAPPING_KEYS:
-                allowed = ", ".join(sorted(_MAPPING_KEYS))
-                problems.append(
-                    (lines.get((key,)), str(key), f"unknown section (allowed: {allowed})")
-                )
-        if not isinstance(items, list):
-            problems.append((lines.get(base), "processors", "must be a list of processors"))
-            items = []
+    items, base, document, kafka = _sections(data, lines, problems)
     on_kafka = "source_topic" in kafka or "sink_topic" in kafka
     if bootstrap:
         kafka["bootstrap"] = bootstrap
@@ -112,6 +95,54 @@ def seed_document(
             )
         )
     document.setdefault("name", _name_from(path))
+    steps, origin, targets_of, where = _processors(items, base, lines, problems)
+    inputs = _inputs(targets_of, where, lines, problems)
+    if SINK not in inputs and not problems:
+        problems.append((1, "", "no processor sends its output to 'sink'"))
+    unions: list[tuple[dict[str, Any], Path_ | None]] = []
+    first = KEYED if on_kafka else SOURCE
+    for step, step_at in zip(steps, origin, strict=True):
+        feeds = inputs.get(step["id"]) or [first]
+        step["inputs"], union = _joined(step["id"], feeds, step.get("type") == "union")
+        if union is not None:
+            unions.append((union, step_at))
+    sink_inputs, sink_union = _joined(SINK, inputs.get(SINK, []), False)
+    first_sink = next((where[s] for s in inputs.get(SINK, [])), None)
+    if sink_union is not None:
+        unions.append((sink_union, first_sink))
+    if on_kafka:
+        source, sink, ends = _kafka_ends(kafka)
+    else:
+        source, sink, ends = _stream_ends(source_stream, sink_stream)
+    sink["inputs"] = sink_inputs
+    document["steps"] = [source, *ends, *steps, *(u for u, _ in unions), sink]
+    origin = [None, *(None for _ in ends), *origin, *(at for _, at in unions), first_sink]
+    return document, origin, problems
+
+
+def _sections(
+    data: Any, lines: dict[Path_, int], problems: Problems
+) -> tuple[list[Any], Path_, dict[str, Any], dict[str, Any]]:
+    """A file's processors, where they are, its other keys and its Kafka keys."""
+    if isinstance(data, list):
+        return data, (), {}, {}
+    items, base = data.get("processors") or [], ("processors",)
+    document = {k: v for k, v in data.items() if k != "processors" and k not in _KAFKA_KEYS}
+    kafka = {k: data[k] for k in _KAFKA_KEYS if k in data}
+    for key in data:
+        if key not in _MAPPING_KEYS:
+            allowed = ", ".join(sorted(_MAPPING_KEYS))
+            problems.append((lines.get((key,)), str(key), f"unknown section (allowed: {allowed})"))
+    if not isinstance(items, list):
+        problems.append((lines.get(base), "processors", "must be a list of processors"))
+        items = []
+    return items, base, document, kafka
+
+
+def _processors(
+    items: list[Any], base: Path_, lines: dict[Path_, int], problems: Problems
+) -> tuple[list[dict[str, Any]], list[Path_ | None], dict[str, list[str]], dict[str, Path_]]:
+    """Each processor as a step, where it is, where it sends its output (by id)."""
     steps: list[dict[str, Any]] = []
     origin: list[Path_ | None] = []
     targets_of: dict[str, list[str]] = {}
@@ -139,54 +170,53 @@ def seed_document(
         where[item["id"]] = at
         steps.append(_translate(item))
         origin.append(at)
+    return steps, origin, targets_of, where
+
+
+def _inputs(
+    targets_of: dict[str, list[str]],
+    where: dict[str, Path_],
+    lines: dict[Path_, int],
+    problems: Problems,
+) -> dict[str, list[str]]:
+    """Each processor's (and the sink's) inputs, from where the others send theirs."""
     known = set(targets_of) | {SINK}
     inputs: dict[str, list[str]] = {}
     for sender, targets in targets_of.items():
         for target in targets:
-            if target not in known:
-                sent_from = where[sender]
-                listed = ", ".join(sorted(known))
-                problems.append(
-                    (
-                        lines.get((*sent_from, "to")),
-                        field_text((*sent_from, "to")),
-                        f"unknown processor {target!r} (processors: {listed})",
-                    )
-                )
+            if target in known:
+                inputs.setdefault(target, []).append(sender)
                 continue
-            inputs.setdefault(target, []).append(sender)
-    if SINK not in inputs and not problems:
-        problems.append((1, "", "no processor sends its output to 'sink'"))
-    unions: list[tuple[dict[str, Any], Path_ | None]] = []
-    first = KEYED if on_kafka else SOURCE
-    for step, step_at in zip(steps, origin, strict=True):
-        feeds = inputs.get(step["id"]) or [first]
-        step["inputs"], union = _joined(step["id"], feeds, step.get("type") == "union")
-        if union is not None:
-            unions.append((union, step_at))
-    sink_inputs, sink_union = _joined(SINK, inputs.get(SINK, []), False)
-    first_sink = next((where[s] for s in inputs.get(SINK, [])), None)
-    if sink_union is not None:
-        unions.append((sink_union, first_sink))
-    ends: list[dict[str, Any]]
-    if on_kafka:
-        source, sink, ends = _kafka_ends(kafka)
-    else:
-        source = {
-            "id": SOURCE,
-            "type": "source",
-            "stream": source_stream or "SOURCE",
-            "subjects": [source_stream or "SOURCE"],
-            "schema": dict(SEED_SCHEMA),
-            "scalar_field": "value",
-        }
-        out = sink_stream or "SINK"
-        sink = {"id": SINK, "type": "sink", "kind": "jetstream", "stream": out, "subject": out}
-        ends = []
-    sink["inputs"] = sink_inputs
-    document["steps"] = [source, *ends, *steps, *(u for u, _ in unions), sink]
-    origin = [None, *(None for _ in ends), *origin, *(at for _, at in unions), first_sink]
-    return document, origin, problems
+            at = (*where[sender], "to")
+            listed = ", ".join(sorted(known))
+            problems.append(
+                (
+                    lines.get(at),
+                    field_text(at),
+                    f"unknown processor {target!r} (processors: {listed})",
+                )
+            )
+    return inputs
+
+
+def _stream_ends(
+    source_stream: str | None, sink_stream: str | None
+) -> tuple[dict[str, Any], dict[str, Any], list[dict[str, Any]]]:
+    """The JetStream source and sink of a file run with --source-stream/--sink-stream."""
+    source = {
+        "id": SOURCE,
+        "type": "source",
+        "stream": source_stream or "SOURCE",
+        "subjects": [source_stream or "SOURCE"],
+        "schema": dict(SEED_SCHEMA),
+        "scalar_field": "value",
+    }
+    out = sink_stream or "SINK"
+    return (
+        source,
+        {"id": SINK, "type": "sink", "kind": "jetstream", "stream": out, "subject": out},
+        [],
+    )
 
 
 def _kafka_problems(kafka: dict[str, Any], lines: dict[Path_, int], streams: Any) -> Problems:

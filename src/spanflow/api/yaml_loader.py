@@ -115,13 +115,8 @@ def _native_document(
         )
     for key in data:
         if key not in _TOP_LEVEL:
-            problems.append(
-                (
-                    lines.get((key,)),
-                    str(key),
-                    f"unknown section (allowed: {', '.join(sorted(_TOP_LEVEL))})",
-                )
-            )
+            allowed = ", ".join(sorted(_TOP_LEVEL))
+            problems.append((lines.get((key,)), str(key), f"unknown section (allowed: {allowed})"))
     steps: list[dict[str, Any]] = []
     origin: list[Path_ | None] = []  # steps[i] came from this path in the file
     for section in ("sources", "processors", "sinks"):
@@ -136,65 +131,79 @@ def _native_document(
                     (lines.get(at), field_text(at), "must be a mapping with id and type")
                 )
                 continue
-            step = dict(item)
-            step.pop("to", None)
-            if section == "sources":
-                step = _connector_step(step, "source", "connector", SourceStep)
-                given = step.get("protobuf")
-                if isinstance(given, dict) and isinstance(given.get("descriptors"), str):
-                    try:
-                        step["protobuf"] = {**given, "descriptors": read_descriptors(
-                            given["descriptors"], path)}  # fmt: skip
-                    except ValueError as exc:
-                        where = (*at, "protobuf", "descriptors")
-                        problems.append((lines.get(where), field_text(where), str(exc)))
-                if isinstance(step.get("avro_schema"), str):
-                    try:
-                        step["avro_schema"] = read_avro_schema(step["avro_schema"], path)
-                    except ValueError as exc:
-                        where = (*at, "avro_schema")
-                        problems.append((lines.get(where), field_text(where), str(exc)))
-            elif section == "sinks":
-                step = _connector_step(step, "sink", "kind", SinkStep)
-            steps.append(step)
+            steps.append(_native_step(section, item, at, lines, path, problems))
             origin.append(at)
-
-    # 'to' lists become each downstream step's 'inputs'.
-    ids = {s.get("id"): n for n, s in enumerate(steps)}
-    for n, step in enumerate(steps):
-        here = origin[n]
-        assert here is not None
-        item = data[here[0]][here[1]]
-        targets = item.get("to", [])
-        if isinstance(targets, str):
-            targets = [targets]
-        if not isinstance(targets, list):
-            problems.append(
-                (lines.get((*here, "to")), field_text((*here, "to")), "must be a list of step ids")
-            )
-            continue
-        for target in targets:
-            if target not in ids:
-                known = ", ".join(str(k) for k in ids)
-                problems.append(
-                    (
-                        lines.get((*here, "to")),
-                        field_text((*here, "to")),
-                        f"unknown step {target!r} (steps: {known})",
-                    )
-                )
-                continue
-            downstream = steps[ids[target]]
-            downstream["inputs"] = [*downstream.get("inputs", []), step.get("id")]
-        if here[0] == "sinks" and targets:
-            problems.append(
-                (lines.get((*here, "to")), field_text((*here, "to")), "a sink has no downstream")
-            )
+    _wire_native(data, steps, origin, lines, problems)
     document = {
         k: v for k, v in data.items() if k in _TOP_LEVEL - {"sources", "processors", "sinks"}
     }
     document["steps"] = steps
     return document, origin, problems
+
+
+def _native_step(
+    section: str,
+    item: dict[str, Any],
+    at: Path_,
+    lines: dict[Path_, int],
+    path: str,
+    problems: Problems,
+) -> dict[str, Any]:
+    """A step as the spec reads it: a source's descriptor and Avro files read in."""
+    step = dict(item)
+    step.pop("to", None)
+    if section == "sinks":
+        return _connector_step(step, "sink", "kind", SinkStep)
+    if section != "sources":
+        return step
+    step = _connector_step(step, "source", "connector", SourceStep)
+    given = step.get("protobuf")
+    if isinstance(given, dict) and isinstance(given.get("descriptors"), str):
+        try:
+            step["protobuf"] = {**given, "descriptors": read_descriptors(
+                given["descriptors"], path)}  # fmt: skip
+        except ValueError as exc:
+            where = (*at, "protobuf", "descriptors")
+            problems.append((lines.get(where), field_text(where), str(exc)))
+    if isinstance(step.get("avro_schema"), str):
+        try:
+            step["avro_schema"] = read_avro_schema(step["avro_schema"], path)
+        except ValueError as exc:
+            where = (*at, "avro_schema")
+            problems.append((lines.get(where), field_text(where), str(exc)))
+    return step
+
+
+def _wire_native(
+    data: dict[str, Any],
+    steps: list[dict[str, Any]],
+    origin: list[Path_ | None],
+    lines: dict[Path_, int],
+    problems: Problems,
+) -> None:
+    """'to' lists become each downstream step's 'inputs'."""
+    ids = {s.get("id"): n for n, s in enumerate(steps)}
+    for n, step in enumerate(steps):
+        here = origin[n]
+        assert here is not None
+        targets = data[str(here[0])][here[1]].get("to", [])
+        if isinstance(targets, str):
+            targets = [targets]
+        at = (*here, "to")
+        if not isinstance(targets, list):
+            problems.append((lines.get(at), field_text(at), "must be a list of step ids"))
+            continue
+        for target in targets:
+            if target not in ids:
+                known = ", ".join(str(k) for k in ids)
+                problems.append(
+                    (lines.get(at), field_text(at), f"unknown step {target!r} (steps: {known})")
+                )
+                continue
+            downstream = steps[ids[target]]
+            downstream["inputs"] = [*downstream.get("inputs", []), step.get("id")]
+        if here[0] == "sinks" and targets:
+            problems.append((lines.get(at), field_text(at), "a sink has no downstream"))
 
 
 def read_descriptors(given: str, pipeline_path: str) -> str:

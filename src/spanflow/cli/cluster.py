@@ -5,18 +5,12 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import signal
 import socket
-import subprocess
-import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, TypeVar
+from typing import Annotated, Any
 from urllib.parse import urlparse
 
-import httpx
 import typer
 from pydantic import ValidationError
 from rich.console import Group
@@ -31,22 +25,17 @@ from spanflow.cli.common import (
     console,
     err,
     fail,
-    local_rest_token,
     use_secrets,
 )
 from spanflow.errors import SpanflowError
+from spanflow.local.api import Api as Api
+from spanflow.local.cluster import DEFAULT_PORT
+from spanflow.local.cluster import LocalCluster as LocalCluster
 from spanflow.protocol.rest import ClusterMetrics, NodeStatus, PipelineStatus, SubmitBody
-from spanflow.security.https import client_context, require_tls, scheme, server_files, wants_tls
+from spanflow.security.https import require_tls, scheme, server_files, wants_tls
 from spanflow.security.policy import require_token
-from spanflow.spec.cluster import NodeState
 from spanflow.spec.locations import resolve
-
-if TYPE_CHECKING:
-    from spanflow.protocol.client import CoordinatorClient
-
-T = TypeVar("T")
-
-DEFAULT_PORT = 7070
+from spanflow.spec.topology import Capabilities
 
 CoordinatorOption = Annotated[
     str,
@@ -79,92 +68,104 @@ def _logging(verbose: bool = False) -> None:
 
 
 # -- servers --------------------------------------------------------------------------
+TopologyOption = Annotated[
+    Path | None, typer.Option(help="Topology file applied at start (sites, nodes, links).")
+]
+PortFileOption = Annotated[
+    Path | None, typer.Option(help="Write the port listened on to this file.")
+]
+ReplicaNameOption = Annotated[
+    str, typer.Option(help="Replica name, unique among the coordinators.")
+]
+NodesGossipProfileOption = Annotated[
+    str, typer.Option(help="Membership profile nodes use: lan, wan or local_test.")
+]
+AdvertiseOption = Annotated[
+    str | None,
+    typer.Option(
+        help="URL other coordinators and clients reach this one at (behind NAT or when "
+        "listening on 0.0.0.0), e.g. http://cloud-1.example.com:7070."
+    ),
+]
+StateDirOption = Annotated[
+    str | None,
+    typer.Option(
+        help="Checkpoints and savepoints: a directory every node mounts, or a Hadoop "
+        "URL (jetstream://<store>/<path> keeps them in the site's NATS; hdfs://, "
+        "file://). Default: <data-dir>/cluster.",
+    ),
+]
+HubDomainOption = Annotated[
+    str | None,
+    typer.Option(help="JetStream domain of the NATS server (needed by sites with their own)."),
+]
+ReplicasOption = Annotated[
+    int | None,
+    typer.Option(
+        help="Copies of the control log and buckets "
+        "[default: one per server of the NATS cluster, up to 3]."
+    ),
+]
+LeaseOption = Annotated[
+    float | None,
+    typer.Option(
+        help="Seconds a silent leader keeps the lease before a standby leads "
+        "[default: 3 on one NATS server, 19 on a cluster: longer than its failover]."
+    ),
+]
+FailureAfterOption = Annotated[
+    int, typer.Option(help="Heartbeat periods of silence after which a node is failed.")
+]
+RebalanceOption = Annotated[
+    bool, typer.Option(help="Move work off nodes overloaded for long (docs/balancing.md).")
+]
+PublicReadsOption = Annotated[
+    bool,
+    typer.Option(
+        help="Let anyone who reaches the API read it (GET, the dashboard, /metrics) "
+        "without the token; writes still need it."
+    ),
+]
+TlsOption = Annotated[
+    bool | None,
+    typer.Option(
+        "--tls/--no-tls",
+        help="Serve HTTPS with the deployment's certificate [default: when locked and "
+        "listening beyond loopback; plain HTTP beyond loopback is refused].",
+    ),
+]
+
+
 @app.command()
 def coordinator(
     nats: Annotated[str | None, typer.Option(help="NATS URL; default: an embedded server.")] = None,
-    topology: Annotated[
-        Path | None, typer.Option(help="Topology file applied at start (sites, nodes, links).")
-    ] = None,
+    topology: TopologyOption = None,
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port (0 = any free port).")] = DEFAULT_PORT,
-    advertise: Annotated[
-        str | None,
-        typer.Option(
-            help="URL other coordinators and clients reach this one at (behind NAT or when "
-            "listening on 0.0.0.0), e.g. http://cloud-1.example.com:7070."
-        ),
-    ] = None,
-    port_file: Annotated[
-        Path | None, typer.Option(help="Write the port listened on to this file.")
-    ] = None,
+    advertise: AdvertiseOption = None,
+    port_file: PortFileOption = None,
     data_dir: Annotated[Path | None, typer.Option(help="Default ./spanflow-data.")] = None,
-    state_dir: Annotated[
-        str | None,
-        typer.Option(
-            help="Checkpoints and savepoints: a directory every node mounts, or a Hadoop "
-            "URL (jetstream://<store>/<path> keeps them in the site's NATS; hdfs://, "
-            "file://). Default: <data-dir>/cluster.",
-        ),
-    ] = None,
+    state_dir: StateDirOption = None,
     heartbeat: Annotated[float, typer.Option(help="Heartbeat period in seconds.")] = 1.0,
-    hub_domain: Annotated[
-        str | None,
-        typer.Option(help="JetStream domain of the NATS server (needed by sites with their own)."),
-    ] = None,
+    hub_domain: HubDomainOption = None,
     token: TokenOption = None,
-    name: Annotated[
-        str, typer.Option(help="Replica name, unique among the coordinators.")
-    ] = "coordinator",
-    replicas: Annotated[
-        int | None,
-        typer.Option(
-            help="Copies of the control log and buckets "
-            "[default: one per server of the NATS cluster, up to 3]."
-        ),
-    ] = None,
-    lease: Annotated[
-        float | None,
-        typer.Option(
-            help="Seconds a silent leader keeps the lease before a standby leads "
-            "[default: 3 on one NATS server, 19 on a cluster: longer than its failover]."
-        ),
-    ] = None,
-    failure_after: Annotated[
-        int, typer.Option(help="Heartbeat periods of silence after which a node is failed.")
-    ] = 3,
-    gossip_profile: Annotated[
-        str, typer.Option(help="Membership profile nodes use: lan, wan or local_test.")
-    ] = "lan",
-    rebalance: Annotated[
-        bool, typer.Option(help="Move work off nodes overloaded for long (docs/balancing.md).")
-    ] = True,
-    public_reads: Annotated[
-        bool,
-        typer.Option(
-            help="Let anyone who reaches the API read it (GET, the dashboard, /metrics) "
-            "without the token; writes still need it."
-        ),
-    ] = False,
-    tls: Annotated[
-        bool | None,
-        typer.Option(
-            "--tls/--no-tls",
-            help="Serve HTTPS with the deployment's certificate [default: when locked and "
-            "listening beyond loopback; plain HTTP beyond loopback is refused].",
-        ),
-    ] = None,
+    name: ReplicaNameOption = "coordinator",
+    replicas: ReplicasOption = None,
+    lease: LeaseOption = None,
+    failure_after: FailureAfterOption = 3,
+    gossip_profile: NodesGossipProfileOption = "lan",
+    rebalance: RebalanceOption = True,
+    public_reads: PublicReadsOption = False,
+    tls: TlsOption = None,
 ) -> None:
     """Run a coordinator: REST API, dashboard (/ui), registry, pipeline manager, failure
     detection.
 
     Several coordinators on one NATS cluster (each with its own ``--name``) elect one
     leader; the others answer reads, redirect writes to it and take over if it dies."""
-    import uvicorn
-
     from spanflow.api.topology_loader import load_topology
     from spanflow.cli.common import nats_url
-    from spanflow.control.coordinator import Coordinator, CoordinatorSettings
-    from spanflow.server.app import create_app
+    from spanflow.control.coordinator import CoordinatorSettings
 
     _logging()
     try:
@@ -200,12 +201,7 @@ def coordinator(
             rebalance=rebalance,
             public_reads=public_reads,
         )
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError as exc:
-            raise fail(SpanflowError(f"cannot listen on {host}:{port}: {exc.strerror}")) from None
+        sock = _listen(host, port)
         actual = sock.getsockname()[1]
         shown = socket.gethostname() if host in ("0.0.0.0", "::") else host
         settings.url = advertise or f"{scheme(https)}://{shown}:{actual}"
@@ -215,20 +211,118 @@ def coordinator(
             f"coordinator on {scheme(https)}://{host}:{actual} (dashboard /ui, API docs "
             f"/docs; token {_token_mode(settings.token, public_reads)})"
         )
-        config = uvicorn.Config(
-            create_app(Coordinator(settings)),
-            log_level="warning",
-            lifespan="on",
-            ssl_certfile=certificate[0] if certificate else None,
-            ssl_keyfile=certificate[1] if certificate else None,
-        )
-        uvicorn.Server(config).run(sockets=[sock])
+        _serve(settings, sock, certificate)
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """The coordinator's listening socket (its port known before the server runs)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        raise fail(SpanflowError(f"cannot listen on {host}:{port}: {exc.strerror}")) from None
+    return sock
+
+
+def _serve(settings: Any, sock: socket.socket, certificate: tuple[str, str] | None) -> None:
+    """Run the coordinator's REST API on ``sock`` until the process is told to stop."""
+    import uvicorn
+
+    from spanflow.control.coordinator import Coordinator
+    from spanflow.server.app import create_app
+
+    config = uvicorn.Config(
+        create_app(Coordinator(settings)),
+        log_level="warning",
+        lifespan="on",
+        ssl_certfile=certificate[0] if certificate else None,
+        ssl_keyfile=certificate[1] if certificate else None,
+    )
+    uvicorn.Server(config).run(sockets=[sock])
 
 
 def _token_mode(token: str | None, public_reads: bool) -> str:
     if not token:
         return "off"
     return "required for writes" if public_reads else "required"
+
+
+SlotsOption = Annotated[
+    int | None,
+    typer.Option(
+        help="Fragment slots: fragments at once, one more per Python stateful step "
+        "(default: cores)."
+    ),
+]
+MasterOption = Annotated[
+    str | None,
+    typer.Option(
+        help="Spark master (default local[cores]); spark://HOST:PORT runs the node's "
+        "fragments on a Spark standalone cluster (`spanflow spark-cluster`), whose "
+        "cores and memory the node then offers."
+    ),
+]
+MasterUiOption = Annotated[
+    str | None,
+    typer.Option(
+        help="The Spark master's web UI, read for the cluster's capacity (default "
+        "http://MASTER-HOST:8080)."
+    ),
+]
+RealtimeSlotsOption = Annotated[
+    int | None,
+    typer.Option(
+        min=0,
+        help="Spark task slots above the cores for Real-Time Mode queries (each holds "
+        "1-2 for its whole batch; default 4; see docs/realtime.md).",
+    ),
+]
+BatchOffsetOption = Annotated[
+    float,
+    typer.Option(
+        min=0.0,
+        max=0.999,
+        help="Shift of this node's micro-batch start slots, as a fraction of the trigger "
+        "interval; give nodes that share a machine different ones.",
+    ),
+]
+AgentStateDirOption = Annotated[
+    Path | None,
+    typer.Option(
+        help="Where the agent keeps its last registration, to start without the "
+        "coordinator (default: spanflow's data dir)."
+    ),
+]
+NodeNatsOption = Annotated[
+    str | None,
+    typer.Option(
+        help="Reach NATS at this URL instead of the one the coordinator names "
+        "(a proxy or another route to the same server)."
+    ),
+]
+GossipOption = Annotated[
+    bool, typer.Option(help="Run membership (SWIM gossip) with the partition's nodes.")
+]
+GossipPortOption = Annotated[
+    int, typer.Option(help="UDP+TCP port of the membership endpoint (0: any free).")
+]
+GossipAdvertiseOption = Annotated[
+    str | None, typer.Option(help="Address peers reach the endpoint at (NAT, 0.0.0.0).")
+]
+GossipProfileOption = Annotated[
+    str | None,
+    typer.Option(help="lan, wan or local_test (default: the coordinator's choice)."),
+]
+ShedOption = Annotated[
+    bool, typer.Option(help="Ask a less-loaded peer to take a fragment when overloaded.")
+]
+ShedHighOption = Annotated[
+    float, typer.Option(help="Load score above which the node is overloaded.")
+]
+ShedLowOption = Annotated[
+    float, typer.Option(help="A peer takes a fragment only if it stays below this.")
+]
 
 
 @app.command()
@@ -239,85 +333,24 @@ def node(
     token: TokenOption = None,
     cores: Annotated[int | None, typer.Option(help="Cores to offer (default: detected).")] = None,
     memory: Annotated[str | None, typer.Option(help="Memory to offer, e.g. 4g.")] = None,
-    slots: Annotated[
-        int | None,
-        typer.Option(
-            help="Fragment slots: fragments at once, one more per Python stateful step "
-            "(default: cores)."
-        ),
-    ] = None,
+    slots: SlotsOption = None,
     tag: Annotated[list[str] | None, typer.Option(help="Capability tag (repeatable).")] = None,
-    master: Annotated[
-        str | None,
-        typer.Option(
-            help="Spark master (default local[cores]); spark://HOST:PORT runs the node's "
-            "fragments on a Spark standalone cluster (`spanflow spark-cluster`), whose "
-            "cores and memory the node then offers."
-        ),
-    ] = None,
-    master_ui: Annotated[
-        str | None,
-        typer.Option(
-            help="The Spark master's web UI, read for the cluster's capacity (default "
-            "http://MASTER-HOST:8080)."
-        ),
-    ] = None,
-    realtime_slots: Annotated[
-        int | None,
-        typer.Option(
-            min=0,
-            help="Spark task slots above the cores for Real-Time Mode queries (each holds "
-            "1-2 for its whole batch; default 4; see docs/realtime.md).",
-        ),
-    ] = None,
-    batch_offset: Annotated[
-        float,
-        typer.Option(
-            min=0.0,
-            max=0.999,
-            help="Shift of this node's micro-batch start slots, as a fraction of the trigger "
-            "interval; give nodes that share a machine different ones.",
-        ),
-    ] = 0.0,
-    state_dir: Annotated[
-        Path | None,
-        typer.Option(
-            help="Where the agent keeps its last registration, to start without the "
-            "coordinator (default: spanflow's data dir)."
-        ),
-    ] = None,
-    nats: Annotated[
-        str | None,
-        typer.Option(
-            help="Reach NATS at this URL instead of the one the coordinator names "
-            "(a proxy or another route to the same server)."
-        ),
-    ] = None,
-    gossip: Annotated[
-        bool, typer.Option(help="Run membership (SWIM gossip) with the partition's nodes.")
-    ] = True,
+    master: MasterOption = None,
+    master_ui: MasterUiOption = None,
+    realtime_slots: RealtimeSlotsOption = None,
+    batch_offset: BatchOffsetOption = 0.0,
+    state_dir: AgentStateDirOption = None,
+    nats: NodeNatsOption = None,
+    gossip: GossipOption = True,
     gossip_bind: Annotated[str, typer.Option(help="Address of the membership endpoint.")] = (
         "127.0.0.1"
     ),
-    gossip_port: Annotated[
-        int, typer.Option(help="UDP+TCP port of the membership endpoint (0: any free).")
-    ] = 0,
-    gossip_advertise: Annotated[
-        str | None, typer.Option(help="Address peers reach the endpoint at (NAT, 0.0.0.0).")
-    ] = None,
-    gossip_profile: Annotated[
-        str | None,
-        typer.Option(help="lan, wan or local_test (default: the coordinator's choice)."),
-    ] = None,
-    shed: Annotated[
-        bool, typer.Option(help="Ask a less-loaded peer to take a fragment when overloaded.")
-    ] = True,
-    shed_high: Annotated[
-        float, typer.Option(help="Load score above which the node is overloaded.")
-    ] = 0.9,
-    shed_low: Annotated[
-        float, typer.Option(help="A peer takes a fragment only if it stays below this.")
-    ] = 0.6,
+    gossip_port: GossipPortOption = 0,
+    gossip_advertise: GossipAdvertiseOption = None,
+    gossip_profile: GossipProfileOption = None,
+    shed: ShedOption = True,
+    shed_high: ShedHighOption = 0.9,
+    shed_low: ShedLowOption = 0.6,
     shed_sustain: Annotated[float, typer.Option(help="Seconds overloaded before shedding.")] = 10.0,
     shed_cooldown: Annotated[float, typer.Option(help="Seconds between two shed requests.")] = 30.0,
 ) -> None:
@@ -325,40 +358,25 @@ def node(
     assigned fragments as Spark queries. A node that registered before starts from its
     saved registration and its site's last-known assignments when the coordinator
     cannot be reached."""
-    from spanflow.runtime.agent import AgentSettings, NodeAgent, detect_capabilities
+    from spanflow.runtime.agent import AgentSettings, NodeAgent
     from spanflow.runtime.shedding.policy import SheddingConfig
-    from spanflow.spec.topology import Capabilities
 
     _logging()
     _quiet_spark()
     secrets = use_secrets(state_dir, "agent")
     if not token and secrets is not None:
         token = secrets.credentials().api_token(name)
-    caps = None
     if master and master.startswith("spark://") and cores is None:
         cores, memory = _spark_cluster_offer(master, master_ui, memory)
-    if any(v is not None for v in (cores, memory, slots, tag, realtime_slots)):
-        detected = detect_capabilities()
-        try:
-            caps = Capabilities.model_validate(
-                {
-                    "cores": cores or detected.cores,
-                    "memory_mb": memory or detected.memory_mb,
-                    "slots": slots,
-                    "tags": tuple(tag or ()),
-                    "realtime_slots": detected.realtime_slots
-                    if realtime_slots is None
-                    else realtime_slots,
-                }
-            )
-        except ValueError as exc:
-            raise fail(SpanflowError(f"bad capability: {exc}")) from None
+    if shed_low >= shed_high:
+        raise fail(SpanflowError("--shed-low must be below --shed-high (hysteresis)"))
+    _check_gossip_profile(gossip_profile)
     settings = AgentSettings(
         name=name,
         site=site,
         coordinator_url=coordinator_url,
         token=token or None,
-        capabilities=caps,
+        capabilities=_offered(cores, memory, slots, tag, realtime_slots),
         master=master,
         batch_offset=batch_offset,
         state_dir=state_dir,
@@ -372,15 +390,6 @@ def node(
             enabled=shed, high=shed_high, low=shed_low, sustain=shed_sustain, cooldown=shed_cooldown
         ),
     )
-    if shed_low >= shed_high:
-        raise fail(SpanflowError("--shed-low must be below --shed-high (hysteresis)"))
-    if gossip_profile is not None:
-        from spanflow.runtime.membership.config import MembershipConfig
-
-        try:
-            MembershipConfig.named(gossip_profile)
-        except ValueError as exc:
-            raise fail(SpanflowError(str(exc))) from None
     stop = _Interrupted()
     try:
         NodeAgent(settings).run(stop.event, after_spark=stop.install)
@@ -388,57 +397,46 @@ def node(
         raise fail(exc) from None
 
 
-# -- the REST client ---------------------------------------------------------------------
-class Api:
-    """The coordinators' API for CLI commands: fails over along the URL list and waits
-    out an election (a few seconds) before giving up."""
+def _offered(
+    cores: int | None,
+    memory: str | int | None,
+    slots: int | None,
+    tags: list[str] | None,
+    realtime_slots: int | None,
+) -> Capabilities | None:
+    """What the node offers when told (the rest detected); None: all detected."""
+    from spanflow.runtime.agent_settings import detect_capabilities
 
-    def __init__(self, url: str, token: str | None, patience: float = 30.0) -> None:
-        from spanflow.protocol.client import CoordinatorClient
-
-        self.client = CoordinatorClient(
-            url, token or local_rest_token(), patience=patience, verify=client_context()
+    if all(v is None for v in (cores, memory, slots, tags, realtime_slots)):
+        return None
+    detected = detect_capabilities()
+    try:
+        return Capabilities.model_validate(
+            {
+                "cores": cores or detected.cores,
+                "memory_mb": memory or detected.memory_mb,
+                "slots": slots,
+                "tags": tuple(tags or ()),
+                "realtime_slots": detected.realtime_slots
+                if realtime_slots is None
+                else realtime_slots,
+            }
         )
+    except ValueError as exc:
+        raise fail(SpanflowError(f"bad capability: {exc}")) from None
 
-    @property
-    def url(self) -> str:
-        return self.client.url
 
-    def typed(self, call: Callable[[CoordinatorClient], T]) -> T:
-        """A typed call of the client (``lambda c: c.nodes()``); its failures as a
-        SpanflowError that says what the coordinator answered."""
-        from spanflow.protocol.client import ApiError, CoordinatorUnreachable
+def _check_gossip_profile(profile: str | None) -> None:
+    from spanflow.runtime.membership.config import MembershipConfig
 
+    if profile is not None:
         try:
-            return call(self.client)
-        except CoordinatorUnreachable as exc:
-            raise SpanflowError(f"no coordinator answered: {exc}") from None
-        except ApiError as exc:
-            raise SpanflowError(str(exc)) from None
-
-    def view(self) -> Group:
-        """The status view of nodes, pipelines and the cluster."""
-        return self.typed(lambda c: cluster_view(c.nodes(), c.pipelines(), c.cluster_metrics()))
-
-    def call(self, method: str, path: str, body: Any = None) -> Any:
-        """An untyped call: the answer's JSON."""
-        from spanflow.protocol.client import CoordinatorUnreachable
-
-        try:
-            r = self.client.request(method, path, body)
-        except CoordinatorUnreachable as exc:
-            raise SpanflowError(f"no coordinator answered: {exc}") from None
-        if r.status_code >= 400:
-            try:
-                detail = r.json().get("detail")
-            except ValueError:
-                detail = r.text
-            if not isinstance(detail, str):
-                detail = json.dumps(detail)
-            raise SpanflowError(f"{r.status_code}: {detail}")
-        return r.json() if r.content else None
+            MembershipConfig.named(profile)
+        except ValueError as exc:
+            raise fail(SpanflowError(str(exc))) from None
 
 
+# -- the REST client ---------------------------------------------------------------------
 @app.command()
 def submit(
     pipeline: Annotated[Path, typer.Argument(help="PIPELINE.yaml or PIPELINE.json")],
@@ -557,6 +555,11 @@ def cluster_view(
     return Group(nt, pt, summary, *warnings)
 
 
+def status_view(api: Api) -> Group:
+    """The status view of nodes, pipelines and the cluster."""
+    return api.typed(lambda c: cluster_view(c.nodes(), c.pipelines(), c.cluster_metrics()))
+
+
 def _pipeline_action(action: str, name: str, url: str, token: str | None) -> None:
     try:
         st = Api(url, token).typed(lambda c: c.pipeline_action(name, action))
@@ -611,384 +614,31 @@ def drain(
 
 
 # -- one machine, whole cluster ----------------------------------------------------------
-class LocalCluster:
-    """A hub NATS server, a coordinator process and one process per local node; with
-    ``site_servers``, every edge site also gets its own NATS server (JetStream domain =
-    the site's name) linked to the hub as a leaf node through a :class:`WanRelay`,
-    which can add delay and cut the uplink."""
-
-    HUB_DOMAIN = "hub"
-
-    def __init__(
-        self,
-        topology_path: Path,
-        data_dir: Path,
-        *,
-        port: int = DEFAULT_PORT,
-        token: str | None = None,
-        heartbeat: float = 1.0,
-        site_servers: bool = False,
-        wan_delay: float = 0.0,
-        ha: bool = False,
-        failure_after: int = 3,
-        gossip_profile: str = "lan",
-        node_args: list[str] | None = None,
-        coordinator_args: list[str] | None = None,
-        secure: bool = False,
-    ) -> None:
-        from spanflow.api.topology_loader import load_topology
-        from spanflow.security.secrets import Secrets
-
-        if ha and site_servers:
-            raise SpanflowError(
-                "--ha runs the hub as a three-server NATS cluster; give edge sites their own "
-                "servers without it (--shared-server with --ha)"
-            )
-
-        self.topology_path = topology_path
-        self.topology = load_topology(topology_path)
-        self.data_dir = data_dir
-        self.port = port
-        self.token = token
-        self.heartbeat = heartbeat
-        self.site_servers = site_servers
-        self.wan_delay = wan_delay
-        self.ha = ha
-        self.failure_after = failure_after
-        self.gossip_profile = gossip_profile
-        self.node_args = list(node_args or [])
-        """Extra ``spanflow node`` options for every local agent (e.g. shedding)."""
-        self.coordinator_args = list(coordinator_args or [])
-        """Extra ``spanflow coordinator`` options (e.g. ``--no-rebalance``)."""
-        self.coordinators = (
-            ["coordinator-1", "coordinator-2", "coordinator-3"] if ha else ["coordinator"]
-        )
-        """Process names of the coordinator replicas (three with ``ha``)."""
-        self.coordinator_urls: dict[str, str] = {}
-        self.procs: dict[str, subprocess.Popen[bytes]] = {}
-        self.site_urls: dict[str, str] = {}
-        """Edge site → its own NATS server's URL (with ``site_servers``)."""
-        self.relays: dict[str, Any] = {}
-        """Edge site → the :class:`WanRelay` between its server and the hub."""
-        self.site_mqtt: dict[str, Any] = {}
-        """Edge site → its MQTT gateway (devices publish here; a PUBACK means stored)."""
-        self._nats: Any = None
-        self._site_nats: dict[str, Any] = {}
-        self.secrets = Secrets(data_dir / "secrets") if secure else None
-        """Locked mode: every server requires TLS and a role's credentials, gossip is
-        sealed, the REST API requires the token (docs/security.md)."""
-        if self.secrets is not None:
-            self.secrets.init()
-            self.token = token or self.secrets.credentials().rest_token
-
-    def start(self) -> LocalCluster:
-        from spanflow.nats import EmbeddedNats
-        from spanflow.nats.server import NatsCluster
-
-        logs = self.data_dir / "logs"
-        logs.mkdir(parents=True, exist_ok=True)
-        edges = self._edge_sites() if self.site_servers else []
-        if self.ha:
-            self._nats = NatsCluster(
-                self.data_dir / "nats-cluster", 3, name="hub", secrets=self.secrets
-            ).start()
-        else:
-            self._nats = EmbeddedNats(
-                self.data_dir / "nats",
-                name="hub",
-                domain=self.HUB_DOMAIN if edges else None,
-                leaf_listen=bool(edges),
-                secrets=self.secrets,
-            ).start()
-        self.nats_url = self._nats.url
-        self._topology_for_coordinator = self.topology_path
-        if edges:
-            self._start_site_servers(edges)
-            self._topology_for_coordinator = self.data_dir / "topology.effective.json"
-            self._topology_for_coordinator.write_text(self._effective_topology())
-        self.start_coordinators(self.coordinators)
-        self._wait_leader(time.monotonic() + 60)
-        for n in self.topology.nodes:
-            if n.local:
-                self.start_node(n.name)
-        return self
-
-    @property
-    def url(self) -> str:
-        """Every coordinator's URL, comma-separated (what ``--coordinator`` takes)."""
-        return ",".join(self.coordinator_urls[n] for n in self.coordinators)
-
-    def _coordinator_port(self, name: str, index: int) -> int:
-        """A restarted replica keeps its port: clients hold the list of URLs."""
-        if name in self.coordinator_urls:
-            return int(self.coordinator_urls[name].rsplit(":", 1)[1])
-        return self.port + index if self.port else 0
-
-    def _coordinator_args(self, name: str) -> list[str]:
-        index = self.coordinators.index(name)
-        args = [
-            "coordinator",
-            "--nats",
-            self.nats_url,
-            "--topology",
-            str(self._topology_for_coordinator),
-            "--port",
-            str(self._coordinator_port(name, index)),
-            "--port-file",
-            str(self._port_file(name)),
-            "--data-dir",
-            str(self.data_dir),
-            "--heartbeat",
-            str(self.heartbeat),
-            "--name",
-            name,
-            "--failure-after",
-            str(self.failure_after),
-            "--gossip-profile",
-            self.gossip_profile,
-            *self.coordinator_args,
-        ]
-        if self.ha:
-            args += ["--replicas", "3"]
-        if self.site_urls:
-            args += ["--hub-domain", self.HUB_DOMAIN]
-        return args
-
-    def _edge_sites(self) -> list[str]:
-        """Sites with local nodes, other than the cloud site that hosts the hub."""
-        from spanflow.spec.topology import SiteKind
-
-        local_sites = {n.site for n in self.topology.nodes if n.local}
-        return [
-            s.name
-            for s in self.topology.sites
-            if s.kind == SiteKind.EDGE and s.name in local_sites and not s.nats_url
-        ]
-
-    def _start_site_servers(self, sites: list[str]) -> None:
-        from spanflow.doors.mqtt_gateway import GatewayThread
-        from spanflow.nats import EmbeddedNats
-        from spanflow.nats.cluster import EDGE_ONLY_SUBJECTS
-        from spanflow.nats.relay import WanRelay
-
-        hub_leaf = urlparse(self._nats.leaf_url)
-        for site in sites:
-            relay = WanRelay(hub_leaf.hostname or "127.0.0.1", hub_leaf.port or 0)
-            relay.delay = self.wan_delay
-            self.relays[site] = relay.start()
-            # Data born here stays here unless a pipeline sends it (by stream sourcing).
-            born_here = tuple(
-                subject
-                for n in self.topology.nodes
-                if n.site == site
-                for stream in n.streams
-                for subject in stream.subjects
-            )
-            server = EmbeddedNats(
-                self.data_dir / f"nats-{site}",
-                name=site,
-                domain=site,
-                leaf_remote=relay.url,
-                deny_exports=(*EDGE_ONLY_SUBJECTS, *born_here),
-                secrets=self.secrets,
-            ).start()
-            self._site_nats[site] = server
-            self.site_urls[site] = server.url
-            gateway = GatewayThread(server.url, "127.0.0.1", 0, secrets=self.secrets)
-            self.site_mqtt[site] = gateway.start()
-
-    def _effective_topology(self) -> str:
-        """The topology file as the coordinator must see it: each edge site's server URL."""
-        sites = [
-            s.model_copy(update={"nats_url": self.site_urls[s.name]})
-            if s.name in self.site_urls
-            else s
-            for s in self.topology.sites
-        ]
-        return self.topology.model_copy(update={"sites": tuple(sites)}).model_dump_json(
-            by_alias=True, exclude_none=True
-        )
-
-    def _port_file(self, name: str) -> Path:
-        return self.data_dir / f"{name}.port"
-
-    def start_coordinator(self, name: str | None = None) -> None:
-        """Start (or restart) a coordinator process and wait until it answers."""
-        self.start_coordinators([name or self.coordinators[0]])
-
-    def start_coordinators(self, names: list[str]) -> None:
-        """Start replicas at the same instant, as a real deployment would, then wait
-        until each answers."""
-        for name in names:
-            self._port_file(name).unlink(missing_ok=True)
-            self._spawn(name, self._coordinator_args(name))
-        deadline = time.monotonic() + 60
-        for name in names:
-            self._wait_coordinator(name, deadline)
-
-    def _wait_coordinator(self, name: str, deadline: float) -> None:
-        port_file = self._port_file(name)
-        while not port_file.exists() or not port_file.read_text().strip():
-            self._check_alive(name)
-            if time.monotonic() > deadline:
-                raise SpanflowError(f"{name} did not start within 60 s")
-            time.sleep(0.1)
-        self.coordinator_urls[name] = f"http://127.0.0.1:{port_file.read_text().strip()}"
-        self._wait_healthy(name, deadline)
-
-    def _wait_leader(self, deadline: float) -> None:
-        """Until one replica leads and every replica has the topology it merged (a
-        standby answering reads sees the declared nodes)."""
-        while self.leader() is None or any(
-            not self._has_topology(name) for name in self.coordinators
-        ):
-            if time.monotonic() > deadline:
-                raise SpanflowError("no coordinator took office within 60 s")
-            time.sleep(0.2)
-
-    def _has_topology(self, name: str) -> bool:
-        want = {n.name for n in self.topology.nodes}
-        try:
-            nodes = Api(self.coordinator_urls[name], self.token, patience=0).typed(
-                lambda c: c.nodes()
-            )
-        except SpanflowError:
-            return False
-        return want <= {n.name for n in nodes}
-
-    def leader(self) -> str | None:
-        """The coordinator process that leads now (None during an election)."""
-        for name in self.coordinators:
-            proc = self.procs.get(name)
-            if proc is None or proc.poll() is not None:
-                continue
-            try:
-                health = httpx.get(f"{self.coordinator_urls[name]}/healthz", timeout=2).json()
-            except (httpx.HTTPError, ValueError):
-                continue
-            if health.get("role") == "leader":
-                return name
-        return None
-
-    def check_coordinators(self) -> None:
-        """Raise when no coordinator process is left running."""
-        if all(self.procs[n].poll() is not None for n in self.coordinators if n in self.procs):
-            self._check_alive(self.coordinators[0])
-
-    def start_node(self, name: str, nats: str | None = None) -> None:
-        """(Re)start one local node's agent process (``nats``: reach NATS there)."""
-        spec = next(n for n in self.topology.nodes if n.name == name)
-        # The local nodes share this machine's cores: spread their batch slots apart
-        # over the first half of the interval (each node's own queries fill the rest).
-        local = [n.name for n in self.topology.nodes if n.local or n.name == name]
-        offset = local.index(name) / (2 * len(local))
-        self._spawn(
-            f"node-{name}",
-            [
-                "node",
-                "--name",
-                name,
-                "--site",
-                spec.site,
-                "--coordinator",
-                self.url,
-                "--batch-offset",
-                f"{offset:.4f}",
-                "--state-dir",
-                str(self.data_dir / "agents"),
-                *(["--nats", nats] if nats else []),
-                *self.node_args,
-            ],
-        )
-
-    def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
-        """Kill one process of the cluster (``coordinator`` or ``node-<name>``) and reap it."""
-        proc = self.procs[name]
-        proc.send_signal(sig)
-        proc.wait(timeout=60)
-
-    def wait_for_nodes(self, timeout: float = 180.0) -> None:
-        """Until every local node has registered (each starts its own Spark first)."""
-        want = {n.name for n in self.topology.nodes if n.local}
-        deadline = time.monotonic() + timeout
-        while True:
-            nodes = self.api().typed(lambda c: c.nodes())
-            alive = {n.name for n in nodes if n.state == NodeState.ALIVE}
-            if want <= alive:
-                return
-            for name in want - alive:
-                self._check_alive(f"node-{name}")
-            if time.monotonic() > deadline:
-                raise SpanflowError(
-                    f"nodes did not register within {timeout:.0f} s: {sorted(want - alive)}"
-                )
-            time.sleep(0.5)
-
-    def _spawn(self, name: str, args: list[str]) -> None:
-        from spanflow.nats.server import die_with_parent
-        from spanflow.security.secrets import ROLE_ENV, SECRETS_ENV
-
-        env = dict(os.environ)
-        if self.token:
-            env["SPANFLOW_TOKEN"] = self.token
-        env.pop(ROLE_ENV, None)  # each command takes its own role
-        if self.secrets is not None:
-            env[SECRETS_ENV] = str(self.secrets.root.resolve())
-        log = open(self.data_dir / "logs" / f"{name}.log", "ab")  # noqa: SIM115 (child owns it)
-        self.procs[name] = subprocess.Popen(
-            [sys.executable, "-m", "spanflow.cli", *args],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=env,
-            preexec_fn=die_with_parent,
-        )
-        log.close()
-
-    def _check_alive(self, name: str) -> None:
-        proc = self.procs[name]
-        if proc.poll() is not None:
-            tail = (self.data_dir / "logs" / f"{name}.log").read_text(errors="replace")[-2000:]
-            raise SpanflowError(f"{name} exited with {proc.returncode}:\n{tail}")
-
-    def _wait_healthy(self, name: str, deadline: float) -> None:
-        while True:
-            self._check_alive(name)
-            try:
-                url = self.coordinator_urls[name]
-                if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise SpanflowError(f"{name} did not answer within 60 s")
-            time.sleep(0.2)
-
-    def api(self) -> Api:
-        return Api(self.url, self.token)
-
-    def stop(self) -> None:
-        """SIGTERM every child, wait, then SIGKILL what is left: no orphans."""
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + 30
-        for proc in self.procs.values():
-            try:
-                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        for gateway in self.site_mqtt.values():
-            gateway.stop()
-        self.site_mqtt.clear()
-        for server in self._site_nats.values():
-            server.stop()
-        self._site_nats.clear()
-        for relay in self.relays.values():
-            relay.stop()
-        if self._nats is not None:
-            self._nats.stop()
-            self._nats = None
+SiteServersOption = Annotated[
+    bool,
+    typer.Option(
+        "--site-servers/--shared-server",
+        help="Give every edge site its own NATS server (a leaf node of the hub), or run "
+        "all sites on one.",
+    ),
+]
+HaOption = Annotated[
+    bool,
+    typer.Option(
+        "--ha",
+        help="High availability: a three-server NATS cluster (control log and buckets "
+        "replicated three times) and three coordinators electing a leader.",
+    ),
+]
+SecureOption = Annotated[
+    bool,
+    typer.Option(
+        "--secure/--open",
+        help="Lock every door (the default): TLS and role credentials on NATS, sealed "
+        "gossip, the REST token, with secrets made in <data dir>/secrets if missing; "
+        "--open runs without them (docs/security.md).",
+    ),
+]
 
 
 @app.command()
@@ -1002,36 +652,14 @@ def up(
         list[Path] | None, typer.Option("--submit", help="Pipeline to submit once up (repeatable).")
     ] = None,
     duration: Annotated[float | None, typer.Option(help="Stop after this many seconds.")] = None,
-    site_servers: Annotated[
-        bool,
-        typer.Option(
-            "--site-servers/--shared-server",
-            help="Give every edge site its own NATS server (a leaf node of the hub), or run "
-            "all sites on one.",
-        ),
-    ] = True,
+    site_servers: SiteServersOption = True,
     wan_delay: Annotated[
         str,
         typer.Option(help="One-way delay added between each edge server and the hub, e.g. 30ms."),
     ] = "0s",
     token: TokenOption = None,
-    ha: Annotated[
-        bool,
-        typer.Option(
-            "--ha",
-            help="High availability: a three-server NATS cluster (control log and buckets "
-            "replicated three times) and three coordinators electing a leader.",
-        ),
-    ] = False,
-    secure: Annotated[
-        bool,
-        typer.Option(
-            "--secure/--open",
-            help="Lock every door (the default): TLS and role credentials on NATS, sealed "
-            "gossip, the REST token, with secrets made in <data dir>/secrets if missing; "
-            "--open runs without them (docs/security.md).",
-        ),
-    ] = True,
+    ha: HaOption = False,
+    secure: SecureOption = True,
 ) -> None:
     """Start NATS, the coordinator and every local node of a topology, with one status view.
 
@@ -1058,29 +686,9 @@ def up(
         )
     except SpanflowError as exc:
         raise fail(exc) from None
-    if cluster.secrets is None:
-        err.print(
-            "[yellow]OPEN MODE: NATS without TLS or users, gossip unsealed; anyone who "
-            "reaches these ports can read and write everything (--secure locks them)[/yellow]"
-        )
-    else:
-        err.print(
-            f"locked: secrets in {cluster.secrets.root} (other commands find them with "
-            f"--data-dir {directory} or SPANFLOW_SECRETS={cluster.secrets.root})"
-        )
+    _say_mode(cluster, directory)
     try:
-        local = sum(n.local for n in cluster.topology.nodes)
-        what = "three NATS servers, three coordinators" if ha else "NATS, the coordinator"
-        err.print(f"starting {what} and {local} nodes (logs in {directory / 'logs'}) …")
-        cluster.start()
-        err.print(f"coordinator: {cluster.url}   (export SPANFLOW_COORDINATOR={cluster.url})")
-        if ha:
-            err.print(f"NATS cluster: {cluster.nats_url}; leader: {cluster.leader()}")
-        for site, url in cluster.site_urls.items():
-            mqtt = cluster.site_mqtt[site]
-            err.print(
-                f"site {site}: NATS {url} (JetStream domain {site}), MQTT {mqtt.host}:{mqtt.port}"
-            )
+        _start(cluster, directory)
         if submit_:
             cluster.wait_for_nodes()
         for path in submit_ or []:
@@ -1094,6 +702,35 @@ def up(
         cluster.stop()
 
 
+def _say_mode(cluster: LocalCluster, directory: Path) -> None:
+    if cluster.secrets is None:
+        err.print(
+            "[yellow]OPEN MODE: NATS without TLS or users, gossip unsealed; anyone who "
+            "reaches these ports can read and write everything (--secure locks them)[/yellow]"
+        )
+    else:
+        err.print(
+            f"locked: secrets in {cluster.secrets.root} (other commands find them with "
+            f"--data-dir {directory} or SPANFLOW_SECRETS={cluster.secrets.root})"
+        )
+
+
+def _start(cluster: LocalCluster, directory: Path) -> None:
+    """Start the cluster, saying where each part is."""
+    local = sum(n.local for n in cluster.topology.nodes)
+    what = "three NATS servers, three coordinators" if cluster.ha else "NATS, the coordinator"
+    err.print(f"starting {what} and {local} nodes (logs in {directory / 'logs'}) …")
+    cluster.start()
+    err.print(f"coordinator: {cluster.url}   (export SPANFLOW_COORDINATOR={cluster.url})")
+    if cluster.ha:
+        err.print(f"NATS cluster: {cluster.nats_url}; leader: {cluster.leader()}")
+    for site, url in cluster.site_urls.items():
+        mqtt = cluster.site_mqtt[site]
+        err.print(
+            f"site {site}: NATS {url} (JetStream domain {site}), MQTT {mqtt.host}:{mqtt.port}"
+        )
+
+
 def _submit_file(api: Api, path: Path) -> PipelineStatus:
     body = SubmitBody(yaml=path.read_text(), filename=str(path))
     return api.typed(lambda c: c.submit(body))
@@ -1104,7 +741,7 @@ def _watch(cluster: LocalCluster, stop: _Interrupted, duration: float | None) ->
     api = cluster.api()
 
     def view() -> Group:
-        return api.view()
+        return status_view(api)
 
     last = 0.0
     with (

@@ -19,6 +19,7 @@ from rich.console import Console
 
 from spanflow.api import Flow, load_pipeline
 from spanflow.errors import SpanflowError
+from spanflow.local.api import find_secrets as find_secrets
 from spanflow.spec import PipelineSpec
 from spanflow.spec.topology import Topology
 
@@ -119,34 +120,6 @@ def use_secrets(data_dir: Path | None, role: str) -> Any:
     if found is not None:
         adopt(found, os.environ.get(ROLE_ENV) or role)
     return found
-
-
-def find_secrets(data_dir: Path | None) -> Any:
-    """This host's secrets directory (``SPANFLOW_SECRETS``, else ``<data dir>/secrets``
-    if it exists), without adopting it."""
-    from spanflow.security.secrets import Secrets, secrets_from_env
-
-    found = secrets_from_env()
-    if found is None:
-        from spanflow.nats import default_data_dir
-
-        candidate = Secrets((data_dir or default_data_dir()) / "secrets")
-        found = candidate if candidate.exists() else None
-    return found
-
-
-def local_rest_token() -> str | None:
-    """The REST token of this host's secrets directory, if it has one (so CLI commands
-    on a locked host work without --token)."""
-    from spanflow.errors import SecurityError
-
-    found = find_secrets(None)
-    if found is None:
-        return None
-    try:
-        return found.credentials().rest_token  # None in a host's bundle: give --token
-    except SecurityError:
-        return None
 
 
 @contextlib.contextmanager

@@ -5,11 +5,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 import time
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.live import Live
@@ -35,6 +36,9 @@ from spanflow.errors import SpanflowError
 from spanflow.spec.cluster import StreamUsage
 from spanflow.spec.locations import resolve
 from spanflow.spec.pipeline import PipelineSpec
+
+if TYPE_CHECKING:
+    from spanflow.spark.runner import PipelineRunner
 
 log = logging.getLogger("spanflow.run")
 USAGE_EVERY = 10.0
@@ -77,6 +81,38 @@ def status_table(runner: Any, title: str, usage: list[StreamUsage] | None = None
     return table
 
 
+MqttListenOption = Annotated[
+    str | None,
+    typer.Option(
+        help="Where the MQTT listener binds, HOST:PORT (implies --mqtt; default "
+        "127.0.0.1 on a free port). It has no authentication: use 0.0.0.0:1883 only on "
+        "a network you trust."
+    ),
+]
+RunHttpListenOption = Annotated[
+    str | None,
+    typer.Option(
+        help="Also take readings over HTTP, HOST:PORT: POST /ingest/<subject> answers "
+        "once JetStream has stored them (beyond 127.0.0.1 it needs --http-token)."
+    ),
+]
+FeedOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        help="Publish a JSON-lines file once the pipeline runs, a message per line: "
+        "FILE (to the first source's subject) or SUBJECT=FILE. Repeatable."
+    ),
+]
+CheckpointsOption = Annotated[
+    str | None,
+    typer.Option(
+        help="Where the pipeline's checkpoints live: a directory or a Hadoop URL, e.g. "
+        "jetstream://spanflow/NAME (in this NATS: another machine resumes from it). "
+        "Default: <data-dir>/checkpoints."
+    ),
+]
+
+
 @app.command()
 def run(
     target: Annotated[str, typer.Argument(help="PIPELINE.yaml, PIPELINE.json or module:object")],
@@ -87,43 +123,17 @@ def run(
     mqtt: Annotated[
         bool, typer.Option(help="Embedded NATS also listens for MQTT (topic a/b = subject a.b).")
     ] = False,
-    mqtt_listen: Annotated[
-        str | None,
-        typer.Option(
-            help="Where the MQTT listener binds, HOST:PORT (implies --mqtt; default "
-            "127.0.0.1 on a free port). It has no authentication: use 0.0.0.0:1883 only on "
-            "a network you trust."
-        ),
-    ] = None,
+    mqtt_listen: MqttListenOption = None,
     source_stream: SourceStreamOption = None,
     sink_stream: SinkStreamOption = None,
     kafka: KafkaOption = None,
-    http_listen: Annotated[
-        str | None,
-        typer.Option(
-            help="Also take readings over HTTP, HOST:PORT: POST /ingest/<subject> answers "
-            "once JetStream has stored them (beyond 127.0.0.1 it needs --http-token)."
-        ),
-    ] = None,
+    http_listen: RunHttpListenOption = None,
     http_token: Annotated[
         str | None,
         typer.Option(help="Bearer token HTTP ingest requires.", envvar="SPANFLOW_HTTP_TOKEN"),
     ] = None,
-    feed: Annotated[
-        list[str] | None,
-        typer.Option(
-            help="Publish a JSON-lines file once the pipeline runs, a message per line: "
-            "FILE (to the first source's subject) or SUBJECT=FILE. Repeatable."
-        ),
-    ] = None,
-    checkpoints: Annotated[
-        str | None,
-        typer.Option(
-            help="Where the pipeline's checkpoints live: a directory or a Hadoop URL, e.g. "
-            "jetstream://spanflow/NAME (in this NATS: another machine resumes from it). "
-            "Default: <data-dir>/checkpoints."
-        ),
-    ] = None,
+    feed: FeedOption = None,
+    checkpoints: CheckpointsOption = None,
 ) -> None:
     """Run a pipeline on this machine until Ctrl-C, with live status."""
     try:
@@ -166,35 +176,7 @@ def run(
         try:
             runner.start()
             _publish_feeds(url, feeds)
-            deadline = time.monotonic() + duration if duration else None
-            live_ok = console.is_terminal
-            with (
-                Live(
-                    status_table(runner, spec.name),
-                    console=console,
-                    refresh_per_second=1,
-                    transient=False,
-                )
-                if live_ok
-                else contextlib.nullcontext() as live
-            ):
-                last_print = last_usage = 0.0
-                usage: list[StreamUsage] = []
-                warned: set[str] = set()
-                while not stop.event.is_set() and (deadline is None or time.monotonic() < deadline):
-                    runner.supervise()
-                    if time.monotonic() - last_usage > USAGE_EVERY:
-                        usage, last_usage = runner.stream_usage(), time.monotonic()
-                        for u in usage:  # logged once each time it crosses the mark
-                            if u.warning and u.stream not in warned:
-                                log.warning("%s", u.warning)
-                        warned = {u.stream for u in usage if u.warning}
-                    if live is not None:
-                        live.update(status_table(runner, spec.name, usage))
-                    elif time.monotonic() - last_print > 10:
-                        console.print(status_table(runner, spec.name, usage))
-                        last_print = time.monotonic()
-                    stop.event.wait(1.0)
+            _supervise(runner, spec.name, stop.event, duration)
         except SpanflowError as exc:
             _error(exc)
             raise typer.Exit(2) from None
@@ -202,6 +184,37 @@ def run(
             err.print("stopping …")
             runner.stop()
             spark.stop()
+
+
+def _supervise(
+    runner: PipelineRunner, name: str, stop: threading.Event, duration: float | None
+) -> None:
+    """Restart failed queries and show the status (live on a terminal, else every 10 s)
+    until ``stop`` or ``duration``; warn once when a stream nears its limit."""
+    deadline = time.monotonic() + duration if duration else None
+    live_cm = (
+        Live(status_table(runner, name), console=console, refresh_per_second=1, transient=False)
+        if console.is_terminal
+        else contextlib.nullcontext()
+    )
+    with live_cm as live:
+        last_print = last_usage = 0.0
+        usage: list[StreamUsage] = []
+        warned: set[str] = set()
+        while not stop.is_set() and (deadline is None or time.monotonic() < deadline):
+            runner.supervise()
+            if time.monotonic() - last_usage > USAGE_EVERY:
+                usage, last_usage = runner.stream_usage(), time.monotonic()
+                for u in usage:  # logged once each time it crosses the mark
+                    if u.warning and u.stream not in warned:
+                        log.warning("%s", u.warning)
+                warned = {u.stream for u in usage if u.warning}
+            if live is not None:
+                live.update(status_table(runner, name, usage))
+            elif time.monotonic() - last_print > 10:
+                console.print(status_table(runner, name, usage))
+                last_print = time.monotonic()
+            stop.wait(1.0)
 
 
 def _source_streams(spec: PipelineSpec, url: str) -> str:

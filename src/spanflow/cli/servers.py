@@ -7,7 +7,7 @@ from __future__ import annotations
 import signal
 import threading
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -25,15 +25,32 @@ def _listen(value: str, option: str) -> tuple[str, int]:
         raise fail(SpanflowError(f"{option}: {exc}")) from None
 
 
+HubOption = Annotated[
+    str | None,
+    typer.Option(
+        help="The hub's leaf URL (nats-leaf://HOST:7422); without it this server is the hub."
+    ),
+]
+HttpListenOption = Annotated[
+    str | None,
+    typer.Option(
+        help="HTTP ingest for devices, HOST:PORT: POST /ingest/<subject> answers once "
+        "JetStream stored the readings (needs a token beyond loopback)."
+    ),
+]
+HttpTokenOption = Annotated[
+    str | None,
+    typer.Option(
+        help="Bearer token of HTTP ingest (locked mode: the REST token by default).",
+        envvar="SPANFLOW_HTTP_TOKEN",
+    ),
+]
+
+
 @app.command("site-server")
 def site_server(
     site: Annotated[str, typer.Option(help="Site name: the server's name and JetStream domain.")],
-    hub: Annotated[
-        str | None,
-        typer.Option(
-            help="The hub's leaf URL (nats-leaf://HOST:7422); without it this server is the hub."
-        ),
-    ] = None,
+    hub: HubOption = None,
     listen: Annotated[str, typer.Option(help="Client listener, HOST:PORT.")] = "127.0.0.1:4222",
     leaf_listen: Annotated[
         str, typer.Option(help="The hub's listener for site servers, HOST:PORT.")
@@ -41,20 +58,8 @@ def site_server(
     mqtt_listen: Annotated[
         str | None, typer.Option(help="MQTT gateway for devices, HOST:PORT (none without it).")
     ] = None,
-    http_listen: Annotated[
-        str | None,
-        typer.Option(
-            help="HTTP ingest for devices, HOST:PORT: POST /ingest/<subject> answers once "
-            "JetStream stored the readings (needs a token beyond loopback)."
-        ),
-    ] = None,
-    http_token: Annotated[
-        str | None,
-        typer.Option(
-            help="Bearer token of HTTP ingest (locked mode: the REST token by default).",
-            envvar="SPANFLOW_HTTP_TOKEN",
-        ),
-    ] = None,
+    http_listen: HttpListenOption = None,
+    http_token: HttpTokenOption = None,
     deny_export: Annotated[
         list[str] | None,
         typer.Option(help="A subject that stays on this site (repeat), e.g. local.>"),
@@ -69,7 +74,6 @@ def site_server(
     ``--mqtt-listen``, the MQTT gateway (a PUBACK means stored). With ``--hub`` it joins
     the hub as a leaf node; locked when the data directory has secrets. SIGHUP reloads
     the server's users and certificates (after `spanflow secrets device`)."""
-    from spanflow.doors.mqtt_gateway import GatewayThread
     from spanflow.nats.server import EmbeddedNats
     from spanflow.security.policy import is_loopback
 
@@ -115,28 +119,40 @@ def site_server(
         if hub is None:
             err.print(f"hub leaf listener: {server.leaf_url}")
         if mqtt_listen:
-            mqtt_host, mqtt_port = _listen(mqtt_listen, "--mqtt-listen")
-            try:
-                gateway = GatewayThread(server.url, mqtt_host, mqtt_port, secrets=secrets).start()
-            except SpanflowError as exc:
-                raise fail(exc) from None
-            err.print(f"MQTT listener on {gateway.host}:{gateway.port}")
-        reload = threading.Event()
-        signal.signal(signal.SIGHUP, lambda *_: reload.set())
+            gateway = _mqtt_gateway(server.url, mqtt_listen, secrets)
         with ingest(server.url, http_listen, http_token):
-            while not stop.event.wait(0.5):
-                if reload.is_set():  # new devices or certificates in the secrets
-                    reload.clear()
-                    try:
-                        server.reload()
-                    except NatsError as exc:  # the old configuration stays in force
-                        err.print(f"[red]site {site}: reload failed: {exc}[/red]")
-                        continue
-                    err.print(f"site {site}: configuration reloaded")
+            _serve_until(stop.event, server, site)
     finally:
         if gateway is not None:
             gateway.stop()
         server.stop()
+
+
+def _mqtt_gateway(nats_url: str, listen: str, secrets: Any) -> Any:
+    from spanflow.doors.mqtt_gateway import GatewayThread
+
+    host, port = _listen(listen, "--mqtt-listen")
+    try:
+        gateway = GatewayThread(nats_url, host, port, secrets=secrets).start()
+    except SpanflowError as exc:
+        raise fail(exc) from None
+    err.print(f"MQTT listener on {gateway.host}:{gateway.port}")
+    return gateway
+
+
+def _serve_until(stop: threading.Event, server: Any, site: str) -> None:
+    """Until ``stop``; SIGHUP reloads the server's users and certificates."""
+    reload = threading.Event()
+    signal.signal(signal.SIGHUP, lambda *_: reload.set())
+    while not stop.wait(0.5):
+        if reload.is_set():  # new devices or certificates in the secrets
+            reload.clear()
+            try:
+                server.reload()
+            except NatsError as exc:  # the old configuration stays in force
+                err.print(f"[red]site {site}: reload failed: {exc}[/red]")
+                continue
+            err.print(f"site {site}: configuration reloaded")
 
 
 @app.command("spark-cluster")

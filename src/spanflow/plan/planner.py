@@ -312,21 +312,7 @@ def _place_global(
     # Nodes without the real-time task slots the neediest fragment takes are left out
     # (the solver counts fragments per node, not task slots).
     need = max(realtime_need(f) for f in fragments)
-    live = [n for n in view.schedulable(skip) if need <= view.free_realtime(n.name)]
-    offers = [
-        NodeOffer(
-            name=n.name,
-            site=n.spec.site,
-            free_slots=max(0, view.free_slots(n.name)),
-            slots=view.slots(n.name),
-            cores=n.spec.capabilities.cores,
-            memory_mb=n.spec.capabilities.memory_mb,
-            tags=frozenset(n.spec.capabilities.tags),
-            accelerators=frozenset(n.spec.capabilities.accelerators),
-            load=view.load(n.name),
-        )
-        for n in live
-    ]
+    offers = _offers(view, skip, need)
     demands = [
         GroupDemand(
             id=f.id,
@@ -350,9 +336,56 @@ def _place_global(
         raise PlacementError(
             f"fragment {fragments[0].id}: every live node is full (slots used: {usage})"
         )
+    solution = _solve(plan, demands, offers, topo, budget, exact_limit)
+    for fragment, demand in zip(fragments, demands, strict=True):
+        node = solution.placement[fragment.id]
+        view.take(fragment, node)
+        worst = solution.worst_latency[fragment.id]
+        alternatives = _alternatives(topo, offers, demand, node)
+        plan.decisions.append(
+            Decision(
+                fragment,
+                node,
+                _global_why(topo, fragment, node, worst, view),
+                worst,
+                alternatives,
+                slots=view.need(fragment, node),
+            )
+        )
+
+
+def _offers(view: ClusterView, skip: set[str], realtime: int) -> list[NodeOffer]:
+    """What each schedulable node with ``realtime`` free real-time slots offers."""
+    return [
+        NodeOffer(
+            name=n.name,
+            site=n.spec.site,
+            free_slots=max(0, view.free_slots(n.name)),
+            slots=view.slots(n.name),
+            cores=n.spec.capabilities.cores,
+            memory_mb=n.spec.capabilities.memory_mb,
+            tags=frozenset(n.spec.capabilities.tags),
+            accelerators=frozenset(n.spec.capabilities.accelerators),
+            load=view.load(n.name),
+        )
+        for n in view.schedulable(skip)
+        if realtime <= view.free_realtime(n.name)
+    ]
+
+
+def _solve(
+    plan: Plan,
+    demands: list[GroupDemand],
+    offers: list[NodeOffer],
+    topo: Topology,
+    budget: float | None,
+    exact_limit: int,
+) -> Solution:
+    """Exactly (HiGHS) when the problem is small enough, else greedily; the plan notes
+    which, and both costs when it solved exactly. A refusal says what the budget left."""
     try:
         if len(offers) * len(demands) <= exact_limit:
-            solution: Solution = solve_exact(demands, offers, topo.latency)
+            solution = solve_exact(demands, offers, topo.latency)
             plan.exact_cost = solution.cost
             plan.greedy_cost = solve_greedy(demands, offers, topo.latency).cost
             plan.solver = "exact (HiGHS)"
@@ -370,21 +403,7 @@ def _place_global(
                 "for the network)"
             )
         raise PlacementError(message) from None
-    for fragment, demand in zip(fragments, demands, strict=True):
-        node = solution.placement[fragment.id]
-        view.take(fragment, node)
-        worst = solution.worst_latency[fragment.id]
-        alternatives = _alternatives(topo, offers, demand, node)
-        plan.decisions.append(
-            Decision(
-                fragment,
-                node,
-                _global_why(topo, fragment, node, worst, view),
-                worst,
-                alternatives,
-                slots=view.need(fragment, node),
-            )
-        )
+    return solution
 
 
 def _worst(topo: Topology, site: str, inputs: tuple[str, ...]) -> float | None:

@@ -27,6 +27,9 @@ from spanflow.nats.cluster import ensure_kv
 from spanflow.nats.server import default_data_dir
 from spanflow.nats.streams import SyncNats, ensure_stream
 from spanflow.protocol.rest import Registered, Registration
+from spanflow.runtime.agent_settings import AgentSettings as AgentSettings
+from spanflow.runtime.agent_settings import AgentTimings as AgentTimings
+from spanflow.runtime.agent_settings import detect_capabilities as detect_capabilities
 from spanflow.runtime.assignments import AssignmentWatch
 from spanflow.runtime.control_link import AgentError as AgentError
 from spanflow.runtime.control_link import ControlLink
@@ -35,9 +38,6 @@ from spanflow.runtime.fragments import LocalFragments
 from spanflow.runtime.gossip import AgentGossip
 from spanflow.runtime.last_known import LAST_ASSIGNMENTS_BUCKET, RegistrationCache
 from spanflow.runtime.reports import Reports
-from spanflow.runtime.settings import AgentSettings as AgentSettings
-from spanflow.runtime.settings import AgentTimings as AgentTimings
-from spanflow.runtime.settings import detect_capabilities as detect_capabilities
 from spanflow.runtime.shedding.policy import Shedder
 from spanflow.runtime.spark_host import SparkHost
 from spanflow.security.secrets import secrets_from_env

@@ -13,7 +13,7 @@ import threading
 from typing import Any
 
 from spanflow.protocol.rest import Registered
-from spanflow.runtime.settings import AgentSettings
+from spanflow.runtime.agent_settings import AgentSettings
 from spanflow.spec.topology import Capabilities
 
 log = logging.getLogger(__name__)

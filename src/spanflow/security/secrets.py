@@ -457,10 +457,32 @@ class Secrets:
         - ``device`` (``device``): that device's password and the device certificate;
         - ``reader``: the reader's password and certificate.
         """
+        creds = self.credentials()
+        out = Secrets(dest)
+        self._check_export(out, role, {"agent": node, "site": site, "device": device}, hosts)
+        files, bundle = self._bundle(creds, role, node or "", site or "", device or "")
+        out.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        os.chmod(out.root, 0o700)
+        written = []
+        own = self._host_certificate(hosts) if hosts else None
+        for path in [self.ca_cert, *files]:
+            target = out.root / path.relative_to(self.root)
+            data = path.read_bytes()
+            if own is not None and path in (self.server_cert, self.server_key):
+                data = own.cert_pem if path == self.server_cert else own.key_pem
+            _write_private(target, data)
+            written.append(target)
+        _write_private(out.credentials_file, bundle.to_json())
+        written.append(out.credentials_file)
+        return written
+
+    def _check_export(
+        self, out: Secrets, role: str, named: dict[str, str | None], hosts: tuple[str, ...]
+    ) -> None:
+        """Refuse an export that cannot be made (SecurityError says why)."""
         if role not in BUNDLE_ROLES:
             raise SecurityError(f"no bundle for role {role!r}: one of {', '.join(BUNDLE_ROLES)}")
-        needed = {"agent": node, "site": site, "device": device}
-        if role in needed and not needed[role]:
+        if role in named and not named[role]:
             flag = {"agent": "--node", "site": "--site", "device": "--device"}[role]
             raise SecurityError(f"a {role} bundle is for one {flag[2:]}: give {flag}")
         creds = self.credentials()
@@ -472,29 +494,26 @@ class Secrets:
             raise SecurityError(
                 f"a {role} bundle runs no server: --host is for site or coordinator"
             )
-        out = Secrets(dest)
         if out.root.exists() and any(out.root.iterdir()):
             raise SecurityError(f"{out.root} is not empty: export into a new directory")
-        files = [self.ca_cert]
-        bundle: Credentials
+
+    def _bundle(
+        self, creds: Credentials, role: str, node: str, site: str, device: str
+    ) -> tuple[list[Path], Credentials]:
+        """The files (besides the CA certificate) and credentials a role's host needs."""
+        assert creds.agent_key is not None
         if role == "coordinator":
-            files += [self.server_cert, self.server_key, self.keyring_file]
+            files = [self.server_cert, self.server_key, self.keyring_file]
             files += [self.control_key, self.control_pub]
             files += [p for r in ROLES for p in (self.client_cert(r), self.client_key(r))]
-            files += self._device_files(creds.devices)
-            bundle = creds
-        elif role == "agent":
-            assert node is not None
-            files += [self.client_cert("agent"), self.client_key("agent"), self.keyring_file]
-            files.append(self.control_pub)
-            bundle = Credentials(
-                {"agent": creds.passwords["agent"]},
-                None,
-                node_tokens={node: node_token(creds.agent_key, node)},
-            )
-        elif role == "site":
-            assert site is not None
-            files += [self.server_cert, self.server_key]
+            return files + self._device_files(creds.devices), creds
+        if role == "agent":
+            files = [self.client_cert("agent"), self.client_key("agent"), self.keyring_file]
+            tokens = {node: node_token(creds.agent_key, node)}
+            bundle = Credentials({"agent": creds.passwords["agent"]}, None, node_tokens=tokens)
+            return [*files, self.control_pub], bundle
+        if role == "site":
+            files = [self.server_cert, self.server_key]
             files += [self.client_cert("leaf"), self.client_key("leaf")]
             files += [self.client_cert("device"), self.client_key("device")]  # HTTP ingest
             files += self._device_files(creds.devices)  # the MQTT gateway logs in as each
@@ -504,29 +523,14 @@ class Secrets:
                 creds.devices,
                 ingest_token=ingest_token(creds.agent_key, site),
             )
-        elif role == "device":
-            assert device is not None
+            return files, bundle
+        if role == "device":
             if device not in creds.devices:
                 raise SecurityError(f"no device {device!r}: add it with `spanflow secrets device`")
-            files += self._device_files({device: creds.devices[device]})
-            bundle = Credentials({}, None, {device: creds.devices[device]})
-        else:
-            files += [self.client_cert("reader"), self.client_key("reader")]
-            bundle = Credentials({"reader": creds.passwords["reader"]}, None)
-        out.root.mkdir(parents=True, exist_ok=True, mode=0o700)
-        os.chmod(out.root, 0o700)
-        written = []
-        own = self._host_certificate(hosts) if hosts else None
-        for path in files:
-            target = out.root / path.relative_to(self.root)
-            data = path.read_bytes()
-            if own is not None and path in (self.server_cert, self.server_key):
-                data = own.cert_pem if path == self.server_cert else own.key_pem
-            _write_private(target, data)
-            written.append(target)
-        _write_private(out.credentials_file, bundle.to_json())
-        written.append(out.credentials_file)
-        return written
+            one = {device: creds.devices[device]}
+            return self._device_files(one), Credentials({}, None, one)
+        files = [self.client_cert("reader"), self.client_key("reader")]
+        return files, Credentials({"reader": creds.passwords["reader"]}, None)
 
     def _host_certificate(self, hosts: tuple[str, ...]) -> pki.Issued:
         """A server certificate for these hosts alone, from the deployment's CA."""

@@ -5,6 +5,7 @@ a pickle, i.e. code, so the upload is accepted only from a caller holding the to
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Annotated, Any
 
 from fastapi import FastAPI, Query, Request
@@ -49,14 +50,17 @@ def principal(request: Request) -> str:
     return str(getattr(request.state, "principal", None) or "")
 
 
+def model_store(coordinator: Coordinator) -> ModelStore:
+    if coordinator.nc is None:
+        raise Unavailable("not_connected", "the coordinator is not connected to NATS yet")
+    return ModelStore(coordinator.nc.jetstream())
+
+
 def add_model_routes(app: FastAPI, coordinator: Coordinator, guarded: list[Any]) -> None:
     """Reads from the store; writes by the leader, each in the control log
     (:meth:`Coordinator.change_catalog`)."""
 
-    def store() -> ModelStore:
-        if coordinator.nc is None:
-            raise Unavailable("not_connected", "the coordinator is not connected to NATS yet")
-        return ModelStore(coordinator.nc.jetstream())
+    store = partial(model_store, coordinator)
 
     @app.get(API, tags=["models"], dependencies=guarded)
     async def list_models() -> list[ModelView]:

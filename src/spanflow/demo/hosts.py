@@ -19,9 +19,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from spanflow.cli.common import err
+from rich.console import Console
+
 from spanflow.errors import SpanflowError
 from spanflow.security.https import client_context
+
+err = Console(stderr=True, soft_wrap=True)
+"""Where the demo says what it does (its results go to stdout)."""
 
 SITES = ("factory-a", "factory-b")
 NODES = {"factory-a": "edge-a", "factory-b": "edge-b"}
@@ -47,7 +51,7 @@ def hub_args(address: str, data_dir: Path) -> list[str]:
 
 
 def _topology(addresses: dict[str, str]) -> str:
-    from spanflow.cli.demo import DEMO_TOPOLOGY
+    from spanflow.demo.cluster import DEMO_TOPOLOGY
 
     text = DEMO_TOPOLOGY.replace("    local: true\n", "")
     for site in SITES:
@@ -60,7 +64,6 @@ def _topology(addresses: dict[str, str]) -> str:
 
 def run_hosts_demo(duration: float | None, rate: float, devices: int, cut: str | None) -> None:
     from spanflow.local.hosts import Hosts, can_make_hosts
-    from spanflow.nats.cluster import EDGE_ONLY_SUBJECTS
     from spanflow.security.secrets import ROLE_ENV, SECRETS_ENV, Secrets
 
     why_not = can_make_hosts()
@@ -93,102 +96,79 @@ def run_hosts_demo(duration: float | None, rate: float, devices: int, cut: str |
         )
         hub_url = _wait_line(log, r"site hub: NATS (\S+)", proc).group(1)
         for site, host in factories.items():
-            deny = [*EDGE_ONLY_SUBJECTS, f"sensors.{site}.>"]
             log, proc = start(
-                host,
-                site,
-                [
-                    "site-server",
-                    "--site",
-                    site,
-                    "--hub",
-                    f"nats-leaf://{cloud.address}:7422",
-                    "--listen",
-                    f"{host.address}:4222",
-                    "--mqtt-listen",
-                    f"{host.address}:1883",
-                    "--data-dir",
-                    str(work / site),
-                    *[a for d in deny for a in ("--deny-export", d)],
-                ],
+                host, site, _site_server_args(site, host.address, cloud.address, work)
             )
             _wait_line(log, r"MQTT listener on", proc)
         topology = work / "topology.yaml"
         topology.write_text(_topology(addresses))
         coordinator = f"https://{cloud.address}:7070"  # locked beyond loopback: HTTPS
         log, proc = start(
-            cloud,
-            "coordinator",
-            [
-                "coordinator",
-                "--nats",
-                hub_url,
-                "--hub-domain",
-                "hub",
-                "--topology",
-                str(topology),
-                "--host",
-                cloud.address,
-                "--port",
-                "7070",
-                "--data-dir",
-                str(work / "coordinator"),
-            ],
+            cloud, "coordinator", _coordinator_args(hub_url, topology, cloud.address, work)
         )
         _wait_line(log, r"coordinator on", proc)
         for site, host in (("cloud", cloud), *factories.items()):
             node = NODES.get(site, "cloud-1")
-            start(
-                host,
-                node,
-                [
-                    "node",
-                    "--name",
-                    node,
-                    "--site",
-                    site,
-                    "--coordinator",
-                    coordinator,
-                    "--state-dir",
-                    str(work / node),
-                    "--gossip-bind",
-                    host.address,
-                ],
-            )
+            start(host, node, _node_args(node, site, coordinator, host.address, work))
         api = _api(coordinator, secrets.credentials().rest_token or "", client_context(secrets))
-        err.print("waiting for the three nodes (each starts Spark) …")
-        _until(
-            lambda: (
-                {n["name"] for n in api("GET", "/api/v1/nodes") if n["state"] == "alive"}
-                >= {"edge-a", "edge-b", "cloud-1"}
-            ),
-            300,
-            "nodes did not register",
-        )
-        from spanflow.demo import factory_monitoring
-
-        spec = factory_monitoring().spec().model_dump(mode="json", by_alias=True)
-        st = api("POST", "/api/v1/pipelines", {"spec": spec})
-        placed = ", ".join(f"{f['id'].rsplit('.', 1)[-1]} on {f['node']}" for f in st["fragments"])
-        err.print(f"submitted {st['name']} → {placed}")
+        _submit_when_nodes_are_up(api)
         for site, host in factories.items():
-            start(
-                host,
-                f"sensors-{site}",
-                [
-                    "simulate",
-                    "--nats",
-                    f"tls://{host.address}:4222",
-                    "--site",
-                    site,
-                    "--devices",
-                    str(devices),
-                    "--rate",
-                    str(rate),
-                ],
-                **{ROLE_ENV: "agent"},
-            )
+            simulate = [
+                "simulate",
+                *("--nats", f"tls://{host.address}:4222", "--site", site),
+                *("--devices", str(devices), "--rate", str(rate)),
+            ]
+            start(host, f"sensors-{site}", simulate, **{ROLE_ENV: "agent"})
         _watch(hub_url, secrets, duration, cut_site and (net, factories[cut_site], cut_seconds))
+
+
+def _site_server_args(site: str, address: str, cloud: str, work: Path) -> list[str]:
+    """A factory's site server: a leaf of the hub, with the MQTT gateway; its sensors'
+    subjects and spanflow's edge-only ones stay on the site."""
+    from spanflow.nats.cluster import EDGE_ONLY_SUBJECTS
+
+    deny = [*EDGE_ONLY_SUBJECTS, f"sensors.{site}.>"]
+    return [
+        "site-server",
+        *("--site", site, "--hub", f"nats-leaf://{cloud}:7422"),
+        *("--listen", f"{address}:4222", "--mqtt-listen", f"{address}:1883"),
+        *("--data-dir", str(work / site)),
+        *[a for d in deny for a in ("--deny-export", d)],
+    ]
+
+
+def _coordinator_args(hub_url: str, topology: Path, address: str, work: Path) -> list[str]:
+    return [
+        "coordinator",
+        *("--nats", hub_url, "--hub-domain", "hub", "--topology", str(topology)),
+        *("--host", address, "--port", "7070", "--data-dir", str(work / "coordinator")),
+    ]
+
+
+def _node_args(node: str, site: str, coordinator: str, address: str, work: Path) -> list[str]:
+    return [
+        "node",
+        *("--name", node, "--site", site, "--coordinator", coordinator),
+        *("--state-dir", str(work / node), "--gossip-bind", address),
+    ]
+
+
+def _submit_when_nodes_are_up(api: Any) -> None:
+    from spanflow.demo.pipelines import factory_monitoring
+
+    err.print("waiting for the three nodes (each starts Spark) …")
+    _until(
+        lambda: (
+            {n["name"] for n in api("GET", "/api/v1/nodes") if n["state"] == "alive"}
+            >= {"edge-a", "edge-b", "cloud-1"}
+        ),
+        300,
+        "nodes did not register",
+    )
+    spec = factory_monitoring().spec().model_dump(mode="json", by_alias=True)
+    st = api("POST", "/api/v1/pipelines", {"spec": spec})
+    placed = ", ".join(f"{f['id'].rsplit('.', 1)[-1]} on {f['node']}" for f in st["fragments"])
+    err.print(f"submitted {st['name']} → {placed}")
 
 
 def _parse_cut(cut: str | None) -> tuple[str | None, float]:

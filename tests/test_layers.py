@@ -89,6 +89,59 @@ def test_imports_go_down_the_layers(path: Path):
     assert not wrong, f"{path.relative_to(SRC)}:\n" + "\n".join(wrong)
 
 
+ROOMS: dict[str, set[str]] = {
+    # client libraries, and the packages that may use them
+    "typer": {"cli"},
+    "rich": {"cli", "demo"},
+    "fastapi": {"server", "doors"},
+    "starlette": {"server", "doors"},
+    "uvicorn": {"server", "doors", "cli"},
+    "confluent_kafka": {"spark", "local"},
+    "psycopg": {"spark", "local"},
+    "pymongo": {"spark", "local"},
+    "boto3": {"spark", "local"},
+    "paho": {"local"},
+    "nats": {
+        "nats",
+        "simulator",
+        "control",
+        "runtime",
+        "spark",
+        "server",
+        "doors",
+        "local",
+        "demo",
+        "testing",
+        "cli",
+        "ml",
+        "cep",
+    },
+}
+NATS_IN_ML_AND_CEP = {
+    # what still talks to NATS in ml/ and cep/ (issue 46, item 5): the stores of models
+    # and rule sets and the per-batch pins. May only shrink; none may be added.
+    "cep/rule_store.py", "ml/model_store.py", "ml/scoring.py", "ml/rebaseline.py",
+    "ml/learning.py",
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("path", _modules(), ids=lambda p: str(p.relative_to(SRC)))
+def test_client_libraries_stay_in_their_rooms(path: Path):
+    """A web framework, a CLI toolkit or a connector's client library is imported only
+    by the packages whose job it is (a pipeline step never imports typer; the REST
+    routes never import a Kafka client)."""
+    here, rel = _package_of(path), str(path.relative_to(SRC))
+    wrong = []
+    for line, module in _imports(path):
+        top = module.split(".")[0]
+        if top in ROOMS and here not in ROOMS[top]:
+            wrong.append(f"line {line}: {here} imports {module} (only {sorted(ROOMS[top])})")
+        uses_nats = top == "nats" or module.startswith("spanflow.nats")
+        if here in ("ml", "cep") and uses_nats and rel not in NATS_IN_ML_AND_CEP:
+            wrong.append(f"line {line}: {rel} imports {module} (ml and cep keep off NATS)")
+    assert not wrong, f"{rel}:\n" + "\n".join(wrong)
+
+
 def test_the_rule_catches_an_upward_import(tmp_path):
     """The check itself: an api module importing the control plane is reported."""
     bad = tmp_path / "bad.py"

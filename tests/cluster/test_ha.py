@@ -116,6 +116,7 @@ def test_a_model_promote_at_a_standby_is_redirected_to_the_leader_and_logged(
     """The model registry is written by the leader only: a standby answers a push or a
     promote with a redirect to the leader (307, nothing written by it), and each change
     the leader makes is a record of the control log, which every replica then holds."""
+    from tests.cep.test_rule_sets import RULE_FILE
     from tests.ml.test_model_registry import _onnx_model
 
     data = _onnx_model(tmp_path / "m.onnx").read_bytes()
@@ -144,6 +145,32 @@ def test_a_model_promote_at_a_standby_is_redirected_to_the_leader_and_logged(
 
     wait_for(lambda: changes(other) == [("push", 1), ("promote", 1)], timeout=10)
     assert changes(cluster.api()) == [("push", 1), ("promote", 1)]
+
+    # The CLI with --coordinator goes the same way: to a standby, redirected, logged.
+    from typer.testing import CliRunner
+
+    from spanflow.cli import app
+
+    model = tmp_path / "m.onnx"
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(RULE_FILE)
+    at = ["--coordinator", other.url]
+    for args in (
+        ["model", "push", str(model), "--name", "ha-model", "--features", "t,v", *at],
+        ["model", "promote", "ha-model", "2", *at],
+        ["model", "rollback", "ha-model", *at],
+        ["rules", "push", str(rules), "--name", "ha-rules", *at],
+    ):
+        result = CliRunner().invoke(app, args, catch_exceptions=False)
+        assert result.exit_code == 0, result.output
+    wait_for(lambda: len(changes(cluster.api())) == 5, timeout=10)
+    assert changes(cluster.api())[2:] == [("push", 2), ("promote", 2), ("rollback", 1)]
+    log = cluster.api().call("GET", "/api/v1/cluster/log?limit=1000")
+    assert [
+        (e["detail"]["name"], e["detail"]["action"])
+        for e in log
+        if e["kind"] == "catalog-changed" and e["detail"]["catalog"] == "rules"
+    ] == [("ha-rules", "push")]
 
 
 def test_killed_leader_is_replaced_and_nothing_is_lost(cluster: LocalCluster) -> None:

@@ -40,6 +40,25 @@ DataDirOption = Annotated[
         "--data-dir", help="Where NATS data and checkpoints live (default ./spanflow-data)."
     ),
 ]
+RegistryCoordinatorOption = Annotated[
+    str | None,
+    typer.Option(
+        "--coordinator",
+        envvar="SPANFLOW_COORDINATOR",
+        help="Go through the coordinators' REST API (URL, or the replicas' URLs "
+        "comma-separated): changes are made by the leader and recorded in the control "
+        "log. Without it: the registry in this node's NATS (a single node).",
+    ),
+]
+RegistryTokenOption = Annotated[
+    str | None,
+    typer.Option(
+        "--token",
+        envvar="SPANFLOW_TOKEN",
+        help="Bearer token of the REST API (with --coordinator).",
+        show_default=False,
+    ),
+]
 
 
 def _error(exc: Exception) -> None:

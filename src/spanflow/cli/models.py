@@ -5,11 +5,20 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any
+from urllib.parse import urlencode
 
 import typer
 from rich.table import Table
 
-from spanflow.cli.common import DataDirOption, NatsOption, app, console, run_with_store
+from spanflow.cli.common import (
+    DataDirOption,
+    NatsOption,
+    RegistryCoordinatorOption,
+    RegistryTokenOption,
+    app,
+    console,
+    run_with_store,
+)
 
 model_app = typer.Typer(
     no_args_is_help=True,
@@ -22,6 +31,14 @@ def _run(url: str | None, data_dir: Path | None, work: Any) -> Any:
     from spanflow.ml.model_store import with_store
 
     return run_with_store(url, data_dir, with_store, work)
+
+
+def _rest(coordinator: str, token: str | None, method: str, path: str, **given: Any) -> Any:
+    """A registry call through the coordinators' REST API: a write is made by the
+    leader and recorded in the control log."""
+    from spanflow.local.api import Api
+
+    return Api(coordinator, token).call(method, f"/api/v1/models/{path}", **given)
 
 
 @model_app.command("push")
@@ -47,6 +64,8 @@ def push(
     ] = None,
     nats: NatsOption = None,
     data_dir: DataDirOption = None,
+    coordinator: RegistryCoordinatorOption = None,
+    token: RegistryTokenOption = None,
 ) -> None:
     """Store a model file as the next version of NAME, in staging.
 
@@ -62,22 +81,32 @@ def push(
         raise InvalidModel(f"--format {kind!r}: use onnx or river")
     data = file.read_bytes()
     names = [f.strip() for f in features.split(",") if f.strip()]
-    version = _run(
-        nats,
-        data_dir,
-        lambda store: store.push(
-            name,
-            data,
-            format=kind,
-            features=names,
-            note=note,
-            accelerators=accelerator,
-            tags=tag,
-        ),
-    )
+    if coordinator:
+        query = urlencode(
+            {"format": kind, "features": ",".join(names), "note": note}
+            | ({"accelerators": ",".join(accelerator)} if accelerator else {})
+            | ({"tags": ",".join(tag)} if tag else {})
+        )
+        pushed = _rest(coordinator, token, "POST", f"{name}/versions?{query}", content=data)
+        number, size, digest = pushed["version"], pushed["size"], pushed["sha256"]
+    else:
+        version = _run(
+            nats,
+            data_dir,
+            lambda store: store.push(
+                name,
+                data,
+                format=kind,
+                features=names,
+                note=note,
+                accelerators=accelerator,
+                tags=tag,
+            ),
+        )
+        number, size, digest = version.version, version.size, version.sha256
     console.print(
-        f"pushed {name} version {version.version} ({kind}, {version.size:,} bytes, "
-        f"sha256 {version.sha256[:12]}…) — stage: staging"
+        f"pushed {name} version {number} ({kind}, {size:,} bytes, "
+        f"sha256 {digest[:12]}…) — stage: staging"
     )
 
 
@@ -125,14 +154,22 @@ def promote(
     ] = "production",
     nats: NatsOption = None,
     data_dir: DataDirOption = None,
+    coordinator: RegistryCoordinatorOption = None,
+    token: RegistryTokenOption = None,
 ) -> None:
     """Move a version to a stage; to production archives the version there before."""
     from spanflow.errors import ModelError
 
     if stage not in ("production", "staging", "archived"):
         raise ModelError(f"--stage {stage!r}: use production, staging or archived")
-    manifest = _run(nats, data_dir, lambda store: store.promote(name, version, stage))
-    console.print(f"{name} version {version} → {stage} (production: {manifest.production})")
+    if coordinator:
+        body = {"version": version, "stage": stage}
+        production = _rest(coordinator, token, "POST", f"{name}/promote", body=body)["production"]
+    else:
+        production = _run(
+            nats, data_dir, lambda store: store.promote(name, version, stage)
+        ).production
+    console.print(f"{name} version {version} → {stage} (production: {production})")
 
 
 @model_app.command("rollback")
@@ -140,10 +177,15 @@ def rollback(
     name: Annotated[str, typer.Argument(help="Model name.")],
     nats: NatsOption = None,
     data_dir: DataDirOption = None,
+    coordinator: RegistryCoordinatorOption = None,
+    token: RegistryTokenOption = None,
 ) -> None:
     """Put the previous production version of NAME back in production."""
-    manifest = _run(nats, data_dir, lambda store: store.rollback(name))
-    console.print(f"{name}: production is version {manifest.production} again")
+    if coordinator:
+        production = _rest(coordinator, token, "POST", f"{name}/rollback")["production"]
+    else:
+        production = _run(nats, data_dir, lambda store: store.rollback(name)).production
+    console.print(f"{name}: production is version {production} again")
 
 
 @model_app.command("publish")
@@ -151,12 +193,17 @@ def publish(
     name: Annotated[str, typer.Argument(help="The name learn steps publish as (publish_as).")],
     nats: NatsOption = None,
     data_dir: DataDirOption = None,
+    coordinator: RegistryCoordinatorOption = None,
+    token: RegistryTokenOption = None,
 ) -> None:
     """Ask every learn step publishing as NAME to push its learnt models now.
 
     Each key's model is pushed as a staging version at that key's next batch (an
     unchanged model is not pushed again); promote it centrally when it is good."""
-    number = _run(nats, data_dir, lambda store: store.request_publication(name))
+    if coordinator:
+        number = _rest(coordinator, token, "POST", f"{name}/publish")["request"]
+    else:
+        number = _run(nats, data_dir, lambda store: store.request_publication(name))
     console.print(
         f"publish request {number} for {name}: each key's model is pushed at its next batch"
     )

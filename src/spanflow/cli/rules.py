@@ -9,7 +9,15 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from spanflow.cli.common import DataDirOption, NatsOption, app, console, run_with_store
+from spanflow.cli.common import (
+    DataDirOption,
+    NatsOption,
+    RegistryCoordinatorOption,
+    RegistryTokenOption,
+    app,
+    console,
+    run_with_store,
+)
 
 rules_app = typer.Typer(
     no_args_is_help=True,
@@ -24,6 +32,13 @@ def _run(url: str | None, data_dir: Path | None, work: Any) -> Any:
     return run_with_store(url, data_dir, with_store, work)
 
 
+def _rest(coordinator: str, token: str | None, path: str, body: Any = None) -> Any:
+    """A change through the coordinators' REST API: made by the leader, in the log."""
+    from spanflow.local.api import Api
+
+    return Api(coordinator, token).call("POST", f"/api/v1/rules/{path}", body)
+
+
 @rules_app.command("push")
 def push(
     file: Annotated[Path, typer.Argument(help="A rule file (YAML: rules: [...]).")],
@@ -31,15 +46,21 @@ def push(
     note: Annotated[str, typer.Option(help="A note kept with the version.")] = "",
     nats: NatsOption = None,
     data_dir: DataDirOption = None,
+    coordinator: RegistryCoordinatorOption = None,
+    token: RegistryTokenOption = None,
 ) -> None:
     """Store FILE's rules as the next version of rule set NAME; it becomes current, and
     pattern steps reading NAME use it from their next micro-batch."""
     from spanflow.api.rules_loader import load_rules
 
     rules = load_rules(file)
-    version = _run(nats, data_dir, lambda store: store.push(name, rules, note=note))
-    names = ", ".join(r.name for r in version.rules)
-    console.print(f"pushed {name} version {version.version} ({names}) — current")
+    if coordinator:
+        body = {"rules": [r.model_dump(mode="json") for r in rules], "note": note}
+        number = _rest(coordinator, token, name, body)["version"]
+    else:
+        number = _run(nats, data_dir, lambda store: store.push(name, rules, note=note)).version
+    names = ", ".join(r.name for r in rules)
+    console.print(f"pushed {name} version {number} ({names}) — current")
 
 
 @rules_app.command("list")
@@ -75,7 +96,12 @@ def rollback(
     name: Annotated[str, typer.Argument(help="Rule set name.")],
     nats: NatsOption = None,
     data_dir: DataDirOption = None,
+    coordinator: RegistryCoordinatorOption = None,
+    token: RegistryTokenOption = None,
 ) -> None:
     """Make the version before the current one current again."""
-    manifest = _run(nats, data_dir, lambda store: store.rollback(name))
-    console.print(f"{name}: version {manifest.current} is current again")
+    if coordinator:
+        current = _rest(coordinator, token, f"{name}/rollback")["current"]
+    else:
+        current = _run(nats, data_dir, lambda store: store.rollback(name)).current
+    console.print(f"{name}: version {current} is current again")

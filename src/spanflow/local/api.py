@@ -67,10 +67,12 @@ class Api:
         except ApiError as exc:
             raise SpanflowError(str(exc)) from None
 
-    def call(self, method: str, path: str, body: Any = None) -> Any:
+    def call(
+        self, method: str, path: str, body: Any = None, *, content: bytes | None = None
+    ) -> Any:
         """An untyped call: the answer's JSON."""
         try:
-            r = self.client.request(method, path, body)
+            r = self.client.request(method, path, body, content=content)
         except CoordinatorUnreachable as exc:
             raise SpanflowError(f"no coordinator answered: {exc}") from None
         if r.status_code >= 400:

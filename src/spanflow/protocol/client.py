@@ -96,9 +96,12 @@ class CoordinatorClient:
             if final.startswith(u + "/"):
                 self._current = i
 
-    def request(self, method: str, path: str, body: Any = None) -> httpx.Response:
+    def request(
+        self, method: str, path: str, body: Any = None, *, content: bytes | None = None
+    ) -> httpx.Response:
         """The first answer that is not 'unavailable'; raises
-        :class:`CoordinatorUnreachable` when every coordinator failed."""
+        :class:`CoordinatorUnreachable` when every coordinator failed. ``body`` goes as
+        JSON, ``content`` (a file) as it is."""
         deadline = time.monotonic() + self.patience
         problems: dict[str, str] = {}
         while True:
@@ -109,6 +112,7 @@ class CoordinatorClient:
                         method,
                         f"{url}{path}",
                         json=body,
+                        content=content,
                         headers=self.headers,
                         timeout=self.timeout,
                         follow_redirects=True,

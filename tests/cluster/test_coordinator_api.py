@@ -196,7 +196,8 @@ def test_nodes_get_their_sites_limits_and_report_streams_near_them(
 
     from spanflow.nats.cluster import HEARTBEAT_PREFIX
     from spanflow.nats.streams import connect
-    from spanflow.spec.cluster import Heartbeat, StreamUsage
+    from spanflow.protocol.messages import Heartbeat
+    from spanflow.protocol.metrics import StreamUsage
 
     answer = register(api, "a1", "edge-a").json()
     assert answer["retention"]["max_bytes"] == 64 * 1024**2
@@ -322,7 +323,8 @@ def test_savepoint_finished_while_coordinator_was_down(
 
     from spanflow.nats.cluster import ACTIVITY_STREAM, activity_subject
     from spanflow.nats.streams import connect
-    from spanflow.spec.cluster import Activity, FragmentRuntime
+    from spanflow.protocol.messages import Activity
+    from spanflow.protocol.metrics import FragmentRuntime
 
     with TestClient(create_app(coordinator(server, tmp_path))) as first:
         register(first, "a1", "edge-a")
@@ -414,7 +416,8 @@ def _move_home(api: TestClient, server: EmbeddedNats, tmp_path: Path) -> None:
 
     from spanflow.nats.cluster import ACTIVITY_STREAM, HEARTBEAT_PREFIX, activity_subject
     from spanflow.nats.streams import connect
-    from spanflow.spec.cluster import Activity, FragmentRuntime, Heartbeat
+    from spanflow.protocol.messages import Activity, Heartbeat
+    from spanflow.protocol.metrics import FragmentRuntime
 
     register(api, "a1", "edge-a")
     register(api, "c1", "cloud")

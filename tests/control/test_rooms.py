@@ -28,15 +28,9 @@ from spanflow.control.requests import Registration, Submission
 from spanflow.control.settings import CoordinatorSettings
 from spanflow.control.state import Draft, StaleRecord, apply
 from spanflow.plan.planner import GeoPlacer
-from spanflow.spec.cluster import (
-    Activity,
-    FragmentRuntime,
-    Heartbeat,
-    NodeState,
-    PeerView,
-    PipelineState,
-    ShedRequest,
-)
+from spanflow.protocol.messages import Activity, Heartbeat, PeerView, ShedRequest
+from spanflow.protocol.metrics import FragmentRuntime
+from spanflow.spec.cluster import NodeState, PipelineState
 
 TOPOLOGY = """
 sites:

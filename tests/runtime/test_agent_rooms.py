@@ -13,6 +13,7 @@ from typing import Any
 
 from spanflow.clock import FakeClock
 from spanflow.errors import SpecError
+from spanflow.protocol.metrics import FragmentRuntime
 from spanflow.runtime.agent_settings import AgentSettings, AgentTimings
 from spanflow.runtime.control_link import ControlLink
 from spanflow.runtime.fragments import LocalFragments
@@ -20,7 +21,7 @@ from spanflow.runtime.last_known import RegistrationCache
 from spanflow.runtime.reconcile import RETRY_AFTER
 from spanflow.runtime.reports import Reports
 from spanflow.runtime.shedding.policy import Shedder
-from spanflow.spec.cluster import Assignment, FragmentRuntime
+from spanflow.spec.cluster import Assignment
 from spanflow.spec.topology import Capabilities
 from tests.runtime.test_reconcile import assigned
 

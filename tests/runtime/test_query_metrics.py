@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from spanflow.protocol.metrics import Histogram, QueryMetrics
 from spanflow.runtime import query_metrics
 from spanflow.runtime.executor import _progress_since
-from spanflow.spec.cluster import Histogram, QueryMetrics
 
 
 def batch(n: int, rows: int, took_ms: int = 400, state: bool = False) -> dict[str, Any]:

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from spanflow.api.yaml_loader import load_pipeline_text
+from spanflow.protocol.metrics import FragmentRuntime
 from spanflow.server.feed import EventFeed, Feed, feeds_of, subscription_subject
 from spanflow.server.live import History
-from spanflow.spec.cluster import FragmentRuntime
 
 PIPELINE = """\
 name: p
@@ -97,8 +97,8 @@ def test_history_keeps_recent_samples_of_reported_fragments_only() -> None:
 
 
 def test_samples_carry_latency_percentiles_of_the_records_since_the_last_one() -> None:
+    from spanflow.protocol.metrics import Histogram, QueryMetrics
     from spanflow.server.live import quantile
-    from spanflow.spec.cluster import Histogram, QueryMetrics
 
     assert quantile(0.5, [0] * 14) is None
     counts = [0] * 14

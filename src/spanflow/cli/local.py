@@ -33,7 +33,7 @@ from spanflow.cli.common import (
     nats_url,
 )
 from spanflow.errors import SpanflowError
-from spanflow.spec.cluster import StreamUsage
+from spanflow.protocol.metrics import StreamUsage
 from spanflow.spec.locations import resolve
 from spanflow.spec.pipeline import PipelineSpec
 

@@ -59,6 +59,7 @@ from spanflow.nats.cluster import (
 from spanflow.nats.streams import connect
 from spanflow.plan import Placer
 from spanflow.plan.planner import GeoPlacer
+from spanflow.protocol.messages import Activity, Heartbeat, ShedRequest
 from spanflow.protocol.rest import (
     ClusterMetrics,
     Connection,
@@ -69,14 +70,7 @@ from spanflow.protocol.rest import (
 )
 from spanflow.security.secrets import assignment_signer, control_identity_from_env
 from spanflow.spec import locations
-from spanflow.spec.cluster import (
-    Activity,
-    Assignment,
-    Heartbeat,
-    NodeRecord,
-    PipelineRecord,
-    ShedRequest,
-)
+from spanflow.spec.cluster import Assignment, NodeRecord, PipelineRecord
 from spanflow.spec.topology import Capabilities, Link, Site, Topology
 
 __all__ = ["Coordinator", "CoordinatorSettings", "Registration", "Submission"]

@@ -22,7 +22,8 @@ from spanflow.control.errors import Conflict, Invalid, NotFound
 from spanflow.control.settings import CoordinatorSettings
 from spanflow.control.state import ClusterState, Draft, Observed
 from spanflow.plan import PlacementError
-from spanflow.spec.cluster import Assignment, NodeState, PipelineState, ShedRequest
+from spanflow.protocol.messages import ShedRequest
+from spanflow.spec.cluster import Assignment, NodeState, PipelineState
 
 
 def shed(

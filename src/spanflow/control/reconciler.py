@@ -11,7 +11,8 @@ from __future__ import annotations
 from spanflow.control import pipelines, scheduler
 from spanflow.control.settings import CoordinatorSettings
 from spanflow.control.state import ClusterState, Draft, Observed
-from spanflow.spec.cluster import Activity, Assignment, NodeState, PipelineState
+from spanflow.protocol.messages import Activity
+from spanflow.spec.cluster import Assignment, NodeState, PipelineState
 
 _WATCHED = (PipelineState.PLANNED, PipelineState.RUNNING, PipelineState.FAILING)
 

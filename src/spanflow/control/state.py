@@ -15,15 +15,9 @@ from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 from spanflow.control import records as r
-from spanflow.spec.cluster import (
-    Assignment,
-    FragmentRuntime,
-    Heartbeat,
-    NodeRecord,
-    NodeState,
-    PipelineRecord,
-    PipelineState,
-)
+from spanflow.protocol.messages import Heartbeat
+from spanflow.protocol.metrics import FragmentRuntime
+from spanflow.spec.cluster import Assignment, NodeRecord, NodeState, PipelineRecord, PipelineState
 from spanflow.spec.topology import Topology
 
 

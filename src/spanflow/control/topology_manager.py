@@ -27,7 +27,8 @@ from spanflow.control import scheduler
 from spanflow.control.settings import CoordinatorSettings
 from spanflow.control.state import ClusterState, Draft, Observed
 from spanflow.plan import Placer
-from spanflow.spec.cluster import Heartbeat, NodeState, PeerView
+from spanflow.protocol.messages import Heartbeat, PeerView
+from spanflow.spec.cluster import NodeState
 
 log = logging.getLogger(__name__)
 

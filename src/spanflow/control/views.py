@@ -5,6 +5,7 @@ from __future__ import annotations
 from spanflow.control import pipelines, registry
 from spanflow.control.state import ClusterState, Observed
 from spanflow.plan.planner import hops_of
+from spanflow.protocol.messages import Heartbeat
 from spanflow.protocol.rest import (
     ClusterMetrics,
     FragmentStatus,
@@ -13,7 +14,7 @@ from spanflow.protocol.rest import (
     PipelineMetrics,
     PipelineStatus,
 )
-from spanflow.spec.cluster import Heartbeat, NodeRecord, NodeState, PipelineState
+from spanflow.spec.cluster import NodeRecord, NodeState, PipelineState
 
 
 def pipeline_status(state: ClusterState, observed: Observed, name: str) -> PipelineStatus:

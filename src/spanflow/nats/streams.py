@@ -19,9 +19,9 @@ from nats.js.errors import APIError, NotFoundError
 import nats
 from spanflow.errors import NatsError, SecurityError
 from spanflow.nats.cluster import resolve_replicas
+from spanflow.protocol.metrics import StreamUsage
 from spanflow.security.nats_config import redact_url
 from spanflow.security.secrets import NatsIdentity, identity_from_env
-from spanflow.spec.cluster import StreamUsage
 from spanflow.spec.pipeline import PipelineSpec
 from spanflow.spec.retention import DEFAULT_RETENTION, Retention
 

@@ -14,16 +14,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from spanflow.spec.cluster import (
-    FragmentRuntime,
-    NodeRecord,
-    NodeSpec,
-    NodeState,
-    PeerView,
-    PipelineState,
-    StreamUsage,
-    Transition,
-)
+from spanflow.protocol.messages import PeerView
+from spanflow.protocol.metrics import FragmentRuntime, StreamUsage
+from spanflow.spec.cluster import NodeRecord, NodeSpec, NodeState, PipelineState, Transition
 from spanflow.spec.durations import Duration
 from spanflow.spec.retention import Retention
 from spanflow.spec.topology import Capabilities, HostedStream

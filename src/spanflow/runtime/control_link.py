@@ -29,11 +29,11 @@ import httpx
 from spanflow.clock import Clock
 from spanflow.errors import SpanflowError
 from spanflow.protocol.client import CoordinatorClient, CoordinatorUnreachable
+from spanflow.protocol.messages import ShedRequest
 from spanflow.protocol.rest import Registered
 from spanflow.runtime.agent_settings import AgentSettings
 from spanflow.runtime.last_known import RegistrationCache
 from spanflow.security.https import client_context
-from spanflow.spec.cluster import ShedRequest
 
 log = logging.getLogger(__name__)
 

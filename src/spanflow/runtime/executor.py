@@ -16,13 +16,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from spanflow.nats.fences import Fence
+from spanflow.protocol.metrics import FragmentRuntime, QueryMetrics
 from spanflow.runtime import query_metrics
 from spanflow.spark import checkpoint_store
 from spanflow.spark.runner import PipelineRunner, QueryStatus, StreamingQuery
 from spanflow.spark.session import SparkSession
 from spanflow.spark.stagger import BatchSlots
 from spanflow.spec import locations
-from spanflow.spec.cluster import Assignment, FragmentRuntime, QueryMetrics
+from spanflow.spec.cluster import Assignment
 from spanflow.spec.retention import DEFAULT_RETENTION, Retention
 
 log = logging.getLogger(__name__)

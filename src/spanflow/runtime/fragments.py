@@ -15,6 +15,8 @@ from collections.abc import Callable
 
 from spanflow.clock import Clock
 from spanflow.errors import SpanflowError
+from spanflow.protocol.messages import ActivityEvent
+from spanflow.protocol.metrics import FragmentRuntime
 from spanflow.runtime.executor import FragmentExecutor
 from spanflow.runtime.load import FragmentLoad
 from spanflow.runtime.reconcile import (
@@ -26,7 +28,7 @@ from spanflow.runtime.reconcile import (
     savepoint_marker,
 )
 from spanflow.runtime.shedding.policy import Running
-from spanflow.spec.cluster import ActivityEvent, Assignment, FragmentRuntime
+from spanflow.spec.cluster import Assignment
 from spanflow.spec.topology import Capabilities
 
 log = logging.getLogger(__name__)

@@ -18,12 +18,12 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from spanflow.errors import SecurityError
+from spanflow.protocol.messages import PeerView
 from spanflow.runtime.membership.config import MembershipConfig
 from spanflow.runtime.membership.messages import State
 from spanflow.runtime.membership.protocol import Change
 from spanflow.runtime.membership.udp import GossipService
 from spanflow.security.keyring import Keyring
-from spanflow.spec.cluster import PeerView
 
 log = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from spanflow.spec.cluster import FragmentRuntime
+from spanflow.protocol.metrics import FragmentRuntime
 
 MEMORY_FLOOR = 0.7
 BACKLOG_BUDGET = 10.0

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from spanflow.spec.cluster import QueryMetrics
+from spanflow.protocol.metrics import QueryMetrics
 
 
 def _ms(took: Mapping[str, Any], *names: str) -> float:

@@ -26,20 +26,13 @@ from spanflow.nats.cluster import ACTIVITY_STREAM, HEARTBEAT_PREFIX, activity_su
 from spanflow.nats.sourcing import SourcingWatch
 from spanflow.nats.streams import SyncNats, stream_usage
 from spanflow.protocol.client import CoordinatorUnreachable
+from spanflow.protocol.messages import Activity, ActivityEvent, Heartbeat, PeerView, ShedRequest
+from spanflow.protocol.metrics import FragmentRuntime, StreamUsage
 from spanflow.runtime.control_link import ControlLink, detail
 from spanflow.runtime.fragments import LocalFragments
 from spanflow.runtime.load import LoadReport, load_score
 from spanflow.runtime.node_cpu import NodeCpu
 from spanflow.runtime.shedding.policy import PeerLoad, ShedDecision, Shedder
-from spanflow.spec.cluster import (
-    Activity,
-    ActivityEvent,
-    FragmentRuntime,
-    Heartbeat,
-    PeerView,
-    ShedRequest,
-    StreamUsage,
-)
 from spanflow.spec.retention import DEFAULT_RETENTION
 from spanflow.spec.topology import Capabilities
 

@@ -16,9 +16,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING
 
 from spanflow.control import records
+from spanflow.protocol.metrics import LATENCY_BUCKETS, FragmentRuntime
 from spanflow.protocol.rest import FragmentSample, LogEntry, Snapshot
 from spanflow.server.feed import EventFeed
-from spanflow.spec.cluster import LATENCY_BUCKETS, FragmentRuntime
 
 if TYPE_CHECKING:
     from spanflow.control.coordinator import Coordinator

@@ -24,12 +24,13 @@ from prometheus_client.core import (
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
-from spanflow.spec.cluster import FragmentRuntime, Histogram, NodeState, QueryMetrics
+from spanflow.protocol.metrics import FragmentRuntime, Histogram, QueryMetrics
+from spanflow.spec.cluster import NodeState
 
 if TYPE_CHECKING:
     from spanflow.control.coordinator import Coordinator
+    from spanflow.protocol.messages import Heartbeat
     from spanflow.server.feed import EventFeed
-    from spanflow.spec.cluster import Heartbeat
 
 FRAGMENT = ["pipeline", "fragment", "node"]
 QUERY = [*FRAGMENT, "query"]

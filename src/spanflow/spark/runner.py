@@ -29,6 +29,7 @@ from spanflow.errors import CheckpointLost
 from spanflow.nats.fences import Fence, Fenced, check, claim, fences
 from spanflow.nats.ledger import SinkLedger, lost_checkpoint
 from spanflow.nats.streams import SyncNats, ensure_source_streams, ensure_stream, stream_usage
+from spanflow.protocol.metrics import LATENCY_BUCKETS, Histogram, StreamUsage
 from spanflow.spark import checkpoint_store, connectors, realtime
 from spanflow.spark.compile.pipeline import CompiledSink, compile_pipeline
 from spanflow.spark.compile.udf import UserFunction
@@ -38,7 +39,6 @@ from spanflow.spark.jetstream import register_isolated
 from spanflow.spark.jetstream_sink import JetStreamSink, SinkTarget, publish_batch
 from spanflow.spark.stagger import BatchSlots, phase_ms
 from spanflow.spec import locations
-from spanflow.spec.cluster import LATENCY_BUCKETS, Histogram, StreamUsage
 from spanflow.spec.durations import spark_interval
 from spanflow.spec.pipeline import PipelineSpec
 from spanflow.spec.retention import DEFAULT_RETENTION, Retention

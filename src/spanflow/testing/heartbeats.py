@@ -10,7 +10,7 @@ import threading
 
 from spanflow.nats.cluster import HEARTBEAT_PREFIX
 from spanflow.nats.streams import connect
-from spanflow.spec.cluster import Heartbeat
+from spanflow.protocol.messages import Heartbeat
 
 
 class Heartbeats:

@@ -8,10 +8,10 @@ from fastapi import FastAPI, Request, Response
 
 from spanflow.control.coordinator import Coordinator
 from spanflow.control.requests import Registration
+from spanflow.protocol.messages import ShedRequest
 from spanflow.protocol.rest import NodeStatus, Registered, ShedAnswer
 from spanflow.server.errors import RequestError
 from spanflow.server.principals import node_of
-from spanflow.spec.cluster import ShedRequest
 from spanflow.spec.topology import Capabilities
 
 API = "/api/v1/nodes"

@@ -17,9 +17,9 @@ from typing import Any
 
 from spanflow.nats.fences import Fence
 from spanflow.protocol.metrics import FragmentRuntime, QueryMetrics
-from spanflow.runtime import query_metrics
 from spanflow.spark import checkpoint_store
-from spanflow.spark.runner import PipelineRunner, QueryStatus, StreamingQuery
+from spanflow.spark import progress as spark_progress
+from spanflow.spark.runner import PipelineRunner, QueryStatus
 from spanflow.spark.session import SparkSession
 from spanflow.spark.stagger import BatchSlots
 from spanflow.spec import locations
@@ -147,9 +147,9 @@ class FragmentExecutor:
                 continue
             queries[sink] = str(q.runId)
             metrics = running.metrics.setdefault(sink, QueryMetrics())
-            for progress in _progress_since(q, running.last_batch.get(sink, -1)):
+            for progress in spark_progress.batches_since(q, running.last_batch.get(sink, -1)):
                 running.rows_in += int(progress.get("numInputRows") or 0)
-                query_metrics.fold(metrics, progress)
+                spark_progress.fold(metrics, progress)
                 running.last_batch[sink] = int(progress["batchId"])
                 ends = [s.get("endOffset") for s in progress.get("sources", [])]
                 running.offsets[sink] = [_offset(e) for e in ends]
@@ -207,25 +207,3 @@ def _offset(value: Any) -> Any:
         except ValueError:
             return value
     return value
-
-
-def _progress_since(query: StreamingQuery, seen: int) -> list[dict[str, Any]]:
-    """Progress of the batches after ``seen`` that ran, oldest first.
-
-    ``lastProgress`` is one call into the JVM; ``recentProgress`` is one per kept batch
-    (up to 100): at a heartbeat a second that is CPU a small edge node needs for its
-    queries, so it is read only when batches were missed in between. An idle query
-    reports progress too (every 10 s), under the id of the batch it has not run yet:
-    such a report is no batch, and counting it would hide the batch that follows.
-    """
-    last = query.lastProgress
-    if last is None or int(last["batchId"]) <= seen:
-        return []
-    if int(last["batchId"]) == seen + 1:
-        return [dict(last)] if _ran(last) else []
-    return [dict(p) for p in query.recentProgress if int(p["batchId"]) > seen and _ran(p)]
-
-
-def _ran(progress: Any) -> bool:
-    """Whether a progress report is of a batch that ran (not an idle query's report)."""
-    return "addBatch" in (dict(progress).get("durationMs") or {})

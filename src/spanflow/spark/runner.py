@@ -11,7 +11,6 @@ pipeline.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import re
 import time
@@ -30,7 +29,7 @@ from spanflow.nats.fences import Fence, Fenced, check, claim, fences
 from spanflow.nats.ledger import SinkLedger, lost_checkpoint
 from spanflow.nats.streams import SyncNats, ensure_source_streams, ensure_stream, stream_usage
 from spanflow.protocol.metrics import LATENCY_BUCKETS, Histogram, StreamUsage
-from spanflow.spark import checkpoint_store, connectors, realtime
+from spanflow.spark import checkpoint_store, connectors, progress, realtime
 from spanflow.spark.compile.pipeline import CompiledSink, compile_pipeline
 from spanflow.spark.compile.udf import UserFunction
 from spanflow.spark.connectors import BatchWriter, SinkContext
@@ -613,13 +612,9 @@ class PipelineRunner:
                     st.batches = int(last["batchId"]) + 1
                     st.input_rows_per_s = float(last.get("inputRowsPerSecond") or 0.0)
                     st.processed_rows_per_s = float(last.get("processedRowsPerSecond") or 0.0)
-                    took = last.get("durationMs", {})
-                    # Without the wait for the query's start slot (spent in latestOffset).
-                    st.last_batch_ms = max(
-                        0, int(took.get("triggerExecution", 0)) - int(took.get("latestOffset", 0))
-                    )
+                    st.last_batch_ms = round(progress.batch_seconds(last) * 1000)
                     st.watermark = (last.get("eventTime") or {}).get("watermark")
-                    st.lag = _lag(last)
+                    st.lag = progress.lag(last)
             out.append(st)
         return out
 
@@ -655,19 +650,6 @@ class PipelineRunner:
         except Exception:
             return 0
         return sum((info.state.subjects or {}).values())
-
-
-def _lag(progress: Mapping[str, Any]) -> int:
-    lag = 0
-    for source in progress.get("sources", []):
-        latest, end = source.get("latestOffset"), source.get("endOffset")
-        try:
-            latest_seq = json.loads(latest)["seq"] if isinstance(latest, str) else latest["seq"]
-            end_seq = json.loads(end)["seq"] if isinstance(end, str) else end["seq"]
-            lag += max(0, int(latest_seq) - int(end_seq))
-        except (TypeError, KeyError, ValueError):
-            continue
-    return lag
 
 
 def _subject_pattern(subject: str) -> str:

@@ -6,8 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from spanflow.protocol.metrics import Histogram, QueryMetrics
-from spanflow.runtime import query_metrics
-from spanflow.runtime.executor import _progress_since
+from spanflow.spark import progress
 
 
 def batch(n: int, rows: int, took_ms: int = 400, state: bool = False) -> dict[str, Any]:
@@ -51,27 +50,27 @@ class Query:
 
 def test_a_batch_is_counted_once_and_idle_reports_never() -> None:
     q = Query(batch(0, 5), batch(1, 7))
-    assert [p["batchId"] for p in _progress_since(q, -1)] == [0, 1]  # missed: read them all
-    assert _progress_since(q, 1) == []  # nothing new
+    assert [p["batchId"] for p in progress.batches_since(q, -1)] == [0, 1]  # missed: read them all
+    assert progress.batches_since(q, 1) == []  # nothing new
     q.recentProgress.append(idle(2))
-    assert _progress_since(q, 1) == []  # batch 2 has not run: not seen yet
+    assert progress.batches_since(q, 1) == []  # batch 2 has not run: not seen yet
     q.recentProgress.append(batch(2, 40))
-    assert [p["numInputRows"] for p in _progress_since(q, 1)] == [40]  # then it counts
+    assert [p["numInputRows"] for p in progress.batches_since(q, 1)] == [40]  # then it counts
     q.recentProgress += [idle(3), batch(3, 1), idle(4)]
-    assert [p["batchId"] for p in _progress_since(q, 2)] == [3]
+    assert [p["batchId"] for p in progress.batches_since(q, 2)] == [3]
 
 
 def test_folding_counts_records_durations_checkpoints_and_state() -> None:
     m = QueryMetrics()
-    query_metrics.fold(m, batch(0, 5, took_ms=400, state=True))
-    query_metrics.fold(m, batch(1, 7, took_ms=2100))
+    progress.fold(m, batch(0, 5, took_ms=400, state=True))
+    progress.fold(m, batch(1, 7, took_ms=2100))
     assert (m.batches, m.records_in) == (2, 12)
     assert m.batch_seconds.count == 2 and m.batch_seconds.sum == 0.3 + 2.0
     assert m.last_batch_seconds == 2.0
     # offset log + commit log, plus the state stores' commits in the first batch
     assert m.checkpoint_seconds.sum == (0.05 + 0.05) + 0.05
     assert (m.state_rows, m.state_bytes) == (0, 0)  # the last batch had no state
-    query_metrics.fold(m, batch(2, 0, state=True))
+    progress.fold(m, batch(2, 0, state=True))
     assert (m.state_rows, m.state_bytes) == (10, 1000 + 4096)
 
 

@@ -11,7 +11,7 @@ import spanflow.spark.jetstream as jetstream
 from spanflow.spark.jetstream import JetStreamReader
 from spanflow.spark.runner import PipelineRunner
 from spanflow.spark.stagger import BatchSlots, phase_ms, van_der_corput, wait_for_slot
-from tests.helpers import publish, read_all, wait_for
+from tests.helpers import publish, read_all, supervising, wait_for
 
 
 def test_slots_spread_evenly_whatever_their_number():
@@ -86,9 +86,11 @@ def test_queries_of_a_runner_take_different_slots_and_a_sink_its_own_trigger(
     runner = PipelineRunner(spark, flow.spec(), nats_url=nats_url, checkpoint_dir=checkpoints)
     runner.start()
     try:
-        for round_ in range(3):
-            publish(nats_url, f"PACED_{uid}", f"paced{uid}.r", [{"id": round_, "v": 1.0}])
-            wait_for(lambda n=round_ + 1: len(read_all(nats_url, f"SLOW_{uid}")) >= n)
+        with supervising(runner):  # a query that fails once comes back, as on a node
+            for round_ in range(3):
+                publish(nats_url, f"PACED_{uid}", f"paced{uid}.r", [{"id": round_, "v": 1.0}])
+                wait_for(lambda n=round_ + 1: len(read_all(nats_url, f"SLOW_{uid}")) >= n)
+            wait_for(lambda: len(read_all(nats_url, f"FAST_{uid}")) >= 3, timeout=60)
         assert len(read_all(nats_url, f"FAST_{uid}")) == 3
         queries = runner.queries
         triggers = {

@@ -125,6 +125,9 @@ def test_a_model_promote_at_a_standby_is_redirected_to_the_leader_and_logged(
     push = f"{other.url}/api/v1/models/ha-model/versions?format=onnx&features=t,v"
     promote = f"{other.url}/api/v1/models/ha-model/promote"
     leader_url = cluster.coordinator_urls[cluster.leader() or ""]
+    # A standby redirects once it has read the leader's lease (at once, in a running
+    # cluster; this test may run first, right after the start).
+    wait_for(lambda: other.call("GET", "/api/v1/cluster")["leader_url"] == leader_url, timeout=15)
     for r in (
         httpx.post(push, content=data, headers=headers),
         httpx.post(promote, json={"version": 1}, headers=headers),
@@ -171,6 +174,12 @@ def test_a_model_promote_at_a_standby_is_redirected_to_the_leader_and_logged(
         for e in log
         if e["kind"] == "catalog-changed" and e["detail"]["catalog"] == "rules"
     ] == [("ha-rules", "push")]
+    # Reads through REST too: what the CLI lists is what the leader wrote.
+    listed = CliRunner().invoke(app, ["model", "list", *at], catch_exceptions=False)
+    assert listed.exit_code == 0 and "ha-model" in listed.output, listed.output
+    assert listed.output.count("production") == 1 and listed.output.count("archived") == 1
+    one = CliRunner().invoke(app, ["rules", "list", "ha-rules", *at], catch_exceptions=False)
+    assert one.exit_code == 0 and "ha-rules" in one.output and "yes" in one.output, one.output
 
 
 def test_killed_leader_is_replaced_and_nothing_is_lost(cluster: LocalCluster) -> None:
@@ -313,13 +322,14 @@ def test_every_stream_and_bucket_has_three_copies(cluster: LocalCluster) -> None
     coordinators made, and everything agents, runners and the registries make on
     first use with their defaults (fences, last assignments, models, rule sets, pins,
     data and dead-letter streams)."""
-    from spanflow.cep import rule_store
-    from spanflow.ml import scoring
+    from spanflow.cep.rule_store import RuleStore
     from spanflow.ml.model_store import ModelStore
     from spanflow.nats.cluster import ensure_kv
     from spanflow.nats.fences import fences
     from spanflow.nats.streams import SyncNats, ensure_stream
+    from spanflow.protocol.names import MODEL_PINS_BUCKET, RULE_PINS_BUCKET
     from spanflow.runtime.last_known import LAST_ASSIGNMENTS_BUCKET
+    from spanflow.store.pins import Pins
 
     client = SyncNats(cluster.nats_url)
     try:
@@ -328,13 +338,13 @@ def test_every_stream_and_bucket_has_three_copies(cluster: LocalCluster) -> None
             js = client.js
             await fences(js)
             await ensure_kv(js, LAST_ASSIGNMENTS_BUCKET)
-            models = ModelStore(js)
-            await models._kv()
-            await models._files()
-            await models._requests()
-            await rule_store.RuleStore(js)._kv()
-            await rule_store._pins(js)
-            await scoring._pins(js)
+            models = ModelStore(js)  # each store makes its buckets on first use
+            await models.names()
+            await models.files.get("none")
+            await models.publication_request("none")
+            await RuleStore(js).names()
+            for pins in (RULE_PINS_BUCKET, MODEL_PINS_BUCKET):
+                await Pins(js, pins).get("none")
             await ensure_stream(js, "HA_DATA", ["hadata.>"])
             return {
                 s.config.name or "": s.config.num_replicas or 1 for s in await js.streams_info()

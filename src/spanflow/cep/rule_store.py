@@ -12,73 +12,61 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
-
-import orjson
-from nats.js.client import JetStreamContext
-from nats.js.errors import (
-    KeyNotFoundError,
-    KeyWrongLastSequenceError,
-    NoKeysError,
-)
+from typing import TypeVar
 
 from spanflow.cep import rules
 from spanflow.cep.rules import RuleSetError, RuleSetManifest, RuleSetNotFound, RuleSetVersion
-from spanflow.nats.cluster import ensure_kv
-from spanflow.nats.manifests import change_manifest, read_manifest
-from spanflow.nats.streams import connect, token
-from spanflow.nats.sync import run_sync
 from spanflow.protocol.names import RULE_MANIFESTS_BUCKET as MANIFESTS
 from spanflow.protocol.names import RULE_PINS_BUCKET as PINS
+from spanflow.protocol.names import token
 from spanflow.spec.patterns import RuleSpec
+from spanflow.store.documents import Documents
+from spanflow.store.pins import Pins
+from spanflow.store.session import JetStream, run_with_jetstream, with_jetstream
 
-PIN_TTL = 7 * 86400.0
-START = "start"
+T = TypeVar("T")
 
 
 @dataclass
 class RuleStore:
-    js: JetStreamContext
+    js: JetStream
 
-    async def _kv(self):  # type: ignore[no-untyped-def]
-        return await ensure_kv(self.js, MANIFESTS, history=16)
-
-    async def manifest(self, name: str) -> tuple[RuleSetManifest, int]:
-        rules.check_name(name)
-        found = await read_manifest(await self._kv(), name, RuleSetManifest)
-        if found is None:
-            raise RuleSetNotFound(f"no rule set {name!r}: push one (spanflow rules push)")
-        return found
-
-    async def names(self) -> list[str]:
-        kv = await self._kv()
-        try:
-            return sorted(await kv.keys())
-        except NoKeysError:
-            return []
-
-    async def _change(
-        self, name: str, decide: Callable[[RuleSetManifest | None], RuleSetManifest]
-    ) -> RuleSetManifest:
-        return await change_manifest(
-            await self._kv(),
-            name,
+    def __post_init__(self) -> None:
+        self.manifests = Documents(
+            self.js,
+            MANIFESTS,
             RuleSetManifest,
-            decide,
-            lambda: RuleSetError(f"rule set {name!r} kept changing under this request; try again"),
+            missing=lambda name: RuleSetNotFound(
+                f"no rule set {name!r}: push one (spanflow rules push)"
+            ),
+            conflict=lambda name: RuleSetError(
+                f"rule set {name!r} kept changing under this request; try again"
+            ),
+            check=rules.check_name,
         )
 
+    async def manifest(self, name: str) -> tuple[RuleSetManifest, int]:
+        """A rule set's manifest and its revision (RuleSetNotFound when unknown)."""
+        return await self.manifests.get(name)
+
+    async def names(self) -> list[str]:
+        return await self.manifests.names()
+
+    async def every(self, name: str | None = None) -> list[RuleSetManifest]:
+        """Every rule set's manifest (``name``'s only, when given)."""
+        return await self.manifests.every(name)
+
     async def push(self, name: str, new: Sequence[RuleSpec], note: str = "") -> RuleSetVersion:
-        manifest = await self._change(
+        manifest = await self.manifests.change(
             name, lambda m: rules.push(m, name, new, now=time.time(), note=note)
         )
         assert manifest.current is not None
         return manifest.version(manifest.current)
 
     async def rollback(self, name: str) -> RuleSetManifest:
-        return await self._change(name, lambda m: rules.rollback(_known(m, name)))
+        return await self.manifests.change(name, lambda m: rules.rollback(_known(m, name)))
 
     async def current(self, name: str) -> RuleSetVersion:
         manifest, _ = await self.manifest(name)
@@ -88,30 +76,19 @@ class RuleStore:
 
     async def pinned(self, name: str, pin_key: str) -> RuleSetVersion:
         """The version batch ``pin_key`` uses: pinned by the first task that asks."""
-        pins = await _pins(self.js)
-        try:
-            entry = await pins.get(pin_key)
-            number = orjson.loads(entry.value or b"{}")["version"]
-        except (KeyNotFoundError, KeyError):
-            chosen = await self.current(name)
-            try:
-                await pins.create(pin_key, orjson.dumps({"version": chosen.version}))
-                return chosen
-            except KeyWrongLastSequenceError:
-                entry = await pins.get(pin_key)
-                number = orjson.loads(entry.value or b"{}")["version"]
+
+        async def current() -> dict[str, int]:
+            return {"version": (await self.current(name)).version}
+
+        pin = await Pins(self.js, PINS).pinned(pin_key, current)
         manifest, _ = await self.manifest(name)
-        return manifest.version(number)
+        return manifest.version(pin["version"])
 
 
 def _known(manifest: RuleSetManifest | None, name: str) -> RuleSetManifest:
     if manifest is None:
         raise RuleSetNotFound(f"no rule set {name!r}: push one (spanflow rules push)")
     return manifest
-
-
-async def _pins(js: JetStreamContext) -> Any:
-    return await ensure_kv(js, PINS, ttl=PIN_TTL)
 
 
 def pin_key(pipeline: str, step: str, batch: str) -> str:
@@ -134,15 +111,11 @@ def version_for_batch(
     if cached is not None:
         return cached
 
-    async def go() -> RuleSetVersion:
-        nc = await connect(url)
-        try:
-            store = RuleStore(nc.jetstream())
-            return await (store.pinned(name, key) if key is not None else store.current(name))
-        finally:
-            await nc.close()
+    async def choose(js: JetStream) -> RuleSetVersion:
+        store = RuleStore(js)
+        return await (store.pinned(name, key) if key is not None else store.current(name))
 
-    chosen = run_sync(go())
+    chosen = run_with_jetstream(url, choose)
     with _lock:
         if len(_versions) > 1000:
             _versions.clear()
@@ -150,9 +123,6 @@ def version_for_batch(
     return chosen
 
 
-async def with_store(url: str, work: Callable[[RuleStore], Any]) -> Any:
-    nc = await connect(url)
-    try:
-        return await work(RuleStore(nc.jetstream()))
-    finally:
-        await nc.close()
+async def with_store(url: str, work: Callable[[RuleStore], Awaitable[T]]) -> T:
+    """Run ``work`` with a store over a fresh connection to ``url``."""
+    return await with_jetstream(url, lambda js: work(RuleStore(js)))

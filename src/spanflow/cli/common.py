@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import importlib
 import logging
@@ -10,7 +9,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -217,15 +216,3 @@ def fail(exc: Exception, code: int = 2) -> typer.Exit:
     """Print an error and return the Exit to raise."""
     _error(exc)
     return typer.Exit(code)
-
-
-def run_with_store(
-    url: str | None,
-    data_dir: Path | None,
-    with_store: Callable[[str, Any], Coroutine[Any, Any, Any]],
-    work: Any,
-) -> Any:
-    """Run ``work(store)`` on a registry store (models, rule sets) over the node's NATS
-    (started for the call when there is none)."""
-    with nats_url(url, _data_dir(data_dir)) as resolved:
-        return asyncio.run(with_store(resolved, work))

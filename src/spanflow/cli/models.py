@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import urlencode
@@ -10,6 +9,7 @@ from urllib.parse import urlencode
 import typer
 from rich.table import Table
 
+from spanflow.cli.catalog import Catalog, pushed_at
 from spanflow.cli.common import (
     DataDirOption,
     NatsOption,
@@ -17,7 +17,6 @@ from spanflow.cli.common import (
     RegistryTokenOption,
     app,
     console,
-    run_with_store,
 )
 
 model_app = typer.Typer(
@@ -27,18 +26,13 @@ model_app = typer.Typer(
 app.add_typer(model_app, name="model")
 
 
-def _run(url: str | None, data_dir: Path | None, work: Any) -> Any:
-    from spanflow.ml.model_store import with_store
+def _manifest(view: dict[str, Any]) -> Any:
+    from spanflow.ml.registry import ModelManifest
 
-    return run_with_store(url, data_dir, with_store, work)
+    return ModelManifest.model_validate({k: v for k, v in view.items() if k != "production"})
 
 
-def _rest(coordinator: str, token: str | None, method: str, path: str, **given: Any) -> Any:
-    """A registry call through the coordinators' REST API: a write is made by the
-    leader and recorded in the control log."""
-    from spanflow.local.api import Api
-
-    return Api(coordinator, token).call(method, f"/api/v1/models/{path}", **given)
+MODELS = Catalog("models", "spanflow.ml.model_store", _manifest)
 
 
 @model_app.command("push")
@@ -87,10 +81,10 @@ def push(
             | ({"accelerators": ",".join(accelerator)} if accelerator else {})
             | ({"tags": ",".join(tag)} if tag else {})
         )
-        pushed = _rest(coordinator, token, "POST", f"{name}/versions?{query}", content=data)
+        pushed = MODELS.rest(coordinator, token, "POST", f"{name}/versions?{query}", content=data)
         number, size, digest = pushed["version"], pushed["size"], pushed["sha256"]
     else:
-        version = _run(
+        version = MODELS.run(
             nats,
             data_dir,
             lambda store: store.push(
@@ -115,14 +109,11 @@ def list_models(
     name: Annotated[str | None, typer.Argument(help="One model's versions.")] = None,
     nats: NatsOption = None,
     data_dir: DataDirOption = None,
+    coordinator: RegistryCoordinatorOption = None,
+    token: RegistryTokenOption = None,
 ) -> None:
     """Models and their versions, stages and digests."""
-
-    async def work(store: Any) -> list[Any]:
-        names = [name] if name else await store.names()
-        return [(await store.manifest(n))[0] for n in names]
-
-    manifests = _run(nats, data_dir, work)
+    manifests = MODELS.manifests(name, nats, data_dir, coordinator, token)
     if not manifests:
         console.print("no models in the registry")
         return
@@ -131,7 +122,6 @@ def list_models(
         table.add_column(column, no_wrap=column in ("model", "version", "stage", "format"))
     for manifest in manifests:
         for v in manifest.versions:
-            pushed = datetime.fromtimestamp(v.created, UTC).strftime("%Y-%m-%d %H:%M:%S")
             table.add_row(
                 manifest.name,
                 str(v.version),
@@ -139,7 +129,7 @@ def list_models(
                 v.format,
                 ", ".join(v.inputs),
                 v.sha256[:12],
-                pushed,
+                pushed_at(v.created),
                 v.note,
             )
     console.print(table)
@@ -164,9 +154,11 @@ def promote(
         raise ModelError(f"--stage {stage!r}: use production, staging or archived")
     if coordinator:
         body = {"version": version, "stage": stage}
-        production = _rest(coordinator, token, "POST", f"{name}/promote", body=body)["production"]
+        production = MODELS.rest(coordinator, token, "POST", f"{name}/promote", body=body)[
+            "production"
+        ]
     else:
-        production = _run(
+        production = MODELS.run(
             nats, data_dir, lambda store: store.promote(name, version, stage)
         ).production
     console.print(f"{name} version {version} → {stage} (production: {production})")
@@ -182,9 +174,9 @@ def rollback(
 ) -> None:
     """Put the previous production version of NAME back in production."""
     if coordinator:
-        production = _rest(coordinator, token, "POST", f"{name}/rollback")["production"]
+        production = MODELS.rest(coordinator, token, "POST", f"{name}/rollback")["production"]
     else:
-        production = _run(nats, data_dir, lambda store: store.rollback(name)).production
+        production = MODELS.run(nats, data_dir, lambda store: store.rollback(name)).production
     console.print(f"{name}: production is version {production} again")
 
 
@@ -201,9 +193,9 @@ def publish(
     Each key's model is pushed as a staging version at that key's next batch (an
     unchanged model is not pushed again); promote it centrally when it is good."""
     if coordinator:
-        number = _rest(coordinator, token, "POST", f"{name}/publish")["request"]
+        number = MODELS.rest(coordinator, token, "POST", f"{name}/publish")["request"]
     else:
-        number = _run(nats, data_dir, lambda store: store.request_publication(name))
+        number = MODELS.run(nats, data_dir, lambda store: store.request_publication(name))
     console.print(
         f"publish request {number} for {name}: each key's model is pushed at its next batch"
     )

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich.table import Table
 
+from spanflow.cli.catalog import Catalog, pushed_at
 from spanflow.cli.common import (
     DataDirOption,
     NatsOption,
@@ -16,7 +16,6 @@ from spanflow.cli.common import (
     RegistryTokenOption,
     app,
     console,
-    run_with_store,
 )
 
 rules_app = typer.Typer(
@@ -26,17 +25,13 @@ rules_app = typer.Typer(
 app.add_typer(rules_app, name="rules")
 
 
-def _run(url: str | None, data_dir: Path | None, work: Any) -> Any:
-    from spanflow.cep.rule_store import with_store
+def _manifest(found: dict[str, Any]) -> Any:
+    from spanflow.cep.rules import RuleSetManifest
 
-    return run_with_store(url, data_dir, with_store, work)
+    return RuleSetManifest.model_validate(found)
 
 
-def _rest(coordinator: str, token: str | None, path: str, body: Any = None) -> Any:
-    """A change through the coordinators' REST API: made by the leader, in the log."""
-    from spanflow.local.api import Api
-
-    return Api(coordinator, token).call("POST", f"/api/v1/rules/{path}", body)
+RULES = Catalog("rules", "spanflow.cep.rule_store", _manifest)
 
 
 @rules_app.command("push")
@@ -56,9 +51,9 @@ def push(
     rules = load_rules(file)
     if coordinator:
         body = {"rules": [r.model_dump(mode="json") for r in rules], "note": note}
-        number = _rest(coordinator, token, name, body)["version"]
+        number = RULES.rest(coordinator, token, "POST", name, body=body)["version"]
     else:
-        number = _run(nats, data_dir, lambda store: store.push(name, rules, note=note)).version
+        number = RULES.run(nats, data_dir, lambda store: store.push(name, rules, note=note)).version
     names = ", ".join(r.name for r in rules)
     console.print(f"pushed {name} version {number} ({names}) — current")
 
@@ -68,14 +63,11 @@ def list_rule_sets(
     name: Annotated[str | None, typer.Argument(help="One rule set's versions.")] = None,
     nats: NatsOption = None,
     data_dir: DataDirOption = None,
+    coordinator: RegistryCoordinatorOption = None,
+    token: RegistryTokenOption = None,
 ) -> None:
     """Rule sets, their versions and rules."""
-
-    async def work(store: Any) -> list[Any]:
-        names = [name] if name else await store.names()
-        return [(await store.manifest(n))[0] for n in names]
-
-    manifests = _run(nats, data_dir, work)
+    manifests = RULES.manifests(name, nats, data_dir, coordinator, token)
     if not manifests:
         console.print("no rule sets")
         return
@@ -84,10 +76,11 @@ def list_rule_sets(
         table.add_column(column, no_wrap=column != "rules")
     for manifest in manifests:
         for v in manifest.versions:
-            pushed = datetime.fromtimestamp(v.created, UTC).strftime("%Y-%m-%d %H:%M:%S")
             current = "yes" if v.version == manifest.current else ""
             rules = ", ".join(r.name for r in v.rules)
-            table.add_row(manifest.name, str(v.version), current, rules, pushed, v.note)
+            table.add_row(
+                manifest.name, str(v.version), current, rules, pushed_at(v.created), v.note
+            )
     console.print(table)
 
 
@@ -101,7 +94,7 @@ def rollback(
 ) -> None:
     """Make the version before the current one current again."""
     if coordinator:
-        current = _rest(coordinator, token, f"{name}/rollback")["current"]
+        current = RULES.rest(coordinator, token, "POST", f"{name}/rollback")["current"]
     else:
-        current = _run(nats, data_dir, lambda store: store.rollback(name)).current
+        current = RULES.run(nats, data_dir, lambda store: store.rollback(name)).current
     console.print(f"{name}: version {current} is current again")

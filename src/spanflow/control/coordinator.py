@@ -24,6 +24,7 @@ from typing import Any, Literal, TypeVar
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.errors import Error as NatsError
+from nats.js.client import JetStreamContext
 from nats.js.errors import BadRequestError, KeyNotFoundError, NotFoundError
 from nats.js.kv import KeyValue
 from pydantic import ValidationError
@@ -378,6 +379,13 @@ class Coordinator:
             self._step_down(str(exc))
             raise
         self.observed.prune(self.state)
+
+    def jetstream(self) -> JetStreamContext:
+        """The JetStream context of the coordinator's connection, for the stores of
+        models and rule sets (Unavailable, a 503, before it is connected)."""
+        if self.nc is None:
+            raise Unavailable("not_connected", "the coordinator is not connected to NATS yet")
+        return self.nc.jetstream()
 
     async def change_catalog(
         self, write: Callable[[], Awaitable[T]], change: Callable[[T], dict[str, Any]]

@@ -22,7 +22,8 @@ from spanflow.api.processor import Context, KeyedProcessor, Record, StateDeclara
 from spanflow.errors import ModelNotFound
 from spanflow.ml import snapshot
 from spanflow.ml.river_classes import river_class
-from spanflow.nats.streams import token
+from spanflow.protocol.names import token
+from spanflow.store.session import run_sync
 
 log = logging.getLogger("spanflow.ml.learning")
 PREDICTION, PROBABILITY, LEARNED = "prediction", "probability", "learned"
@@ -132,7 +133,6 @@ def publication_request(settings: Publishing) -> int:
     """The latest "publish now" request for ``settings.name`` (0: none), read at most
     once a second per Python worker (every key of every batch asks)."""
     from spanflow.ml.model_store import ModelStore, with_store
-    from spanflow.ml.scoring import run_sync
 
     cache_key = (settings.url, settings.name)
     now = time.monotonic()
@@ -143,8 +143,7 @@ def publication_request(settings: Publishing) -> int:
     async def work(store: ModelStore) -> int:
         return await store.publication_request(settings.name)
 
-    number = run_sync(with_store(settings.url, work))
-    request = number if isinstance(number, int) else 0
+    request = run_sync(with_store(settings.url, work))
     _REQUESTS[cache_key] = (now, request)
     return request
 
@@ -157,7 +156,6 @@ def publish_model(
     version number, or None when nothing was pushed."""
     from spanflow.ml.artifacts import sha256_of
     from spanflow.ml.model_store import ModelStore, with_store
-    from spanflow.ml.scoring import run_sync
 
     name = settings.name
     if settings.per_key:
@@ -176,8 +174,7 @@ def publish_model(
         version = await store.push(name, data, format="river", features=features, note=note)
         return version.version
 
-    result = run_sync(with_store(settings.url, work))
-    return result if isinstance(result, int) else None
+    return run_sync(with_store(settings.url, work))
 
 
 class OnlineLearning(KeyedProcessor):

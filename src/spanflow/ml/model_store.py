@@ -13,83 +13,63 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-
-from nats.js.client import JetStreamContext
-from nats.js.errors import (
-    KeyNotFoundError,
-    NoKeysError,
-)
-from nats.js.errors import NotFoundError as ObjectNotFoundError
+from typing import TypeVar
 
 from spanflow.errors import ModelError, ModelNotFound
 from spanflow.ml import registry
 from spanflow.ml.artifacts import LoadedModel, describe, load, sha256_of
 from spanflow.ml.registry import Format, ModelManifest, ModelVersion, Stage
-from spanflow.nats.cluster import ensure_kv, ensure_object_store
-from spanflow.nats.manifests import change_manifest, read_manifest
 from spanflow.protocol.names import MODEL_FILES_BUCKET as FILES
 from spanflow.protocol.names import MODEL_MANIFESTS_BUCKET as MANIFESTS
 from spanflow.protocol.names import PUBLISH_REQUESTS_BUCKET as PUBLISH_REQUESTS
+from spanflow.store.documents import Documents
+from spanflow.store.files import Files
+from spanflow.store.session import JetStream, with_jetstream
+from spanflow.store.signals import Signals
 
 MAX_FILE = 256 * 1024 * 1024
+T = TypeVar("T")
 
 
 @dataclass
 class ModelStore:
     """The registry over one JetStream context."""
 
-    js: JetStreamContext
+    js: JetStream
 
-    async def _kv(self):  # type: ignore[no-untyped-def]
-        return await ensure_kv(self.js, MANIFESTS, history=16)
+    def __post_init__(self) -> None:
+        self.manifests = Documents(
+            self.js,
+            MANIFESTS,
+            ModelManifest,
+            missing=lambda name: ModelNotFound(f"no model {name!r} in the registry"),
+            conflict=lambda name: ModelError(
+                f"model {name!r} kept changing under this request; try again"
+            ),
+            check=registry.check_name,
+        )
+        self.files = Files(self.js, FILES)
+        self.requests = Signals(self.js, PUBLISH_REQUESTS)
 
-    async def _files(self):  # type: ignore[no-untyped-def]
-        return await ensure_object_store(self.js, FILES)
+    async def manifest(self, name: str) -> tuple[ModelManifest, int]:
+        """A model's manifest and its revision (ModelNotFound when unknown)."""
+        return await self.manifests.get(name)
 
-    async def _requests(self):  # type: ignore[no-untyped-def]
-        return await ensure_kv(self.js, PUBLISH_REQUESTS)
+    async def names(self) -> list[str]:
+        return await self.manifests.names()
+
+    async def every(self, name: str | None = None) -> list[ModelManifest]:
+        """Every model's manifest (``name``'s only, when given)."""
+        return await self.manifests.every(name)
 
     async def request_publication(self, name: str) -> int:
         """Ask every learn step that publishes as ``name`` to publish its models at
-        its next batch. The request's number (a KV revision, increasing)."""
-        registry.check_name(name)
-        kv = await self._requests()
-        return int(await kv.put(name, str(time.time()).encode()))
+        its next batch. The request's number (increasing)."""
+        return await self.requests.raise_signal(registry.check_name(name))
 
     async def publication_request(self, name: str) -> int:
         """The number of the latest publish request for ``name`` (0: none)."""
-        kv = await self._requests()
-        try:
-            entry = await kv.get(name)
-        except KeyNotFoundError:
-            return 0
-        return entry.revision or 0
-
-    async def manifest(self, name: str) -> tuple[ModelManifest, int]:
-        """A model's manifest and its KV revision (ModelNotFound when unknown)."""
-        registry.check_name(name)
-        found = await read_manifest(await self._kv(), name, ModelManifest)
-        if found is None:
-            raise ModelNotFound(f"no model {name!r} in the registry")
-        return found
-
-    async def names(self) -> list[str]:
-        kv = await self._kv()
-        try:
-            return sorted(await kv.keys())
-        except NoKeysError:
-            return []
-
-    async def _change(
-        self, name: str, change: Callable[[ModelManifest | None], ModelManifest]
-    ) -> ModelManifest:
-        return await change_manifest(
-            await self._kv(),
-            name,
-            ModelManifest,
-            change,
-            lambda: ModelError(f"model {name!r} kept changing under this request; try again"),
-        )
+        return await self.requests.latest(name)
 
     async def push(
         self,
@@ -109,10 +89,9 @@ class ModelStore:
             raise ModelError(f"model file is {len(data):,} bytes; at most {MAX_FILE:,}")
         inputs = describe(data, format, features)
         digest = sha256_of(data)
-        files = await self._files()
         # The file goes in under its digest first; the manifest names it by version.
-        await files.put(f"{name}/sha256-{digest}", data)
-        manifest = await self._change(
+        await self.files.put(f"{name}/sha256-{digest}", data)
+        manifest = await self.manifests.change(
             name,
             lambda current: registry.add_version(
                 current,
@@ -130,20 +109,18 @@ class ModelStore:
         return manifest.versions[-1]
 
     async def promote(self, name: str, version: int, stage: Stage = "production") -> ModelManifest:
-        return await self._change(name, lambda m: registry.promote(_known(m, name), version, stage))
+        return await self.manifests.change(
+            name, lambda m: registry.promote(_known(m, name), version, stage)
+        )
 
     async def rollback(self, name: str) -> ModelManifest:
-        return await self._change(name, lambda m: registry.rollback(_known(m, name)))
+        return await self.manifests.change(name, lambda m: registry.rollback(_known(m, name)))
 
     async def file(self, name: str, version: ModelVersion) -> bytes:
-        files = await self._files()
-        try:
-            result = await files.get(f"{name}/sha256-{version.sha256}")
-        except ObjectNotFoundError:
-            raise ModelNotFound(
-                f"the file of {name} version {version.version} is missing"
-            ) from None
-        return bytes(result.data or b"")
+        data = await self.files.get(f"{name}/sha256-{version.sha256}")
+        if data is None:
+            raise ModelNotFound(f"the file of {name} version {version.version} is missing")
+        return data
 
     async def load(self, name: str, version: ModelVersion) -> LoadedModel:
         """The version's file, verified against its sha256, loaded."""
@@ -156,12 +133,6 @@ def _known(manifest: ModelManifest | None, name: str) -> ModelManifest:
     return manifest
 
 
-async def with_store(url: str, work: Callable[[ModelStore], Awaitable[object]]) -> object:
+async def with_store(url: str, work: Callable[[ModelStore], Awaitable[T]]) -> T:
     """Run ``work`` with a store over a fresh connection to ``url``."""
-    from spanflow.nats.streams import connect
-
-    nc = await connect(url)
-    try:
-        return await work(ModelStore(nc.jetstream()))
-    finally:
-        await nc.close()
+    return await with_jetstream(url, lambda js: work(ModelStore(js)))

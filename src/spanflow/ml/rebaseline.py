@@ -25,16 +25,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
-from nats.js.errors import BucketNotFoundError, KeyWrongLastSequenceError
-
-from spanflow.nats.cluster import ensure_kv, get_json
-from spanflow.nats.streams import token
-from spanflow.nats.sync import run_sync
-from spanflow.protocol.names import MODEL_PINS_BUCKET, PIPELINES_BUCKET
+from spanflow.protocol.names import MODEL_PINS_BUCKET, PIPELINES_BUCKET, token
+from spanflow.store.documents import read_json
+from spanflow.store.pins import Pins
+from spanflow.store.session import JetStream, run_with_jetstream
 
 EVERY_KEY = "*"
-PIN_TTL = 7 * 86400.0
 
 
 def key_text(key: Any) -> str:
@@ -67,38 +63,18 @@ class Rebaselining:
     def for_batch(self, batch: str | None) -> dict[str, int]:
         """The generations that hold for micro-batch ``batch`` (pinned on first ask;
         with no batch, as outside Spark, the current ones)."""
-        return run_sync(self._for_batch(batch))
+        return run_with_jetstream(self.url, lambda js: self._for_batch(js, batch))
 
-    async def _for_batch(self, batch: str | None) -> dict[str, int]:
-        from spanflow.nats.streams import connect
+    async def _for_batch(self, js: JetStream, batch: str | None) -> dict[str, int]:
+        if batch is None:
+            return await self._current(js)
+        pins = Pins(js, MODEL_PINS_BUCKET)
+        return dict(await pins.pinned(self.pin_key(batch), lambda: self._current(js)))
 
-        nc = await connect(self.url)
-        try:
-            js = nc.jetstream()
-            if batch is None:
-                return await self._current(js)
-            pins = await ensure_kv(js, MODEL_PINS_BUCKET, ttl=PIN_TTL)
-            key = self.pin_key(batch)
-            pinned = await get_json(pins, key)
-            if pinned is not None:
-                return dict(pinned)
-            current = await self._current(js)
-            try:
-                await pins.create(key, orjson.dumps(current))
-            except KeyWrongLastSequenceError:
-                return dict(await get_json(pins, key) or current)  # another task pinned first
-            return current
-        finally:
-            await nc.close()
-
-    async def _current(self, js: Any) -> dict[str, int]:
+    async def _current(self, js: JetStream) -> dict[str, int]:
         """The step's generations in the pipeline's projected record ({} when the
         pipeline is not in the control plane's projection, as in a local run)."""
-        try:
-            kv = await js.key_value(PIPELINES_BUCKET)
-        except BucketNotFoundError:  # no control plane: nothing was ever rebaselined
-            return {}
-        record = await get_json(kv, self.pipeline)
+        record = await read_json(js, PIPELINES_BUCKET, self.pipeline)
         if not isinstance(record, dict):
             return {}
         steps = record.get("rebaselines") or {}

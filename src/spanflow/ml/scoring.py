@@ -25,23 +25,18 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-import orjson
-from nats.js.client import JetStreamContext
-from nats.js.errors import KeyWrongLastSequenceError
-
 from spanflow.errors import InvalidModel, ModelError
 from spanflow.ml.artifacts import LoadedModel
 from spanflow.ml.model_store import ModelStore
 from spanflow.ml.registry import ModelVersion
-from spanflow.nats.cluster import ensure_kv, get_json
-from spanflow.nats.streams import token
-from spanflow.nats.sync import run_sync
 from spanflow.protocol.names import MODEL_PINS_BUCKET as PINS
+from spanflow.protocol.names import token
+from spanflow.store.pins import Pins
+from spanflow.store.session import JetStream, run_with_jetstream
 
 START = "start"
 """Batch names beginning with this are the check made when a pipeline starts: a
 problem there is raised, not worked around."""
-PIN_TTL = 7 * 86400.0
 log = logging.getLogger("spanflow.ml.scoring")
 T = TypeVar("T")
 
@@ -77,10 +72,6 @@ class Pinning:
         return f"{token(self.pipeline)}.{token(self.step)}.{stage}.{batch}"
 
 
-async def _pins(js: JetStreamContext) -> Any:
-    return await ensure_kv(js, PINS, ttl=PIN_TTL)
-
-
 async def _load(store: ModelStore, pin: Pinning, version: ModelVersion) -> LoadedModel:
     cache_key = (pin.model, version.version, version.sha256)
     with _lock:
@@ -94,22 +85,24 @@ async def _load(store: ModelStore, pin: Pinning, version: ModelVersion) -> Loade
     return loaded
 
 
-async def _choose(js: JetStreamContext, pin: Pinning, stage: str, batch: str) -> LoadedModel | None:
+async def _choose(js: JetStream, pin: Pinning, stage: str, batch: str) -> LoadedModel | None:
     """The model version that scores ``batch`` at ``stage`` (pinned on first ask)."""
-    kv, store = await _pins(js), ModelStore(js)
+    pins, store = Pins(js, PINS), ModelStore(js)
     key = pin.key(stage, batch)
-    pinned = await get_json(kv, key)
+    pinned = await pins.get(key)
     if pinned is None:
-        pinned = await _decide(kv, store, pin, stage, key)
+        pinned = await _decide(pins, store, pin, stage, key)
     if pinned.get("version") is None:
         return None
     manifest, _ = await store.manifest(pin.model)
     return await _load(store, pin, manifest.version(pinned["version"]))
 
 
-async def _decide(kv: Any, store: ModelStore, pin: Pinning, stage: str, key: str) -> dict[str, Any]:
+async def _decide(
+    pins: Pins, store: ModelStore, pin: Pinning, stage: str, key: str
+) -> dict[str, Any]:
     last_key = pin.key(stage, "last")
-    last = await get_json(kv, last_key) or {"version": None}
+    last = await pins.get(last_key) or {"version": None}
     choice = dict(last)
     try:
         manifest, _ = await store.manifest(pin.model)
@@ -123,27 +116,19 @@ async def _decide(kv: Any, store: ModelStore, pin: Pinning, stage: str, key: str
         if key.rsplit(".", 1)[-1].startswith(START):
             raise  # checked when the pipeline starts: say so now
         log.error("score %s: keeping version %s: %s", pin.step, last.get("version"), exc)
-        await kv.put(pin.key(stage, "rejected"), orjson.dumps({"reason": str(exc)}))
-    try:
-        await kv.create(key, orjson.dumps(choice))
-    except KeyWrongLastSequenceError:
-        return await get_json(kv, key) or choice  # another task pinned first: theirs counts
-    await kv.put(last_key, orjson.dumps(choice))
-    return choice
+        await pins.put(pin.key(stage, "rejected"), {"reason": str(exc)})
+    pinned, mine = await pins.first(key, choice)  # another task may pin first: theirs counts
+    if mine:
+        await pins.put(last_key, choice)
+    return dict(pinned)
 
 
 def models_for_batch(
     url: str, pin: Pinning, stages: Sequence[str], batch: str
 ) -> dict[str, LoadedModel | None]:
     """The model of each stage for one micro-batch (see the module doc)."""
-    from spanflow.nats.streams import connect
 
-    async def go() -> dict[str, LoadedModel | None]:
-        nc = await connect(url)
-        try:
-            js = nc.jetstream()
-            return {stage: await _choose(js, pin, stage, batch) for stage in stages}
-        finally:
-            await nc.close()
+    async def choose(js: JetStream) -> dict[str, LoadedModel | None]:
+        return {stage: await _choose(js, pin, stage, batch) for stage in stages}
 
-    return run_sync(go())
+    return run_with_jetstream(url, choose)

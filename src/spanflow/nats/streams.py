@@ -343,9 +343,3 @@ async def publish_lines(js: JetStreamContext, subject: str, lines: list[bytes]) 
         await asyncio.wait_for(asyncio.gather(*futures), 60)
         sent += len(futures)
     return sent
-
-
-def token(value: object) -> str:
-    """``value`` as one subject or KV-key token: letters, digits, '-' and '_' kept,
-    anything else '_' (dots would split it)."""
-    return "".join(ch if ch.isalnum() or ch in "-_" else "_" for ch in str(value)) or "_"

@@ -65,3 +65,9 @@ CONTROL_STREAMS = (
     *(f"KV_{bucket}" for bucket in PROJECTION_BUCKETS),
 )
 """Streams an agent may read but must never rewrite, purge or delete."""
+
+
+def token(value: object) -> str:
+    """``value`` as one subject or KV-key token: letters, digits, '-' and '_' kept,
+    anything else '_' (dots would split it)."""
+    return "".join(ch if ch.isalnum() or ch in "-_" else "_" for ch in str(value)) or "_"

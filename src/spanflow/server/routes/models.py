@@ -5,14 +5,12 @@ a pickle, i.e. code, so the upload is accepted only from a caller holding the to
 
 from __future__ import annotations
 
-from functools import partial
 from typing import Annotated, Any
 
 from fastapi import FastAPI, Query, Request
 from pydantic import BaseModel, Field
 
 from spanflow.control.coordinator import Coordinator
-from spanflow.control.errors import Unavailable
 from spanflow.ml.model_store import MAX_FILE, ModelStore
 from spanflow.ml.registry import ModelManifest, ModelVersion, Stage
 from spanflow.protocol.rest import PublicationRequested
@@ -50,26 +48,16 @@ def principal(request: Request) -> str:
     return str(getattr(request.state, "principal", None) or "")
 
 
-def model_store(coordinator: Coordinator) -> ModelStore:
-    if coordinator.nc is None:
-        raise Unavailable("not_connected", "the coordinator is not connected to NATS yet")
-    return ModelStore(coordinator.nc.jetstream())
-
-
 def add_model_routes(app: FastAPI, coordinator: Coordinator, guarded: list[Any]) -> None:
     """Reads from the store; writes by the leader, each in the control log
     (:meth:`Coordinator.change_catalog`)."""
 
-    store = partial(model_store, coordinator)
+    def store() -> ModelStore:
+        return ModelStore(coordinator.jetstream())
 
     @app.get(API, tags=["models"], dependencies=guarded)
     async def list_models() -> list[ModelView]:
-        models = store()
-        out = []
-        for name in await models.names():
-            manifest, _ = await models.manifest(name)
-            out.append(ModelView.of(manifest))
-        return out
+        return [ModelView.of(manifest) for manifest in await store().every()]
 
     @app.get(f"{API}/{{name}}", tags=["models"], dependencies=guarded)
     async def get_model(name: str) -> ModelView:

@@ -12,7 +12,6 @@ from pydantic import BaseModel, Field
 from spanflow.cep.rule_store import RuleStore
 from spanflow.cep.rules import RuleSetManifest, RuleSetVersion
 from spanflow.control.coordinator import Coordinator
-from spanflow.control.errors import Unavailable
 from spanflow.server.routes.models import principal
 from spanflow.spec.patterns import RuleSpec
 
@@ -26,18 +25,11 @@ class PushBody(BaseModel):
 
 def add_rule_routes(app: FastAPI, coordinator: Coordinator, guarded: list[Any]) -> None:
     def store() -> RuleStore:
-        if coordinator.nc is None:
-            raise Unavailable("not_connected", "the coordinator is not connected to NATS yet")
-        return RuleStore(coordinator.nc.jetstream())
+        return RuleStore(coordinator.jetstream())
 
     @app.get(API, tags=["rules"], dependencies=guarded)
     async def list_rule_sets() -> list[RuleSetManifest]:
-        rules = store()
-        out = []
-        for name in await rules.names():
-            manifest, _ = await rules.manifest(name)
-            out.append(manifest)
-        return out
+        return await store().every()
 
     @app.get(f"{API}/{{name}}", tags=["rules"], dependencies=guarded)
     async def get_rule_set(name: str) -> RuleSetManifest:

@@ -17,6 +17,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "spanflow"
 LAYERS: dict[str, float] = {
     "errors": -1,
     "clock": -1,
+    "plugins": -1,  # registries that fill themselves, lazy exports (standard library only)
     "spec": 0,
     "protocol": 0.4,  # the wire vocabulary: names, REST models, the typed client (spec only)
     "security": 0.5,  # certificates, credentials, keys: read by nats, runtime, servers

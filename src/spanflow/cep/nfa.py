@@ -113,7 +113,7 @@ def _from_expression(compiled: Compiled) -> Condition:
     return Condition(lambda e, x: fn(e, _EMPTY) is True, True, expression=fn)
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, repr=False)  # edges point back to states: no recursive repr
 class State:
     name: str
     stage: str
@@ -122,9 +122,6 @@ class State:
 
     def add(self, action: Action, target: State | None, condition: Condition | None) -> None:
         self.edges.append(Edge(action, self, target or self, condition))
-
-    def __repr__(self) -> str:  # pragma: no cover - debugging aid
-        return f"State({self.name}, {self.kind})"
 
 
 @dataclass(frozen=True, eq=False)

@@ -483,17 +483,21 @@ class Coordinator:
         return self.node(name)
 
     async def put_site(self, site: Site) -> Topology:
-        def decide(tx: Draft) -> None:
-            registry.put_site(tx, site)
-            self._rebalance(tx, f"site {site.name} changed")
-
-        await self._decide(decide)
-        return self.topology()
+        return await self._change_topology(
+            lambda tx: registry.put_site(tx, site), f"site {site.name} changed"
+        )
 
     async def put_link(self, link: Link) -> Topology:
+        return await self._change_topology(
+            lambda tx: registry.put_link(tx, link), f"link {'-'.join(link.between)} changed"
+        )
+
+    async def _change_topology(self, change: Callable[[Draft], None], reason: str) -> Topology:
+        """A change of sites or links, then the fragments it affects moved."""
+
         def decide(tx: Draft) -> None:
-            registry.put_link(tx, link)
-            self._rebalance(tx, f"link {'-'.join(link.between)} changed")
+            change(tx)
+            self._rebalance(tx, reason)
 
         await self._decide(decide)
         return self.topology()
@@ -547,10 +551,8 @@ class Coordinator:
 
     # -- what nodes tell us ---------------------------------------------------------------
     async def _on_heartbeat(self, msg: Msg) -> None:
-        try:
-            hb = Heartbeat.model_validate_json(msg.data)
-        except ValidationError as exc:
-            log.warning("bad heartbeat on %s: %s", msg.subject, exc)
+        hb = _parsed(msg, Heartbeat, "heartbeat")
+        if hb is None:
             return
         now = self.clock.monotonic()
         heard = topology_manager.heard(self.state, self.observed, hb, now, self.settings.overload)
@@ -585,10 +587,8 @@ class Coordinator:
         topology_manager.grace(self.state, self.observed, self.clock.monotonic(), reset=True)
 
     async def _on_activity(self, msg: Msg) -> None:
-        try:
-            act = Activity.model_validate_json(msg.data)
-        except ValidationError as exc:
-            log.warning("bad activity report on %s: %s", msg.subject, exc)
+        act = _parsed(msg, Activity, "activity report")
+        if act is None:
             return
         if not self.leading:
             if reconciler.current_assignment(self.state, act) is not None:
@@ -653,3 +653,16 @@ class Coordinator:
     def cluster_metrics(self) -> ClusterMetrics:
         uptime = self.clock.monotonic() - self.started_at
         return views.cluster_metrics(self.state, self.observed, uptime)
+
+
+M = TypeVar("M", Heartbeat, Activity)
+
+
+def _parsed(msg: Msg, model: type[M], what: str) -> M | None:
+    """A node's report, or None (logged) when it is not one: a bad message is dropped,
+    never the subscription."""
+    try:
+        return model.model_validate_json(msg.data)
+    except ValidationError as exc:
+        log.warning("bad %s on %s: %s", what, msg.subject, exc)
+        return None

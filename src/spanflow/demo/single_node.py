@@ -19,7 +19,7 @@ from rich.live import Live
 
 from spanflow.demo.feed import Row, span, with_latency
 from spanflow.demo.pipelines import sensor_alerts
-from spanflow.demo.view import table
+from spanflow.demo.view import ALERT_COLUMNS, alert_cells, table
 from spanflow.nats.streams import SyncNats, connect, ensure_stream
 from spanflow.simulator import SensorSimulator, SimulatorConfig
 
@@ -121,18 +121,8 @@ class SingleNodeDemo:
         )
         alerts = table(
             f"real-time alerts ({self.counts['alerts']} so far)",
-            ("device", "reading at", "reason", "°C", "vib", "alerted in"),
-            (
-                (
-                    r["device"],
-                    r["ts"][11:23],
-                    r["reason"],
-                    f"{r['temperature']:.1f}",
-                    f"{r['vibration']:.2f}",
-                    f"{r['latency_ms']:.0f} ms",
-                )
-                for r in list(self.alerts)
-            ),
+            ALERT_COLUMNS,
+            (alert_cells(r) for r in list(self.alerts)),
             style="red",
         )
         stats = self.sim.stats

@@ -9,10 +9,9 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from types import TracebackType
-from typing import Self
 
 from spanflow.errors import SpanflowError
+from spanflow.nats.server import Managed
 
 
 def venv_tool(name: str, extra: str) -> Path:
@@ -30,25 +29,8 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
-class LocalServer:
-    """``with Server() as s:`` starts it and stops it, whatever happens inside."""
-
-    def start(self) -> Self:
-        raise NotImplementedError
-
-    def stop(self) -> None:
-        raise NotImplementedError
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
+class LocalServer(Managed):
+    """A server started on this machine (a test or example server, a broker)."""
 
 
 class ProcessServer(LocalServer):

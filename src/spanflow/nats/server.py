@@ -24,6 +24,7 @@ import time
 from importlib import metadata
 from pathlib import Path
 from types import TracebackType
+from typing import Self
 
 from spanflow.errors import NatsError
 from spanflow.security.nats_config import (
@@ -94,7 +95,28 @@ def split_listen(value: str) -> tuple[str, int]:
     return host, int(port)
 
 
-class EmbeddedNats:
+class Managed:
+    """``with Server() as s:`` starts it and stops it, whatever happens inside."""
+
+    def start(self) -> Self:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+class EmbeddedNats(Managed):
     """A NATS server with JetStream, owned by this process.
 
     >>> with EmbeddedNats() as server:
@@ -330,19 +352,8 @@ class EmbeddedNats:
         if self._own_dir:
             shutil.rmtree(self.data_dir, ignore_errors=True)
 
-    def __enter__(self) -> EmbeddedNats:
-        return self.start()
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
-
-
-class NatsCluster:
+class NatsCluster(Managed):
     """Several servers in one NATS cluster on this machine (JetStream clustered, so
     streams and KV buckets can be replicated: R3 survives the loss of one server).
 
@@ -393,17 +404,6 @@ class NatsCluster:
     def stop(self) -> None:
         for server in self.servers:
             server.stop()
-
-    def __enter__(self) -> NatsCluster:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
 
 def default_data_dir() -> Path:

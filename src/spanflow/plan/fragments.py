@@ -222,7 +222,7 @@ def reach_of(step: Step, topology: Topology) -> External | None:
                 f"{ext.name!r} is {ext.type}"
             )
         return ext
-    address = step.options.address()
+    address = step.connector_info.address(step.options)
     return topology.external_at(connector, addresses_of(address)) if address else None
 
 

@@ -33,7 +33,7 @@ import base64
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import msgpack
 import numpy as np
@@ -548,6 +548,9 @@ class BufferedMap(_Buffered):
         self._txn.put(self.name, [[list(k), row] for k, row in entries.items()] or None)
 
 
+_S = TypeVar("_S", "BufferedValue", "BufferedList", "BufferedMap")
+
+
 class Declarations:
     """``init``'s view of the state: declares a processor's states, buffered."""
 
@@ -573,6 +576,10 @@ class Declarations:
         self.ttls[name] = round(seconds * 1000)
         return _Ttl(self.ttls[name])
 
+    def _declare(self, state: _S) -> _S:
+        self.declared[state.name] = state
+        return state
+
     def _stored(self, codec: Codec, ttl: _Ttl) -> Codec:
         return _expiring(codec) if ttl.lazy else codec
 
@@ -580,17 +587,17 @@ class Declarations:
         self, name: str, type: StateType = "json", *, ttl: str | float | None = None
     ) -> BufferedValue:
         policy = self._ttl(name, ttl)
-        state = BufferedValue(name, self._stored(codec_for(type), policy), policy, self._txn)
-        self.declared[name] = state
-        return state
+        return self._declare(
+            BufferedValue(name, self._stored(codec_for(type), policy), policy, self._txn)
+        )
 
     def list(
         self, name: str, type: StateType = "json", *, ttl: str | float | None = None
     ) -> BufferedList:
         policy = self._ttl(name, ttl)
-        state = BufferedList(name, self._stored(codec_for(type), policy), policy, self._txn)
-        self.declared[name] = state
-        return state
+        return self._declare(
+            BufferedList(name, self._stored(codec_for(type), policy), policy, self._txn)
+        )
 
     def map(
         self,
@@ -602,9 +609,7 @@ class Declarations:
     ) -> BufferedMap:
         policy = self._ttl(name, ttl)
         codec = self._stored(codec_for(value), policy)
-        state = BufferedMap(name, codec_for(key), codec, policy, self._txn)
-        self.declared[name] = state
-        return state
+        return self._declare(BufferedMap(name, codec_for(key), codec, policy, self._txn))
 
     def longest_ttl(self) -> int | None:
         """The TTL after which a key's whole state has expired: the longest of its

@@ -5,8 +5,9 @@
   a query: no broker, no streaming query, milliseconds per test.
 """
 
-from importlib import import_module
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from spanflow.plugins import lazy_exports
 
 if TYPE_CHECKING:
     from spanflow.spark.processor_harness import KeyedProcessorTest
@@ -14,10 +15,7 @@ if TYPE_CHECKING:
 _EXPORTS = {"KeyedProcessorTest": "spanflow.spark.processor_harness"}
 
 
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        return getattr(import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_exports(__name__, _EXPORTS)
 
 
 __all__ = ["KeyedProcessorTest"]

@@ -5,8 +5,9 @@ Imported lazily: Spark's Python workers import :mod:`.udf` (users' functions run
 there) and must not pay for the rest.
 """
 
-from importlib import import_module
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from spanflow.plugins import lazy_exports
 
 if TYPE_CHECKING:
     from spanflow.spark.compile.frame import CompileContext, Frame, OutputMode
@@ -28,10 +29,7 @@ _EXPORTS = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        return getattr(import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_exports(__name__, _EXPORTS)
 
 
 __all__ = [

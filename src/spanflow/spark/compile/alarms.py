@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 
 from spanflow.spark.builtin_processors import Suppression
-from spanflow.spark.compile.frame import CompileContext, Frame, keyed_or_whole, spanflow_schema
+from spanflow.spark.compile.frame import CompileContext, Frame, keyed_input
 from spanflow.spark.compile.process import transform_keyed
 from spanflow.spark.compile.registry import compiles
 from spanflow.spec.pipeline import PipelineSpec
@@ -17,9 +17,7 @@ from spanflow.spec.steps.alarms import SUPPRESSED, SuppressStep
 def compile_suppress(
     ctx: CompileContext, spec: PipelineSpec, step: SuppressStep, inputs: list[Frame]
 ) -> Frame:
-    (up,) = inputs
-    frame = keyed_or_whole(up)
-    fields = spanflow_schema(step.id, up.df.schema)
+    up, frame, fields = keyed_input(step.id, inputs)
     output = {k: v for k, v in fields.items() if k != SUPPRESSED}
     output[SUPPRESSED] = "long"
     factory = functools.partial(

@@ -93,6 +93,13 @@ def keyed_or_whole(frame: Frame) -> Frame:
     return replace(frame, df=frame.df.withColumn(ALL, F.lit(0)), key=(ALL,))
 
 
+def keyed_input(step_id: str, inputs: list[Frame]) -> tuple[Frame, Frame, dict[str, str]]:
+    """A keyed step's one input: as it comes, keyed (:func:`keyed_or_whole`), and its
+    fields."""
+    (up,) = inputs
+    return up, keyed_or_whole(up), spanflow_schema(step_id, up.df.schema)
+
+
 def keyed(frame: Frame, step_id: str, what: str) -> Frame:
     """``frame`` if it has a key; else a CompileError naming the step."""
     if not frame.key:

@@ -28,7 +28,7 @@ from spanflow.ml.thresholds import make_threshold
 from spanflow.spark.compile.frame import (
     CompileContext,
     Frame,
-    keyed_or_whole,
+    keyed_input,
     spanflow_schema,
     user_schema,
 )
@@ -61,9 +61,7 @@ def _check_numeric(step_id: str, fields: dict[str, str], names: tuple[str, ...],
 def compile_detect_anomalies(
     ctx: CompileContext, spec: PipelineSpec, step: DetectAnomaliesStep, inputs: list[Frame]
 ) -> Frame:
-    (up,) = inputs
-    frame = keyed_or_whole(up)
-    fields = spanflow_schema(step.id, up.df.schema)
+    up, frame, fields = keyed_input(step.id, inputs)
     _check_numeric(step.id, fields, step.fields, "field")
     season = step.season_seconds(has_event_time=up.event_time is not None)
     detector = functools.partial(
@@ -119,9 +117,7 @@ class BatchRebaselines:
 def compile_learn(
     ctx: CompileContext, spec: PipelineSpec, step: LearnStep, inputs: list[Frame]
 ) -> Frame:
-    (up,) = inputs
-    frame = keyed_or_whole(up)
-    fields = spanflow_schema(step.id, up.df.schema)
+    up, frame, fields = keyed_input(step.id, inputs)
     _check_numeric(step.id, fields, step.features, "feature")
     target = fields.get(step.target)
     if target is None:

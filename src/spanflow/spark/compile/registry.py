@@ -10,11 +10,11 @@ and returns the step's output frame.
 from __future__ import annotations
 
 import importlib
-import pkgutil
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 from spanflow.errors import CompileError
+from spanflow.plugins import import_all
 from spanflow.spark.compile.frame import CompileContext, Frame
 from spanflow.spec.pipeline import PipelineSpec
 from spanflow.spec.steps import StepBase
@@ -58,7 +58,5 @@ def _load_families() -> None:
     if _loaded:
         return
     package = importlib.import_module(__package__ or "spanflow.spark.compile")
-    for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda m: m.name):
-        if not info.name.startswith("_"):
-            importlib.import_module(f"{package.__name__}.{info.name}")
+    import_all(package.__name__, package.__path__)
     _loaded = True

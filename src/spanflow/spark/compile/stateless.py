@@ -68,8 +68,7 @@ def compile_map(
 def compile_flat_map(
     ctx: CompileContext, spec: PipelineSpec, step: FlatMapStep, inputs: list[Frame]
 ) -> Frame:
-    (up,) = inputs
-    return python_step(ctx, spec, step.id, "flat_map", step.function, up, step.schema_)
+    return python_step(ctx, spec, step.id, "flat_map", step.function, inputs[0], step.schema_)
 
 
 @compiles(KeyByStep)

@@ -11,16 +11,15 @@ them); every other connector registers here and nothing else names it.
 from __future__ import annotations
 
 import hashlib
-import importlib
-import pkgutil
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
 from spanflow.errors import CompileError
+from spanflow.plugins import import_all
 from spanflow.spec.pipeline import PipelineSpec
 from spanflow.spec.steps.io import SinkStep, SourceStep
 
@@ -73,6 +72,7 @@ class BatchWriter:
         """Release connections (the query stopped)."""
 
 
+F = TypeVar("F", bound=Callable[..., Any])
 _READERS: dict[str, Reader] = {}
 _WRITERS: dict[str, WriterFactory] = {}
 _CHECKS: dict[str, Check] = {}
@@ -96,28 +96,22 @@ def content_ids(prefix: str, payloads: list[bytes]) -> list[str]:
     return out
 
 
-def reads(name: str) -> Callable[[Reader], Reader]:
-    def register(fn: Reader) -> Reader:
-        _READERS[name] = fn
-        return fn
+def _registrar(table: dict[str, F]) -> Callable[[str], Callable[[F], F]]:
+    """A decorator factory that registers a function in ``table`` by connector name."""
 
-    return register
+    def by_name(name: str) -> Callable[[F], F]:
+        def register(fn: F) -> F:
+            table[name] = fn
+            return fn
 
+        return register
 
-def writes(name: str) -> Callable[[WriterFactory], WriterFactory]:
-    def register(fn: WriterFactory) -> WriterFactory:
-        _WRITERS[name] = fn
-        return fn
-
-    return register
+    return by_name
 
 
-def checks(name: str) -> Callable[[Check], Check]:
-    def register(fn: Check) -> Check:
-        _CHECKS[name] = fn
-        return fn
-
-    return register
+reads = _registrar(_READERS)
+writes = _registrar(_WRITERS)
+checks = _registrar(_CHECKS)
 
 
 def preflight(
@@ -144,9 +138,7 @@ def preflight(
 
 
 def _import_connectors() -> None:
-    for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
-        if not info.name.startswith("_"):
-            importlib.import_module(f"{__name__}.{info.name}")
+    import_all(__name__, __path__)
 
 
 def reader(step: SourceStep) -> Reader:

@@ -15,9 +15,7 @@ families of :mod:`spanflow.spec.steps`.
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
-
+from spanflow.plugins import import_all
 from spanflow.spec.connectors.base import (
     Connector,
     ConnectorOptions,
@@ -28,14 +26,7 @@ from spanflow.spec.connectors.base import (
     register,
 )
 
-
-def _import_connectors() -> None:
-    for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
-        if info.name != "base" and not info.name.startswith("_"):
-            importlib.import_module(f"{__name__}.{info.name}")
-
-
-_import_connectors()
+import_all(__name__, __path__, skip=("base",))
 
 __all__ = [
     "Connector",

@@ -47,11 +47,6 @@ class ConnectorOptions(BaseModel):
         shown by the API and handed to Spark — in favour of ``..._env`` references."""
         return []
 
-    def address(self) -> str | None:
-        """Where the external system is (brokers, a DSN, a URL), to match it with an
-        external declared in the topology; None for spanflow's own systems."""
-        return None
-
 
 class NoOptions(ConnectorOptions):
     """A connector whose settings are all fields of the step itself."""
@@ -79,6 +74,12 @@ class Connector:
     address_option: str | None = None
     """The option that says where the external system is (``bootstrap``, ``dsn``...):
     filled from the topology's ``externals`` when a step names one and leaves it out."""
+
+    def address(self, options: ConnectorOptions) -> str | None:
+        """Where a step's external system is (brokers, a DSN, a URL), to match it with
+        an external declared in the topology; None for spanflow's own systems."""
+        value = getattr(options, self.address_option) if self.address_option else None
+        return str(value) if value else None
 
     def parse(self, raw: Any) -> ConnectorOptions:
         """The typed options from a mapping (or an options object already typed)."""

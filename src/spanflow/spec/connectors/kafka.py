@@ -77,9 +77,6 @@ class _KafkaOptions(ConnectorOptions):
             f"config.{key} (give it in config_env)" for key in self.config if _SECRET.search(key)
         ]
 
-    def address(self) -> str | None:
-        return self.bootstrap
-
 
 class KafkaSourceOptions(_KafkaOptions):
     start_time: datetime | None = Field(

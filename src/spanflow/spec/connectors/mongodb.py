@@ -42,9 +42,6 @@ class MongoSinkOptions(ConnectorOptions):
     )
     timeout: float = Field(default=10.0, gt=0, le=300, description="Server selection, seconds.")
 
-    def address(self) -> str | None:
-        return self.uri
-
 
 SINK = register(
     Connector(

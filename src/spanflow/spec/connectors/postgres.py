@@ -60,9 +60,6 @@ class PostgresSinkOptions(ConnectorOptions):
             )
         return value
 
-    def address(self) -> str | None:
-        return self.dsn
-
 
 SINK = register(
     Connector(

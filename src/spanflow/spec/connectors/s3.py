@@ -45,9 +45,6 @@ class S3SinkOptions(ConnectorOptions):
     )
     max_rows_per_object: int = Field(default=1_000_000, ge=1, le=100_000_000)
 
-    def address(self) -> str | None:
-        return self.endpoint
-
 
 SINK = register(
     Connector(

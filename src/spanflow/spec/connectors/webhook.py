@@ -53,9 +53,6 @@ class WebhookSinkOptions(ConnectorOptions):
             if SECRET_HEADER.search(name)
         ]
 
-    def address(self) -> str | None:
-        return self.url
-
 
 SINK = register(
     Connector(

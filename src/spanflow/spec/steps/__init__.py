@@ -8,12 +8,11 @@ union of all of them, which the pipeline model validates against.
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
 from typing import TYPE_CHECKING, Annotated, Any, Union
 
 from pydantic import Field
 
+from spanflow.plugins import import_all
 from spanflow.spec.steps.base import (
     Placement,
     Split,
@@ -23,14 +22,7 @@ from spanflow.spec.steps.base import (
     step_types,
 )
 
-
-def _import_families() -> None:
-    for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
-        if info.name != "base" and not info.name.startswith("_"):
-            importlib.import_module(f"{__name__}.{info.name}")
-
-
-_import_families()
+import_all(__name__, __path__, skip=("base",))
 
 STEP_CLASSES: tuple[type[StepBase], ...] = tuple(step_types().values())
 STEP_TYPES: tuple[str, ...] = tuple(sorted(step_types()))

@@ -59,8 +59,9 @@ from stats import pct
 
 import spanflow as sf
 from spanflow.nats import EmbeddedNats
-from spanflow.nats.ranges import Message, read_range
+from spanflow.nats.ranges import read_range
 from spanflow.nats.streams import connect, ensure_stream
+from spanflow.protocol.raw import RawRecord
 from spanflow.security.secrets import SECRETS_ENV, Secrets, adopt
 from spanflow.spark.runner import PipelineRunner
 from spanflow.spark.session import build_session
@@ -133,7 +134,7 @@ def _publish(url: str, subject: str, rate: int, seconds: float) -> int:
     return asyncio.run(go())
 
 
-async def stored(url: str, stream: str) -> list[Message]:
+async def stored(url: str, stream: str) -> list[RawRecord]:
     nc = await connect(url)
     try:
         info = await nc.jetstream().stream_info(stream)
@@ -150,7 +151,9 @@ def _iso_s(text: str) -> int:
     return int(datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp())
 
 
-def window_latencies(inputs: list[Message], updates: list[Message], since_us: int) -> list[float]:
+def window_latencies(
+    inputs: list[RawRecord], updates: list[RawRecord], since_us: int
+) -> list[float]:
     """Per reading: its store time → the first stored update of its window that counts it."""
     firsts: dict[tuple[str, int], list[tuple[int, int]]] = defaultdict(list)
     for m in updates:  # in store order

@@ -14,11 +14,14 @@ from typing import Any
 
 def import_all(package: str, path: Iterable[str], skip: Iterable[str] = ()) -> None:
     """Import each module of ``package`` (found on ``path``, its ``__path__``) but the
-    private ones and ``skip``, alphabetically."""
+    private ones and ``skip``, alphabetically; a subpackage's modules too (so a
+    subpackage's ``__init__`` can stay light: Spark's workers import it)."""
     left_out = set(skip)
-    for info in sorted(pkgutil.iter_modules(path), key=lambda m: m.name):
-        if info.name not in left_out and not info.name.startswith("_"):
-            importlib.import_module(f"{package}.{info.name}")
+    found = pkgutil.walk_packages(list(path), prefix=f"{package}.")
+    for info in sorted(found, key=lambda m: m.name):
+        last = info.name.rsplit(".", 1)[-1]
+        if last not in left_out and not last.startswith("_"):
+            importlib.import_module(info.name)
 
 
 def lazy_exports(package: str, exports: Mapping[str, str]) -> Callable[[str], Any]:

@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from spanflow.nats.ranges import Message
+from spanflow.protocol.raw import RawRecord
 from spanflow.spark.formats import Decoder
 from spanflow.spec.schema import StreamFormat
 
@@ -21,8 +21,8 @@ SCHEMA = {
 TS = datetime(2026, 5, 1, 12, 0, 0, tzinfo=UTC)
 
 
-def _msgs(*payloads: bytes) -> list[Message]:
-    return [Message(i + 1, "s.x", p, 1_000_000) for i, p in enumerate(payloads)]
+def _msgs(*payloads: bytes) -> list[RawRecord]:
+    return [RawRecord(i + 1, "s.x", p, 1_000_000) for i, p in enumerate(payloads)]
 
 
 @pytest.mark.parametrize(

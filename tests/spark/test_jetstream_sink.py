@@ -1,4 +1,4 @@
-"""The micro-batch JetStream sink in the JVM (spark/jetstream_sink.py, BatchSink.java):
+"""The micro-batch JetStream sink in the JVM (spark/connectors/jetstream/sink.py, BatchSink.java):
 what it publishes, in which order and under which subjects, and that a replayed
 batch repeats its message ids exactly."""
 
@@ -9,7 +9,7 @@ import json
 from datetime import UTC, datetime
 
 from spanflow.nats.streams import connect, ensure_stream
-from spanflow.spark.jetstream_sink import JetStreamSink, SinkTarget, publish_batch
+from spanflow.spark.connectors.jetstream.sink import JetStreamSink, SinkTarget, publish_batch
 from tests.helpers import read_all
 
 

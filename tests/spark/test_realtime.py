@@ -20,7 +20,7 @@ import pytest
 from spanflow.api.yaml_loader import load_pipeline_text
 from spanflow.errors import CompileError, PipelineFileError
 from spanflow.nats.streams import connect
-from spanflow.spark import realtime
+from spanflow.spark.connectors.jetstream import realtime
 from spanflow.spark.deadletter import dlq_subject
 from spanflow.spark.runner import PipelineRunner
 from tests.helpers import publish, read_all, run_pipeline_process, wait_for

@@ -6,13 +6,13 @@ import subprocess
 
 import pytest
 
-from spanflow.spark import jvm_jar
+from spanflow.spark.connectors.jetstream import jvm_jar
 
 
 def test_the_jar_records_the_digest_of_its_sources():
     assert jvm_jar.jar_digest() == jvm_jar.source_digest(), (
         "the Java sources changed since the jar was built: "
-        "run .venv/bin/python -m spanflow.spark.jvm_jar and commit the jar"
+        "run .venv/bin/python -m spanflow.spark.connectors.jetstream.jvm_jar and commit the jar"
     )
 
 

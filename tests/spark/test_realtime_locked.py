@@ -13,7 +13,7 @@ import pytest
 
 from spanflow.nats.server import EmbeddedNats
 from spanflow.security.secrets import ROLE_ENV, SECRETS_ENV, Secrets
-from spanflow.spark import realtime
+from spanflow.spark.connectors.jetstream import realtime
 from tests.helpers import publish, read_all, wait_for
 from tests.spark.test_realtime import _payloads, _pipeline, _records, _runner
 

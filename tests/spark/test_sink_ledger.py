@@ -18,7 +18,7 @@ import spanflow as sf
 from spanflow.nats import ledger as ledger_module
 from spanflow.nats.ledger import Action, Mark, SinkLedger, plan
 from spanflow.nats.streams import connect
-from spanflow.spark import runner as runner_module
+from spanflow.spark.connectors.jetstream import sink as sink_module
 from spanflow.spark.runner import PipelineRunner
 from tests.helpers import publish, read_all, wait_for
 
@@ -94,8 +94,8 @@ def test_a_batch_replayed_after_the_duplicate_window_is_published_once(
     )
     # every published batch marked at once: the crash after the mark then finds it
     monkeypatch.setattr(ledger_module, "MARK_EVERY", 0.0)
-    crashes = Crashes(runner_module.publish_batch, how)
-    monkeypatch.setattr(runner_module, "publish_batch", crashes.publish)
+    crashes = Crashes(sink_module.publish_batch, how)
+    monkeypatch.setattr(sink_module, "publish_batch", crashes.publish)
     monkeypatch.setattr(SinkLedger, "after", crashes.after(SinkLedger.after))
     publish(nats_url, source, f"lin{how}{uid}.r", [{"id": i} for i in range(20)])
     runner = PipelineRunner(spark, flow.spec(), nats_url=nats_url, checkpoint_dir=checkpoints)
@@ -109,15 +109,15 @@ def test_a_batch_replayed_after_the_duplicate_window_is_published_once(
 
         def replayed() -> bool:
             runner.supervise()  # restarts the failed query from its checkpoint
-            ledger = runner.ledgers["out"]
+            ledger = runner.writers["out"].ledger  # type: ignore[attr-defined]
             return not _failed(runner) and ledger.skipped + ledger.checked > 0
 
         wait_for(replayed, timeout=60)
         wait_for(lambda: len(read_all(nats_url, sink)) >= 40)
         runner.await_idle()
+        ledger = runner.writers["out"].ledger  # type: ignore[attr-defined]
     finally:
         runner.stop()
     ids = Counter(json.loads(data)["id"] for _, data, _ in read_all(nats_url, sink))
     assert ids == Counter(range(40))
-    ledger = runner.ledgers["out"]
     assert (ledger.skipped, ledger.checked) == ((1, 0) if replay == "skipped" else (0, 1))

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 import spanflow as sf
-import spanflow.spark.jetstream as jetstream
-from spanflow.spark.jetstream import JetStreamReader
+import spanflow.spark.connectors.jetstream.source as jetstream
+from spanflow.spark.connectors import SourceContext
+from spanflow.spark.connectors.jetstream.source import JetStreamReader, source_options
 from spanflow.spark.runner import PipelineRunner
 from spanflow.spark.stagger import BatchSlots, phase_ms, van_der_corput, wait_for_slot
+from spanflow.spec.steps.io import SourceStep
 from tests.helpers import publish, read_all, supervising, wait_for
 
 
@@ -45,18 +45,17 @@ def test_a_source_waits_for_its_slot_unless_it_is_catching_up(nats_url, uid, mon
     publish(nats_url, f"SLOT_{uid}", f"slot{uid}.r", [{"i": i} for i in range(25)])
     waits: list[tuple[int, int]] = []
     monkeypatch.setattr(jetstream, "wait_for_slot", lambda p, i: waits.append((p, i)) or 0.0)
-    reader = JetStreamReader(
-        {
-            "url": nats_url,
-            "stream": f"SLOT_{uid}",
-            "pipeline": "p",
-            "step": "s",
-            "max_rows": "10",
-            "phase_ms": "300",
-            "interval_ms": "1000",
-            "schema": json.dumps({"i": "long"}),
-        }
+    step = SourceStep(id="s", stream=f"SLOT_{uid}", schema={"i": "long"}, max_rows_per_batch=10)
+    context = SourceContext(
+        spark=None,  # type: ignore[arg-type]  # the reader alone: no query
+        nats_url=nats_url,
+        pipeline="p",
+        query_token="",
+        ddl="i BIGINT",
+        schema={"i": "long"},
     )
+    slot = {"phase_ms": "300", "interval_ms": "1000", "heartbeat": ""}
+    reader = JetStreamReader({**source_options(context, step), **slot})
     try:
         limit = reader.getDefaultReadLimit()
         start = reader.initialOffset()

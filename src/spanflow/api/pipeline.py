@@ -108,16 +108,17 @@ class Pipeline:
         *,
         schema: Mapping[str, str] | None = None,
         subjects: list[str] | None = None,
-        format: str = "json",
+        format: str | None = None,
         key: str | None = None,
         event_time: str | None = None,
-        max_out_of_orderness: str | float = 0,
-        start: str = "earliest",
-        max_rows_per_batch: int = 200_000,
-        partitions: int = 1,
+        max_out_of_orderness: str | float | None = None,
+        start: str | None = None,
+        max_rows_per_batch: int | None = None,
+        partitions: int | None = None,
         id: str | None = None,
     ) -> Stream:
-        """Read a JetStream stream; each message is decoded into one record."""
+        """Read a JetStream stream; each message is decoded into one record. An option
+        left None takes the source step's default (docs/pipelines.md)."""
         return self._source(
             id or stream.lower().replace("-", "_"),
             dict(stream=stream, subjects=subjects, partitions=partitions),
@@ -131,7 +132,10 @@ class Pipeline:
         )
 
     def _source(self, id: str, own: dict[str, Any], **common: Any) -> Stream:
-        step = _build(SourceStep, id=id, **own, **common)
+        """A source step; options given as None are left to the step's defaults (each
+        written once, on the step)."""
+        given = {k: v for k, v in {**own, **common}.items() if v is not None}
+        step = _build(SourceStep, id=id, **given)
         return Stream(self, (step,), {}, step.id)
 
     def source_kafka(
@@ -140,17 +144,17 @@ class Pipeline:
         *,
         bootstrap: str,
         schema: Mapping[str, str] | None = None,
-        format: str = "json",
+        format: str | None = None,
         key: str | None = None,
         event_time: str | None = None,
-        max_out_of_orderness: str | float = 0,
-        start: str = "earliest",
+        max_out_of_orderness: str | float | None = None,
+        start: str | None = None,
         start_time: str | None = None,
-        max_rows_per_batch: int = 200_000,
+        max_rows_per_batch: int | None = None,
         config: Mapping[str, str] | None = None,
         config_env: Mapping[str, str] | None = None,
         avro_schema: Mapping[str, Any] | str | None = None,
-        avro_framing: str = "plain",
+        avro_framing: str | None = None,
         id: str | None = None,
     ) -> Stream:
         """Read a Kafka topic; each record's value is decoded into one record, with its
@@ -638,7 +642,7 @@ class Stream:
         params: dict[str, Any] = {"stream": stream, "subject": subject, "order_by": order_by}
         if feed is not None:
             params["feed"] = feed
-        return self._sink(id, trigger, kind="jetstream", **params)
+        return self._sink(id, trigger, connector="jetstream", **params)
 
     def sink_kafka(
         self,
@@ -659,7 +663,7 @@ class Stream:
         options: dict[str, Any] = {"topic": topic, "bootstrap": bootstrap, "key": key}
         options |= {"headers": tuple(headers), "config": dict(config or {})}
         options |= {"config_env": dict(config_env or {})}
-        return self._sink(id, trigger, kind="kafka", options=options)
+        return self._sink(id, trigger, connector="kafka", options=options)
 
     def sink_postgres(
         self,
@@ -678,7 +682,7 @@ class Stream:
         options: dict[str, Any] = {"table": table, "dsn": dsn, "key": key, "create": create}
         if password_env is not None:
             options["password_env"] = password_env
-        return self._sink(id, trigger, kind="postgres", options=options)
+        return self._sink(id, trigger, connector="postgres", options=options)
 
     def sink_s3(
         self,
@@ -699,7 +703,7 @@ class Stream:
         given: dict[str, Any] = {"bucket": bucket, "prefix": prefix, "endpoint": endpoint}
         given["format"] = format
         given |= {"partition_by": tuple(partition_by), **options}
-        return self._sink(id, trigger, kind="s3", options=given)
+        return self._sink(id, trigger, connector="s3", options=given)
 
     def sink_mongodb(
         self,
@@ -715,7 +719,7 @@ class Stream:
         """Upsert each record as a document by a deterministic ``_id`` (the key's
         values, or the batch and the row without a key). See docs/connectors.md."""
         given = {"collection": collection, "uri": uri, "database": database, "key": key}
-        return self._sink(id, trigger, kind="mongodb", options={**given, **options})
+        return self._sink(id, trigger, connector="mongodb", options={**given, **options})
 
     def sink_webhook(
         self,
@@ -731,15 +735,15 @@ class Stream:
         retrying with back-off; refused after the last try: dead-lettered.
         ``headers_env`` maps header names to environment variables (secrets)."""
         given = {"url": url, "headers": dict(headers or {}), "headers_env": dict(headers_env or {})}
-        return self._sink(id, trigger, kind="webhook", options={**given, **options})
+        return self._sink(id, trigger, connector="webhook", options={**given, **options})
 
     def sink_parquet(
         self, path: str, *, trigger: str | float | None = None, id: str | None = None
     ) -> Flow:
-        return self._sink(id, trigger, kind="parquet", path=path)
+        return self._sink(id, trigger, connector="parquet", path=path)
 
     def sink_console(self, *, trigger: str | float | None = None, id: str | None = None) -> Flow:
-        return self._sink(id, trigger, kind="console")
+        return self._sink(id, trigger, connector="console")
 
     def _sink(self, id: str | None, trigger: str | float | None, **params: Any) -> Flow:
         if trigger is not None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from spanflow.spec.connectors import Role, lookup
+from spanflow.spec.steps.io import DEFAULT_CONNECTOR
 from spanflow.spec.topology import HostedStream, Topology
 
 INHERITED = ("format", "schema", "key", "event_time")
@@ -38,7 +39,9 @@ def with_registry(document: dict[str, Any], topology: Topology) -> tuple[dict[st
 
 
 def _from_stream(step: dict[str, Any], topology: Topology) -> tuple[dict[str, Any], str | None]:
-    if step.get("connector", "jetstream") != "jetstream" or not isinstance(step.get("stream"), str):
+    if step.get("connector", DEFAULT_CONNECTOR) != DEFAULT_CONNECTOR or not isinstance(
+        step.get("stream"), str
+    ):
         return step, None
     if step.get("schema"):
         return step, None  # its own schema: key and event time are its own to give too
@@ -76,7 +79,7 @@ def _from_external(step: dict[str, Any], topology: Topology) -> dict[str, Any]:
     if ext is None or not ext.address:
         return step  # an unknown name is the planner's error to report, with the known ones
     role: Role = "source" if step.get("type") == "source" else "sink"
-    connector_name = step.get("connector" if role == "source" else "kind", "jetstream")
+    connector_name = step.get("connector", step.get("kind", DEFAULT_CONNECTOR))
     try:
         connector = lookup(role, str(connector_name))
     except Exception:

@@ -214,7 +214,7 @@ def _stream_ends(
     out = sink_stream or "SINK"
     return (
         source,
-        {"id": SINK, "type": "sink", "kind": "jetstream", "stream": out, "subject": out},
+        {"id": SINK, "type": "sink", "connector": "jetstream", "stream": out, "subject": out},
         [],
     )
 
@@ -255,7 +255,7 @@ def _kafka_ends(kafka: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], 
     sink = {
         "id": SINK,
         "type": "sink",
-        "kind": "kafka",
+        "connector": "kafka",
         "options": {"topic": kafka.get("sink_topic"), "key": "key", **common},
     }
     return source, sink, [keyed]

@@ -39,7 +39,7 @@ from spanflow.errors import PipelineFileError
 from spanflow.spec import PipelineSpec
 from spanflow.spec.pipeline import StepInputError
 from spanflow.spec.steps import STEP_TYPES
-from spanflow.spec.steps.io import SinkStep, SourceStep
+from spanflow.spec.steps.io import DEFAULT_CONNECTOR, SinkStep, SourceStep
 from spanflow.spec.topology import Topology
 
 Problems = list[tuple[int | None, str, str]]
@@ -153,10 +153,10 @@ def _native_step(
     step = dict(item)
     step.pop("to", None)
     if section == "sinks":
-        return _connector_step(step, "sink", "kind", SinkStep)
+        return _connector_step(step, "sink", SinkStep)
     if section != "sources":
         return step
-    step = _connector_step(step, "source", "connector", SourceStep)
+    step = _connector_step(step, "source", SourceStep)
     given = step.get("protobuf")
     if isinstance(given, dict) and isinstance(given.get("descriptors"), str):
         try:
@@ -239,16 +239,16 @@ def read_avro_schema(given: str, pipeline_path: str) -> dict[str, Any]:
 
 
 def _connector_step(
-    item: dict[str, Any], step_type: str, field: str, cls: type[SourceStep] | type[SinkStep]
+    item: dict[str, Any], step_type: str, cls: type[SourceStep] | type[SinkStep]
 ) -> dict[str, Any]:
     """A source or sink as written (``type: kafka``, its options beside the step's own
     fields) → the step: ``type`` names the connector, and every key that is not a field
     of the step is one of the connector's options."""
     step = dict(item)
-    name = step.pop("type", "jetstream")
+    name = step.pop("type", DEFAULT_CONNECTOR)
     if name in ("nats", step_type):
-        name = "jetstream"
-    step["type"], step[field] = step_type, name
+        name = DEFAULT_CONNECTOR
+    step["type"], step["connector"] = step_type, name
     own = {f.alias or n for n, f in cls.model_fields.items()} | set(cls.model_fields)
     options = {k: step.pop(k) for k in list(step) if k not in own and k != "to"}
     if options or "options" in step:

@@ -62,8 +62,10 @@ from spanflow.plan import Placer
 from spanflow.plan.planner import GeoPlacer
 from spanflow.protocol.messages import Activity, Heartbeat, ShedRequest
 from spanflow.protocol.rest import (
+    ClusterInfo,
     ClusterMetrics,
     Connection,
+    Health,
     NodeStatus,
     PipelineMetrics,
     PipelineStatus,
@@ -634,7 +636,39 @@ class Coordinator:
             rebalancer.rebalance(tx, self.observed, self.settings, now)
         return scheduler.rebalance_settled(tx, self.observed, self.settings, now)
 
-    # -- observation ----------------------------------------------------------------------
+    # -- observation: what the REST API reads ------------------------------------------------
+    def health(self) -> Health:
+        return Health(ok=True, nodes=len(self.state.nodes), **self._who())
+
+    def info(self) -> ClusterInfo:
+        s = self.settings
+        settings = ("nats_url", "hub_domain", "heartbeat_interval", "failure_after", "state_dir")
+        return ClusterInfo(
+            **self._who(),
+            **{name: getattr(s, name) for name in settings},
+            recovered_log_records=self.recovered_records,
+            log_sequence=self.state.applied,
+            leader_epoch=self.state.leader_epoch,
+            leader_url=self.leader_url,
+            lease_seconds=self.lease_seconds,
+            token_required=s.token is not None,
+        )
+
+    def _who(self) -> dict[str, Any]:
+        """This replica, its role and the leader, as every answer about it says."""
+        return {"name": self.settings.name, "role": self.role, "leader": self.state.leader}
+
+    def pipeline_statuses(self) -> list[PipelineStatus]:
+        return [self.pipeline_status(n) for n in sorted(self.state.pipelines)]
+
+    def node_statuses(self) -> list[NodeStatus]:
+        return [self.node_status(n) for n in sorted(self.state.nodes)]
+
+    def shown_fragments(self, pipeline: str) -> list[str]:
+        """The ids of the fragments the dashboard shows for ``pipeline`` (NotFound)."""
+        record = pipelines.pipeline(self.state, pipeline)
+        return [f.id for f in pipelines.shown_fragments(self.state, record)]
+
     def pipeline_status(self, name: str) -> PipelineStatus:
         return views.pipeline_status(self.state, self.observed, name)
 

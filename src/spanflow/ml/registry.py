@@ -189,7 +189,7 @@ def pin_to_model_needs(spec: PipelineSpec, manifests: Mapping[str, ModelManifest
     >>> spec = PipelineSpec.model_validate({"name": "p", "steps": [
     ...   {"id": "in", "type": "source", "stream": "S", "schema": {"x": "double"}},
     ...   {"id": "s", "type": "score", "model": "m", "inputs": ["in"]},
-    ...   {"id": "out", "type": "sink", "kind": "console", "inputs": ["s"]}]})
+    ...   {"id": "out", "type": "sink", "connector": "console", "inputs": ["s"]}]})
     >>> m = ModelManifest(name="m", accelerators=("gpu",))
     >>> pin_to_model_needs(spec, {"m": m}).step("s").node_accelerators
     ('gpu',)

@@ -23,7 +23,8 @@ from urllib.parse import urlparse
 from nats.aio.client import Client
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
-from spanflow.nats.ranges import Message, read_range
+from spanflow.nats.ranges import read_range
+from spanflow.protocol.raw import RawRecord
 
 _CONNECT = json.dumps(
     {
@@ -47,7 +48,7 @@ def fast_path_supported(url: str) -> bool:
 class _RangeState:
     def __init__(self, end: int) -> None:
         self.end = end
-        self.out: list[Message] = []
+        self.out: list[RawRecord] = []
         self.done = False
         self.last_seen = 0
         self.subjects: dict[bytes, str] = {}
@@ -66,7 +67,7 @@ class _RangeState:
         if name is None:
             name = self.subjects[subject] = subject.decode()
         self.last_seen = seq
-        self.out.append(Message(seq, name, payload, ts_ns // 1000))
+        self.out.append(RawRecord(seq, name, payload, ts_ns // 1000))
         if seq >= self.end - 1 or pending == 0:
             self.done = True
 
@@ -80,7 +81,7 @@ async def read_range_fast(
     *,
     subjects: Sequence[str] = (),
     idle_check: float = 2.0,
-) -> list[Message]:
+) -> list[RawRecord]:
     """Messages with ``start <= seq < end``, like :func:`read_range`, several times faster.
 
     ``subjects`` keeps only messages on those subjects (filtered by the server)."""

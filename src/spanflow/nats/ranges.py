@@ -12,23 +12,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from spanflow.nats.streams import subject_covers
-
-
-@dataclass(frozen=True, slots=True)
-class Message:
-    """One stored message: where it came from and its bytes."""
-
-    seq: int
-    subject: str
-    data: bytes
-    published_us: int  # JetStream's store time, microseconds since the epoch
+from spanflow.protocol.raw import RawRecord
 
 
 def _ack_fields(reply: str) -> tuple[int, int, int]:
@@ -51,13 +41,13 @@ async def read_range(
     *,
     subjects: Sequence[str] = (),
     idle_check: float = 2.0,
-) -> list[Message]:
+) -> list[RawRecord]:
     """Messages with ``start <= seq < end`` in sequence order (only those on ``subjects``,
     when given: filtered here, so the end of the range is still seen)."""
     if end <= start:
         return []
     js = nc.jetstream()
-    out: list[Message] = []
+    out: list[RawRecord] = []
     done = asyncio.Event()
     last_seen = 0
 
@@ -71,7 +61,7 @@ async def read_range(
             return
         last_seen = seq
         if not subjects or any(subject_covers(p, msg.subject) for p in subjects):
-            out.append(Message(seq, msg.subject, msg.data, ts_ns // 1000))
+            out.append(RawRecord(seq, msg.subject, msg.data, ts_ns // 1000))
         if seq >= end - 1 or pending == 0:
             done.set()
 
@@ -104,7 +94,7 @@ async def read_range(
 
 async def last_before(
     nc: Client, stream: str, seq: int, *, subjects: Sequence[str] = (), look_back: int = 64
-) -> Message | None:
+) -> RawRecord | None:
     """The newest stored message with a sequence below ``seq`` (on ``subjects`` when
     given), looking back at most ``look_back`` sequences; None if there is none."""
     from nats.js.errors import NotFoundError
@@ -119,5 +109,5 @@ async def last_before(
         if subjects and not any(subject_covers(s, subject) for s in subjects):
             continue
         published = raw.time.timestamp() if raw.time else 0.0
-        return Message(candidate, subject, raw.data or b"", round(published * 1_000_000))
+        return RawRecord(candidate, subject, raw.data or b"", round(published * 1_000_000))
     return None

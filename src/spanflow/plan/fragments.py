@@ -88,7 +88,7 @@ def fragments_of(
     >>> from spanflow.spec import PipelineSpec
     >>> spec = PipelineSpec.model_validate({"name": "p", "steps": [
     ...   {"id": "in", "type": "source", "stream": "S", "schema": {"x": "long"}},
-    ...   {"id": "out", "type": "sink", "kind": "console", "inputs": ["in"]}]})
+    ...   {"id": "out", "type": "sink", "connector": "console", "inputs": ["in"]}]})
     >>> [(f.id, f.input_streams) for f in fragments_of(spec)]
     [('p.f0', ('S',))]
     >>> fragments_of(spec, parallelism=4)[0].spec.sources()[0].partitions
@@ -161,7 +161,7 @@ def _analyse(spec: PipelineSpec, topology: Topology) -> tuple[PipelineSpec, dict
         if ext is not None and out.scope == "local" and not out.sites <= set(ext.sites):
             out.scope = "global"
             where = _site_list(frozenset(ext.sites))
-            out.reason = f"writes {step.kind} {ext.name}, reachable only from {where}"  # type: ignore[attr-defined]
+            out.reason = f"writes {step.connector} {ext.name}, reachable only from {where}"  # type: ignore[attr-defined]
         split = step.split(streams) if out.reason.startswith(SPLIT_REASON) else None
         if split is not None:
             partial = split.partial.facts(streams)
@@ -207,7 +207,7 @@ def reach_of(step: Step, topology: Topology) -> External | None:
     (``external:``), else the one its options point at (None: none declared)."""
     if not isinstance(step, SourceStep | SinkStep):
         return None
-    connector = step.connector if isinstance(step, SourceStep) else step.kind
+    connector = step.connector
     if step.external:
         ext = topology.external(step.external)
         if ext is None:
@@ -336,7 +336,7 @@ def _local(plan: PipelineSpec, facts: dict[str, _Facts], site: str, topo: Topolo
                 SinkStep(
                     id=derived_id(cut, "out"),
                     inputs=(cut,),
-                    kind="jetstream",
+                    connector="jetstream",
                     stream=cut_stream(plan.name, cut),
                     subject=cut_subject(plan.name, cut, site),
                     trigger=_cut_trigger(plan, cut),

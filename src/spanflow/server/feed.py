@@ -90,7 +90,7 @@ def score_feeds_of(spec: PipelineSpec) -> list[ScoreFeed]:
     """The JetStream sinks of ``spec`` that write what a score step predicted."""
     out = []
     for step in spec.steps:
-        if isinstance(step, SinkStep) and step.kind == "jetstream" and step.subject:
+        if isinstance(step, SinkStep) and step.connector == "jetstream" and step.subject:
             score = _upstream(spec, step, (ScoreStep,))
             if score is not None:
                 out.append(ScoreFeed(step.id, subscription_subject(step.subject), score.model))
@@ -157,7 +157,7 @@ def feeds_of(spec: PipelineSpec) -> list[Feed]:
     """The sinks of ``spec`` whose records the event feed shows."""
     out = []
     for step in spec.steps:
-        if not isinstance(step, SinkStep) or step.kind != "jetstream" or not step.subject:
+        if not isinstance(step, SinkStep) or step.connector != "jetstream" or not step.subject:
             continue
         if step.feed == "none":
             continue

@@ -21,7 +21,7 @@ from typing import Any
 from pyspark.sql import SparkSession
 
 from spanflow.nats.streams import server_list
-from spanflow.spark.realtime import share_identity
+from spanflow.spark.connectors.jetstream.realtime import share_identity
 from spanflow.spec import locations
 
 FILE_SYSTEM = "dev.spanflow.state.JetStreamFileSystem"

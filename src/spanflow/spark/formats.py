@@ -21,7 +21,7 @@ import pyarrow.compute as pc
 import pyarrow.json as pa_json
 import yaml
 
-from spanflow.nats.ranges import Message
+from spanflow.protocol.raw import RawRecord
 from spanflow.spec.schema import SPARK_TYPES_BY_NAME, StreamFormat, field_type
 
 try:
@@ -44,7 +44,7 @@ METADATA_COLUMNS: tuple[tuple[str, str, pa.DataType], ...] = (
     ("_heartbeat", "boolean", pa.bool_()),
 )
 """Columns every source adds after the record's fields. ``_heartbeat`` marks a copy of
-the last record before an empty batch (see :mod:`spanflow.spark.jetstream`); the
+the last record before an empty batch (see :mod:`spanflow.spark.connectors.jetstream.source`); the
 compiled source drops such rows right after its watermark."""
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
@@ -316,8 +316,8 @@ class Decoder:
     FAST_SUB_BLOCK = 1024
 
     def decode(
-        self, messages: Sequence[Message]
-    ) -> tuple[pa.RecordBatch, list[tuple[Message, str]]]:
+        self, messages: Sequence[RawRecord]
+    ) -> tuple[pa.RecordBatch, list[tuple[RawRecord, str]]]:
         """Decode a batch; JSON takes a vectorised path block by block when it can.
 
         pyarrow's C++ JSON reader parses a clean block ≈3-5x faster than per-message
@@ -330,7 +330,7 @@ class Decoder:
         if self.fmt != StreamFormat.JSON or self._fast_schema is None or not messages:
             return self._decode_exact(messages)
         batches: list[pa.RecordBatch] = []
-        rejects: list[tuple[Message, str]] = []
+        rejects: list[tuple[RawRecord, str]] = []
         failures = 0
         for n, lo in enumerate(range(0, len(messages), self.FAST_BLOCK)):
             block = messages[lo : lo + self.FAST_BLOCK]
@@ -356,7 +356,7 @@ class Decoder:
         table = pa.Table.from_batches(batches, schema=self.arrow_schema).combine_chunks()
         return (table.to_batches()[0] if table.num_rows else batches[0]), rejects
 
-    def _decode_fast(self, block: Sequence[Message]) -> pa.RecordBatch | None:
+    def _decode_fast(self, block: Sequence[RawRecord]) -> pa.RecordBatch | None:
         payloads = [m.data for m in block]
         if self.tombstones and not all(payloads):
             return None
@@ -393,14 +393,14 @@ class Decoder:
         return pa.RecordBatch.from_arrays(columns, schema=self.arrow_schema)
 
     def _decode_exact(
-        self, messages: Sequence[Message]
-    ) -> tuple[pa.RecordBatch, list[tuple[Message, str]]]:
+        self, messages: Sequence[RawRecord]
+    ) -> tuple[pa.RecordBatch, list[tuple[RawRecord, str]]]:
         columns: list[list[Any]] = (
             [[] for _ in range(len(self.fields) + len(METADATA_COLUMNS))]
             if self.fmt != StreamFormat.RAW
             else [[] for _ in range(1 + len(METADATA_COLUMNS))]
         )
-        rejects: list[tuple[Message, str]] = []
+        rejects: list[tuple[RawRecord, str]] = []
         if self.fmt == StreamFormat.RAW:
             for m in messages:
                 columns[0].append(m.data)

@@ -14,28 +14,25 @@ import contextlib
 import logging
 import re
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from nats.js.kv import KeyValue
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
-from spanflow.errors import CheckpointLost
 from spanflow.nats.fences import Fence, Fenced, check, claim, fences
-from spanflow.nats.ledger import SinkLedger, lost_checkpoint
 from spanflow.nats.streams import SyncNats, ensure_source_streams, ensure_stream, stream_usage
-from spanflow.protocol.metrics import LATENCY_BUCKETS, Histogram, StreamUsage
-from spanflow.spark import checkpoint_store, connectors, progress, realtime
+from spanflow.protocol.metrics import StreamUsage
+from spanflow.spark import checkpoint_store, connectors, progress
 from spanflow.spark.compile.pipeline import CompiledSink, compile_pipeline
 from spanflow.spark.compile.udf import UserFunction
-from spanflow.spark.connectors import BatchWriter, SinkContext
+from spanflow.spark.connectors import BatchWriter, Output, RowsCallback, SinkContext
+from spanflow.spark.connectors.jetstream import realtime
+from spanflow.spark.connectors.jetstream.source import register_isolated
 from spanflow.spark.deadletter import DLQ_SUBJECT_PREFIX, EPOCH_PROPERTY, dlq_subject
-from spanflow.spark.jetstream import register_isolated
-from spanflow.spark.jetstream_sink import JetStreamSink, SinkTarget, publish_batch
 from spanflow.spark.stagger import BatchSlots, phase_ms
 from spanflow.spec import locations
 from spanflow.spec.durations import spark_interval
@@ -50,8 +47,6 @@ REALTIME_FENCE_CHECK = 1.0
 """Seconds between fence checks while real-time queries run."""
 LIVE_RATE_SECONDS = 1.0
 """A real-time query's rates are measured over at least this long."""
-
-RowsCallback = Callable[[str, int, list[dict[str, Any]]], None]
 
 
 @dataclass
@@ -71,26 +66,6 @@ class QueryStatus:
     rates and lag come live from the JVM readers' counters instead of batch progress."""
     records: int | None = None
     """A real-time query: records its readers read since it started (live)."""
-
-
-@dataclass
-class Output:
-    """What one sink wrote in this process: records (a replayed batch counts again,
-    though JetStream keeps its records once) and their end-to-end latency."""
-
-    records: int = 0
-    latency: Histogram = field(default_factory=Histogram)
-
-    def count(self, records: int, born: np.ndarray, now: float) -> None:
-        """``records`` were published at ``now`` (Unix time); ``born``: when the source
-        stored each record that still carries it (``_published``, Unix seconds), which
-        times the way through the pipeline."""
-        self.records += records
-        if born.size:
-            seconds = np.maximum(0.0, now - born)
-            buckets = np.searchsorted(np.asarray(LATENCY_BUCKETS), seconds, side="left")
-            counts = np.bincount(buckets, minlength=len(LATENCY_BUCKETS) + 1)
-            self.latency.merge([int(n) for n in counts], float(seconds.sum()))
 
 
 @dataclass
@@ -137,15 +112,13 @@ class PipelineRunner:
         self.fenced: str | None = None
         """Why the fence stopped this runner's writes, once it has."""
         self._fences: KeyValue | None = None
-        self.ledgers: dict[str, SinkLedger] = {}
-        """JetStream sink id → its ledger of published batches."""
         self._next_fence_check = 0.0
         self.retention = retention
         """Limits of the streams this runner creates (the site's, from the topology)."""
         self.streams: list[str] = []
+        """The streams it reads and writes, once started."""
         self.sourced: list[str] = []
         """Streams here that copy another site's (revived after a cut by the agent)."""
-        """The streams it reads and writes, once started."""
         self.slots = slots or BatchSlots()
         """Start slots, shared by every runner of a node (:mod:`spanflow.spark.stagger`)."""
         self.spec = spec
@@ -159,14 +132,13 @@ class PipelineRunner:
         self.on_rows = on_rows or _print_rows
         self.console_limit = console_limit
         self._queries: dict[str, _Supervised] = {}
-        self._writers: dict[str, BatchWriter] = {}
-        self._sinks: dict[str, JetStreamSink] = {}
-        """JetStream sink id → its JVM publisher (one NATS connection across batches)."""
+        self.writers: dict[str, BatchWriter] = {}
+        """sink id → the writer of its micro-batch query (closed when it restarts or the
+        runner stops)."""
         self.outputs: dict[str, Output] = {}
-        """sink id → what it wrote (JetStream sinks; see :class:`Output`)."""
+        """sink id → what it wrote (the sinks that count; see :class:`Output`)."""
         self._mirrors: list[Any] = []
         """Threads copying postgres: lookup tables into their buckets."""
-        """Batch writers of other connectors' sinks (closed when the runner stops)."""
         self._client: SyncNats | None = None
         self._stopped = False
 
@@ -236,9 +208,7 @@ class PipelineRunner:
         c, fence = self._client, self.fence
         if fence is None or c is None:
             return
-        if self._fences is None:
-            self._fences = c.run(lambda: fences(c.js, self.retention.replicas))
-        kv = self._fences
+        kv = self._fences_bucket()
         c.run(lambda: claim(kv, fence))
 
     def _check_fence(self) -> None:
@@ -301,16 +271,7 @@ class PipelineRunner:
             for s in self.spec.sources()
             if s.stream and s.source_domain and s.source_domain != self.domain
         ]
-        for sink in self.spec.sinks():
-            if sink.kind == "jetstream":
-                assert sink.stream and sink.subject
-                self.streams.append(sink.stream)
-                wildcard = _subject_pattern(sink.subject)
-                c.run(
-                    lambda s=sink, w=wildcard: ensure_stream(  # type: ignore[misc]
-                        c.js, s.stream, [w], retention=self.retention
-                    )
-                )
+        self.streams.extend(s.stream for s in self.spec.sinks() if s.stream)
 
     def stream_usage(self) -> list[StreamUsage]:
         """How full the streams this pipeline reads and writes are (the dead letters'
@@ -331,7 +292,7 @@ class PipelineRunner:
     def _compile(self, sup: _Supervised) -> CompiledSink:
         """One sink's plan, reading through a data source registered for this query alone
         (and anew on every restart): see :func:`register_isolated`. A real-time sink
-        reads through the JVM source instead (:mod:`spanflow.spark.realtime`)."""
+        reads through the JVM source instead (JetStream's Real-Time Mode)."""
         if self._realtime(sup.sink_id):
             plans = compile_pipeline(
                 self.spark,
@@ -376,145 +337,52 @@ class PipelineRunner:
 
     def _launch(self, sup: _Supervised, compiled: CompiledSink) -> None:
         sink, df, mode = compiled.sink, compiled.df, compiled.mode
-        checkpoint = locations.join(self.checkpoint_dir, sink.id)
-        if self._realtime(sink.id):
-            self._set_local_properties()
-            sup.query = realtime.start_realtime_query(
-                self.spark,
-                df,
-                name=f"{self.spec.instance}.{sink.id}",
-                checkpoint=checkpoint,
-                nats_url=self.nats_url,
-                pipeline=self.spec.instance,
-                sink_id=sink.id,
-                subject=sink.subject or "",
-                batch_seconds=sink.realtime_batch,
-                epoch=self.fence.epoch if self.fence else None,
-            )
-            log.info(
-                "started %s.%s in real time, checkpoint %s", self.spec.instance, sink.id, checkpoint
-            )
-            return
+        context = self._sink_context(sup, sink)
+        name = f"{self.spec.instance}.{sink.id}"
         self._set_local_properties()
-        writer = (
-            df.writeStream.queryName(f"{self.spec.instance}.{sink.id}")
-            .outputMode(mode)
-            .option("checkpointLocation", checkpoint)
-            .trigger(processingTime=spark_interval(self.spec.trigger_of(sink)))
-        )
-        if sink.kind == "jetstream":
-            target = SinkTarget(
-                pipeline=self.spec.instance,
-                step=sink.id,
-                subject=sink.subject or "",
-                order_by=sink.order_by,
-            )
-            ledger = self._ledger(sink, checkpoint)
-            if sup.restarts == 0:  # a restart in this process reuses what start() checked
-                self._refuse_lost_checkpoint(sink, checkpoint, ledger)
-            writer = writer.foreachBatch(self._driver_publisher(target, ledger))
-        elif sink.kind == "parquet":
-            writer = writer.format("parquet").option("path", sink.path or "")
-        elif sink.kind == "console":
-            writer = writer.foreachBatch(self._console_writer(sink))
-        else:
-            context = SinkContext(
-                pipeline=self.spec.instance,
-                check_fence=self._check_fence,
-                nats_url=self.nats_url,
-                epoch=self.fence.epoch if self.fence else None,
-            )
-            batch_writer = connectors.writer(sink)(context, sink.id, sink.options)
-            old = self._writers.pop(sink.id, None)
-            if old is not None:
-                old.close()
-            self._writers[sink.id] = batch_writer
-            writer = writer.foreachBatch(batch_writer.write)
-        sup.query = writer.start()
-        log.info(
-            "started %s.%s (%s mode) checkpoint %s", self.spec.instance, sink.id, mode, checkpoint
-        )
-
-    def _ledger(self, sink: SinkStep, checkpoint: str) -> SinkLedger:
-        """The sink's ledger of published batches (nats/ledger.py), in the fences
-        bucket of the server it writes to."""
-        c = self._client
-        assert c is not None and sink.stream and sink.subject
-        if self._fences is None:
-            self._fences = c.run(lambda: fences(c.js, self.retention.replicas))
-        ledger = SinkLedger(
-            c.nc, self._fences, sink.stream, _subject_pattern(sink.subject), checkpoint
-        )
-        self.ledgers[sink.id] = ledger
-        return ledger
-
-    def _refuse_lost_checkpoint(self, sink: SinkStep, checkpoint: str, ledger: SinkLedger) -> None:
-        """A cluster fragment whose checkpoint vanished (a node's disk that no other node
-        reads, a deleted store) would start from scratch without a word and read its
-        sources again from the start: refuse, naming the fragment and the location."""
-        c = self._client
-        if self.fence is None or c is None:
-            return  # `spanflow run`: deleting the checkpoint is how a user starts over
-        mark = c.run(ledger.mark)
-        offsets = locations.join(checkpoint, "offsets")
-        if lost_checkpoint(mark, checkpoint_store.exists(self.spark, offsets)):
-            assert mark is not None
-            raise CheckpointLost(
-                f"fragment {self.fence.fragment_id}: its checkpoint {checkpoint} has no "
-                f"offsets, but sink {sink.id!r} published up to batch {mark.batch} from "
-                "it; not starting from scratch. Put the checkpoint back (or restore a "
-                "savepoint), or resubmit the pipeline to start over."
-            )
-
-    def _driver_publisher(
-        self, target: SinkTarget, ledger: SinkLedger
-    ) -> Callable[[DataFrame, int], None]:
-        """Every JetStream sink publishes from the driver, in the JVM
-        (:mod:`spanflow.spark.jetstream_sink`): no row crosses into Python.
-
-        A Spark sink written in Python would cost per micro-batch a Python call to plan
-        the write, one per partition (even an empty one) and one to commit; publishing
-        each record through nats-py on the driver cost ≈110 to 160 µs a record. The
-        ``foreachBatch`` also serves update-mode output, which Spark's Python sinks
-        cannot take (docs/benchmarks.md)."""
-
-        output = self.outputs.setdefault(target.step, Output())
-        old = self._sinks.pop(target.step, None)
+        if self._realtime(sink.id):
+            sup.query = connectors.realtime_start(sink)(context, df, name)
+            log.info("started %s in real time, checkpoint %s", name, context.checkpoint)
+            return
+        batch_writer = connectors.writer(sink)(context, sink.id, sink.options)
+        old = self.writers.pop(sink.id, None)
         if old is not None:
             old.close()
-        sink = self._sinks[target.step] = JetStreamSink(
-            self.spark, target, self.nats_url, self.fence.epoch if self.fence else None
+        self.writers[sink.id] = batch_writer
+        writer = (
+            df.writeStream.queryName(name)
+            .outputMode(mode)
+            .option("checkpointLocation", context.checkpoint)
+            .trigger(processingTime=spark_interval(self.spec.trigger_of(sink)))
+        )
+        sup.query = batch_writer.attach(writer).start()
+        log.info("started %s (%s mode) checkpoint %s", name, mode, context.checkpoint)
+
+    def _sink_context(self, sup: _Supervised, sink: SinkStep) -> SinkContext:
+        """What the sink's writer gets from this runner."""
+        return SinkContext(
+            pipeline=self.spec.instance,
+            check_fence=self._check_fence,
+            step=sink,
+            spark=self.spark,
+            nats_url=self.nats_url,
+            fence=self.fence,
+            fences=self._fences_bucket,
+            nats=self._client,
+            checkpoint=locations.join(self.checkpoint_dir, sink.id),
+            first_start=sup.restarts == 0,
+            retention=self.retention,
+            output=self.outputs.setdefault(sink.id, Output()),
+            show_rows=self.on_rows,
+            show_limit=self.console_limit,
         )
 
-        def write(batch: DataFrame, batch_id: int) -> None:
-            encoded = sink.encode(batch, batch_id)
-            if not encoded.size:
-                return
-            client = self._client
-            assert client is not None
-            self._check_fence()  # before the publish, and so before the checkpoint commit
-            stored = client.run(lambda: ledger.published_before(batch_id, encoded.ids))
-            if stored:
-                log.info(
-                    "%s: batch %d replayed: %d of its %d messages were published before",
-                    target.step,
-                    batch_id,
-                    len(stored),
-                    encoded.size,
-                )
-            published = publish_batch(sink, encoded, stored)
-            client.run(lambda: ledger.after(batch_id, published.last_seq))
-            output.count(encoded.size, encoded.born_seconds(), time.time())
-
-        return write
-
-    def _console_writer(self, sink: SinkStep) -> Callable[[DataFrame, int], None]:
-        def write(batch: DataFrame, batch_id: int) -> None:
-            rows = [r.asDict(recursive=True) for r in batch.limit(self.console_limit).collect()]
-            if rows:
-                self.on_rows(sink.id, batch_id, rows)
-
-        return write
+    def _fences_bucket(self) -> KeyValue:
+        c = self._client
+        assert c is not None, "start() first"
+        if self._fences is None:
+            self._fences = c.run(lambda: fences(c.js, self.retention.replicas))
+        return self._fences
 
     def supervise(self) -> None:
         """Restart failed queries from their checkpoints, and stop real-time queries
@@ -564,14 +432,10 @@ class PipelineRunner:
             if sup.query is not None and self._realtime(sup.sink_id):
                 with contextlib.suppress(Exception):
                     realtime.forget_live_read(self.spark, sup.query.id)
-        for batch_writer in self._writers.values():
+        for batch_writer in self.writers.values():
             with contextlib.suppress(Exception):
                 batch_writer.close()
-        self._writers.clear()
-        for sink in self._sinks.values():
-            with contextlib.suppress(Exception):
-                sink.close()
-        self._sinks.clear()
+        self.writers.clear()
         for mirror in self._mirrors:
             mirror.stop()
         self._mirrors.clear()
@@ -650,8 +514,3 @@ class PipelineRunner:
         except Exception:
             return 0
         return sum((info.state.subjects or {}).values())
-
-
-def _subject_pattern(subject: str) -> str:
-    """``alerts.{device}`` → ``alerts.*``: the subjects a sink stream must capture."""
-    return re.sub(r"\{[^}]*\}", "*", subject)

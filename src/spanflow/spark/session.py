@@ -8,7 +8,8 @@ from collections.abc import Mapping
 
 from pyspark.sql import SparkSession
 
-from spanflow.spark import class_archive, realtime
+from spanflow.spark import class_archive
+from spanflow.spark.connectors.jetstream import realtime
 from spanflow.spark.java import ensure_java_home
 
 ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
@@ -69,7 +70,7 @@ def build_session(
 
     ``master`` defaults to ``local[N,3]``: :data:`CORES` slots plus ``realtime_slots``
     (each task of a Real-Time Mode query holds a slot for its whole batch, see
-    :mod:`spanflow.spark.realtime`), each task retried up to three times so a
+    :mod:`spanflow.spark.connectors.jetstream.realtime`), each task retried up to three times so a
     transient broker error retries the task instead of failing the query.
     """
     ensure_java_home()
@@ -109,7 +110,7 @@ def _cluster_conf(master: str) -> dict[str, str]:
 
 
 def register_data_sources(spark: SparkSession) -> None:
-    from spanflow.spark.jetstream import JetStreamDataSource
+    from spanflow.spark.connectors.jetstream.source import JetStreamDataSource
 
     spark.dataSource.register(JetStreamDataSource)
 

@@ -26,7 +26,7 @@ class PipelineSpec(BaseModel):
     >>> from spanflow.spec import PipelineSpec
     >>> spec = PipelineSpec.model_validate({"name": "p", "steps": [
     ...   {"id": "in", "type": "source", "stream": "S", "schema": {"x": "long"}},
-    ...   {"id": "out", "type": "sink", "kind": "console", "inputs": ["in"]}]})
+    ...   {"id": "out", "type": "sink", "connector": "console", "inputs": ["in"]}]})
     >>> [s.id for s in spec.topological()]
     ['in', 'out']
     """

@@ -20,13 +20,7 @@ def add_cluster_routes(app: FastAPI, coordinator: Coordinator, guarded: list[Any
     @app.get("/healthz", tags=["cluster"])
     async def health() -> Health:
         """Never needs the token (load balancers and ``up`` poll it)."""
-        return Health(
-            ok=True,
-            nodes=len(coordinator.state.nodes),
-            name=coordinator.settings.name,
-            role=coordinator.role,
-            leader=coordinator.state.leader,
-        )
+        return coordinator.health()
 
     @app.get("/metrics", tags=["cluster"], dependencies=guarded)
     async def metrics(request: Request) -> Response:
@@ -36,23 +30,7 @@ def add_cluster_routes(app: FastAPI, coordinator: Coordinator, guarded: list[Any
 
     @app.get(API, tags=["cluster"], dependencies=guarded)
     async def cluster_info() -> ClusterInfo:
-        s = coordinator.settings
-        return ClusterInfo(
-            nats_url=s.nats_url,
-            hub_domain=s.hub_domain,
-            heartbeat_interval=s.heartbeat_interval,
-            failure_after=s.failure_after,
-            state_dir=s.state_dir,
-            recovered_log_records=coordinator.recovered_records,
-            log_sequence=coordinator.state.applied,
-            name=s.name,
-            role=coordinator.role,
-            leader=coordinator.state.leader,
-            leader_epoch=coordinator.state.leader_epoch,
-            leader_url=coordinator.leader_url,
-            lease_seconds=coordinator.lease_seconds,
-            token_required=s.token is not None,
-        )
+        return coordinator.info()
 
     @app.get(f"{API}/metrics", tags=["cluster"], dependencies=guarded)
     async def cluster_metrics() -> ClusterMetrics:

@@ -14,7 +14,6 @@ from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import HTMLResponse, RedirectResponse, StreamingResponse
 from fastapi.staticfiles import StaticFiles
 
-from spanflow.control import pipelines
 from spanflow.control.coordinator import Coordinator
 from spanflow.protocol.rest import DataEvent, ModelComparison, PipelineHistory
 from spanflow.server import live
@@ -86,8 +85,7 @@ def add_dashboard_routes(app: FastAPI, coordinator: Coordinator, guarded: list[A
     @app.get("/api/v1/pipelines/{name}/history", tags=["pipelines"], dependencies=guarded)
     async def pipeline_history(name: str) -> PipelineHistory:
         """Recent samples of each of the pipeline's fragments (ten minutes), oldest first."""
-        record = pipelines.pipeline(coordinator.state, name)
-        shown = [f.id for f in pipelines.shown_fragments(coordinator.state, record)]
+        shown = coordinator.shown_fragments(name)
         return PipelineHistory(
             name=name, interval_s=live.SAMPLE_INTERVAL, fragments=history.of(shown)
         )

@@ -20,7 +20,7 @@ API = "/api/v1/nodes"
 def add_node_routes(app: FastAPI, coordinator: Coordinator, guarded: list[Any]) -> None:
     @app.get(API, tags=["nodes"], dependencies=guarded)
     async def list_nodes() -> list[NodeStatus]:
-        return [coordinator.node_status(n) for n in sorted(coordinator.state.nodes)]
+        return coordinator.node_statuses()
 
     @app.post(API, tags=["nodes"], dependencies=guarded, status_code=201)
     async def register(reg: Registration, request: Request) -> Registered:

@@ -33,7 +33,7 @@ API = "/api/v1/pipelines"
 def add_pipeline_routes(app: FastAPI, coordinator: Coordinator, guarded: list[Any]) -> None:
     @app.get(API, tags=["pipelines"], dependencies=guarded)
     async def list_pipelines() -> list[PipelineStatus]:
-        return [coordinator.pipeline_status(n) for n in sorted(coordinator.state.pipelines)]
+        return coordinator.pipeline_statuses()
 
     @app.post(API, tags=["pipelines"], dependencies=guarded, status_code=201)
     async def submit(body: SubmitBody) -> PipelineStatus:

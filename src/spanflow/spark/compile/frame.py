@@ -13,7 +13,7 @@ from pyspark.sql.types import StructType
 
 from spanflow.errors import CompileError
 from spanflow.spark.compile.udf import UserFunction, arrow_udf, resolve
-from spanflow.spark.jetstream import FORMAT_NAME
+from spanflow.spark.connectors.jetstream.source import FORMAT_NAME
 from spanflow.spec.durations import spark_interval
 from spanflow.spec.pipeline import PipelineSpec
 from spanflow.spec.schema import SPARK_TYPES_BY_NAME, field_type
@@ -45,8 +45,9 @@ class CompileContext:
     """(phase, interval) in ms: when in each interval the query's sources start a batch
     (:mod:`spanflow.spark.stagger`)."""
     realtime: bool = False
-    """Compiling for Spark's Real-Time Mode (:mod:`spanflow.spark.realtime`): rows keep
-    what the JVM sink derives message ids from (see :data:`REALTIME_ID_COLUMNS`)."""
+    """Compiling for Spark's Real-Time Mode (JetStream's, in
+    :mod:`spanflow.spark.connectors.jetstream.realtime`): rows keep what the JVM sink
+    derives message ids from (see :data:`REALTIME_ID_COLUMNS`)."""
 
 
 REALTIME_ID_COLUMNS = ("_seq", "_updates")

@@ -1,11 +1,8 @@
-"""Sources: a JetStream stream read through spanflow's data source, or another
-connector's reader (:mod:`spanflow.spark.connectors`), watermarked where the source
-declares event time. (Sinks are written by the runner.)"""
+"""Sources: each read by its connector's reader (:mod:`spanflow.spark.connectors`),
+watermarked where the source declares event time. (Sinks are written by the runner.)"""
 
 from __future__ import annotations
 
-import json
-from collections.abc import Mapping
 from dataclasses import replace
 
 from pyspark.sql import functions as F
@@ -34,26 +31,18 @@ def compile_source(
             ProtobufReader(step.protobuf.message, step.protobuf.descriptors)
         except Exception as exc:
             raise CompileError(step.id, f"protobuf {step.protobuf.message}: {exc}") from None
-    if step.connector == "jetstream":
-        df = (
-            ctx.spark.readStream.format(ctx.source_format)
-            .options(**source_options(spec, step, ctx.nats_url, schema))
-            .option("phase_ms", str(ctx.slot[0]))
-            .option("interval_ms", str(ctx.slot[1]))
-            .option("heartbeat", step.event_time or "")
-            .load()
-        )
-    else:
-        fields = dict(step.schema_ if schema is None else schema)
-        source = SourceContext(
-            spark=ctx.spark,
-            nats_url=ctx.nats_url,
-            pipeline=spec.instance,
-            query_token=f"{ctx.source_format}_{step.id}".replace("-", "_"),
-            ddl=spark_ddl(fields, step.format),
-            schema=fields,
-        )
-        df = connectors.reader(step)(source, step)
+    fields = dict(step.schema_ if schema is None else schema)
+    source = SourceContext(
+        spark=ctx.spark,
+        nats_url=ctx.nats_url,
+        pipeline=spec.instance,
+        query_token=f"{ctx.source_format}_{step.id}".replace("-", "_"),
+        ddl=spark_ddl(fields, step.format),
+        schema=fields,
+        data_source=ctx.source_format,
+        slot=ctx.slot,
+    )
+    df = connectors.reader(step)(source, step)
     frame = Frame(df, key=(step.key,) if step.key else ())
     if step.event_time:
         frame = with_watermark(frame, spec, step.event_time, step.max_out_of_orderness)
@@ -64,28 +53,3 @@ def compile_source(
         beat = F.col(HEARTBEAT) & F.col(step.event_time).isNotNull()
         frame = replace(frame, df=frame.df.filter(~beat))
     return replace(frame, df=frame.df.drop(HEARTBEAT))
-
-
-def source_options(
-    spec: PipelineSpec, step: SourceStep, nats_url: str, schema: Mapping[str, str] | None = None
-) -> dict[str, str]:
-    """The data source's options for one source step (plain strings)."""
-    fields = dict(step.schema_ if schema is None else schema)
-    return {
-        "url": nats_url,
-        "stream": step.stream_name,
-        "pipeline": spec.instance,
-        "step": step.id,
-        "format": step.format.value,
-        "schema": json.dumps(fields),
-        "ddl": spark_ddl(fields, step.format),
-        "filter_subjects": json.dumps(list(step.filter_subjects)),
-        "max_rows": str(step.max_rows_per_batch),
-        "partitions": str(step.partitions),
-        "start": step.start,
-        "csv_delimiter": step.csv_delimiter,
-        "scalar_field": step.scalar_field or "",
-        "avro_schema": json.dumps(step.avro_schema) if step.avro_schema else "",
-        "avro_framing": step.avro_framing,
-        "protobuf": step.protobuf.model_dump_json() if step.protobuf else "",
-    }

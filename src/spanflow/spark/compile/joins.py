@@ -4,7 +4,6 @@ enrichment (a live key-value bucket through keyed state, or a file)."""
 from __future__ import annotations
 
 import functools
-import json
 from pathlib import Path
 
 from pyspark.sql import Column, DataFrame
@@ -24,9 +23,12 @@ from spanflow.spark.compile.frame import (
 )
 from spanflow.spark.compile.process import transform_keyed
 from spanflow.spark.compile.registry import compiles
+from spanflow.spark.connectors import SourceContext
+from spanflow.spark.connectors.jetstream.source import source_options
 from spanflow.spark.formats import spark_ddl
 from spanflow.spec.pipeline import PipelineSpec
 from spanflow.spec.schema import StreamFormat
+from spanflow.spec.steps.io import SourceStep
 from spanflow.spec.steps.joins import EnrichStep, JoinStep
 
 _RIGHT_KEY = "__right_{}"
@@ -150,19 +152,21 @@ def _enrich_live(
     _ensure_bucket(ctx.nats_url, bucket)
     table_fields = {f: t.rstrip("?") + "?" for f, t in step.schema_.items()}
     prefix = f"$KV.{bucket}."
+    changelog = SourceStep(id=step.id, stream=f"KV_{bucket}", schema=table_fields)
+    source = SourceContext(
+        spark=ctx.spark,
+        nats_url=ctx.nats_url,
+        pipeline=spec.instance,
+        query_token="",
+        ddl=spark_ddl(table_fields, StreamFormat.JSON),
+        schema=table_fields,
+        data_source=ctx.source_format,
+        slot=ctx.slot,
+    )
     options = {
-        "url": ctx.nats_url,
-        "stream": f"KV_{bucket}",
-        "pipeline": spec.instance,
-        "step": step.id,
-        "format": StreamFormat.JSON.value,
-        "schema": json.dumps(table_fields),
-        "ddl": spark_ddl(table_fields, StreamFormat.JSON),
-        "filter_subjects": "[]",
-        "max_rows": "200000",
-        "partitions": "1",
-        "start": "earliest",
+        **source_options(source, changelog),
         "tombstones": "true",
+        "heartbeat": "",
         "phase_ms": str(ctx.slot[0]),
         "interval_ms": str(ctx.slot[1]),
     }

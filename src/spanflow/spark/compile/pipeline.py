@@ -21,7 +21,7 @@ from spanflow.errors import CompileError
 from spanflow.spark.compile.frame import CompileContext, Frame, OutputMode, spanflow_schema
 from spanflow.spark.compile.registry import compiler_for
 from spanflow.spark.compile.udf import UserFunction
-from spanflow.spark.jetstream import FORMAT_NAME
+from spanflow.spark.connectors.jetstream.source import FORMAT_NAME
 from spanflow.spec.pipeline import PipelineSpec
 from spanflow.spec.steps import Step
 from spanflow.spec.steps.io import SinkStep
@@ -49,8 +49,9 @@ def compile_pipeline(
     """One streaming DataFrame per sink (each becomes its own query).
 
     ``source_format`` is the registered name sources read through (see
-    :func:`spanflow.spark.jetstream.register_isolated`). ``sinks``: only these sinks,
-    and only the steps on their paths (a query compiles what it runs, no more).
+    :func:`spanflow.spark.connectors.jetstream.source.register_isolated`). ``sinks``:
+    only these sinks, and only the steps on their paths (a query compiles what it runs,
+    no more).
     """
     ctx = CompileContext(spark, nats_url, functions or {}, source_format, plan, slot, realtime)
     core = spec.expanded()
@@ -64,9 +65,10 @@ def compile_pipeline(
         if sinks is not None and step.id not in sinks:
             continue
         frame = frames[step.inputs[0]]
-        if step.kind == "parquet" and frame.mode != "append":
+        if step.connector_info.append_only and frame.mode != "append":
             raise CompileError(
-                step.id, "a parquet sink needs append output; use emit='final' windows"
+                step.id,
+                f"a {step.connector} sink needs append output; use emit='final' windows",
             )
         out.append(CompiledSink(step, frame.df, frame.mode))
     return out

@@ -1,27 +1,37 @@
 """How each connector runs on Spark: a reader (a streaming DataFrame for a source step)
-and a batch writer (what a sink does with each micro-batch), registered by connector
-name. The connector itself — its options and guarantees — is declared in
-:mod:`spanflow.spec.connectors`.
-
-JetStream, Parquet and the console are wired by :mod:`spanflow.spark.compile.io` and
-:mod:`spanflow.spark.runner` themselves (the planner and the real-time path know
-them); every other connector registers here and nothing else names it.
+and a writer (what a sink does with its query's output), registered by connector name;
+JetStream's (:mod:`.jetstream`) as every other's. The connector itself — its options
+and guarantees — is declared in :mod:`spanflow.spec.connectors`. The runner and the
+compiler name no connector: they look them up here.
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Collection, Mapping
-from dataclasses import dataclass
-from typing import Any, TypeVar
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, TypeVar
 
+import numpy as np
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.streaming import DataStreamWriter, StreamingQuery
 from pyspark.sql.types import StructType
 
 from spanflow.errors import CompileError
 from spanflow.plugins import import_all
-from spanflow.spec.pipeline import PipelineSpec
-from spanflow.spec.steps.io import SinkStep, SourceStep
+from spanflow.protocol.metrics import LATENCY_BUCKETS, Histogram
+from spanflow.spec.retention import DEFAULT_RETENTION, Retention
+
+if TYPE_CHECKING:
+    from nats.js.kv import KeyValue
+
+    from spanflow.nats.fences import Fence
+    from spanflow.nats.streams import SyncNats
+    from spanflow.spec.pipeline import PipelineSpec
+    from spanflow.spec.steps.io import SinkStep, SourceStep
+
+RowsCallback = Callable[[str, int, list[dict[str, Any]]], None]
+"""(sink id, batch id, rows): where a console sink's rows go."""
 
 
 @dataclass(frozen=True)
@@ -35,23 +45,70 @@ class SourceContext:
     query_token: str
     ddl: str
     schema: dict[str, str]
+    data_source: str = ""
+    """The JetStream data source registered for this query (spanflow's own streams)."""
+    slot: tuple[int, int] = (0, 0)
+    """(phase, interval) in ms: when this query's batches start (spark/stagger.py)."""
+
+
+@dataclass
+class Output:
+    """What one sink wrote in this process: records (a replayed batch counts again,
+    though JetStream keeps its records once) and their end-to-end latency."""
+
+    records: int = 0
+    latency: Histogram = field(default_factory=Histogram)
+
+    def count(self, records: int, born: np.ndarray, now: float) -> None:
+        """``records`` were written at ``now`` (Unix time); ``born``: when the source
+        stored each record that still carries it (``_published``, Unix seconds), which
+        times the way through the pipeline."""
+        self.records += records
+        if born.size:
+            seconds = np.maximum(0.0, now - born)
+            buckets = np.searchsorted(np.asarray(LATENCY_BUCKETS), seconds, side="left")
+            counts = np.bincount(buckets, minlength=len(LATENCY_BUCKETS) + 1)
+            self.latency.merge([int(n) for n in counts], float(seconds.sum()))
 
 
 @dataclass(frozen=True)
 class SinkContext:
-    """What a batch writer gets besides its step. ``check_fence`` raises when this
-    fragment no longer owns its output (call it before anything becomes visible)."""
+    """What a writer gets besides its step's options, from the runner of its query.
+    ``check_fence`` raises when this fragment no longer owns its output (call it before
+    anything becomes visible)."""
 
     pipeline: str
     check_fence: Callable[[], None]
+    step: SinkStep
+    spark: SparkSession
     nats_url: str = ""
     """Where the pipeline's dead letters go (a writer that gives up on a record)."""
-    epoch: int | None = None
-    """The fragment's epoch, carried by its dead letters (None: not fenced)."""
+    fence: Fence | None = None
+    """The fragment's fence (None: not fenced, as in ``spanflow run``)."""
+    fences: Callable[[], KeyValue] | None = None
+    """The fences bucket (with a fence)."""
+    nats: SyncNats | None = None
+    """The runner's own NATS connection."""
+    checkpoint: str = ""
+    """Where the query checkpoints."""
+    first_start: bool = True
+    """The query's first start in this process (a restart reuses what it checked)."""
+    retention: Retention = DEFAULT_RETENTION
+    """Limits of the streams the runner creates (the site's)."""
+    output: Output = field(default_factory=Output)
+    """Where the writer counts what it wrote."""
+    show_rows: RowsCallback | None = None
+    show_limit: int = 50
+    """Console sinks: where rows go, and at most how many a batch."""
+
+    @property
+    def epoch(self) -> int | None:
+        """The fragment's epoch, carried by its dead letters (None: not fenced)."""
+        return self.fence.epoch if self.fence is not None else None
 
 
-Reader = Callable[[SourceContext, SourceStep], DataFrame]
-Check = Callable[[SourceStep | SinkStep, StructType | None], None]
+Reader = Callable[[SourceContext, "SourceStep"], DataFrame]
+Check = Callable[["SourceStep | SinkStep", StructType | None], None]
 """Raises CompileError when the step's external system cannot be used as configured
 (unreachable, a missing topic or table, refused credentials). A sink's check gets the
 schema of the rows it will write (to create or check a table)."""
@@ -62,8 +119,19 @@ WriterFactory = Callable[[SinkContext, str, Any], "BatchWriter"]
 :class:`BatchWriter` subclass registered with :func:`writes`."""
 
 
+RealtimeStart = Callable[[SinkContext, DataFrame, str], StreamingQuery]
+"""Starts a sink's query in Spark's Real-Time Mode: (context, output, query name)."""
+
+
 class BatchWriter:
     """A sink's writer for one query: ``write`` each micro-batch, ``close`` at the end."""
+
+    streams: tuple[str, ...] = ()
+    """JetStream streams it writes (the runner reports how full they are)."""
+
+    def attach(self, writer: DataStreamWriter) -> DataStreamWriter:
+        """Make the query write through this sink: by default, ``write`` each batch."""
+        return writer.foreachBatch(self.write)
 
     def write(self, batch: DataFrame, batch_id: int) -> None:
         raise NotImplementedError
@@ -76,6 +144,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 _READERS: dict[str, Reader] = {}
 _WRITERS: dict[str, WriterFactory] = {}
 _CHECKS: dict[str, Check] = {}
+_REALTIME: dict[str, RealtimeStart] = {}
 
 
 def content_ids(prefix: str, payloads: list[bytes]) -> list[str]:
@@ -112,6 +181,7 @@ def _registrar(table: dict[str, F]) -> Callable[[str], Callable[[F], F]]:
 reads = _registrar(_READERS)
 writes = _registrar(_WRITERS)
 checks = _registrar(_CHECKS)
+starts_realtime = _registrar(_REALTIME)
 
 
 def preflight(
@@ -128,7 +198,7 @@ def preflight(
     _import_connectors()
     steps: list[tuple[str, SourceStep | SinkStep]] = [
         *((s.connector, s) for s in (spec.sources() if sources else [])),
-        *((s.kind, s) for s in spec.sinks() if sinks is None or s.id in sinks),
+        *((s.connector, s) for s in spec.sinks() if sinks is None or s.id in sinks),
     ]
     for name, step in steps:
         _check_library(step)
@@ -146,7 +216,11 @@ def reader(step: SourceStep) -> Reader:
 
 
 def writer(sink: SinkStep) -> WriterFactory:
-    return _registered(_WRITERS, sink.kind, sink, "writer")
+    return _registered(_WRITERS, sink.connector, sink, "writer")
+
+
+def realtime_start(sink: SinkStep) -> RealtimeStart:
+    return _registered(_REALTIME, sink.connector, sink, "Real-Time Mode writer")
 
 
 def _registered(table: dict[str, Any], name: str, step: SourceStep | SinkStep, what: str) -> Any:

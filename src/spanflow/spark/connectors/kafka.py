@@ -46,7 +46,7 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMa
 from pyspark.sql.types import StructType
 
 from spanflow.errors import CompileError, SpanflowError
-from spanflow.nats.ranges import Message
+from spanflow.protocol.raw import RawRecord
 from spanflow.spark.connectors import (
     BatchWriter,
     SinkContext,
@@ -316,7 +316,7 @@ class KafkaReader(DataSourceStreamReader):
             protobuf=self.protobuf,
         )
         messages = [
-            Message(seq=r.offset(), subject=self.topic, data=r.value() or b"",
+            RawRecord(seq=r.offset(), subject=self.topic, data=r.value() or b"",
                     published_us=max(r.timestamp()[1], 0) * 1000)
             for r in records
         ]  # fmt: skip

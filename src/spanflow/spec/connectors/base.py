@@ -64,6 +64,8 @@ class Connector:
     """How its output (sink) or its replay (source) is exactly once, in one sentence."""
     realtime: bool = False
     """Whether a query through it can run in Spark's Real-Time Mode."""
+    append_only: bool = False
+    """A sink that takes only rows that are final (no updates of earlier ones)."""
     external: bool = False
     """It reads or writes a system outside spanflow's NATS servers: the fragment must run
     at a site that can reach it."""

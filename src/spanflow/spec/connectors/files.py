@@ -9,6 +9,7 @@ PARQUET = register(
         name="parquet",
         role="sink",
         options=NoOptions,
+        append_only=True,
         exactly_once="Spark's file sink: a batch's files are listed in its _spark_metadata "
         "log, which readers of the folder through Spark trust",
     )

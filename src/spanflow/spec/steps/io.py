@@ -20,11 +20,15 @@ PUBLISHED = "_published"
 timestamp): a source may take it as its event time."""
 
 
-def _typed_options(role: Role, field: str, data: Any) -> Any:
+DEFAULT_CONNECTOR = "jetstream"
+"""What a source reads and a sink writes unless it names another connector."""
+
+
+def _typed_options(role: Role, data: Any) -> Any:
     """Before validation: the step's ``options`` as its connector's typed model."""
     if not isinstance(data, dict):
         return data
-    name = data.get(field, "jetstream")
+    name = data.get("connector", DEFAULT_CONNECTOR)
     if not isinstance(name, str):
         return data  # the field's own validation says what is wrong
     try:
@@ -69,7 +73,7 @@ class SourceStep(StepBase):
 
     type: Literal["source"] = "source"
     connector: str = Field(
-        default="jetstream",
+        default=DEFAULT_CONNECTOR,
         description="Where records come from: jetstream (default), kafka, ... "
         "(docs/connectors.md).",
     )
@@ -151,7 +155,7 @@ class SourceStep(StepBase):
     @model_validator(mode="before")
     @classmethod
     def _options(cls, data: Any) -> Any:
-        data = _typed_options("source", "connector", data)
+        data = _typed_options("source", data)
         if _schema_from_avro(data):
             data = {**data, "schema": avro_fields(data["avro_schema"])}
         return data
@@ -233,10 +237,10 @@ class SinkStep(StepBase):
     local_reason: ClassVar[str] = "writes where its input is computed"
 
     type: Literal["sink"] = "sink"
-    kind: str = Field(
-        default="jetstream",
+    connector: str = Field(
+        default=DEFAULT_CONNECTOR,
         description="Where records go: jetstream (default), kafka, parquet, console, ... "
-        "(docs/connectors.md).",
+        "(docs/connectors.md; older specs say 'kind').",
     )
     options: SerializeAsAny[ConnectorOptions] = Field(
         default_factory=NoOptions, description="The connector's own options."
@@ -298,7 +302,10 @@ class SinkStep(StepBase):
     @model_validator(mode="before")
     @classmethod
     def _options(cls, data: Any) -> Any:
-        return _typed_options("sink", "kind", data)
+        # older specs (and stored control logs) say "kind"
+        if isinstance(data, dict) and "kind" in data and "connector" not in data:
+            data = {k: v for k, v in data.items() if k != "kind"} | {"connector": data["kind"]}
+        return _typed_options("sink", data)
 
     def expand(self) -> tuple[StepBase, ...]:
         if self.once_per is None:
@@ -316,19 +323,21 @@ class SinkStep(StepBase):
 
     @property
     def connector_info(self) -> Connector:
-        return lookup("sink", self.kind)
+        return lookup("sink", self.connector)
 
     def realtime_problem(self) -> str | None:
         if not self.connector_info.realtime:
-            return f"a {self.kind} sink runs on micro-batches; real time publishes to JetStream"
+            return (
+                f"a {self.connector} sink runs on micro-batches; real time publishes to JetStream"
+            )
         if self.order_by:
             return "order_by sorts each micro-batch; real-time output leaves in arrival order"
         return None
 
     @model_validator(mode="after")
     def _target(self) -> SinkStep:
-        if self.kind == "jetstream" and not (self.stream and self.subject):
+        if self.connector == "jetstream" and not (self.stream and self.subject):
             raise ValueError("a jetstream sink needs 'stream' and 'subject'")
-        if self.kind == "parquet" and not self.path:
+        if self.connector == "parquet" and not self.path:
             raise ValueError("a parquet sink needs 'path'")
         return self

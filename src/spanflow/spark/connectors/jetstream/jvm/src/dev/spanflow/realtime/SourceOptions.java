@@ -7,7 +7,10 @@ import java.util.HashMap;
 import java.util.List;
 import java.util.Map;
 
-/** The source's options, the same keys as the Python source (spanflow.spark.compile.io). */
+/**
+ * The source's options, the same keys as the Python source's, every one given by
+ * spanflow.spark.connectors.jetstream.source.source_options: no default is written here.
+ */
 final class SourceOptions {
   final String url;
   final String stream;
@@ -29,18 +32,18 @@ final class SourceOptions {
     step = require(options, "step");
     String given = options.get("consumer");
     consumer = given == null || given.isEmpty() ? "spanflow-" + pipeline + "-" + step : given;
-    schema = options.getOrDefault("schema", "{}");
-    start = options.getOrDefault("start", "earliest");
-    maxRows = Long.parseLong(options.getOrDefault("max_rows", "200000"));
-    scalarField = options.getOrDefault("scalar_field", "");
+    schema = require(options, "schema");
+    start = require(options, "start");
+    maxRows = Long.parseLong(require(options, "max_rows"));
+    scalarField = present(options, "scalar_field");
     tombstones = "true".equals(options.get("tombstones"));
-    String format = options.getOrDefault("format", "json");
+    String format = require(options, "format");
     if (!format.equals("json")) {
       throw new IllegalArgumentException("the real-time JetStream source reads JSON only, not "
           + format);
     }
     try {
-      for (JsonNode subject : Json.MAPPER.readTree(options.getOrDefault("filter_subjects", "[]"))) {
+      for (JsonNode subject : Json.MAPPER.readTree(require(options, "filter_subjects"))) {
         filters.add(subject.asText());
       }
     } catch (IOException exc) {
@@ -52,6 +55,15 @@ final class SourceOptions {
     HashMap<String, String> out = new HashMap<>();
     options.forEach((k, v) -> out.put(k.toLowerCase(), v));
     return out;
+  }
+
+  /** An option that must be given, and may be empty. */
+  private static String present(Map<String, String> options, String key) {
+    String value = options.get(key);
+    if (value == null) {
+      throw new IllegalArgumentException("the JetStream source needs the option " + key);
+    }
+    return value;
   }
 
   private static String require(Map<String, String> options, String key) {

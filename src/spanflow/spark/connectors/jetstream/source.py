@@ -11,8 +11,8 @@ Source (``spark.readStream.format("spanflow_jetstream")``)
     release what every pipeline has committed. Malformed messages are dead-lettered
     from ``read`` and never reach the query.
 
-The sinks are the JVM's: :mod:`spanflow.spark.jetstream_sink` (micro-batch) and
-:mod:`spanflow.spark.realtime` (Real-Time Mode).
+The sinks are the JVM's: :mod:`spanflow.spark.connectors.jetstream.sink` (micro-batch) and
+:mod:`spanflow.spark.connectors.jetstream.realtime` (Real-Time Mode).
 
 Where each hook runs: ``initialOffset``, ``latestOffset`` and ``commit`` on the
 driver; ``read`` on executors. Options are plain strings; nothing here is pickled
@@ -26,7 +26,7 @@ import json
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 from nats.aio.client import Client
@@ -46,10 +46,17 @@ from pyspark.sql.types import StructType
 from spanflow.nats.fastread import read_range_fast
 from spanflow.nats.ranges import last_before
 from spanflow.nats.streams import SyncNats, connect
+from spanflow.spark.connectors import reads
 from spanflow.spark.deadletter import DeadLetter, publish_dead_letters
 from spanflow.spark.formats import AvroReader, Decoder, ProtobufReader
 from spanflow.spark.stagger import wait_for_slot
 from spanflow.spec.schema import StreamFormat
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+    from spanflow.spark.connectors import SourceContext
+    from spanflow.spec.steps.io import SourceStep
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +65,7 @@ BATCH_ROWS = 65_536
 
 
 class JetStreamDataSource(DataSource):
-    """Options: see ``source_options`` in :mod:`spanflow.spark.compile.io`."""
+    """Options: see :func:`source_options`."""
 
     @classmethod
     def name(cls) -> str:
@@ -86,6 +93,45 @@ def register_isolated(spark: Any, name: str) -> str:
     return name
 
 
+@reads("jetstream")
+def read_stream(ctx: SourceContext, step: SourceStep) -> DataFrame:
+    """The JetStream reader: the stream through the data source registered for this
+    query (``ctx.data_source``; the JVM's in Real-Time Mode), which reads the options
+    of :func:`source_options`."""
+    return (
+        ctx.spark.readStream.format(ctx.data_source)
+        .options(**source_options(ctx, step))
+        .option("phase_ms", str(ctx.slot[0]))
+        .option("interval_ms", str(ctx.slot[1]))
+        .option("heartbeat", step.event_time or "")
+        .load()
+    )
+
+
+def source_options(ctx: SourceContext, step: SourceStep) -> dict[str, str]:
+    """The data source's options for one source step, every one given (plain strings):
+    the readers, Python and JVM alike, default nothing (docs/architecture.md,
+    "a connector's options")."""
+    return {
+        "url": ctx.nats_url,
+        "stream": step.stream_name,
+        "pipeline": ctx.pipeline,
+        "step": step.id,
+        "format": step.format.value,
+        "schema": json.dumps(ctx.schema),
+        "ddl": ctx.ddl,
+        "filter_subjects": json.dumps(list(step.filter_subjects)),
+        "max_rows": str(step.max_rows_per_batch),
+        "partitions": str(step.partitions),
+        "start": step.start,
+        "csv_delimiter": step.csv_delimiter,
+        "scalar_field": step.scalar_field or "",
+        "avro_schema": json.dumps(step.avro_schema) if step.avro_schema else "",
+        "avro_framing": step.avro_framing,
+        "protobuf": step.protobuf.model_dump_json() if step.protobuf else "",
+    }
+
+
 @dataclass
 class SeqRange(InputPartition):
     start: int
@@ -102,21 +148,22 @@ class JetStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.pipeline = options["pipeline"]
         self.step = options["step"]
         self.consumer = options.get("consumer") or f"spanflow-{self.pipeline}-{self.step}"
-        self.start_at = options.get("start", "earliest")
-        self.max_rows = int(options.get("max_rows", "200000"))
-        self.partitions_per_batch = int(options.get("partitions", "1"))
-        self.format = StreamFormat(options.get("format", "json"))
-        self.schema_fields: dict[str, str] = json.loads(options.get("schema", "{}"))
-        self.csv_delimiter = options.get("csv_delimiter", ",")
-        self.scalar_field = options.get("scalar_field") or None
+        self.start_at = options["start"]
+        self.max_rows = int(options["max_rows"])
+        self.partitions_per_batch = int(options["partitions"])
+        self.format = StreamFormat(options["format"])
+        self.schema_fields: dict[str, str] = json.loads(options["schema"])
+        self.csv_delimiter = options["csv_delimiter"]
+        self.scalar_field = options["scalar_field"] or None
         self.tombstones = options.get("tombstones") == "true"
+        """A key-value bucket's changes: deletes read as rows (an enrich step's table)."""
         self.avro = AvroReader.from_options(options)
         self.protobuf = ProtobufReader.from_options(options)
-        self.heartbeat = options.get("heartbeat") or None
+        self.heartbeat = options["heartbeat"] or None
         """The event-time field of a source that sends heartbeats (see _heartbeat)."""
-        self.filter_subjects: list[str] = json.loads(options.get("filter_subjects", "[]"))
-        self.phase_ms = int(options.get("phase_ms", "0"))
-        self.interval_ms = int(options.get("interval_ms", "0"))
+        self.filter_subjects: list[str] = json.loads(options["filter_subjects"])
+        self.phase_ms = int(options["phase_ms"])
+        self.interval_ms = int(options["interval_ms"])
         self._catching_up = False
         self._fresh = True  # no offset planned since this query (re)started
         self.target: int | None = None  # Trigger.AvailableNow's end

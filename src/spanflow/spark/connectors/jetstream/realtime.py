@@ -4,7 +4,7 @@ Real-Time Mode runs long batches (minutes) whose tasks read continuously, so a r
 reaches the sink in milliseconds instead of waiting for the next micro-batch. Spark
 allows it only for JVM sources and sinks: ``spanflow_jetstream_rt`` (source) and
 ``JetStreamWriter`` (a JVM ``ForeachWriter``), both in the jar of
-:mod:`spanflow.spark.jvm_jar`, which the session loads at start.
+:mod:`spanflow.spark.connectors.jetstream.jvm_jar`, which the session loads at start.
 
 Slots: every task of a real-time batch runs for the whole batch. A stateless query
 holds one task slot (the source's one partition; the sink writes in the same task); a
@@ -26,7 +26,7 @@ import orjson
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
-from spanflow.spark.jvm_jar import jar_path
+from spanflow.spark.connectors.jetstream.jvm_jar import jar_path
 from spanflow.spec.durations import spark_interval
 
 SOURCE_FORMAT = "spanflow_jetstream_rt"

@@ -1,14 +1,14 @@
 """The JVM side of Real-Time Mode: where its jar is, what it was built from, how to rebuild it.
 
-The jar (``spark/jvm/spanflow-realtime.jar``) ships in the repository, built from the
-Java sources beside it, so a fresh clone needs no JDK: only the JVM PySpark needs
+The jar (``jvm/spanflow-realtime.jar`` beside this module) ships in the repository,
+built from the Java sources beside it, so a fresh clone needs no JDK: only the JVM PySpark needs
 anyway. It records the SHA-256 of those sources (``META-INF/spanflow-sources.sha256``);
 the tests recompute it, so a jar that does not match its sources fails CI, and where a
 ``javac`` is at hand they rebuild the jar and compare it class by class.
 
 Rebuild after changing a Java file::
 
-    .venv/bin/python -m spanflow.spark.jvm_jar
+    .venv/bin/python -m spanflow.spark.connectors.jetstream.jvm_jar
 
 It compiles with ``javac --release 17`` against the PySpark wheel's jars and writes a
 reproducible jar (sorted entries, fixed timestamps).
@@ -129,7 +129,7 @@ def class_entries(jar: Path) -> dict[str, bytes]:
         return {n: z.read(n) for n in z.namelist() if n.endswith(".class")}
 
 
-_HOW = "python -m spanflow.spark.jvm_jar (needs a JDK's javac)"
+_HOW = "python -m spanflow.spark.connectors.jetstream.jvm_jar (needs a JDK's javac)"
 
 
 if __name__ == "__main__":

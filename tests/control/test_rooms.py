@@ -30,6 +30,7 @@ from spanflow.control.state import Draft, StaleRecord, apply
 from spanflow.plan.planner import GeoPlacer
 from spanflow.protocol.messages import Activity, Heartbeat, PeerView, ShedRequest
 from spanflow.protocol.metrics import FragmentRuntime
+from spanflow.protocol.rest import ClusterMetrics, NodeStatus, PipelineMetrics, PipelineStatus
 from spanflow.spec.cluster import NodeState, PipelineState
 
 TOPOLOGY = """
@@ -670,10 +671,77 @@ def test_a_restarted_agents_status_is_not_its_predecessors(cluster: Cluster) -> 
     cluster.register("a1", "edge-a", agent="agent-a1")
     cluster.beat("a1")  # the first agent: ready, its Spark up
     now = cluster.c.clock.monotonic()
-    assert views.node_status(cluster.state, cluster.c.observed, "a1", now).ready is True
+
+    def status_now() -> NodeStatus:
+        at = views.reach(cluster.state, cluster.c.observed, now, 1.0)
+        return views.node_status(cluster.state, cluster.c.observed, "a1", at)
+
+    assert status_now().ready is True
     cluster.register("a1", "edge-a", agent="agent-restarted")  # starting its Spark
-    status = views.node_status(cluster.state, cluster.c.observed, "a1", now)
+    status = status_now()
     assert status.ready is False and status.cpu_percent is None
+
+
+def test_a_silent_nodes_fragment_is_unreachable_and_left_out_of_every_total(
+    cluster: Cluster,
+) -> None:
+    """One source of truth for health: from the moment a node is silent for two
+    heartbeats its fragment is unreachable (its last figures kept, marked stale), the
+    pipeline degraded, and no total sums it; after the move it counts again."""
+    from spanflow.control import views
+
+    cluster.register("c1", "cloud")
+    cluster.register("c2", "cloud")
+    cluster.submit("p1", stream="SHARED")
+    first = cluster.state.assignments["p1.f0"]
+    other = "c2" if first.node == "c1" else "c1"
+    figures = {"rows_in": 40, "source_rows_in": 40, "input_rows_per_s": 8, "source_rows_per_s": 8}
+    cluster.beat(first.node, progress={"p1.f0": figures}, p1__f0="running")
+    cluster.beat(other)
+
+    def view() -> tuple[PipelineStatus, PipelineMetrics, ClusterMetrics, NodeStatus]:
+        c = cluster.c
+        at = views.reach(
+            cluster.state, c.observed, c.clock.monotonic(), c.settings.heartbeat_interval
+        )
+        return (
+            views.pipeline_status(cluster.state, c.observed, "p1", at),
+            views.pipeline_metrics(cluster.state, c.observed, "p1", at),
+            views.cluster_metrics(cluster.state, c.observed, 0.0, at),
+            views.node_status(cluster.state, c.observed, first.node, at),
+        )
+
+    status, metrics, totals, node = view()
+    assert (status.health, status.fragments[0].status, node.health) == (
+        "healthy",
+        "running",
+        "alive",
+    )
+    assert (status.rows_in, metrics.rows_in, totals.throughput_rows_per_s) == (40, 40, 8.0)
+
+    silent = 2 * cluster.c.settings.heartbeat_interval + 0.5
+    cluster.c.clock.advance(silent)
+    cluster.beat(other)
+    status, metrics, totals, node = view()
+    fragment = status.fragments[0]
+    assert node.health == "suspect" and fragment.status == "unreachable"
+    assert fragment.stale_s == pytest.approx(silent, abs=0.05)
+    assert fragment.runtime is not None and fragment.runtime.rows_in == 40  # shown, as stale
+    assert status.state == PipelineState.RUNNING and status.health == "degraded"
+    assert (status.rows_in, status.input_rows_per_s, metrics.rows_in, metrics.fragments) == (
+        0, 0.0, 0, {},
+    )  # fmt: skip
+    assert totals.throughput_rows_per_s == 0.0
+
+    cluster.c.clock.advance(cluster.c.settings.failure_seconds)
+    cluster.beat(other)
+    cluster.check()
+    status, *_ = view()
+    assert (status.fragments[0].node, status.fragments[0].status) == (other, "starting")
+    assert status.health == "degraded"  # until it runs again
+    cluster.beat(other, progress={"p1.f0": figures}, p1__f0="running")
+    status, metrics, totals, _ = view()
+    assert (status.health, status.rows_in, totals.throughput_rows_per_s) == ("healthy", 40, 8.0)
 
 
 def test_a_move_savepoint_in_nats_goes_to_the_targets_domain(cluster: Cluster) -> None:

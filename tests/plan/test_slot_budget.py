@@ -11,7 +11,7 @@ import pytest
 import spanflow as sf
 from spanflow.api.topology_loader import load_topology_text
 from spanflow.control.state import ClusterState, Observed
-from spanflow.control.views import cluster_metrics
+from spanflow.control.views import cluster_metrics, reach
 from spanflow.plan.explain import explain_dict, explain_text
 from spanflow.plan.fragments import compile_fragments
 from spanflow.plan.placement import PlacementError, slot_need
@@ -176,5 +176,6 @@ def test_cluster_metrics_count_the_slots_fragments_take():
         state.assignments[fid] = Assignment(
             fragment=fragment, node=node, epoch=1, checkpoint_dir="/c"
         )
-    metrics = cluster_metrics(state, Observed(), 0.0)
+    observed = Observed()
+    metrics = cluster_metrics(state, observed, 0.0, reach(state, observed, 0.0, 1.0))
     assert (metrics.slots, metrics.slots_used, metrics.utilisation) == (4, 3, 0.75)

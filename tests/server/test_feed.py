@@ -82,7 +82,7 @@ def test_history_keeps_recent_samples_of_reported_fragments_only() -> None:
             epoch=1,
             status="running",
             rows_in=rows,
-            input_rows_per_s=1.5,
+            input_rows_per_s=3.5,
             realtime_rows_per_s=2.0,
         )
 
@@ -94,6 +94,10 @@ def test_history_keeps_recent_samples_of_reported_fragments_only() -> None:
     latest = history.latest()
     assert set(latest) == {"a"} and latest["a"].at == 14.0
     assert latest["a"].input_rows_per_s == 3.5  # micro-batch and real-time rows together
+    # a fragment that cannot be reached keeps its samples and gets no new ones: its
+    # chart stops where its node went silent
+    history.record({}, at=16.0, known=["a"])
+    assert [s.at for s in history.of(["a"])["a"]] == [12.0, 14.0]
 
 
 def test_samples_carry_latency_percentiles_of_the_records_since_the_last_one() -> None:

@@ -1,11 +1,15 @@
 """A running cluster the dashboard and metrics tests share: NATS, a coordinator with a
-token and public reads, two agents with Spark, a pipeline detecting anomalies."""
+token and public reads, two agents with Spark, a pipeline detecting anomalies, one
+windowing. Nodes fail after 5 s of silence (suspect after 1 s): long enough for a test
+to watch what the dashboard shows of a node that is silent but not yet failed."""
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,6 +19,7 @@ from spanflow.protocol.client import CoordinatorClient
 from spanflow.protocol.rest import SubmitBody
 from tests.helpers import publish as publish_now
 from tests.helpers import wait_for
+from tests.web.browser import ARTIFACTS, Watched
 
 CHROMIUM = "/usr/lib/chromium/chromium"
 TOKEN = "dashboard-token"
@@ -98,6 +103,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
         port=0,
         token=TOKEN,
         heartbeat=0.5,
+        failure_after=10,
         coordinator_args=["--public-reads"],
     )
     try:
@@ -126,3 +132,33 @@ def publish(
 
 def client(c: LocalCluster, token: str | None = TOKEN) -> CoordinatorClient:
     return CoordinatorClient(c.url, token)
+
+
+@pytest.fixture(scope="package")
+def browser() -> Iterator[Any]:
+    from playwright.sync_api import sync_playwright
+
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"{CHROMIUM} is missing: run `python3 scripts/bootstrap.py` (apt chromium)")
+
+    shutil.rmtree(ARTIFACTS, ignore_errors=True)
+    ARTIFACTS.mkdir(parents=True)
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def page(browser: Any, cluster: LocalCluster, request: pytest.FixtureRequest) -> Iterator[Watched]:
+    """A fresh page; its screenshot is left in ARTIFACTS, and a console error or failed
+    request fails the test."""
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    watched = Watched(context.new_page())
+    try:
+        yield watched
+    finally:
+        watched.page.screenshot(path=str(ARTIFACTS / f"{request.node.name}.png"), full_page=True)
+        problems = list(watched.problems)
+        context.close()  # aborts the live stream: not a failure of the page
+    assert not problems, "\n".join(problems)

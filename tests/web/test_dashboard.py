@@ -6,100 +6,18 @@ each test leaves a screenshot in ``test-artifacts/dashboard/``."""
 
 from __future__ import annotations
 
-import os
-import shutil
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 
 from spanflow.local.cluster import LocalCluster
 from tests.helpers import read_records, wait_for
-from tests.web.conftest import CHROMIUM, TOKEN, client, publish
+from tests.web.browser import Watched, cells, open_page
+from tests.web.conftest import TOKEN, client, publish
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    from playwright.sync_api import sync_playwright
-
-    if not Path(CHROMIUM).exists():
-        pytest.fail(f"{CHROMIUM} is missing: run `python3 scripts/bootstrap.py` (apt chromium)")
-
-    shutil.rmtree(ARTIFACTS, ignore_errors=True)
-    ARTIFACTS.mkdir(parents=True)
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-        yield b
-        b.close()
-
-
-ARTIFACTS = (
-    Path(
-        os.environ.get(
-            "SPANFLOW_TEST_ARTIFACTS", Path(__file__).resolve().parents[2] / "test-artifacts"
-        )
-    )
-    / "dashboard"
-)
-
-
-class Watched:
-    """A page whose console errors, uncaught exceptions, failed requests and 4xx/5xx
-    answers are collected; ``expected`` statuses (a test that clicks without the token)
-    are let through."""
-
-    def __init__(self, page: Any) -> None:
-        self.page = page
-        self.problems: list[str] = []
-        self.expected: set[int] = set()
-        page.on("console", self._console)
-        page.on("pageerror", lambda e: self.problems.append(f"uncaught: {e}"))
-        page.on("requestfailed", self._failed)
-        page.on("response", self._response)
-
-    def _console(self, m: Any) -> None:
-        if m.type not in ("error", "warning"):
-            return
-        if any(f"status of {s}" in m.text for s in self.expected):
-            return  # the browser's own note about an expected refusal
-        self.problems.append(f"console {m.type}: {m.text}")
-
-    def _failed(self, r: Any) -> None:
-        if "/api/v1/stream" in r.url and r.failure == "net::ERR_ABORTED":
-            return  # the page restarts its live stream itself when the token changes
-        self.problems.append(f"request failed: {r.method} {r.url}: {r.failure}")
-
-    def _response(self, r: Any) -> None:
-        if r.status >= 400 and r.status not in self.expected:
-            self.problems.append(f"{r.status} from {r.request.method} {r.url}")
-
-
-@pytest.fixture
-def page(browser: Any, cluster: LocalCluster, request: pytest.FixtureRequest) -> Iterator[Watched]:
-    context = browser.new_context(viewport={"width": 1400, "height": 1000})
-    watched = Watched(context.new_page())
-    try:
-        yield watched
-    finally:
-        watched.page.screenshot(path=str(ARTIFACTS / f"{request.node.name}.png"), full_page=True)
-        problems = list(watched.problems)
-        context.close()  # aborts the live stream: not a failure of the page
-    assert not problems, "\n".join(problems)
-
-
-def open_page(w: Watched, c: LocalCluster, route: str) -> Any:
-    w.page.goto(f"{c.url}/ui/#/{route}")
-    w.page.wait_for_selector("#live.on", timeout=30_000)  # the live stream answers
-    return w.page
-
-
-def cells(page: Any, row: str, field: str) -> str:
-    return str(page.locator(f"{row} [data-field={field}]").inner_text()).strip()
 
 
 def test_the_network_page_shows_the_nodes_and_fragments_the_api_lists(
@@ -292,3 +210,6 @@ def test_a_killed_node_turns_dead_on_the_network_page(page: Watched, cluster: Lo
     wait_for(lambda: client(cluster).node("cloud-1").health == "dead", timeout=60)
     wait_for(lambda: cells(p, row, "health") == "dead", timeout=10)
     assert p.locator("[data-card=nodes-failed] .v").inner_text() == "1"
+    assert cells(p, row, "cpu") == "–"  # no last figures of a node that cannot be heard
+    fill = p.evaluate("S.graph.getElementById('site:cloud').data('fill')")
+    assert fill == "#f6d5d5"  # a site none of whose nodes can be heard is drawn red

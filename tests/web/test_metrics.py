@@ -45,6 +45,7 @@ def test_records_in_and_out_are_what_was_published_and_what_passed(
             for q in ("alerts_out", "anomalies_out")}  # fmt: skip
     wrote = total(before, "spanflow_query_records_out_total", **watch, query="alerts_out")
     timed = total(before, "spanflow_query_latency_seconds_count", **watch, query="alerts_out")
+    rows_before = client(cluster).pipeline("plant-watch").rows_in
     hot = [{"device": "m1", "temperature": 40.0 + i % 3} for i in range(10)]
     cool = [{"device": "m1", "temperature": 20.0 + i % 3} for i in range(30)]
     publish(cluster.nats_url, "SENSORS", "sensors.m1", hot + cool)
@@ -80,9 +81,11 @@ def test_records_in_and_out_are_what_was_published_and_what_passed(
         after, "spanflow_query_batch_duration_seconds_count", **watch, query="alerts_out"
     )
     assert batches == durations > 0
-    # the fragment's counter is the API's figure
+    # the fragment's counter is the API's figure, and both count each reading once
+    # though two sinks' queries read it
     api = client(cluster).pipeline_metrics("plant-watch")
     assert total(after, "spanflow_fragment_records_in_total", **watch) == api.rows_in
+    assert client(cluster).pipeline("plant-watch").rows_in == api.rows_in == rows_before + 40
 
 
 def test_a_dead_letter_increments_one_pipelines_counter_by_exactly_one(

@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from spanflow.cli.common import _data_dir, nats_url
+from spanflow.cli.common import data_dir_or_default, nats_url
 
 
 @dataclass(frozen=True)
@@ -37,7 +37,7 @@ class Catalog:
     def run(self, url: str | None, data_dir: Path | None, work: Any) -> Any:
         """``work(store)`` on the store over NATS."""
         with_store = importlib.import_module(self.store_module).with_store
-        with nats_url(url, _data_dir(data_dir)) as resolved:
+        with nats_url(url, data_dir_or_default(data_dir)) as resolved:
             return asyncio.run(with_store(resolved, work))
 
     def manifests(

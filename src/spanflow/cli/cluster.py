@@ -18,11 +18,11 @@ from rich.live import Live
 from rich.table import Table
 
 from spanflow.cli.common import (
-    _data_dir,
-    _Interrupted,
+    Interrupted,
     _quiet_spark,
     app,
     console,
+    data_dir_or_default,
     err,
     fail,
     use_secrets,
@@ -172,7 +172,7 @@ def coordinator(
         topo = load_topology(topology) if topology else None
     except SpanflowError as exc:
         raise fail(exc) from None
-    directory = _data_dir(data_dir)
+    directory = data_dir_or_default(data_dir)
     secrets = use_secrets(directory, "coordinator")
     creds = secrets.credentials() if secrets is not None else None
     if not token and creds is not None:
@@ -390,7 +390,7 @@ def node(
             enabled=shed, high=shed_high, low=shed_low, sustain=shed_sustain, cooldown=shed_cooldown
         ),
     )
-    stop = _Interrupted()
+    stop = Interrupted()
     try:
         NodeAgent(settings).run(stop.event, after_spark=stop.install)
     except SpanflowError as exc:
@@ -508,25 +508,32 @@ def status(
 def cluster_view(
     nodes: list[NodeStatus], pipelines: list[PipelineStatus], metrics: ClusterMetrics
 ) -> Group:
-    colour = {"alive": "green", "failed": "red", "draining": "yellow", "declared": "dim"}
+    colour = {
+        "alive": "green",
+        "dead": "red",
+        "suspect": "red",
+        "fenced": "red",
+        "draining": "yellow",
+        "last-known": "yellow",
+        "declared": "dim",
+    }
     nt = Table(title="nodes")
     widest = max((len(n.name) for n in nodes), default=4)
     nt.add_column("node", no_wrap=True, min_width=widest)
-    for col in ("site", "state", "slots", "cpu %", "fragments", "heartbeat"):
+    for col in ("site", "health", "slots", "cpu %", "fragments", "heartbeat"):
         nt.add_column(col)
     for n in nodes:
         beat = n.last_heartbeat_s
-        state = n.state.value
         nt.add_row(
             n.name,
             n.spec.site,
-            f"[{colour.get(state, 'white')}]{state}[/]",
+            f"[{colour.get(n.health, 'white')}]{n.health}[/]",
             f"{len(n.fragments)}/{n.slots}",
-            "-" if n.cpu_percent is None else f"{n.cpu_percent:.0f}",
+            "-" if n.cpu_percent is None or n.health == "dead" else f"{n.cpu_percent:.0f}",
             ", ".join(n.fragments) or "-",
             "-" if beat is None else f"{beat:.1f} s ago",
         )
-    pcolour = {"running": "green", "failing": "red", "failed": "red", "planned": "yellow"}
+    pcolour = {"healthy": "green", "degraded": "red"}
     pt = Table(title="pipelines")
     widest = max((len(p.name) for p in pipelines), default=8)
     pt.add_column("pipeline", no_wrap=True, min_width=widest)
@@ -534,16 +541,18 @@ def cluster_view(
     for col in ("fragments", "rows in", "rows/s", "lag", "dead", "reason"):
         pt.add_column(col)
     for p in pipelines:
-        rts = [f.runtime for f in p.fragments if f.runtime is not None]
-        state = p.state.value
+        live = [
+            f.runtime for f in p.fragments if f.runtime is not None and f.status != "unreachable"
+        ]
+        shown = "degraded" if p.health == "degraded" else p.state.value
         pt.add_row(
             p.name,
-            f"[{pcolour.get(state, 'white')}]{state}[/]",
+            f"[{pcolour.get(p.health, 'white')}]{shown}[/]",
             ", ".join(f"{f.id}@{f.node or '-'}:{f.status}" for f in p.fragments),
-            f"{sum(r.rows_in for r in rts):,}",
-            f"{sum(r.input_rows_per_s + r.realtime_rows_per_s for r in rts):,.0f}",
-            f"{sum(r.lag for r in rts):,}",
-            f"{sum(r.dead_letters for r in rts):,}",
+            f"{p.rows_in:,}",
+            f"{p.input_rows_per_s:,.0f}",
+            f"{sum(r.lag for r in live):,}",
+            f"{sum(r.dead_letters for r in live):,}",
             p.reason[:60],
         )
     summary = (
@@ -667,8 +676,8 @@ def up(
     a relay on this machine (``--wan-delay`` emulates the distance)."""
     from spanflow.spec.durations import parse_duration
 
-    stop = _Interrupted()
-    directory = _data_dir(data_dir)
+    stop = Interrupted()
+    directory = data_dir_or_default(data_dir)
     try:
         delay = parse_duration(wan_delay)
     except ValueError as exc:
@@ -736,7 +745,7 @@ def _submit_file(api: Api, path: Path) -> PipelineStatus:
     return api.typed(lambda c: c.submit(body))
 
 
-def _watch(cluster: LocalCluster, stop: _Interrupted, duration: float | None) -> None:
+def _watch(cluster: LocalCluster, stop: Interrupted, duration: float | None) -> None:
     deadline = time.monotonic() + duration if duration else None
     api = cluster.api()
 

@@ -178,7 +178,9 @@ def nats_url(
                 gateway.stop()
 
 
-def _data_dir(given: Path | None) -> Path:
+def data_dir_or_default(given: Path | None) -> Path:
+    """The data directory a command was given, else this host's default; made if
+    missing."""
     from spanflow.nats import default_data_dir
 
     path = given or default_data_dir()
@@ -191,7 +193,7 @@ def _quiet_spark() -> None:
     logging.getLogger("py4j").setLevel(logging.ERROR)
 
 
-class _Interrupted:
+class Interrupted:
     """Turns SIGINT/SIGTERM into a flag so the main loop can stop cleanly.
 
     PySpark's SparkContext installs its own SIGINT handler (cancel jobs, raise

@@ -10,8 +10,8 @@ from typing import Annotated
 import typer
 
 from spanflow.cli.common import (
+    Interrupted,
     _error,
-    _Interrupted,
     _quiet_spark,
     app,
     console,
@@ -36,7 +36,7 @@ def single_node_demo(
     from spanflow.demo.single_node import SingleNodeDemo
 
     _quiet_spark()
-    stop = _Interrupted()
+    stop = Interrupted()
     work = Path(tempfile.mkdtemp(prefix="spanflow-demo-"))
     with nats_url(nats, work) as url:
         run = SingleNodeDemo(url, work, rate, devices, console, err)
@@ -99,7 +99,7 @@ def demo(
     from spanflow.cli.cluster import status_view
     from spanflow.demo.cluster import ClusterDemo
 
-    stop = _Interrupted()
+    stop = Interrupted()
     run = ClusterDemo(rate, devices, console, err)
     try:
         states = run.run(stop.event, status_view, duration, until_global)

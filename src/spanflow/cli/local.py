@@ -18,16 +18,16 @@ from rich.table import Table
 
 from spanflow.cli.common import (
     DataDirOption,
+    Interrupted,
     KafkaOption,
     NatsOption,
     SinkStreamOption,
     SourceStreamOption,
-    _data_dir,
     _error,
-    _Interrupted,
     _quiet_spark,
     app,
     console,
+    data_dir_or_default,
     err,
     load_target,
     nats_url,
@@ -149,8 +149,8 @@ def run(
     from spanflow.spark.runner import PipelineRunner
     from spanflow.spark.session import build_session
 
-    stop = _Interrupted()
-    directory = _data_dir(data_dir)
+    stop = Interrupted()
+    directory = data_dir_or_default(data_dir)
     with (
         nats_url(
             nats,
@@ -312,7 +312,7 @@ def simulate(
             malformed_rate=malformed_rate,
         )
     )
-    stop_flag = _Interrupted()
+    stop_flag = Interrupted()
 
     async def go(url: str) -> None:
         nc = await connect(url)
@@ -342,7 +342,7 @@ def simulate(
         s = sim.stats
         err.print(f"\nsent {s.sent:,} readings ({s.anomalies} anomalies, {s.malformed} malformed)")
 
-    with nats_url(nats, _data_dir(data_dir)) as url:
+    with nats_url(nats, data_dir_or_default(data_dir)) as url:
         asyncio.run(go(url))
 
 

@@ -11,7 +11,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from spanflow.cli.common import _data_dir, app, console, fail
+from spanflow.cli.common import app, console, data_dir_or_default, fail
 from spanflow.errors import SecurityError
 from spanflow.security import pki
 from spanflow.security.keyring import Keyring, decode_key, new_key
@@ -37,7 +37,7 @@ DataDir = Annotated[
 
 
 def secrets_at(secrets_dir: Path | None, data_dir: Path | None) -> Secrets:
-    return Secrets(secrets_dir or _data_dir(data_dir) / "secrets")
+    return Secrets(secrets_dir or data_dir_or_default(data_dir) / "secrets")
 
 
 def key_id(key: bytes) -> str:

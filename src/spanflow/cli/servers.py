@@ -11,7 +11,15 @@ from typing import Annotated, Any
 
 import typer
 
-from spanflow.cli.common import _data_dir, _Interrupted, app, console, err, fail, use_secrets
+from spanflow.cli.common import (
+    Interrupted,
+    app,
+    console,
+    data_dir_or_default,
+    err,
+    fail,
+    use_secrets,
+)
 from spanflow.cli.local import ingest
 from spanflow.errors import NatsError, SpanflowError
 
@@ -77,7 +85,7 @@ def site_server(
     from spanflow.nats.server import EmbeddedNats
     from spanflow.security.policy import is_loopback
 
-    directory = _data_dir(data_dir)
+    directory = data_dir_or_default(data_dir)
     secrets = use_secrets(directory, "coordinator")
     host, port = _listen(listen, "--listen")
     leaf_host, leaf_port = _listen(leaf_listen, "--leaf-listen")
@@ -106,7 +114,7 @@ def site_server(
         deny_exports=tuple(deny_export or ()),
         secrets=secrets,
     )
-    stop = _Interrupted()
+    stop = Interrupted()
     try:
         server.start()
     except SpanflowError as exc:
@@ -173,7 +181,7 @@ def spark_cluster(
     cluster = LocalSparkCluster(
         workers=workers, cores=cores, memory=memory, host=host, port=port, ui_port=ui_port
     )
-    stop = _Interrupted()
+    stop = Interrupted()
     err.print(f"starting a Spark master and {workers} worker(s) …")
     try:
         cluster.start()

@@ -61,6 +61,7 @@ from spanflow.nats.streams import connect
 from spanflow.plan import Placer
 from spanflow.plan.planner import GeoPlacer
 from spanflow.protocol.messages import Activity, Heartbeat, ShedRequest
+from spanflow.protocol.metrics import FragmentRuntime
 from spanflow.protocol.rest import (
     ClusterInfo,
     ClusterMetrics,
@@ -73,7 +74,7 @@ from spanflow.protocol.rest import (
 )
 from spanflow.security.secrets import assignment_signer, control_identity_from_env
 from spanflow.spec import locations
-from spanflow.spec.cluster import Assignment, NodeRecord, PipelineRecord
+from spanflow.spec.cluster import Assignment, NodeRecord, PipelineRecord, PipelineState
 from spanflow.spec.topology import Capabilities, Link, Site, Topology
 
 __all__ = ["Coordinator", "CoordinatorSettings", "Registration", "Submission"]
@@ -439,8 +440,12 @@ class Coordinator:
             self._schedule(tx)
             return record
 
+        before = self.state.nodes.get(reg.name)
+        replaced = before is not None and before.agent_id not in (None, reg.agent_id)
         record = await self._decide(decide)
         self.observed.heartbeats.pop(reg.name, None)  # its predecessor's, if it restarted
+        if replaced:  # what its predecessor reported is no longer what runs there
+            self.observed.forget_runtimes(self.state, reg.name)
         self.observed.joined(reg.name, self.clock.monotonic())
         return record
 
@@ -659,34 +664,58 @@ class Coordinator:
         return {"name": self.settings.name, "role": self.role, "leader": self.state.leader}
 
     def pipeline_statuses(self) -> list[PipelineStatus]:
-        return [self.pipeline_status(n) for n in sorted(self.state.pipelines)]
+        at = self.reach()
+        return [
+            views.pipeline_status(self.state, self.observed, n, at)
+            for n in sorted(self.state.pipelines)
+        ]
 
     def node_statuses(self) -> list[NodeStatus]:
-        return [self.node_status(n) for n in sorted(self.state.nodes)]
+        at = self.reach()
+        return [
+            views.node_status(self.state, self.observed, n, at) for n in sorted(self.state.nodes)
+        ]
+
+    def planned_fragments(self) -> list[tuple[str, str, str | None]]:
+        """(pipeline, fragment, node or None when unplaced) of every fragment an active
+        pipeline should be running."""
+        out = []
+        for name in sorted(self.state.pipelines):
+            record = self.state.pipelines[name]
+            if record.state.terminal or record.state == PipelineState.STOPPED:
+                continue
+            for f in record.fragments:
+                a = self.state.assignments.get(f.id)
+                out.append((name, f.id, a.node if a else None))
+        return out
 
     def shown_fragments(self, pipeline: str) -> list[str]:
         """The ids of the fragments the dashboard shows for ``pipeline`` (NotFound)."""
         record = pipelines.pipeline(self.state, pipeline)
         return [f.id for f in pipelines.shown_fragments(self.state, record)]
 
+    def reach(self) -> views.Reach:
+        """Which nodes can be believed now (every view takes it)."""
+        return views.reach(
+            self.state, self.observed, self.clock.monotonic(), self.settings.heartbeat_interval
+        )
+
+    def live_runtimes(self) -> dict[str, FragmentRuntime]:
+        """Figures of the fragments that run where they can be believed now."""
+        return views.live_runtimes(self.state, self.observed, self.reach())
+
     def pipeline_status(self, name: str) -> PipelineStatus:
-        return views.pipeline_status(self.state, self.observed, name)
+        return views.pipeline_status(self.state, self.observed, name, self.reach())
 
     def pipeline_metrics(self, name: str) -> PipelineMetrics:
-        return views.pipeline_metrics(self.state, self.observed, name)
+        return views.pipeline_metrics(self.state, self.observed, name, self.reach())
 
     def node_status(self, name: str) -> NodeStatus:
-        return views.node_status(
-            self.state,
-            self.observed,
-            name,
-            self.clock.monotonic(),
-            self.settings.heartbeat_interval,
-        )
+        return views.node_status(self.state, self.observed, name, self.reach())
 
     def cluster_metrics(self) -> ClusterMetrics:
         uptime = self.clock.monotonic() - self.started_at
-        return views.cluster_metrics(self.state, self.observed, uptime)
+        return views.cluster_metrics(self.state, self.observed, uptime, self.reach())
 
 
 M = TypeVar("M", Heartbeat, Activity)

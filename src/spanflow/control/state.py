@@ -93,6 +93,12 @@ class Observed:
         self.last_seen.pop(node, None)
         self.heartbeats.pop(node, None)
 
+    def forget_runtimes(self, state: ClusterState, node: str) -> None:
+        """Drop the figures reported of the fragments assigned to ``node`` (its agent
+        was replaced: they were its predecessor's, not what runs now)."""
+        for a in state.assignments_on(node):
+            self.runtime.pop(a.fragment.id, None)
+
     def prune(self, state: ClusterState) -> None:
         """Drop runtimes of fragments no longer assigned at the epoch they report."""
         for fid, rt in list(self.runtime.items()):

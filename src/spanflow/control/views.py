@@ -1,23 +1,104 @@
-"""Views room: what the API shows of the state and of what nodes report. Read-only."""
+"""Views room: what the API shows of the state and of what nodes report. Read-only.
+
+One source of truth for health: :func:`reach` says, at one instant, which nodes can be
+believed; every view takes it. A fragment whose node is suspect, dead or never came is
+``unreachable`` with its last figures marked stale, and no total (a pipeline's rows,
+the cluster's throughput) sums them; a running pipeline with a fragment that does not
+run is ``degraded``.
+"""
 
 from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
 
 from spanflow.control import pipelines, registry
 from spanflow.control.state import ClusterState, Observed
 from spanflow.plan.planner import hops_of
 from spanflow.protocol.messages import Heartbeat
+from spanflow.protocol.metrics import FragmentRuntime
 from spanflow.protocol.rest import (
     ClusterMetrics,
     FragmentStatus,
     NodeHealth,
     NodeStatus,
+    PipelineHealth,
     PipelineMetrics,
     PipelineStatus,
 )
 from spanflow.spec.cluster import NodeRecord, NodeState, PipelineState
 
+UNREACHABLE: frozenset[NodeHealth] = frozenset({"suspect", "dead", "declared"})
+"""Node healths whose reports cannot be believed now: silent, failed, or never came."""
 
-def pipeline_status(state: ClusterState, observed: Observed, name: str) -> PipelineStatus:
+
+@dataclass(frozen=True)
+class Reach:
+    """How every node is doing at one instant, and how long each has been silent."""
+
+    health: Mapping[str, NodeHealth]
+    silent: Mapping[str, float | None]
+
+    def reachable(self, node: str | None) -> bool:
+        return node is not None and self.health.get(node, "declared") not in UNREACHABLE
+
+
+def reach(state: ClusterState, observed: Observed, now: float, heartbeat_s: float) -> Reach:
+    """``now``: the monotonic clock; ``heartbeat_s``: the heartbeat period."""
+    health, silent = {}, {}
+    for name, record in state.nodes.items():
+        seen = observed.last_seen.get(name)
+        silent[name] = now - seen if seen is not None else None
+        health[name] = node_health(
+            record, _heartbeat(state, observed, name), silent[name], heartbeat_s
+        )
+    return Reach(health, silent)
+
+
+def live_runtime(
+    state: ClusterState, observed: Observed, at: Reach, fragment_id: str
+) -> FragmentRuntime | None:
+    """The fragment's figures if they are of its current assignment and its node can
+    be believed now (else None: nothing to sum)."""
+    a = state.assignments.get(fragment_id)
+    rt = observed.runtime.get(fragment_id)
+    if a is None or rt is None or rt.epoch != a.epoch or not at.reachable(a.node):
+        return None
+    return rt
+
+
+def live_runtimes(state: ClusterState, observed: Observed, at: Reach) -> dict[str, FragmentRuntime]:
+    """:func:`live_runtime` of every fragment that has one."""
+    return {
+        fid: rt
+        for fid in sorted(observed.runtime)
+        if (rt := live_runtime(state, observed, at, fid))
+    }
+
+
+def _fragment_state(
+    a_node: str | None, assigned: bool, rt: FragmentRuntime | None, current: bool, at: Reach
+) -> str:
+    if not assigned:
+        return "unassigned"
+    if not at.reachable(a_node):
+        return "unreachable"
+    return rt.status if rt is not None and current else "starting"
+
+
+def pipeline_health(state: PipelineState, fragments: list[FragmentStatus]) -> PipelineHealth:
+    """healthy: running and every fragment runs; degraded: running or being repaired
+    with a fragment that does not run; else inactive."""
+    if state not in (PipelineState.RUNNING, PipelineState.FAILING):
+        return "inactive"
+    if state == PipelineState.RUNNING and all(f.status == "running" for f in fragments):
+        return "healthy"
+    return "degraded"
+
+
+def pipeline_status(
+    state: ClusterState, observed: Observed, name: str, at: Reach
+) -> PipelineStatus:
     record = pipelines.pipeline(state, name)
     shown = pipelines.shown_fragments(state, record)
     topology = state.topology
@@ -33,6 +114,8 @@ def pipeline_status(state: ClusterState, observed: Observed, name: str) -> Pipel
             else 0.0
         )
         path = max(path, worst)
+        current = rt is not None and a is not None and rt.epoch == a.epoch
+        status = _fragment_state(a.node if a else None, a is not None, rt, current, at)
         fragments.append(
             FragmentStatus(
                 id=f.id,
@@ -43,16 +126,14 @@ def pipeline_status(state: ClusterState, observed: Observed, name: str) -> Pipel
                 node=a.node if a else None,
                 epoch=a.epoch if a else record.epochs.get(f.id, 0),
                 action=a.action if a else None,
-                status=(
-                    rt.status
-                    if rt and a and rt.epoch == a.epoch
-                    else ("starting" if a else "unassigned")
-                ),
+                status=status,
+                stale_s=_stale(at, a.node if a else None) if status == "unreachable" else None,
                 input_latency_s=round(worst, 4),
-                runtime=rt,
+                runtime=rt if current else None,
             )
         )
-    batch_ms = [rt.last_batch_ms for f in shown if (rt := observed.runtime.get(f.id)) is not None]
+    live = [rt for f in shown if (rt := live_runtime(state, observed, at, f.id)) is not None]
+    batch_ms = [rt.last_batch_ms for rt in live]
     # Every fragment on the path waits up to a trigger interval and runs one batch;
     # the network adds the worst one-way latency into a global fragment.
     hops = hops_of(shown) if shown else 1
@@ -60,7 +141,10 @@ def pipeline_status(state: ClusterState, observed: Observed, name: str) -> Pipel
     return PipelineStatus(
         name=name,
         state=record.state,
+        health=pipeline_health(record.state, fragments),
         reason=record.reason,
+        rows_in=sum(rt.source_rows_in for rt in live),
+        input_rows_per_s=round(sum(rt.source_rows_per_s for rt in live), 3),
         latency_estimate_s=round(estimate, 3) if estimate is not None else None,
         over_latency_budget=(
             estimate > record.latency_budget
@@ -78,19 +162,29 @@ def pipeline_status(state: ClusterState, observed: Observed, name: str) -> Pipel
     )
 
 
-def pipeline_metrics(state: ClusterState, observed: Observed, name: str) -> PipelineMetrics:
+def _stale(at: Reach, node: str | None) -> float | None:
+    silent = at.silent.get(node) if node is not None else None
+    return round(silent, 1) if silent is not None else None
+
+
+def pipeline_metrics(
+    state: ClusterState, observed: Observed, name: str, at: Reach
+) -> PipelineMetrics:
+    """Sums over the fragments that run where they can be believed now; rows and rates
+    are of the pipeline's own sources (a fragment reading another's output is not
+    counted twice)."""
     record = pipelines.pipeline(state, name)
     rts = [
-        observed.runtime[f.id]
+        rt
         for f in pipelines.shown_fragments(state, record)
-        if f.id in observed.runtime
+        if (rt := live_runtime(state, observed, at, f.id)) is not None
     ]
     return PipelineMetrics(
         name=name,
         state=record.state,
         batches=sum(r.batches for r in rts),
-        rows_in=sum(r.rows_in for r in rts),
-        input_rows_per_s=sum(r.input_rows_per_s + r.realtime_rows_per_s for r in rts),
+        rows_in=sum(r.source_rows_in for r in rts),
+        input_rows_per_s=sum(r.source_rows_per_s for r in rts),
         processed_rows_per_s=sum(r.processed_rows_per_s for r in rts),
         realtime_rows_per_s=sum(r.realtime_rows_per_s for r in rts),
         lag=sum(r.lag for r in rts),
@@ -118,22 +212,25 @@ def node_health(
     return "alive"
 
 
-def node_status(
-    state: ClusterState, observed: Observed, name: str, now: float, heartbeat_s: float = 1.0
-) -> NodeStatus:
-    """``now``: the monotonic clock, for how long ago the node was heard;
-    ``heartbeat_s``: the heartbeat period (a node silent for two is suspect)."""
-    record = registry.node(state, name)
+def _heartbeat(state: ClusterState, observed: Observed, name: str) -> Heartbeat | None:
+    """The node's last heartbeat, if it is from the agent that runs now (not from the
+    one before a restart)."""
+    record = state.nodes[name]
     hb = observed.heartbeats.get(name)
     if hb is not None and record.agent_id and hb.agent_id != record.agent_id:
-        hb = None  # from the agent before this one (it restarted): not what runs now
-    seen = observed.last_seen.get(name)
-    silent = now - seen if seen is not None else None
+        return None
+    return hb
+
+
+def node_status(state: ClusterState, observed: Observed, name: str, at: Reach) -> NodeStatus:
+    record = registry.node(state, name)
+    hb = _heartbeat(state, observed, name)
+    silent = at.silent.get(name)
     return NodeStatus(
         name=name,
         spec=record.spec,
         state=record.state,
-        health=node_health(record, hb, silent, heartbeat_s),
+        health=at.health[name],
         agent_id=record.agent_id,
         host=record.host,
         since=record.since,
@@ -146,7 +243,7 @@ def node_status(
         ),
         cpu_percent=hb.cpu_percent if hb else None,
         memory_percent=hb.memory_percent if hb else None,
-        last_heartbeat_s=round(now - seen, 2) if seen is not None else None,
+        last_heartbeat_s=round(silent, 2) if silent is not None else None,
         streams=list(hb.streams) if hb else [],
         warnings=[u.warning for u in hb.streams if u.warning] if hb else [],
         last_known_assignments=hb.last_known if hb else False,
@@ -159,7 +256,9 @@ def node_status(
     )
 
 
-def cluster_metrics(state: ClusterState, observed: Observed, uptime_s: float) -> ClusterMetrics:
+def cluster_metrics(
+    state: ClusterState, observed: Observed, uptime_s: float, at: Reach
+) -> ClusterMetrics:
     nodes = state.nodes.values()
     by_state: dict[str, int] = {s.value: 0 for s in NodeState}
     for n in nodes:
@@ -172,7 +271,11 @@ def cluster_metrics(state: ClusterState, observed: Observed, uptime_s: float) ->
         for a in state.assignments.values()
         if a.node in state.nodes
     )
-    cpus = [observed.heartbeats[n.name].cpu_percent for n in live if n.name in observed.heartbeats]
+    cpus = [
+        observed.heartbeats[n.name].cpu_percent
+        for n in live
+        if n.name in observed.heartbeats and at.reachable(n.name)
+    ]
     by_pipeline_state: dict[str, int] = {s.value: 0 for s in PipelineState}
     for p in state.pipelines.values():
         by_pipeline_state[p.state.value] += 1
@@ -184,7 +287,7 @@ def cluster_metrics(state: ClusterState, observed: Observed, uptime_s: float) ->
         utilisation=round(used / slots, 3) if slots else 0.0,
         cpu_percent=round(sum(cpus) / len(cpus), 1) if cpus else 0.0,
         throughput_rows_per_s=round(
-            sum(r.input_rows_per_s + r.realtime_rows_per_s for r in observed.runtime.values()), 1
+            sum(r.source_rows_per_s for r in live_runtimes(state, observed, at).values()), 1
         ),
         pipelines=by_pipeline_state,
         uptime_s=round(uptime_s, 1),

@@ -84,16 +84,31 @@ class FragmentRuntime(BaseModel):
     started_at: float | None = None
     queries: dict[str, str] = Field(default_factory=dict, description="sink → Spark run id")
     batches: int = 0
-    rows_in: int = 0
-    input_rows_per_s: float = 0.0
+    rows_in: int = Field(
+        default=0,
+        description="Records it read, each once however many of its queries read it "
+        "(queries that read the same sources count as one).",
+    )
+    source_rows_in: int = Field(
+        default=0,
+        description="The part of rows_in read from the pipeline's own sources (not from "
+        "another fragment's output): what a pipeline's input sums.",
+    )
+    input_rows_per_s: float = Field(
+        default=0.0,
+        description="Input rate, each record once (real-time queries' live rate included).",
+    )
+    source_rows_per_s: float = Field(
+        default=0.0, description="The part of input_rows_per_s from the pipeline's sources."
+    )
     processed_rows_per_s: float = 0.0
     realtime_rows_per_s: float = Field(
         default=0.0,
-        description="rows/s its real-time queries read, live (their batches last minutes; "
-        "input and processed rates are the micro-batch queries')",
+        description="rows/s its real-time queries read, live (their batches last minutes); "
+        "already part of input_rows_per_s",
     )
     last_batch_ms: int = 0
-    lag: int = 0
+    lag: int = Field(default=0, description="Messages behind its inputs' ends (slowest query).")
     watermark: str | None = None
     restarts: int = 0
     dead_letters: int = 0

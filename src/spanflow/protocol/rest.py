@@ -238,15 +238,33 @@ class FragmentStatus(_Answer):
     node: str | None = Field(description="Where it is assigned (None: unplaced).")
     epoch: int
     action: Literal["run", "savepoint"] | None
-    status: str = Field(description="As its agent reports, or starting / unassigned.")
+    status: str = Field(
+        description="As its agent reports, or starting / unassigned, or unreachable when "
+        "its node is suspect or dead (its runtime is then the last report, stale)."
+    )
+    stale_s: float | None = Field(
+        default=None, description="Unreachable: seconds since its node was last heard."
+    )
     input_latency_s: float = Field(description="Worst one-way latency from its input sites.")
     runtime: FragmentRuntime | None
+
+
+PipelineHealth = Literal["healthy", "degraded", "inactive"]
 
 
 class PipelineStatus(_Answer):
     name: str
     state: PipelineState
+    health: PipelineHealth = Field(
+        description="healthy: running, every fragment runs; degraded: running (or being "
+        "repaired) with a fragment that does not run or cannot be reached; else inactive."
+    )
     reason: str
+    rows_in: int = Field(
+        description="Records read from the pipeline's sources, each once, by the fragments "
+        "that can be reached now."
+    )
+    input_rows_per_s: float = Field(description="Their rate.")
     latency_estimate_s: float | None
     over_latency_budget: bool | None
     priority: int

@@ -24,7 +24,9 @@ from spanflow.spark.session import SparkSession
 from spanflow.spark.stagger import BatchSlots
 from spanflow.spec import locations
 from spanflow.spec.cluster import Assignment
+from spanflow.spec.pipeline import PipelineSpec
 from spanflow.spec.retention import DEFAULT_RETENTION, Retention
+from spanflow.spec.steps.io import SourceStep
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +38,6 @@ class RunningFragment:
     assignment: Assignment
     runner: PipelineRunner
     started_at: float = field(default_factory=time.time)
-    rows_in: int = 0
     last_batch: dict[str, int] = field(default_factory=dict)
     metrics: dict[str, QueryMetrics] = field(default_factory=dict)
     """sink → its query's counters and histograms since the fragment started here."""
@@ -148,7 +149,6 @@ class FragmentExecutor:
             queries[sink] = str(q.runId)
             metrics = running.metrics.setdefault(sink, QueryMetrics())
             for progress in spark_progress.batches_since(q, running.last_batch.get(sink, -1)):
-                running.rows_in += int(progress.get("numInputRows") or 0)
                 spark_progress.fold(metrics, progress)
                 running.last_batch[sink] = int(progress["batchId"])
                 ends = [s.get("endOffset") for s in progress.get("sources", [])]
@@ -161,6 +161,7 @@ class FragmentExecutor:
             running.dead_letters_at = now
         failing = [st for st in statuses if not st.active]
         self._complete_metrics(running, statuses)
+        once = _CountedOnce(running.runner.spec, statuses, running.metrics)
         return FragmentRuntime(
             fragment_id=fragment_id,
             epoch=running.assignment.epoch,
@@ -168,12 +169,14 @@ class FragmentExecutor:
             started_at=running.started_at,
             queries=queries,
             batches=batches,
-            rows_in=running.rows_in,
-            input_rows_per_s=sum(st.input_rows_per_s for st in statuses if not st.realtime),
+            rows_in=round(once.total(once.records)),
+            source_rows_in=round(once.total(once.records, own_sources=True)),
+            input_rows_per_s=once.total(once.rates),
+            source_rows_per_s=once.total(once.rates, own_sources=True),
             processed_rows_per_s=sum(st.processed_rows_per_s for st in statuses if not st.realtime),
             realtime_rows_per_s=sum(st.processed_rows_per_s for st in statuses if st.realtime),
             last_batch_ms=max((st.last_batch_ms for st in statuses), default=0),
-            lag=sum(st.lag for st in statuses),
+            lag=round(once.total({st.sink: st.lag for st in statuses})),
             watermark=max((st.watermark for st in statuses if st.watermark), default=None),
             restarts=sum(st.restarts for st in statuses),
             dead_letters=running.dead_letters,
@@ -207,3 +210,33 @@ def _offset(value: Any) -> Any:
         except ValueError:
             return value
     return value
+
+
+class _CountedOnce:
+    """A fragment's figures with each input record counted once: its sinks' queries
+    all read their sources, so per-query figures are summed per group of queries that
+    read the same sources (:func:`spanflow.spark.progress.counted_once`), taking the
+    group's furthest query."""
+
+    def __init__(
+        self, spec: PipelineSpec, statuses: list[QueryStatus], metrics: dict[str, QueryMetrics]
+    ) -> None:
+        reads = {
+            st.sink: frozenset(s.id for s in spec.path_to(st.sink) if isinstance(s, SourceStep))
+            for st in statuses
+            if st.sink in {k.id for k in spec.sinks()}
+        }
+        self.groups = spark_progress.counted_once(reads)
+        hops = {s.id for s in spec.sources() if s.schema_of is not None}
+        self.own = [g for g in self.groups if not reads[g[0]] & hops]
+        self.records = {k: float(m.records_in) for k, m in metrics.items()}
+        self.rates = {
+            st.sink: st.processed_rows_per_s if st.realtime else st.input_rows_per_s
+            for st in statuses
+        }
+
+    def total(self, per_query: dict[str, float], own_sources: bool = False) -> float:
+        """Sum over the groups (of those reading the pipeline's own sources only, not
+        another fragment's output, when ``own_sources``) of the group's largest value."""
+        groups = self.own if own_sources else self.groups
+        return sum(max(per_query.get(s, 0.0) for s in g) for g in groups)

@@ -66,7 +66,7 @@ def sample_of(rt: FragmentRuntime, at: float, before: list[int] | None = None) -
         recent = [a - b for a, b in zip(now, before, strict=True)]
     return FragmentSample(
         at=at,
-        input_rows_per_s=rt.input_rows_per_s + rt.realtime_rows_per_s,
+        input_rows_per_s=rt.input_rows_per_s,
         processed_rows_per_s=rt.processed_rows_per_s,
         last_batch_ms=rt.last_batch_ms,
         lag=rt.lag,
@@ -82,15 +82,22 @@ def sample_of(rt: FragmentRuntime, at: float, before: list[int] | None = None) -
 
 class History:
     """The last :data:`KEPT` samples of each fragment; fragments no longer reported are
-    dropped (a cancelled pipeline's charts go with it)."""
+    dropped (a cancelled pipeline's charts go with it), fragments that cannot be reached
+    get no new samples (their charts stop where their node went silent instead of
+    drawing its last figures as a flat line)."""
 
     def __init__(self, kept: int = KEPT) -> None:
         self.kept = kept
         self.samples: dict[str, deque[FragmentSample]] = {}
         self._latency: dict[str, list[int]] = {}
 
-    def record(self, runtimes: dict[str, FragmentRuntime], at: float) -> None:
-        for fid in set(self.samples) - set(runtimes):
+    def record(
+        self, runtimes: dict[str, FragmentRuntime], at: float, known: Iterable[str] | None = None
+    ) -> None:
+        """``runtimes``: the live figures to sample; ``known``: the fragments whose
+        samples are kept (default: those of ``runtimes``)."""
+        kept = set(runtimes) | set(known or ())
+        for fid in set(self.samples) - kept:
             del self.samples[fid]
             self._latency.pop(fid, None)
         for fid, rt in runtimes.items():
@@ -114,7 +121,7 @@ async def sample_forever(
     """Sample fragments into ``history`` and keep ``feed`` subscribed to the running
     pipelines' event sinks, every ``interval`` seconds."""
     while True:
-        history.record(dict(coordinator.observed.runtime), time.time())
+        history.record(coordinator.live_runtimes(), time.time(), coordinator.observed.runtime)
         if coordinator.nc is not None and coordinator.nc.is_connected:
             try:
                 await feed.sync(coordinator.nc, list(coordinator.state.pipelines.values()))
@@ -124,12 +131,11 @@ async def sample_forever(
 
 
 def snapshot(coordinator: Coordinator, history: History) -> Snapshot:
-    state = coordinator.state
     return Snapshot(
         at=time.time(),
         cluster=coordinator.cluster_metrics(),
-        nodes=[coordinator.node_status(n) for n in sorted(state.nodes)],
-        pipelines=[coordinator.pipeline_status(p) for p in sorted(state.pipelines)],
+        nodes=coordinator.node_statuses(),
+        pipelines=coordinator.pipeline_statuses(),
         samples=history.latest(),
     )
 

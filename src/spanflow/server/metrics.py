@@ -24,6 +24,7 @@ from prometheus_client.core import (
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
+from spanflow.control.views import UNREACHABLE
 from spanflow.protocol.metrics import FragmentRuntime, Histogram, QueryMetrics
 from spanflow.spec.cluster import NodeState
 
@@ -40,8 +41,10 @@ class _ClusterCollector(Collector):
     def __init__(self, coordinator: Coordinator, feed: EventFeed | None) -> None:
         self.coordinator = coordinator
         self.feed = feed
+        self._live: dict[str, FragmentRuntime] = {}
 
     def collect(self) -> Iterator[Metric]:
+        self._live = self.coordinator.live_runtimes()
         yield from self._cluster()
         yield from self._control_plane()
         yield from self._nodes()
@@ -132,8 +135,8 @@ class _ClusterCollector(Collector):
             if status.last_heartbeat_s is not None:
                 heard.add_metric(values, status.last_heartbeat_s)
             hb = c.observed.heartbeats.get(name)
-            if hb is None:
-                continue
+            if hb is None or status.health in UNREACHABLE:
+                continue  # no last figures of a node that cannot be heard
             cpu.add_metric([name], hb.cpu_percent)
             memory.add_metric(values, hb.memory_percent)
             if hb.load is not None:
@@ -186,18 +189,21 @@ class _ClusterCollector(Collector):
         yield from (state, estimate, budget)
 
     def _current(self) -> Iterator[tuple[list[str], FragmentRuntime]]:
-        """(pipeline, fragment, node) and the runtime of every assigned fragment."""
-        for frag_id, rt in sorted(self.coordinator.observed.runtime.items()):
-            a = self.coordinator.state.assignments.get(frag_id)
-            if a is not None:
-                yield [a.fragment.pipeline, frag_id, a.node], rt
+        """(pipeline, fragment, node) and the runtime of every fragment that runs where
+        it can be believed now (an unreachable node's last figures are not exported)."""
+        for frag_id, rt in self._live.items():
+            a = self.coordinator.state.assignments[frag_id]
+            yield [a.fragment.pipeline, frag_id, a.node], rt
 
     def _fragments(self) -> Iterator[Metric]:
         def gauge(name: str, text: str) -> GaugeMetricFamily:
             return GaugeMetricFamily(name, text, labels=FRAGMENT)
 
         rate = gauge("spanflow_fragment_input_rows_per_second", "Input rate per fragment")
-        up = gauge("spanflow_fragment_up", "1 when the fragment's queries are all running")
+        up = gauge(
+            "spanflow_fragment_up",
+            "1 when the fragment's queries all run on a node heard within two heartbeats",
+        )
         rows = CounterMetricFamily(
             "spanflow_fragment_records_in", "Records its queries read (all sinks)", labels=FRAGMENT
         )
@@ -213,9 +219,12 @@ class _ClusterCollector(Collector):
             "spanflow_fragment_watermark_lag_seconds", "Now minus its event-time watermark"
         )
         now = time.time()
+        for pipeline, fragment, node in self.coordinator.planned_fragments():
+            live = self._live.get(fragment)
+            running = live is not None and live.status == "running"
+            up.add_metric([pipeline, fragment, node or ""], 1.0 if running else 0.0)
         for values, rt in self._current():
-            rate.add_metric(values, rt.input_rows_per_s + rt.realtime_rows_per_s)
-            up.add_metric(values, 1.0 if rt.status == "running" else 0.0)
+            rate.add_metric(values, rt.input_rows_per_s)
             rows.add_metric(values, rt.rows_in)
             dead.add_metric(values, rt.dead_letters)
             restarts.add_metric(values, rt.restarts)

@@ -93,3 +93,29 @@ def batches_since(query: Any, seen: int) -> list[dict[str, Any]]:
 def ran(progress: Any) -> bool:
     """Whether a progress report is of a batch that ran (not an idle query's report)."""
     return "addBatch" in (dict(progress).get("durationMs") or {})
+
+
+def counted_once(reads: Mapping[str, frozenset[str]]) -> list[list[str]]:
+    """Groups of queries (by sink) whose reads, together, count each source once.
+
+    ``reads``: the sources each sink's query reads. Every sink of a fragment runs its
+    own query over the same sources, so summing their input counts a record once per
+    sink. Queries that read the same sources form a group (take its furthest figure);
+    a group is counted when its sources are not counted yet, widest first, so a join
+    over two sources counts both and a sink of one of them is not counted again.
+
+    >>> counted_once({"alerts": frozenset({"r"}), "anomalies": frozenset({"r"})})
+    [['alerts', 'anomalies']]
+    >>> counted_once({"a": frozenset({"r"}), "j": frozenset({"r", "t"}), "b": frozenset({"u"})})
+    [['j'], ['b']]
+    """
+    groups: dict[frozenset[str], list[str]] = {}
+    for sink, sources in sorted(reads.items()):
+        groups.setdefault(sources, []).append(sink)
+    covered: set[str] = set()
+    chosen = []
+    for sources in sorted(groups, key=lambda s: (-len(s), sorted(s))):
+        if sources and not sources & covered:
+            covered |= sources
+            chosen.append(groups[sources])
+    return chosen

@@ -6,7 +6,7 @@ keep their manifests this way, so concurrent pushes never share a version number
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 from nats.js.errors import (
@@ -64,11 +64,13 @@ def _as_is(name: str) -> str:
     return name
 
 
-@dataclass(frozen=True)
+@dataclass
 class Documents(Generic[M]):
     """The documents of one kind (``model``) in one bucket, by name: a catalog of
     manifests. ``missing(name)`` is raised for an unknown name, ``conflict(name)``
-    when a change keeps losing its compare-and-set; ``check(name)`` vets a name."""
+    when a change keeps losing its compare-and-set; ``check(name)`` vets a name.
+    The bucket is opened once per instance (a store lives as long as its JetStream
+    context)."""
 
     js: JetStream
     bucket: str
@@ -77,9 +79,13 @@ class Documents(Generic[M]):
     conflict: Callable[[str], Exception]
     check: Callable[[str], str] = _as_is
     history: int = 16
+    _opened: Any = field(default=None, init=False, repr=False, compare=False)
 
     async def _kv(self) -> Any:
-        return await ensure_kv(self.js, self.bucket, history=self.history)
+        """The bucket, opened (or made) on first use and kept for this instance."""
+        if self._opened is None:
+            self._opened = await ensure_kv(self.js, self.bucket, history=self.history)
+        return self._opened
 
     async def get(self, name: str) -> tuple[M, int]:
         """The document ``name`` and its revision."""

@@ -10,7 +10,7 @@ spanflow.cep.rule_store, spanflow.ml.rebaseline).
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -23,13 +23,19 @@ PIN_TTL = 7 * 86400.0
 """Pins outlive any replay a checkpoint can ask for, then expire."""
 
 
-@dataclass(frozen=True)
+@dataclass
 class Pins:
+    """The pins of one bucket; the bucket is opened (or made) once per instance, since
+    score and pattern steps ask for a pin on every micro-batch."""
+
     js: JetStream
     bucket: str
+    _opened: Any = field(default=None, init=False, repr=False, compare=False)
 
     async def _kv(self) -> Any:
-        return await ensure_kv(self.js, self.bucket, ttl=PIN_TTL)
+        if self._opened is None:
+            self._opened = await ensure_kv(self.js, self.bucket, ttl=PIN_TTL)
+        return self._opened
 
     async def get(self, key: str) -> Any:
         """The JSON value at ``key`` (None when nothing is pinned there)."""

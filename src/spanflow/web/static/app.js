@@ -211,6 +211,7 @@ async function renderNetwork(first) {
     ["rows/s in", num(c.throughput_rows_per_s, 1), "throughput"],
     ["CPU", `${num(c.cpu_percent, 1)} %`, "cpu"],
     ["pipelines running", running, "pipelines-running"],
+    ["pipelines degraded", snap.pipelines.filter((p) => p.health === "degraded").length, "pipelines-degraded"],
     ["leader", c.leader || "none", "leader"],
     ["epoch", c.leader_epoch, "epoch"],
   ];
@@ -223,12 +224,13 @@ function nodeTable(nodes) {
   const rows = nodes.map((n) => {
     const peers = Object.entries(n.gossip || {});
     const gossip = peers.length ? peers.map(([p, v]) => `${esc(p)}: ${stateTag(v.state)}`).join(", ") : `<span class="muted">–</span>`;
-    return `<tr data-node="${esc(n.name)}">
+    const silent = ["dead", "suspect", "declared"].includes(n.health);  // its last figures are not now's
+    return `<tr data-node="${esc(n.name)}"${silent ? ` class="stale"` : ""}>
       <td><b>${esc(n.name)}</b><div class="muted">${esc(n.host || "")}</div></td>
       <td>${esc(n.spec.site)}</td>
       <td data-field="health">${stateTag(n.health)}</td>
-      <td class="num" data-field="load">${n.load === null ? "–" : num(n.load, 2)}</td>
-      <td class="num">${n.cpu_percent === null ? "–" : num(n.cpu_percent, 0) + " %"}</td>
+      <td class="num" data-field="load">${n.load === null || silent ? "–" : num(n.load, 2)}</td>
+      <td class="num" data-field="cpu">${n.cpu_percent === null || silent ? "–" : num(n.cpu_percent, 0) + " %"}</td>
       <td class="num" data-field="slots">${n.slots_used} / ${n.slots}</td>
       <td data-field="fragments" class="mono">${n.fragments.map(esc).join("<br>") || "–"}</td>
       <td>${ago(n.last_heartbeat_s)}</td>
@@ -252,13 +254,20 @@ function drawNetwork(nodes) {
   const links = (topo.links || []).filter((l) => l.between && l.between.length === 2);
   const key = [...sites].sort().join(",") + "|" + nodes.map((n) => n.name).join(",") + "|" + links.length;
   const data = (n) => ({id: `node:${n.name}`, label: `${n.name}\n${n.health} · ${n.slots_used}/${n.slots}`, colour: HEALTH_COLOUR[n.health] || "#8a94a3"});
+  // A site none of whose nodes can be reached is drawn red, not as a healthy box.
+  const siteData = (s) => {
+    const members = nodes.filter((n) => n.spec.site === s);
+    const lost = members.length > 0 && members.every((n) => ["dead", "suspect", "declared"].includes(n.health));
+    return {id: `site:${s}`, label: s, fill: lost ? "#f6d5d5" : "#e3eaf4", border: lost ? "#d64545" : "#8ea2bb"};
+  };
   if (S.graph && S.graphKey === key) {
     for (const n of nodes) S.graph.getElementById(`node:${n.name}`).data(data(n));
+    for (const s of sites) S.graph.getElementById(`site:${s}`).data(siteData(s));
     return;
   }
   if (S.graph) S.graph.destroy();
   const elements = [];
-  for (const s of sites) elements.push({data: {id: `site:${s}`, label: s}, classes: "site"});
+  for (const s of sites) elements.push({data: siteData(s), classes: "site"});
   for (const n of nodes) {
     elements.push({data: data(n), classes: "node"});
     elements.push({data: {id: `in:${n.name}`, source: `site:${n.spec.site}`, target: `node:${n.name}`}, classes: "member"});
@@ -271,7 +280,7 @@ function drawNetwork(nodes) {
   S.graph = cytoscape({
     container: box, elements, maxZoom: 1.4, minZoom: 0.3,
     style: [
-      {selector: "node.site", style: {label: "data(label)", shape: "round-rectangle", "text-valign": "center", "font-weight": 600, "font-size": 12, "background-color": "#e3eaf4", "border-color": "#8ea2bb", "border-width": 1, width: (e) => e.data("label").length * 7.5 + 16, height: 28}},
+      {selector: "node.site", style: {label: "data(label)", shape: "round-rectangle", "text-valign": "center", "font-weight": 600, "font-size": 12, "background-color": "data(fill)", "border-color": "data(border)", "border-width": 1, width: (e) => e.data("label").length * 7.5 + 16, height: 28}},
       {selector: "node.node", style: {label: "data(label)", "text-wrap": "wrap", "text-valign": "bottom", "text-margin-y": 3, "font-size": 10, "background-color": "data(colour)", width: 22, height: 22}},
       {selector: "edge.link", style: {label: "data(label)", "font-size": 10, "line-color": "#5f86c6", width: 3, "curve-style": "bezier", "text-background-color": "#fff", "text-background-opacity": 1}},
       {selector: "edge.member", style: {"line-color": "#c3ccd8", width: 1, "line-style": "dashed"}},
@@ -282,16 +291,18 @@ function drawNetwork(nodes) {
 }
 
 // -- pipelines -----------------------------------------------------------------------
-function pipelineRate(p) {
-  return p.fragments.reduce((sum, f) => sum + (f.runtime ? f.runtime.input_rows_per_s + f.runtime.realtime_rows_per_s : 0), 0);
-}
+// The pipeline's own input, each record once, from the fragments that can be reached.
+function pipelineRate(p) { return p.input_rows_per_s; }
+
+// A running pipeline with a fragment that does not run (or cannot be reached) is degraded.
+function pipelineState(p) { return p.health === "degraded" ? "degraded" : p.state; }
 
 function renderPipelines() {
   const main = $("#page");
   const ps = S.snap ? S.snap.pipelines : [];
   const rows = ps.map((p) => `<tr data-pipeline="${esc(p.name)}">
       <td><a href="#/pipelines/${encodeURIComponent(p.name)}"><b>${esc(p.name)}</b></a></td>
-      <td><span data-field="state">${stateTag(p.state)}</span><div class="muted">${esc(p.reason)}</div></td>
+      <td><span data-field="state">${stateTag(pipelineState(p))}</span><div class="muted">${esc(p.reason)}</div></td>
       <td class="num">${p.priority}</td>
       <td class="num">${p.latency_budget === null ? "–" : num(p.latency_budget, 2) + " s"}</td>
       <td class="num">${p.latency_estimate_s === null ? "–" : num(p.latency_estimate_s, 2) + " s"}${p.over_latency_budget ? ` <span class="state failed">over</span>` : ""}</td>
@@ -351,7 +362,7 @@ async function renderPipeline(name, first) {
   }
   if (!p) { $("#pipeline-head").innerHTML = `<p class="muted">${S.snap ? "no such pipeline" : "waiting for the first update…"}</p>`; return; }
   $("#pipeline-head").innerHTML = `<div class="cards">
-    <div class="card" data-card="state"><div class="v">${stateTag(p.state)}</div><div class="k">${esc(p.reason) || "state"}</div></div>
+    <div class="card" data-card="state"><div class="v">${stateTag(pipelineState(p))}</div><div class="k">${esc(p.reason) || "state"}</div></div>
     <div class="card"><div class="v">${p.priority}</div><div class="k">priority</div></div>
     <div class="card"><div class="v">${p.latency_budget === null ? "–" : num(p.latency_budget, 2) + " s"}</div><div class="k">latency budget</div></div>
     <div class="card"><div class="v">${p.latency_estimate_s === null ? "–" : num(p.latency_estimate_s, 2) + " s"}</div><div class="k">latency estimate</div></div>
@@ -367,10 +378,12 @@ async function renderPipeline(name, first) {
 function fragmentTable(p) {
   const rows = p.fragments.map((f) => {
     const rt = f.runtime || {};
-    return `<tr data-fragment="${esc(f.id)}">
+    const stale = f.status === "unreachable";
+    const heard = stale && f.stale_s !== null ? `<div class="muted" data-field="stale">last heard ${num(f.stale_s, 0)} s ago</div>` : "";
+    return `<tr data-fragment="${esc(f.id)}"${stale ? ` class="stale" title="its node cannot be reached: the figures are its last report"` : ""}>
       <td class="mono">${esc(f.id)}</td><td>${esc(f.kind)}</td><td>${esc(f.site || "–")}</td>
-      <td data-field="node">${esc(f.node || "–")}</td><td data-field="status">${stateTag(f.status)}</td><td class="num">${f.epoch}</td>
-      <td class="num" data-field="rows_in">${num(rt.rows_in)}</td><td class="num">${num((rt.input_rows_per_s || 0) + (rt.realtime_rows_per_s || 0), 1)}</td>
+      <td data-field="node">${esc(f.node || "–")}</td><td><span data-field="status">${stateTag(f.status)}</span>${heard}</td><td class="num">${f.epoch}</td>
+      <td class="num" data-field="rows_in">${num(rt.rows_in)}</td><td class="num">${num(rt.input_rows_per_s, 1)}</td>
       <td class="num">${num(rt.last_batch_ms)}</td><td class="num">${num(rt.lag)}</td><td class="num" data-field="dead_letters">${num(rt.dead_letters)}</td>
       <td class="num">${num(rt.restarts)}</td><td class="mono">${esc(f.steps.join(", "))}</td>
     </tr>`;
@@ -388,15 +401,17 @@ function drawDag(p) {
   p.fragments.forEach((f, i) => { for (const s of f.steps) (where[s] = where[s] || []).push({fragment: f, colour: COLOURS[i % COLOURS.length]}); });
   const label = (st) => {
     const w = where[st.id] || [];
-    return `${st.id} (${st.type})${w.length ? "\n" + w.map((x) => x.fragment.node || "unplaced").join(", ") : ""}`;
+    const where_ = (x) => (x.fragment.node || "unplaced") + (x.fragment.status === "running" ? "" : ` (${x.fragment.status})`);
+    return `${st.id} (${st.type})${w.length ? "\n" + w.map(where_).join(", ") : ""}`;
   };
-  const key = p.name + "|" + p.fragments.map((f) => `${f.id}@${f.node}`).join(",");
+  const key = p.name + "|" + p.fragments.map((f) => `${f.id}@${f.node}:${f.status}`).join(",");
   if (S.graph && S.graphKey === key) return;
   if (S.graph) S.graph.destroy();
   const elements = [];
   for (const st of spec.steps || []) {
     const w = where[st.id] || [];
-    elements.push({data: {id: st.id, label: label(st), colour: w.length === 1 ? w[0].colour : w.length ? "#5a6b7d" : "#8a94a3"}});
+    const lost = w.some((x) => x.fragment.status === "unreachable");
+    elements.push({data: {id: st.id, label: label(st), colour: lost ? "#d64545" : w.length === 1 ? w[0].colour : w.length ? "#5a6b7d" : "#8a94a3"}});
     for (const input of st.inputs || []) elements.push({data: {id: `${input}->${st.id}`, source: input, target: st.id}});
   }
   S.graph = cytoscape({

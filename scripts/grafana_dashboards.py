@@ -33,7 +33,7 @@ DASHBOARDS: dict[str, tuple[str, list[Panel]]] = {
         [
             ("Nodes by state", "sum by (state) (spanflow_nodes)", "{{state}}", "short"),
             ("Pipelines running", "sum by (pipeline) (spanflow_pipeline_state{state=\"running\"})", "{{pipeline}}", "short"),
-            ("Records in / s", "sum by (pipeline) (rate(spanflow_query_records_in_total[1m]))", "{{pipeline}}", "ops"),
+            ("Records in / s", "sum by (pipeline) (rate(spanflow_fragment_source_records_in_total[1m]))", "{{pipeline}}", "ops"),
             ("Records out / s", "sum by (pipeline) (rate(spanflow_query_records_out_total[1m]))", "{{pipeline}}", "ops"),
             ("End-to-end latency p99", p99("spanflow_query_latency_seconds", "pipeline"), "{{pipeline}}", "s"),
             ("Latency estimate", "spanflow_pipeline_latency_estimate_seconds", "{{pipeline}}", "s"),
@@ -47,9 +47,9 @@ DASHBOARDS: dict[str, tuple[str, list[Panel]]] = {
         "spanflow — nodes and sites",
         [
             ("Node up", "spanflow_node_up", "{{node}} ({{site}})", "short"),
-            ("CPU", "spanflow_node_cpu_percent", "{{node}}", "percent"),
-            ("Memory", "spanflow_node_memory_percent", "{{node}}", "percent"),
-            ("Load score", "spanflow_node_load", "{{node}}", "percentunit"),
+            ("CPU", "spanflow_node_cpu_ratio", "{{node}}", "percentunit"),
+            ("Memory", "spanflow_node_memory_ratio", "{{node}}", "percentunit"),
+            ("Load score", "spanflow_node_load_ratio", "{{node}}", "percentunit"),
             ("Fragments / slots", "spanflow_node_fragments / spanflow_node_slots", "{{node}}", "percentunit"),
             ("Heard (seconds ago)", "spanflow_node_heartbeat_age_seconds", "{{node}}", "s"),
             ("Site up", "spanflow_site_up", "{{site}}", "short"),
@@ -77,7 +77,7 @@ DASHBOARDS: dict[str, tuple[str, list[Panel]]] = {
             ("Batch duration p99", p99("spanflow_query_batch_duration_seconds", "fragment"), "{{fragment}}", "s"),
             ("Batch duration p50", p50("spanflow_query_batch_duration_seconds", "fragment"), "{{fragment}}", "s"),
             ("Watermark lag", "spanflow_fragment_watermark_lag_seconds", "{{fragment}}", "s"),
-            ("Input rows / s", "spanflow_fragment_input_rows_per_second", "{{fragment}}", "ops"),
+            ("Input rows / s", "rate(spanflow_fragment_records_in_total[1m])", "{{fragment}}", "ops"),
         ],
     ),
     "ml-cep": (

@@ -140,3 +140,30 @@ def test_every_exported_metric_is_documented(cluster: LocalCluster) -> None:
     # the parser names a counter without its _total; the docs name the series
     missing = {n for n in exported if n not in documented and f"{n}_total" not in documented}
     assert len(exported) > 40 and not missing, f"not in docs/metrics.md: {sorted(missing)}"
+
+
+def test_every_exported_name_follows_prometheus_conventions(cluster: LocalCluster) -> None:
+    """Base units, counters ending in _total, shares as ratios, no precomputed rates:
+    a name that breaks a convention fails here before a dashboard is built on it."""
+    text = httpx.get(f"{cluster.url}/metrics", timeout=10).raise_for_status().text
+    families = list(text_string_to_metric_families(text))
+    broken = []
+    for f in families:
+        name = f.name
+        if not re.fullmatch(r"spanflow_[a-z][a-z0-9_]*[a-z0-9]", name):
+            broken.append(f"{name}: not snake_case under spanflow_")
+        if re.search(r"_(percent|pct|ms|millis|milliseconds|kb|mb|per_second|rate)$", name):
+            broken.append(f"{name}: not a base unit (seconds, bytes, ratio) or a rate")
+        if re.search(r"(utilisation|utilization|usage|load|cpu|memory)$", name):
+            broken.append(f"{name}: a share without its unit (_ratio)")
+        if f.type == "counter" and any(not s.name.endswith("_total") for s in f.samples):
+            broken.append(f"{name}: a counter whose samples do not end in _total")
+        if f.type == "histogram" and not name.endswith(("_seconds", "_bytes")):
+            broken.append(f"{name}: a histogram without its unit")
+        if f.type == "gauge" and name.endswith("_total"):
+            broken.append(f"{name}: a gauge named like a counter")
+    memory = [
+        s.value for f in families for s in f.samples if s.name == "spanflow_node_memory_ratio"
+    ]
+    assert memory and all(0.0 <= v <= 1.0 for v in memory), memory  # ratios, not percent
+    assert not broken, "\n".join(broken)

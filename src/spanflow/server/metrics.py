@@ -71,7 +71,9 @@ class _ClusterCollector(Collector):
         yield GaugeMetricFamily(
             "spanflow_slots_used", "Fragment slots the assigned fragments take", summary.slots_used
         )
-        yield GaugeMetricFamily("spanflow_utilisation", "Slots used / slots", summary.utilisation)
+        yield GaugeMetricFamily(
+            "spanflow_slots_used_ratio", "Slots used / slots of live nodes", summary.utilisation
+        )
 
     def _control_plane(self) -> Iterator[Metric]:
         c = self.coordinator
@@ -108,10 +110,17 @@ class _ClusterCollector(Collector):
             "spanflow_node_up", "1 when the node is alive and heard within two heartbeats",
             labels=labels,
         )  # fmt: skip
-        cpu = GaugeMetricFamily("spanflow_node_cpu_percent", "Node CPU use", labels=["node"])
-        memory = GaugeMetricFamily("spanflow_node_memory_percent", "Node memory use", labels=labels)
+        cpu = GaugeMetricFamily(
+            "spanflow_node_cpu_ratio", "CPU its agent and children use over the cores it offers",
+            labels=labels,
+        )  # fmt: skip
+        memory = GaugeMetricFamily(
+            "spanflow_node_memory_ratio", "Memory in use over the node's (0-1)", labels=labels
+        )
         load = GaugeMetricFamily(
-            "spanflow_node_load", "Load score (0 idle, 1 full) its agent reports", labels=labels
+            "spanflow_node_load_ratio",
+            "Load score its agent reports: 0 idle, 1 full, above 1 overloaded",
+            labels=labels,
         )
         slots = GaugeMetricFamily("spanflow_node_slots", "Fragment slots", labels=labels)
         fragments = GaugeMetricFamily(
@@ -137,8 +146,8 @@ class _ClusterCollector(Collector):
             hb = c.observed.heartbeats.get(name)
             if hb is None or status.health in UNREACHABLE:
                 continue  # no last figures of a node that cannot be heard
-            cpu.add_metric([name], hb.cpu_percent)
-            memory.add_metric(values, hb.memory_percent)
+            cpu.add_metric(values, hb.cpu_percent / 100.0)
+            memory.add_metric(values, hb.memory_percent / 100.0)
             if hb.load is not None:
                 load.add_metric(values, hb.load)
             rejected.add_metric([name], hb.gossip_rejected)
@@ -199,13 +208,20 @@ class _ClusterCollector(Collector):
         def gauge(name: str, text: str) -> GaugeMetricFamily:
             return GaugeMetricFamily(name, text, labels=FRAGMENT)
 
-        rate = gauge("spanflow_fragment_input_rows_per_second", "Input rate per fragment")
         up = gauge(
             "spanflow_fragment_up",
             "1 when the fragment's queries all run on a node heard within two heartbeats",
         )
         rows = CounterMetricFamily(
-            "spanflow_fragment_records_in", "Records its queries read (all sinks)", labels=FRAGMENT
+            "spanflow_fragment_records_in",
+            "Records it read, each once however many of its queries read it",
+            labels=FRAGMENT,
+        )
+        own = CounterMetricFamily(
+            "spanflow_fragment_source_records_in",
+            "The part of records_in read from the pipeline's own sources (sum these per "
+            "pipeline: a global fragment re-reading its edge fragments' output is not here)",
+            labels=FRAGMENT,
         )
         dead = CounterMetricFamily(
             "spanflow_fragment_dead_letters", "Messages it dead-lettered", labels=FRAGMENT
@@ -214,7 +230,7 @@ class _ClusterCollector(Collector):
             "spanflow_fragment_restarts", "Query restarts after failures", labels=FRAGMENT
         )
         lag = gauge("spanflow_fragment_backlog_messages", "Messages behind its input's end")
-        batch = gauge("spanflow_fragment_last_batch_ms", "Duration of the last micro-batch")
+        batch = gauge("spanflow_fragment_last_batch_seconds", "Duration of the last micro-batch")
         watermark = gauge(
             "spanflow_fragment_watermark_lag_seconds", "Now minus its event-time watermark"
         )
@@ -224,16 +240,16 @@ class _ClusterCollector(Collector):
             running = live is not None and live.status == "running"
             up.add_metric([pipeline, fragment, node or ""], 1.0 if running else 0.0)
         for values, rt in self._current():
-            rate.add_metric(values, rt.input_rows_per_s)
             rows.add_metric(values, rt.rows_in)
+            own.add_metric(values, rt.source_rows_in)
             dead.add_metric(values, rt.dead_letters)
             restarts.add_metric(values, rt.restarts)
             lag.add_metric(values, rt.lag)
-            batch.add_metric(values, rt.last_batch_ms)
+            batch.add_metric(values, rt.last_batch_ms / 1000.0)
             behind = _watermark_lag(rt.watermark, now)
             if behind is not None:
                 watermark.add_metric(values, behind)
-        yield from (rate, up, rows, dead, restarts, lag, batch, watermark)
+        yield from (up, rows, own, dead, restarts, lag, batch, watermark)
 
     def _queries(self) -> Iterator[Metric]:
         def counter(name: str, text: str) -> CounterMetricFamily:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import httpx
@@ -167,3 +168,28 @@ def test_every_exported_name_follows_prometheus_conventions(cluster: LocalCluste
     ]
     assert memory and all(0.0 <= v <= 1.0 for v in memory), memory  # ratios, not percent
     assert not broken, "\n".join(broken)
+
+
+def test_window_results_carry_end_to_end_latency(cluster: LocalCluster) -> None:
+    """A window's result times its way from the newest reading in it (when the source
+    stored it) to its own publication: windows are charted and exported, not blank."""
+    windows = {"pipeline": "plant-windows", "query": "windows_out"}
+    before = total(scrape(cluster), "spanflow_query_latency_seconds_count", **windows)
+    now = datetime.now(UTC)
+    later = (now + timedelta(seconds=60)).isoformat().replace("+00:00", "Z")
+    publish(cluster.nats_url, "SENSORS", "sensors.w1", [{"device": "w1", "temperature": 5.0}])
+    # a reading a minute ahead moves the watermark past the first one's window
+    publish(
+        cluster.nats_url,
+        "SENSORS",
+        "sensors.w2",
+        [{"device": "w2", "temperature": 6.0, "ts": later}],
+    )
+    wait_for(
+        lambda: total(scrape(cluster), "spanflow_query_latency_seconds_count", **windows) > before,
+        timeout=90,
+    )
+    after = scrape(cluster)
+    count = total(after, "spanflow_query_latency_seconds_count", **windows)
+    assert total(after, "spanflow_query_latency_seconds_sum", **windows) > 0
+    assert count == total(after, "spanflow_query_records_out_total", **windows)  # each timed

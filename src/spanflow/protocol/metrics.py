@@ -63,7 +63,8 @@ class QueryMetrics(BaseModel):
     latency_seconds: Histogram = Field(
         default_factory=Histogram,
         description="End to end: publish time of each output record minus that of its "
-        "input record (records that keep their source's _published only: not aggregates).",
+        "input record (records that keep their source's _published, and window results: "
+        "from their newest record).",
     )
     checkpoint_seconds: Histogram = Field(
         default_factory=Histogram,

@@ -268,7 +268,7 @@ class _ClusterCollector(Collector):
         latency = histogram(
             "spanflow_query_latency_seconds",
             "End to end, input record published to output record published (records "
-            "that keep their source's _published)",
+            "that keep their source's _published; window results from their newest record)",
         )
         checkpoint = histogram(
             "spanflow_query_checkpoint_duration_seconds",

@@ -28,6 +28,7 @@ from spanflow.spark.compile.udf import UserFunction, reduce_udf, resolve
 from spanflow.spec.aggregates import parse_aggregate, partial_columns
 from spanflow.spec.durations import spark_interval
 from spanflow.spec.pipeline import PipelineSpec
+from spanflow.spec.steps.io import PUBLISHED
 from spanflow.spec.steps.windows import MergeStep, WindowStep
 
 WINDOW_TIME = "_window_time"
@@ -42,6 +43,13 @@ def aggregate_column(name: str, text: str) -> Column:
         return F.count(F.lit(1) if field is None else F.col(field)).alias(name)
     assert field is not None  # parse_aggregate guarantees a field for these
     return {"sum": F.sum, "avg": F.avg, "min": F.min, "max": F.max}[fn](F.col(field)).alias(name)
+
+
+def newest_published(df: DataFrame) -> list[Column]:
+    """When the newest record of a group was stored by its source (``_published``):
+    a window's or aggregate's result then times its way through the pipeline from
+    there, as a record passed on does (the end-to-end latency of window outputs)."""
+    return [F.max(PUBLISHED).alias(PUBLISHED)] if PUBLISHED in df.columns else []
 
 
 def _partial_columns(name: str, text: str) -> list[Column]:
@@ -73,6 +81,7 @@ def compile_merge(
             if column not in frame.df.columns:
                 raise CompileError(step.id, f"partial column {column!r} is missing from the input")
             columns.append(folds[fold](F.col(column)).alias(column))
+    columns += newest_published(frame.df)
     grouped = frame.df.groupBy(*step.key, "window_start", "window_end").agg(*columns)
     finals = []
     for name, text in step.aggregates.items():
@@ -81,7 +90,8 @@ def compile_merge(
             finals.append(F.try_divide(F.col(f"{name}__sum"), F.col(f"{name}__count")).alias(name))
         else:
             finals.append(F.col(name))
-    df = grouped.select(*step.key, "window_start", "window_end", *finals)
+    published = [PUBLISHED] if PUBLISHED in grouped.columns else []
+    df = grouped.select(*step.key, "window_start", "window_end", *finals, *published)
     return Frame(df, key=step.key, mode="append")
 
 
@@ -121,6 +131,7 @@ def compile_window(
             columns = [aggregate_column(n, t) for n, t in step.aggregates.items()]
         if ctx.realtime:
             columns.append(updates_column())
+        columns += newest_published(frame.df)
         df = grouped.agg(*columns)
         names = [c for c in df.columns if c not in frame.key and c != "window"]
         df = df.select(*frame.key, *bounds, *names)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -102,6 +103,39 @@ def test_an_anomaly_appears_in_the_event_feed(page: Watched, cluster: LocalClust
     p.wait_for_selector("#detection-table tr[data-kind=alert]")
     p.select_option("#data-kind", "anomaly")
     assert p.locator("#detection-table tr[data-kind=alert]").count() == 0
+
+
+def test_an_overheat_is_one_incident_per_kind_with_its_count(
+    page: Watched, cluster: LocalCluster
+) -> None:
+    """The feed lists incidents, not rows: twelve hot readings of one machine are one
+    alert incident of twelve and one anomaly incident, not 12 + n rows."""
+    steady = [{"device": "h1", "temperature": 20.0 + (i % 5) * 0.1} for i in range(40)]
+    publish(cluster.nats_url, "SENSORS", "sensors.h1", steady)
+    hot = [{"device": "h1", "temperature": 90.0 + i} for i in range(12)]
+    publish(cluster.nats_url, "SENSORS", "sensors.h1", hot)
+    api = client(cluster)
+
+    def of_h1(kind: str) -> list[dict[str, Any]]:
+        found = api.request("GET", f"/api/v1/incidents?kind={kind}").json()
+        return [i for i in found if i["subject"].endswith(".h1")]
+
+    wait_for(lambda: sum(i["count"] for i in of_h1("alert")) >= 12, timeout=90)
+    alerts = of_h1("alert")
+    assert [(i["count"], i["open"]) for i in alerts] == [(12, True)]
+    assert alerts[0]["latest"]["temperature"] == 101.0
+    wait_for(lambda: _anomalies(cluster, "h1") > 0 and of_h1("anomaly"), timeout=90)
+    wait_for(lambda: sum(i["count"] for i in of_h1("anomaly")) == _anomalies(cluster, "h1"))
+    assert len(of_h1("anomaly")) == 1  # every anomaly of the burst in one incident
+    p = open_page(page, cluster, "events")
+    row = p.locator("#detection-table tr[data-kind=alert]", has_text="alerts.h1")
+    row.first.wait_for(timeout=30_000)
+    assert (
+        row.count() == 1
+        and cells(p, f"#detection-table tr[data-incident='{alerts[0]['id']}']", "count") == "12"
+    )
+    assert "temperature 101" in row.first.inner_text()  # readable, not key=value dumps
+    assert "null" not in p.locator("#detection-table").inner_text()
 
 
 def _onnx_model(path: Path) -> bytes:

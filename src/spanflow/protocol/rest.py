@@ -349,6 +349,35 @@ class DataEvent(_Answer):
     data: dict[str, Any] = Field(description="The record (JSON), long values abbreviated.")
 
 
+class Incident(_Answer):
+    """Feed records of one key that belong together: a burst of alerts, a pattern's
+    matches, an anomaly episode from its start to its end (spanflow.server.incidents)."""
+
+    id: int
+    pipeline: str
+    sink: str
+    kind: Literal["anomaly", "pattern", "alert"]
+    subject: str = Field(description="The sink's subject of its records: names the key.")
+    first_at: float = Field(description="Unix time its first record was received.")
+    last_at: float = Field(description="Unix time its newest record was received.")
+    count: int = Field(description="Records it gathered.")
+    first_event: int = Field(description="Feed sequence of its first record.")
+    last_event: int = Field(description="Feed sequence of its newest record.")
+    started: str | None = Field(description="Event time of its first record, as written.")
+    until: str | None = Field(description="Event time of its newest (an episode: its end).")
+    episode_open: bool = Field(description="An anomaly episode that has not ended yet.")
+    ended: bool = Field(description="An anomaly episode whose end row arrived.")
+    peak: float | None = Field(description="An anomaly's highest score.")
+    peak_field: str | None = Field(description="The field of that score.")
+    latest: dict[str, Any] = Field(description="Its newest record, long values abbreviated.")
+    open: bool = Field(
+        default=False, description="Still going: an open episode, or a record lately."
+    )
+    quiet_s: float = Field(
+        default=60.0, description="Seconds without a record after which it is over."
+    )
+
+
 class VersionFigures(_Answer):
     records: int = Field(description="Predictions this version made.")
     mean_prediction: float | None = Field(

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import orjson
 
 from spanflow.protocol.rest import DataEvent, ModelComparison, ShadowFigures, VersionFigures
+from spanflow.server.incidents import Incidents
 from spanflow.spec.steps.base import StepBase
 from spanflow.spec.steps.io import SinkStep
 from spanflow.spec.steps.models import DetectAnomaliesStep, ScoreStep
@@ -188,6 +189,8 @@ class EventFeed:
         """(pipeline, kind) → events received since this coordinator started."""
         self.tallies: dict[str, Tally] = {}
         """model → how its versions scored (records after its score steps)."""
+        self.incidents = Incidents()
+        """The same records grouped as incidents (what the dashboard lists)."""
         self._subs: dict[tuple[str, str, str], Subscription] = {}
         self._seen: OrderedDict[str, None] = OrderedDict()
 
@@ -201,17 +204,17 @@ class EventFeed:
         self.seq += 1
         key = (pipeline, feed.kind)
         self.counts[key] = self.counts.get(key, 0) + 1
-        self.events.append(
-            DataEvent(
-                seq=self.seq,
-                at=time.time(),
-                pipeline=pipeline,
-                sink=feed.sink,
-                kind=feed.kind,
-                subject=subject,
-                data=abbreviated(record),
-            )
+        event = DataEvent(
+            seq=self.seq,
+            at=time.time(),
+            pipeline=pipeline,
+            sink=feed.sink,
+            kind=feed.kind,
+            subject=subject,
+            data=abbreviated(record),
         )
+        self.events.append(event)
+        self.incidents.add(event)
 
     def _seen_before(self, msg_id: str) -> bool:
         """Whether ``msg_id`` came before (remembers the last few thousand)."""

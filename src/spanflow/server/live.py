@@ -161,15 +161,18 @@ async def stream(
     after: int = 0,
     after_event: int = 0,
 ) -> AsyncIterator[str]:
-    """Snapshots every ``interval`` seconds, every control-log record after ``after``
-    and every feed event after ``after_event``, as server-sent events, until the
-    client goes away."""
+    """Snapshots every ``interval`` seconds, every control-log record after ``after``,
+    every feed event after ``after_event`` and each incident those events changed, as
+    server-sent events, until the client goes away."""
     seq, event_seq = after, after_event
     while not await disconnected():
         yield event("snapshot", snapshot(coordinator, history).model_dump_json())
+        now, before = time.time(), event_seq
         for e in feed.after(event_seq):
             yield event("data", e.model_dump_json())
             event_seq = e.seq
+        for i in feed.incidents.changed_after(before):
+            yield event("incident", feed.incidents.shown(i, now).model_dump_json())
         if coordinator.control_log is not None and coordinator.state.applied > seq:
             for s, r in await coordinator.control_log.history(after=seq, limit=200):
                 yield event("log", log_entry(s, r).model_dump_json())

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -15,7 +16,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse, StreamingResponse
 from fastapi.staticfiles import StaticFiles
 
 from spanflow.control.coordinator import Coordinator
-from spanflow.protocol.rest import DataEvent, ModelComparison, PipelineHistory
+from spanflow.protocol.rest import DataEvent, Incident, ModelComparison, PipelineHistory
 from spanflow.server import live
 from spanflow.server.feed import EventFeed
 from spanflow.web import STATIC
@@ -74,6 +75,20 @@ def add_dashboard_routes(app: FastAPI, coordinator: Coordinator, guarded: list[A
         """Anomalies, pattern matches and alerts pipelines wrote lately (the event
         feed: the newest 500 this coordinator received; see a sink's ``feed``)."""
         return feed.after(after, kind=kind, pipeline=pipeline, limit=limit)
+
+    @app.get("/api/v1/incidents", tags=["dashboard"], dependencies=guarded)
+    async def incidents(
+        kind: str | None = Query(None, pattern="^(anomaly|pattern|alert)$"),
+        pipeline: str | None = None,
+        limit: int = Query(100, ge=1, le=300, description="The newest this many."),
+    ) -> list[Incident]:
+        """The event feed's records grouped as incidents, newest first: records of one
+        sink and key that keep coming (under a minute apart) are one incident, an
+        anomaly episode's start and end are one; each with its count, first and last
+        time, event-time span, peak and newest record."""
+        now = time.time()
+        found = feed.incidents.newest(kind=kind, pipeline=pipeline, limit=limit)
+        return [feed.incidents.shown(i, now) for i in found]
 
     @app.get("/api/v1/models/{name}/comparison", tags=["models"], dependencies=guarded)
     async def model_comparison(name: str) -> ModelComparison:

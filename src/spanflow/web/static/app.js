@@ -14,6 +14,7 @@ const S = {
   lastSeq: 0,
   data: [],            // feed events (anomalies, pattern matches, alerts), oldest first
   lastEvent: 0,
+  incidents: new Map(), // incident id -> Incident (feed events grouped per key)
   series: {},          // fragment id -> [FragmentSample], oldest first
   connected: false,
   page: null,
@@ -40,6 +41,21 @@ function clock(unix) {
   return new Date(unix * 1000).toLocaleTimeString("en-GB", {hour12: false});
 }
 function stateTag(s) { return `<span class="state ${esc(s)}">${esc(s)}</span>`; }
+// Numbers to three significant digits; ISO times to the browser's clock.
+const SIG3 = new Intl.NumberFormat(undefined, {maximumSignificantDigits: 3});
+function readable(v) {
+  if (typeof v === "number") return SIG3.format(v);
+  if (typeof v === "string" && /^\d{4}-\d\d-\d\dT\d\d:\d\d/.test(v)) {
+    const t = Date.parse(v);
+    if (!Number.isNaN(t)) return new Date(t).toLocaleTimeString(undefined, {hour12: false});
+  }
+  return v !== null && typeof v === "object" ? JSON.stringify(v) : String(v);
+}
+// A record as people read it: no nulls, no internal fields, readable values.
+function readableFields(obj) {
+  return Object.entries(obj || {}).filter(([k, v]) => v !== null && v !== "" && !k.startsWith("_"))
+    .map(([k, v]) => `${k} ${readable(v)}`).join(" · ");
+}
 function token() { return sessionStorage.getItem(TOKEN_KEY) || ""; }
 function headers(extra = {}) {
   const t = token();
@@ -93,6 +109,12 @@ function onLog(entry) {
   if (S.page === "events") renderEvents(false);
 }
 
+function onIncident(i) {
+  S.incidents.set(i.id, i);
+  if (S.incidents.size > 300) S.incidents.delete(S.incidents.keys().next().value);
+  if (S.page === "events") renderDetections();
+}
+
 function onData(e) {
   if (e.seq <= S.lastEvent) return;
   S.data.push(e);
@@ -140,6 +162,7 @@ async function stream() {
           if (kind === "snapshot") onSnapshot(JSON.parse(data));
           else if (kind === "log") onLog(JSON.parse(data));
           else if (kind === "data") onData(JSON.parse(data));
+          else if (kind === "incident") onIncident(JSON.parse(data));
         }
       }
     } catch (err) {
@@ -342,7 +365,11 @@ async function renderPipeline(name, first) {
       <h2>Live figures</h2><div class="charts" id="charts"></div>
       <h2>Lifecycle</h2><div id="history"></div>`;
     for (const b of main.querySelectorAll("#pipeline-actions button")) {
-      b.onclick = () => act(`/api/v1/pipelines/${encodeURIComponent(name)}/${b.dataset.action}`, `${b.dataset.action} ${name}`);
+      b.onclick = () => {
+        // Cancel ends the run (its state is gone): ask first
+        if (b.dataset.action === "cancel" && !confirm(`Cancel ${name}? It stops for good; its state is not kept (take a savepoint to keep it).`)) return;
+        act(`/api/v1/pipelines/${encodeURIComponent(name)}/${b.dataset.action}`, `${b.dataset.action} ${name}`);
+      };
     }
     try {
       const [spec, history] = await Promise.all([
@@ -480,7 +507,7 @@ async function renderEvents(first) {
   if (first) {
     main.innerHTML = `<h1>Events</h1>
       <h2>Detections</h2>
-      <p class="muted">Anomalies, pattern matches and alerts as pipelines write them (sinks after a detector or a pattern step, or marked <code>feed:</code>), newest first.</p>
+      <p class="muted">Anomalies, pattern matches and alerts as pipelines write them (sinks after a detector or a pattern step, or marked <code>feed:</code>), one row per incident: the records of one key that keep coming (under a minute apart), an anomaly episode from its start to its end. Newest first.</p>
       <div class="toolbar"><label>kind <select id="data-kind"><option value="">all</option><option>anomaly</option><option>pattern</option><option>alert</option></select></label>
       <label>contains <input id="data-filter" placeholder="device, site, pipeline…"></label><span id="data-count" class="muted"></span></div>
       <div id="action-result"></div><div id="detections"></div>
@@ -497,6 +524,7 @@ async function renderEvents(first) {
     try {
       if (!S.log.length) for (const e of await api("/api/v1/cluster/log?limit=500")) onLog(e);
       if (!S.data.length) for (const e of await api("/api/v1/events?limit=500")) onData(e);
+      for (const i of (await api("/api/v1/incidents?limit=300")).reverse()) S.incidents.set(i.id, i);
     } catch (err) {
       $("#events").innerHTML = `<div class="result error">${esc(err.message)}</div>`;
       return;
@@ -520,26 +548,38 @@ function fields(obj) {
   return Object.entries(obj).map(([k, v]) => `${k}=${v !== null && typeof v === "object" ? JSON.stringify(v) : v}`).join("  ");
 }
 
+function incidentGoing(i) {
+  return !i.ended && (i.episode_open || Date.now() / 1000 - i.last_at <= i.quiet_s);
+}
+
 function renderDetections() {
   const box = $("#detections");
   if (!box) return;
   const kind = $("#data-kind").value;
   const text = $("#data-filter").value.toLowerCase();
-  const shown = S.data.filter((e) => (!kind || e.kind === kind) && (!text || (e.pipeline + " " + e.subject + " " + JSON.stringify(e.data)).toLowerCase().includes(text))).slice(-300).reverse();
-  $("#data-count").textContent = `${shown.length} of ${S.data.length}`;
-  box.innerHTML = shown.length ? `<table id="detection-table"><thead><tr><th>at</th><th>kind</th><th>pipeline</th><th>subject</th><th>record</th><th></th></tr></thead><tbody>${
-    shown.map((e) => `<tr data-event="${e.seq}" data-kind="${esc(e.kind)}"><td>${clock(e.at)}</td><td>${stateTag(e.kind)}</td><td>${esc(e.pipeline)}</td>
-      <td class="mono">${esc(e.subject)}</td><td class="detail mono">${esc(fields(e.data))}</td>
-      <td>${e.kind === "anomaly" ? `<button data-rebaseline="${e.seq}" title="Accept this key's behaviour as normal: its detector learns it afresh">Rebaseline</button>` : ""}</td></tr>`).join("")}</tbody></table>`
+  const all = [...S.incidents.values()].sort((a, b) => b.last_event - a.last_event);
+  const shown = all.filter((i) => (!kind || i.kind === kind) && (!text || (i.pipeline + " " + i.subject + " " + JSON.stringify(i.latest)).toLowerCase().includes(text))).slice(0, 300);
+  $("#data-count").textContent = `${shown.length} incidents of ${all.length}`;
+  const span = (i) => i.started ? `${readable(i.started)}${i.until && i.until !== i.started ? " – " + readable(i.until) : ""}` : "–";
+  const arrived = (i) => i.count > 1 ? `${clock(i.first_at)} – ${clock(i.last_at)}` : clock(i.last_at);
+  box.innerHTML = shown.length ? `<table id="detection-table"><thead><tr><th>received</th><th>kind</th><th>pipeline</th><th>key</th><th class="num">records</th><th>event time</th><th class="num">peak</th><th></th><th>newest record</th><th></th></tr></thead><tbody>${
+    shown.map((i) => `<tr data-incident="${i.id}" data-kind="${esc(i.kind)}">
+      <td>${arrived(i)}</td><td>${stateTag(i.kind)}</td>
+      <td><a href="#/pipelines/${encodeURIComponent(i.pipeline)}">${esc(i.pipeline)}</a></td>
+      <td class="mono">${esc(i.subject)}</td><td class="num" data-field="count">${i.count}</td><td>${esc(span(i))}</td>
+      <td class="num">${i.peak === null ? "–" : esc(readable(i.peak)) + (i.peak_field ? ` <span class="muted">${esc(i.peak_field)}</span>` : "")}</td>
+      <td>${incidentGoing(i) ? `<span class="state failing">ongoing</span>` : `<span class="muted">over</span>`}</td>
+      <td class="detail">${esc(readableFields(i.latest))}</td>
+      <td>${i.kind === "anomaly" ? `<button data-rebaseline="${i.id}" title="Accept this key's behaviour as normal: its detector learns it afresh">Rebaseline</button>` : ""}</td></tr>`).join("")}</tbody></table>`
     : `<p class="muted">nothing detected yet</p>`;
 }
 
-// An operator accepts the key of a detection as normal (POST .../rebaseline, token needed)
+// An operator accepts the key of an incident as normal (POST .../rebaseline, token needed)
 async function rebaseline(button) {
   if (!button) return;
-  const e = S.data.find((d) => String(d.seq) === button.dataset.rebaseline);
-  if (!e || !confirm(`Accept the current behaviour of this key in ${e.pipeline} as normal? Its detector forgets what it learnt of it.`)) return;
-  await act(`/api/v1/pipelines/${encodeURIComponent(e.pipeline)}/rebaseline`, `rebaseline in ${e.pipeline}`, {record: e.data});
+  const i = S.incidents.get(Number(button.dataset.rebaseline));
+  if (!i || !confirm(`Accept the current behaviour of this key in ${i.pipeline} as normal? Its detector forgets what it learnt of it.`)) return;
+  await act(`/api/v1/pipelines/${encodeURIComponent(i.pipeline)}/rebaseline`, `rebaseline in ${i.pipeline}`, {record: i.latest});
 }
 
 // -- models and rule sets --------------------------------------------------------------
@@ -553,7 +593,7 @@ async function renderModels() {
 async function drawModels() {
   let models;
   try { models = await api("/api/v1/models"); } catch (err) { $("#models").innerHTML = `<div class="result error">${esc(err.message)}</div>`; return; }
-  if (!models.length) { $("#models").innerHTML = `<p class="muted">no models registered (spanflow models push …)</p>`; return; }
+  if (!models.length) { $("#models").innerHTML = `<p class="muted">no models registered (spanflow model push …)</p>`; return; }
   const compared = await Promise.all(models.map((m) => api(`/api/v1/models/${encodeURIComponent(m.name)}/comparison`).catch(() => null)));
   $("#models").innerHTML = models.map((m, i) => `<div class="panel" data-model="${esc(m.name)}" style="margin-bottom:.7rem">
     <div class="toolbar"><b class="mono">${esc(m.name)}</b><span>in production: <b data-field="production">${m.production === null ? "none" : "v" + m.production}</b></span>

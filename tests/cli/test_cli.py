@@ -81,6 +81,17 @@ def test_cluster_demo_shows_site_and_global_results_and_exits_cleanly():
         r"anomalies; \d+ of \d+ detected episodes were injected ones; injected episodes found: ",
         out,
     ), out[-2000:]
+    # The dashboard's feed: incidents, not rows — each injected overheat the feed saw is
+    # at most one anomaly, one pattern and one alert incident (with their counts)
+    feed = re.search(
+        r"event feed: ([\d,]+) records in (\d+) incidents \(anomaly \d+, pattern \d+, alert "
+        r"(\d+)\); (\d+) injected overheats, (\d+) seen, (\d+) of them as one incident per kind",
+        out,
+    )
+    assert feed, out[-2000:]
+    records, incidents = int(feed.group(1).replace(",", "")), int(feed.group(2))
+    assert int(feed.group(3)) > 0 and records > incidents
+    assert int(feed.group(5)) > 0 and feed.group(6) == feed.group(5), feed.group(0)
     # One pipeline, split by the planner: each factory's part at home, the merge in the cloud.
     assert (
         "submitted factory-monitoring → at-factory-a on edge-a, at-factory-b on edge-b, "

@@ -50,8 +50,11 @@ def test_an_episode_is_one_incident_from_its_start_to_its_end_however_long() -> 
         "2026-11-28T01:14:00Z",
     )
     assert not book.shown(closed, now=901.0).open
-    again = book.add(event("anomaly", "anomalies.m1", 901.0, episode="start", peak_score=3.0))
-    assert again.id != closed.id  # the next episode is the next incident
+    soon = book.add(event("anomaly", "anomalies.m1", 930.0, episode="start", peak_score=3.0))
+    assert soon.id == closed.id and soon.episode_open  # flapping: still one incident
+    book.add(event("anomaly", "anomalies.m1", 940.0, episode="end", peak_score=3.0))
+    later = book.add(event("anomaly", "anomalies.m1", 2000.0, episode="start", peak_score=3.0))
+    assert later.id != closed.id  # an episode long after is the next incident
 
 
 def test_records_after_the_quiet_time_open_a_new_incident() -> None:

@@ -98,6 +98,7 @@ def demo(
         return
     from spanflow.cli.cluster import status_view
     from spanflow.demo.cluster import ClusterDemo
+    from spanflow.demo.feed import incident_report
 
     stop = Interrupted()
     run = ClusterDemo(rate, devices, console, err)
@@ -108,3 +109,5 @@ def demo(
         raise typer.Exit(2) from None
     console.print(run.feed.summary(states))
     console.print(f"anomaly detection: {run.feed.detection_report().summary()}")
+    injected = [e for sim in run.sims for e in sim.stats.injected]
+    console.print(incident_report(run.incidents, injected))

@@ -23,7 +23,7 @@ from spanflow.demo.view import cluster_view
 from spanflow.local.api import Api
 from spanflow.local.cluster import LocalCluster
 from spanflow.nats.streams import SyncNats, connect
-from spanflow.protocol.rest import SubmitBody
+from spanflow.protocol.rest import Incident, SubmitBody
 from spanflow.simulator import SensorSimulator, SimulatorConfig
 
 DEMO_TOPOLOGY = """\
@@ -79,6 +79,8 @@ class ClusterDemo:
             for i, site in enumerate(SITES)
         ]
         self.feed = ClusterFeed(self.sims)
+        self.incidents: list[Incident] = []
+        """The event feed's incidents at the end of the run."""
         self._sim_stop = asyncio.Event()
         self._client: SyncNats | None = None
         self._sim_thread: threading.Thread | None = None
@@ -96,6 +98,7 @@ class ClusterDemo:
             api = self._start()
             self._watch(stop, lambda: cluster_view(self.feed, status(api)), duration, until_global)
             final = api.typed(lambda c: c.pipelines())
+            self.incidents = api.typed(lambda c: c.incidents())
         finally:
             self._stop()
         shutil.rmtree(self.work, ignore_errors=True)

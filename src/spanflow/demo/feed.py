@@ -9,13 +9,20 @@ Anomaly episodes are scored against what the simulators injected
 from __future__ import annotations
 
 import json
-from collections import deque
+from collections import Counter, deque
 from datetime import UTC, datetime
 from typing import Any
 
 from spanflow.demo.pipelines import SITES
 from spanflow.nats.streams import SyncNats
-from spanflow.simulator import DetectedEpisode, EpisodeReport, SensorSimulator, episode_report
+from spanflow.protocol.rest import Incident
+from spanflow.simulator import (
+    DetectedEpisode,
+    EpisodeReport,
+    InjectedEpisode,
+    SensorSimulator,
+    episode_report,
+)
 
 Row = dict[str, Any]
 
@@ -144,6 +151,35 @@ class ClusterFeed:
             f"{c['global']} global summaries; pipelines: {states}; "
             f"{c['anomalies']} anomaly episodes detected, {c['patterns']} pattern matches"
         )
+
+
+def incident_report(
+    incidents: list[Incident], injected: list[InjectedEpisode], slack: float = 30.0
+) -> str:
+    """How the dashboard's feed saw the injected overheats: the records it received in
+    how many incidents, and how many overheats came out as at most one incident of each
+    kind (an incident overlapping an overheat of its machine, ``slack`` seconds allowed
+    for the way through the pipeline)."""
+    overheats = [e for e in injected if e.kind == "overheat"]
+    seen = single = 0
+    for e in overheats:
+        mine = [
+            i
+            for i in incidents
+            if i.subject.endswith(f".{e.site}.{e.device}")
+            and i.first_at <= e.end + slack
+            and i.last_at >= e.start
+        ]
+        kinds = Counter(i.kind for i in mine)
+        seen += bool(mine)
+        single += bool(mine) and all(n == 1 for n in kinds.values())
+    by_kind = Counter(i.kind for i in incidents)
+    return (
+        f"event feed: {sum(i.count for i in incidents):,} records in {len(incidents)} "
+        f"incidents (anomaly {by_kind['anomaly']}, pattern {by_kind['pattern']}, alert "
+        f"{by_kind['alert']}); {len(overheats)} injected overheats, {seen} seen, "
+        f"{single} of them as one incident per kind"
+    )
 
 
 def seconds(value: Any) -> float:

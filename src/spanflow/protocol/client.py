@@ -24,6 +24,7 @@ from spanflow.protocol.rest import (
     ClusterInfo,
     ClusterMetrics,
     Health,
+    Incident,
     LogEntry,
     NodeStatus,
     PipelineMetrics,
@@ -189,6 +190,10 @@ class CoordinatorClient:
         """Accept a key's current behaviour as normal in a pipeline's detector."""
         payload = body.model_dump(mode="json", exclude_none=True)
         return self.one("POST", f"/api/v1/pipelines/{name}/rebaseline", Rebaselined, payload)
+
+    def incidents(self, limit: int = 300) -> list[Incident]:
+        """The event feed's incidents, newest first."""
+        return self.many(f"/api/v1/incidents?limit={limit}", Incident)
 
     def pipeline_action(self, name: str, action: str, body: Any = None) -> PipelineStatus:
         """``cancel``, ``savepoint`` or ``resume`` a pipeline."""

@@ -4,7 +4,8 @@ A detector, a pattern or a limit writes a record per reading, per match or per e
 row; an operator wants one line per thing that happened. Records of the same pipeline,
 sink and subject (a sink's subject names its key: ``alerts.{device}``) belong to one
 incident while they keep coming — less than :data:`QUIET` seconds apart — and an anomaly
-episode's start and end rows are one incident however long it lasts. Each incident
+episode's start and end rows are one incident however long it lasts (an episode that
+starts again within the quiet time joins the same incident). Each incident
 keeps its first and last arrival, its event-time span, how many records it gathered,
 its peak (an anomaly's highest score and the field of it) and its newest record.
 
@@ -61,6 +62,8 @@ class Incidents:
             current = _joined(current, event)
         if episode == "end":
             current = current.model_copy(update={"episode_open": False, "ended": True})
+        elif episode == "start":  # a new episode soon after the last: the same incident
+            current = current.model_copy(update={"episode_open": True, "ended": False})
         self._by_id[current.id] = current
         self._by_id.move_to_end(current.id)
         while len(self._by_id) > self.kept:
@@ -69,9 +72,12 @@ class Incidents:
         return current
 
     def _continues(self, current: Incident, event: DataEvent, episode: Any) -> bool:
-        if current.ended or episode == "start":
-            return False  # an episode's end closes it; a new start is a new episode
-        return current.episode_open or event.at - current.last_at <= self.quiet
+        """Whether ``event`` belongs to ``current``: an open episode's rows do; else a
+        record within the quiet time of the last one (an episode that ended and one
+        that starts again soon after are one incident, as a flapping alarm is)."""
+        if current.episode_open and episode != "start":
+            return True
+        return event.at - current.last_at <= self.quiet
 
     def _open(self, key: Key, event: DataEvent) -> Incident:
         incident = Incident(

@@ -85,6 +85,12 @@ def test_the_pipeline_pages_show_state_placement_and_live_figures(
     assert read() == sum(f.rows_in for f in api.pipeline_metrics("plant-watch").fragments.values())
     assert p.locator("#charts .chart canvas").count() == 9  # uPlot: one per figure
     assert p.locator("#dag canvas").count() > 0
+    # the job graph: the fragment's box holds its steps, as the planner cut them
+    steps = p.evaluate(
+        "S.graph.nodes('.step').map((n) => [n.data('parent'), n.id().split('/').pop()])"
+    )
+    for f in status.fragments:
+        assert sorted(s for parent, s in steps if parent == f"frag:{f.id}") == sorted(f.steps)
 
 
 def test_an_anomaly_appears_in_the_event_feed(page: Watched, cluster: LocalCluster) -> None:

@@ -38,8 +38,12 @@ def test_a_dead_nodes_fragment_is_unreachable_everywhere_and_runs_again_when_it_
     assert "last heard" in cells(p, row, "stale")
     assert p.locator(f"{row}.stale").count() == 1  # its last figures greyed as stale
     assert p.locator("[data-card=state] .v").inner_text() == "degraded"
-    label = p.evaluate("S.graph.getElementById('watch').data('label')")
-    assert "edge-1 (unreachable)" in label
+    label = p.evaluate(f"S.graph.getElementById('frag:{fid}').data('label')")
+    assert "on edge-1 (unreachable)" in label  # the job graph's box of the fragment
+    # the health strip on every page says what is wrong, red
+    wait_for(lambda: p.locator("#health").get_attribute("data-level") == "red", timeout=5)
+    strip = p.locator("#health").inner_text()
+    assert "node edge-1" in strip and "pipeline plant-watch" in strip and "unreachable" in strip
     p.screenshot(path=str(ARTIFACTS / "unreachable-fragment.png"), full_page=True)
     assert fragment_up(cluster, fid) == 0.0
     status = api.pipeline("plant-watch")

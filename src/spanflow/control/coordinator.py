@@ -689,6 +689,26 @@ class Coordinator:
                 out.append((name, f.id, a.node if a else None))
         return out
 
+    def plan(self, pipeline: str) -> list[dict[str, Any]]:
+        """The fragments ``pipeline`` was cut into, each with where it runs and its own
+        steps — those the planner added included (a site's partial aggregate, the read
+        of another fragment's output) — secrets masked (NotFound)."""
+        record = pipelines.pipeline(self.state, pipeline)
+        out = []
+        for f in pipelines.shown_fragments(self.state, record):
+            a = self.state.assignments.get(f.id)
+            steps = f.spec.secret_free()["steps"]
+            out.append(
+                {
+                    "id": f.id,
+                    "kind": f.kind,
+                    "site": f.site,
+                    "node": a.node if a else None,
+                    "steps": steps,
+                }
+            )
+        return out
+
     def shown_fragments(self, pipeline: str) -> list[str]:
         """The ids of the fragments the dashboard shows for ``pipeline`` (NotFound)."""
         record = pipelines.pipeline(self.state, pipeline)

@@ -326,6 +326,14 @@ class PipelineHistory(_Answer):
     fragments: dict[str, list[FragmentSample]]
 
 
+class Concern(_Answer):
+    """One thing an operator should look at (the dashboard's health strip)."""
+
+    level: Literal["red", "amber"]
+    what: str = Field(description="node, pipeline, query or stream it is about")
+    reason: str
+
+
 class Snapshot(_Answer):
     """What the dashboard's live stream pushes every interval."""
 
@@ -334,6 +342,9 @@ class Snapshot(_Answer):
     nodes: list[NodeStatus]
     pipelines: list[PipelineStatus]
     samples: dict[str, FragmentSample] = Field(description="The newest sample per fragment.")
+    concerns: list[Concern] = Field(
+        default_factory=list, description="What is not well, worst first (empty: all green)."
+    )
 
 
 class DataEvent(_Answer):

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from spanflow.control import records
 from spanflow.protocol.metrics import LATENCY_BUCKETS, FragmentRuntime
 from spanflow.protocol.rest import FragmentSample, LogEntry, Snapshot
+from spanflow.server.concerns import concerns
 from spanflow.server.feed import EventFeed
 
 if TYPE_CHECKING:
@@ -131,12 +132,15 @@ async def sample_forever(
 
 
 def snapshot(coordinator: Coordinator, history: History) -> Snapshot:
+    now = time.time()
+    nodes, pipelines = coordinator.node_statuses(), coordinator.pipeline_statuses()
     return Snapshot(
-        at=time.time(),
+        at=now,
         cluster=coordinator.cluster_metrics(),
-        nodes=coordinator.node_statuses(),
-        pipelines=coordinator.pipeline_statuses(),
+        nodes=nodes,
+        pipelines=pipelines,
         samples=history.latest(),
+        concerns=concerns(nodes, pipelines, history.samples, now),
     )
 
 

@@ -57,6 +57,14 @@ def add_pipeline_routes(app: FastAPI, coordinator: Coordinator, guarded: list[An
         """The pipeline as submitted (its spec: sources, steps, sinks), secrets masked."""
         return coordinator.pipeline(name).spec.secret_free()
 
+    @app.get(f"{API}/{{name}}/plan", tags=["pipelines"], dependencies=guarded)
+    async def plan(name: str) -> list[dict[str, Any]]:
+        """The fragments the planner cut the pipeline into: id, kind (local at a site,
+        global), site, node, and the fragment's own steps (type, inputs) — with those the
+        planner added (a site's partial aggregate, the read of another fragment's output,
+        ``schema_of`` naming the step it reads) — secrets masked."""
+        return coordinator.plan(name)
+
     @app.get(f"{API}/{{name}}/metrics", tags=["pipelines"], dependencies=guarded)
     async def pipeline_metrics(name: str) -> PipelineMetrics:
         return coordinator.pipeline_metrics(name)

@@ -22,6 +22,7 @@ const S = {
   graph: null,         // cytoscape instance of the current page
   graphKey: "",
   specs: {},           // pipeline name -> spec
+  plans: {},           // pipeline name -> its fragments with their own steps (the planner's cut)
 };
 
 // -- helpers -----------------------------------------------------------------------
@@ -36,6 +37,10 @@ function num(v, digits = 0) {
 function ago(seconds) {
   if (seconds === null || seconds === undefined) return "never";
   return seconds < 1 ? "just now" : `${num(seconds, 1)} s ago`;
+}
+// 24-hour time of day in the browser's locale (chart axes: no dates, no am/pm)
+function hhmmss(unix) {
+  return new Date(unix * 1000).toLocaleTimeString(undefined, {hour12: false, hour: "2-digit", minute: "2-digit", second: "2-digit"});
 }
 function clock(unix) {
   return new Date(unix * 1000).toLocaleTimeString("en-GB", {hour12: false});
@@ -98,7 +103,20 @@ function onSnapshot(snap) {
   remember(snap.samples);
   const leader = snap.cluster.leader ? `leader ${snap.cluster.leader} · epoch ${snap.cluster.leader_epoch}` : "no leader";
   setLive(true, leader);
+  drawHealth(snap.concerns || []);
   refresh();
+}
+
+// The health strip on every page: green, or the worst level with each concern's reason.
+function drawHealth(concerns) {
+  const el = $("#health");
+  if (!el) return;
+  const level = concerns.length ? concerns[0].level : "green";
+  el.dataset.level = level;
+  el.innerHTML = concerns.length
+    ? concerns.slice(0, 6).map((c) => `<span class="concern ${esc(c.level)}" data-concern="${esc(c.level)}"><b>${esc(c.what)}</b> ${esc(c.reason)}</span>`).join("")
+      + (concerns.length > 6 ? `<span class="muted">and ${concerns.length - 6} more</span>` : "")
+    : `<span class="concern green">all well: every node heard, every pipeline running and keeping up</span>`;
 }
 
 function onLog(entry) {
@@ -372,11 +390,13 @@ async function renderPipeline(name, first) {
       };
     }
     try {
-      const [spec, history] = await Promise.all([
+      const [spec, history, plan] = await Promise.all([
         S.specs[name] ? Promise.resolve(S.specs[name]) : api(`/api/v1/pipelines/${encodeURIComponent(name)}/spec`),
         api(`/api/v1/pipelines/${encodeURIComponent(name)}/history`),
+        api(`/api/v1/pipelines/${encodeURIComponent(name)}/plan`).catch(() => null),
       ]);
       S.specs[name] = spec;
+      S.plans[name] = plan;
       for (const [fid, samples] of Object.entries(history.fragments)) {
         const known = S.series[fid] || [];
         const newest = known.length ? known[0].at : Infinity;
@@ -420,34 +440,46 @@ function fragmentTable(p) {
     <th class="num">restarts</th><th>steps</th></tr></thead><tbody>${rows}</tbody></table>`;
 }
 
+// The job graph as the planner cut it: a box per fragment (edge site or cloud, its node
+// and status) holding its own steps — a site's partial aggregate and the reads of
+// another fragment's output included — and the streams between fragments.
 function drawDag(p) {
   const box = $("#dag");
-  const spec = S.specs[p.name];
-  if (!box || !spec || typeof cytoscape === "undefined") return;
-  const where = {};  // step id -> the fragments that run it (a local step runs at every site)
-  p.fragments.forEach((f, i) => { for (const s of f.steps) (where[s] = where[s] || []).push({fragment: f, colour: COLOURS[i % COLOURS.length]}); });
-  const label = (st) => {
-    const w = where[st.id] || [];
-    const where_ = (x) => (x.fragment.node || "unplaced") + (x.fragment.status === "running" ? "" : ` (${x.fragment.status})`);
-    return `${st.id} (${st.type})${w.length ? "\n" + w.map(where_).join(", ") : ""}`;
-  };
-  const key = p.name + "|" + p.fragments.map((f) => `${f.id}@${f.node}:${f.status}`).join(",");
+  const plan = S.plans[p.name];
+  if (!box || !plan || typeof cytoscape === "undefined") return;
+  const status = Object.fromEntries(p.fragments.map((f) => [f.id, f]));
+  const key = p.name + "|" + plan.map((f) => f.id).join(",") + "|" + p.fragments.map((f) => `${f.id}@${f.node}:${f.status}`).join(",");
   if (S.graph && S.graphKey === key) return;
   if (S.graph) S.graph.destroy();
   const elements = [];
-  for (const st of spec.steps || []) {
-    const w = where[st.id] || [];
-    const lost = w.some((x) => x.fragment.status === "unreachable");
-    elements.push({data: {id: st.id, label: label(st), colour: lost ? "#d64545" : w.length === 1 ? w[0].colour : w.length ? "#5a6b7d" : "#8a94a3"}});
-    for (const input of st.inputs || []) elements.push({data: {id: `${input}->${st.id}`, source: input, target: st.id}});
+  const where = (f) => f.kind === "local" ? `edge · ${f.site}` : "cloud · global";
+  for (const f of plan) {
+    const st = status[f.id] || {};
+    const state = st.status || "unplaced";
+    const colour = state === "running" ? "#1f9d55" : ["unreachable", "failing", "failed", "fenced", "unassigned"].includes(state) ? "#d64545" : "#d98c00";
+    elements.push({data: {id: `frag:${f.id}`, label: `${shortId(f.id, p.name)} — ${where(f)} on ${st.node || f.node || "no node"} (${state})`, colour}, classes: "fragment"});
+    for (const step of f.steps) {
+      elements.push({data: {id: `${f.id}/${step.id}`, parent: `frag:${f.id}`, label: `${step.id}\n${step.type}`}, classes: "step"});
+      for (const input of step.inputs || []) elements.push({data: {id: `${f.id}/${input}->${step.id}`, source: `${f.id}/${input}`, target: `${f.id}/${step.id}`}});
+      if (step.schema_of) {  // reads what another fragment's step wrote: draw the hop
+        for (const g of plan) if (g !== f && g.steps.some((x) => x.id === step.schema_of)) {
+          elements.push({data: {id: `${g.id}/${step.schema_of}=>${f.id}/${step.id}`, source: `${g.id}/${step.schema_of}`, target: `${f.id}/${step.id}`}, classes: "hop"});
+        }
+      }
+    }
   }
   S.graph = cytoscape({
     container: box, elements,
     style: [
-      {selector: "node", style: {label: "data(label)", "text-wrap": "wrap", "font-size": 10, "text-valign": "bottom", "background-color": "data(colour)", width: 18, height: 18}},
+      {selector: "node.step", style: {label: "data(label)", "text-wrap": "wrap", "font-size": 11, "text-valign": "bottom", "text-margin-y": 2, "background-color": "#5a6b7d", width: 14, height: 14}},
+      {selector: "node.fragment", style: {label: "data(label)", "font-size": 11, "font-weight": 600, "text-valign": "top", "text-halign": "center", "background-color": "#f3f6fa", "border-color": "data(colour)", "border-width": 2, shape: "round-rectangle", padding: 18}},
       {selector: "edge", style: {"curve-style": "bezier", "target-arrow-shape": "triangle", "line-color": "#9fb0c4", "target-arrow-color": "#9fb0c4", width: 1.5}},
+      {selector: "edge.hop", style: {"line-style": "dashed", "line-color": "#5f86c6", "target-arrow-color": "#5f86c6", width: 2}},
     ],
-    layout: {name: "breadthfirst", directed: true, spacingFactor: 1.1, padding: 15},
+    maxZoom: 1.3,
+    // breadth-first, turned to run left to right: the page is wider than it is tall
+    layout: {name: "breadthfirst", directed: true, padding: 20, spacingFactor: 0.9, nodeDimensionsIncludeLabels: true, avoidOverlap: true,
+      transform: (node, pos) => ({x: pos.y * 1.6, y: pos.x * 0.7})},
   });
   S.graphKey = key;
 }
@@ -479,7 +511,7 @@ function drawCharts(p, first) {
         width, height: 200, legend: {show: true}, cursor: {drag: {x: false, y: false}},
         scales: {x: {time: true}},
         series: [{}, ...ids.map((id, i) => ({label: shortId(id, p.name), stroke: COLOURS[i % COLOURS.length], width: 1.5, spanGaps: true}))],
-        axes: [{}, {size: 60}],
+        axes: [{values: (u, ticks) => ticks.map(hhmmss)}, {size: 60}],
       }, dataFor(field), holder));
     }
     return;

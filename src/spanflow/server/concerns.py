@@ -1,0 +1,122 @@
+"""The dashboard's health strip: what an operator should look at now, worst first.
+
+Pure: it reads the statuses every view shows (one source of truth for health) and the
+recent samples of each fragment, and says what is red (a node silent or dead, a
+pipeline degraded or failing, queries restarting) and what is amber (queries behind
+their trigger, dead letters rising, a stream filling up, a latency budget exceeded,
+a node running on what it last knew).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from spanflow.protocol.rest import Concern, FragmentSample, NodeStatus, PipelineStatus
+
+RECENT = 60.0
+"""Seconds over which rising counters (dead letters, restarts) are judged."""
+BEHIND = 1.0
+"""A query whose last batch took this many trigger intervals or more falls behind."""
+
+NODE_LEVEL = {"dead": "red", "suspect": "red", "fenced": "red", "last-known": "amber",
+              "draining": "amber"}  # fmt: skip
+
+
+def concerns(
+    nodes: Sequence[NodeStatus],
+    pipelines: Sequence[PipelineStatus],
+    samples: Mapping[str, Sequence[FragmentSample]],
+    now: float,
+) -> list[Concern]:
+    """Everything not well, red before amber."""
+    found = [*_nodes(nodes), *_pipelines(pipelines), *_rising(pipelines, samples, now)]
+    return sorted(found, key=lambda c: c.level != "red")
+
+
+def _nodes(nodes: Sequence[NodeStatus]) -> list[Concern]:
+    out = []
+    for n in nodes:
+        level = NODE_LEVEL.get(n.health)
+        if level is not None:
+            heard = f", last heard {n.last_heartbeat_s:.0f} s ago" if n.last_heartbeat_s else ""
+            out.append(Concern(level=level, what=f"node {n.name}", reason=f"{n.health}{heard}"))  # type: ignore[arg-type]
+        out += [Concern(level="amber", what=f"node {n.name}", reason=w) for w in n.warnings]
+    return out
+
+
+def _pipelines(pipelines: Sequence[PipelineStatus]) -> list[Concern]:
+    out = []
+    for p in pipelines:
+        what = f"pipeline {p.name}"
+        if p.health == "degraded":
+            down = [f"{f.id} {f.status}" for f in p.fragments if f.status != "running"]
+            out.append(Concern(level="red", what=what, reason="degraded: " + ", ".join(down)))
+        elif p.state.value == "failed":
+            out.append(Concern(level="red", what=what, reason=f"failed: {p.reason}"))
+        if p.over_latency_budget:
+            out.append(
+                Concern(
+                    level="amber",
+                    what=what,
+                    reason=f"latency estimate {p.latency_estimate_s} s over its budget "
+                    f"{p.latency_budget} s",
+                )
+            )
+        out += _behind(p)
+    return out
+
+
+def _behind(p: PipelineStatus) -> list[Concern]:
+    """Queries whose last batch took longer than their trigger (backpressure)."""
+    out = []
+    for f in p.fragments:
+        if f.status != "running" or f.runtime is None:
+            continue
+        for query, m in sorted(f.runtime.metrics.items()):
+            if m.realtime or m.trigger_seconds <= 0:
+                continue
+            ratio = m.last_batch_seconds / m.trigger_seconds
+            if ratio >= BEHIND:
+                out.append(
+                    Concern(
+                        level="amber",
+                        what=f"query {p.name}/{query}",
+                        reason=f"behind its trigger: last batch {m.last_batch_seconds:.1f} s "
+                        f"for a {m.trigger_seconds:g} s trigger ({ratio:.1f}×)",
+                    )
+                )
+    return out
+
+
+def _rising(
+    pipelines: Sequence[PipelineStatus],
+    samples: Mapping[str, Sequence[FragmentSample]],
+    now: float,
+) -> list[Concern]:
+    """Dead letters and restarts that grew over the last :data:`RECENT` seconds."""
+    out = []
+    for p in pipelines:
+        for f in p.fragments:
+            recent = [s for s in samples.get(f.id, ()) if s.at >= now - RECENT]
+            if len(recent) < 2:
+                continue
+            first, last = recent[0], recent[-1]
+            dead = last.dead_letters - first.dead_letters
+            restarts = last.restarts - first.restarts
+            if restarts > 0:
+                out.append(
+                    Concern(
+                        level="red",
+                        what=f"fragment {f.id}",
+                        reason=f"{restarts} query restarts in the last minute",
+                    )
+                )
+            if dead > 0:
+                out.append(
+                    Concern(
+                        level="amber",
+                        what=f"fragment {f.id}",
+                        reason=f"{dead} dead letters in the last minute",
+                    )
+                )
+    return out

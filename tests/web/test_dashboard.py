@@ -83,6 +83,15 @@ def test_the_pipeline_pages_show_state_placement_and_live_figures(
     )
     wait_for(lambda: read() >= 50, timeout=60)
     assert read() == sum(f.rows_in for f in api.pipeline_metrics("plant-watch").fragments.values())
+    # one row per query (a sink of a fragment) with its checkpoint durations
+    runtimes = api.pipeline_metrics("plant-watch").fragments
+    queries = {f"{fid}/{q}" for fid, rt in runtimes.items() for q in rt.metrics}
+    listed = p.locator("#query-table tr[data-query]").evaluate_all(
+        "rows => rows.map((r) => r.dataset.query)"
+    )
+    assert set(listed) == queries and len(listed) == len(queries) == 2
+    checkpoints = lambda: p.locator("#query-table [data-field=checkpoint]").all_inner_texts()  # noqa: E731
+    wait_for(lambda: all(c.strip().endswith("ms") for c in checkpoints()), timeout=60)
     assert p.locator("#charts .chart canvas").count() == 9  # uPlot: one per figure
     assert p.locator("#dag canvas").count() > 0
     # the job graph: the fragment's box holds its steps, as the planner cut them

@@ -380,6 +380,7 @@ async function renderPipeline(name, first) {
       <div id="action-result"></div>
       <h2>Steps and where they run</h2><div id="dag"></div>
       <h2>Fragments</h2><div id="fragments"></div>
+      <h2>Queries: checkpoints, state and errors</h2><div id="queries"></div>
       <h2>Live figures</h2><div class="charts" id="charts"></div>
       <h2>Lifecycle</h2><div id="history"></div>`;
     for (const b of main.querySelectorAll("#pipeline-actions button")) {
@@ -416,10 +417,64 @@ async function renderPipeline(name, first) {
     <div class="card"><div class="v">${p.parallelism}</div><div class="k">parallelism</div></div>
     <div class="card"><div class="v">${num(pipelineRate(p), 1)}</div><div class="k">rows/s in</div></div></div>`;
   $("#fragments").innerHTML = fragmentTable(p);
+  $("#queries").innerHTML = queryTable(p);
   $("#history").innerHTML = `<table><thead><tr><th>at</th><th>state</th><th>reason</th></tr></thead><tbody>${
     p.history.slice().reverse().map((h) => `<tr><td>${clock(h.at)}</td><td>${stateTag(h.state)}</td><td>${esc(h.reason)}</td></tr>`).join("")}</tbody></table>`;
   drawDag(p);
   drawCharts(p, first);
+}
+
+// Upper bounds of every histogram spanflow reports (spanflow.protocol.metrics.LATENCY_BUCKETS)
+const BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60];
+// The q quantile of a histogram's counts, interpolated in its bucket (as Prometheus does)
+function quantile(q, counts) {
+  const total = counts.reduce((a, b) => a + b, 0);
+  if (!total) return null;
+  let below = 0;
+  for (let i = 0; i < counts.length; i++) {
+    if (counts[i] && below + counts[i] >= q * total) {
+      if (i === BUCKETS.length) return BUCKETS[BUCKETS.length - 1];
+      const lower = i ? BUCKETS[i - 1] : 0;
+      return lower + (BUCKETS[i] - lower) * (q * total - below) / counts[i];
+    }
+    below += counts[i];
+  }
+  return BUCKETS[BUCKETS.length - 1];
+}
+function bytes(n) {
+  if (!n) return "0 B";
+  const units = ["B", "kB", "MB", "GB"];
+  const i = Math.min(units.length - 1, Math.floor(Math.log10(n) / 3));
+  return `${SIG3.format(n / 1000 ** i)} ${units[i]}`;
+}
+
+// Per query (one per sink of a fragment): what it read and wrote, how its batches and
+// checkpoints take, its state, and the fragment's last error with its restarts.
+function queryTable(p) {
+  const rows = [];
+  for (const f of p.fragments) {
+    const rt = f.runtime;
+    if (!rt) continue;
+    for (const [query, m] of Object.entries(rt.metrics || {})) {
+      const ratio = m.trigger_seconds > 0 && !m.realtime ? m.last_batch_seconds / m.trigger_seconds : null;
+      const p50 = quantile(0.5, m.checkpoint_seconds.counts), p99 = quantile(0.99, m.checkpoint_seconds.counts);
+      rows.push(`<tr data-query="${esc(f.id)}/${esc(query)}"${f.status === "unreachable" ? ` class="stale"` : ""}>
+        <td class="mono">${esc(shortId(f.id, p.name))}</td><td class="mono">${esc(query)}</td><td>${m.realtime ? "real time" : "micro-batch"}</td>
+        <td class="num">${num(m.records_in)}</td><td class="num">${m.records_out === null ? "–" : num(m.records_out)}</td><td class="num">${num(m.batches)}</td>
+        <td class="num" data-field="pressure">${ratio === null ? "–" : `<span class="${ratio >= 1 ? "state failing" : ""}">${SIG3.format(m.last_batch_seconds)} s / ${SIG3.format(m.trigger_seconds)} s</span>`}</td>
+        <td class="num" data-field="checkpoint">${p50 === null ? "–" : `${SIG3.format(p50 * 1000)} / ${SIG3.format(p99 * 1000)} ms`}</td>
+        <td class="num">${num(m.state_rows)}</td><td class="num">${bytes(m.state_bytes)}</td></tr>`);
+    }
+    if (rt.error || rt.restarts) {
+      const lines = String(rt.error || "").split("\n").slice(0, 3).join("\n");
+      rows.push(`<tr class="error-row" data-errors="${esc(f.id)}"><td class="mono">${esc(shortId(f.id, p.name))}</td>
+        <td colspan="9"><b>${num(rt.restarts)} restarts</b>${lines ? `<pre class="error">${esc(lines)}</pre>` : ""}</td></tr>`);
+    }
+  }
+  return rows.length ? `<table id="query-table"><thead><tr><th>fragment</th><th>query (sink)</th><th>mode</th>
+    <th class="num">records in</th><th class="num">records out</th><th class="num">batches</th><th class="num">last batch / trigger</th>
+    <th class="num">checkpoint p50 / p99</th><th class="num">state rows</th><th class="num">state size</th></tr></thead><tbody>${rows.join("")}</tbody></table>`
+    : `<p class="muted">no query has reported yet</p>`;
 }
 
 function fragmentTable(p) {

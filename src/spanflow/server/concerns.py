@@ -67,24 +67,30 @@ def _pipelines(pipelines: Sequence[PipelineStatus]) -> list[Concern]:
 
 
 def _behind(p: PipelineStatus) -> list[Concern]:
-    """Queries whose last batch took longer than their trigger (backpressure)."""
+    """Fragments whose queries' last batches took longer than their trigger
+    (backpressure): one concern per fragment, naming its slowest query."""
     out = []
     for f in p.fragments:
         if f.status != "running" or f.runtime is None:
             continue
-        for query, m in sorted(f.runtime.metrics.items()):
-            if m.realtime or m.trigger_seconds <= 0:
-                continue
-            ratio = m.last_batch_seconds / m.trigger_seconds
-            if ratio >= BEHIND:
-                out.append(
-                    Concern(
-                        level="amber",
-                        what=f"query {p.name}/{query}",
-                        reason=f"behind its trigger: last batch {m.last_batch_seconds:.1f} s "
-                        f"for a {m.trigger_seconds:g} s trigger ({ratio:.1f}×)",
-                    )
-                )
+        timed = [
+            (m.last_batch_seconds / m.trigger_seconds, query, m)
+            for query, m in sorted(f.runtime.metrics.items())
+            if not m.realtime and m.trigger_seconds > 0
+        ]
+        behind = [t for t in timed if t[0] >= BEHIND]
+        if not behind:
+            continue
+        ratio, query, m = max(behind, key=lambda t: t[0])
+        out.append(
+            Concern(
+                level="amber",
+                what=f"fragment {f.id}",
+                reason=f"{len(behind)} of {len(timed)} queries behind their trigger (slowest "
+                f"{query}: last batch {m.last_batch_seconds:.1f} s for a "
+                f"{m.trigger_seconds:g} s trigger, {ratio:.1f}×)",
+            )
+        )
     return out
 
 

@@ -10,9 +10,11 @@ a node running on what it last knew).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Literal
 
 from spanflow.protocol.rest import Concern, FragmentSample, NodeStatus, PipelineStatus
 
+Level = Literal["red", "amber"]
 RECENT = 60.0
 """Seconds over which rising counters (dead letters, restarts) are judged."""
 BEHIND = 1.0
@@ -107,22 +109,15 @@ def _rising(
             if len(recent) < 2:
                 continue
             first, last = recent[0], recent[-1]
-            dead = last.dead_letters - first.dead_letters
-            restarts = last.restarts - first.restarts
-            if restarts > 0:
-                out.append(
-                    Concern(
-                        level="red",
-                        what=f"fragment {f.id}",
-                        reason=f"{restarts} query restarts in the last minute",
-                    )
+            rises: tuple[tuple[Level, int, str], ...] = (
+                ("red", last.restarts - first.restarts, "query restarts"),
+                ("amber", last.dead_letters - first.dead_letters, "dead letters"),
+            )
+            out += [
+                Concern(
+                    level=level, what=f"fragment {f.id}", reason=f"{n} {what} in the last minute"
                 )
-            if dead > 0:
-                out.append(
-                    Concern(
-                        level="amber",
-                        what=f"fragment {f.id}",
-                        reason=f"{dead} dead letters in the last minute",
-                    )
-                )
+                for level, n, what in rises
+                if n > 0
+            ]
     return out

@@ -80,26 +80,15 @@ class Incidents:
         return event.at - current.last_at <= self.quiet
 
     def _open(self, key: Key, event: DataEvent) -> Incident:
-        incident = Incident(
-            id=self._next_id,
-            pipeline=event.pipeline,
-            sink=event.sink,
-            kind=event.kind,
-            subject=event.subject,
-            first_at=event.at,
-            last_at=event.at,
-            count=1,
-            first_event=event.seq,
-            last_event=event.seq,
-            started=event_time(event.data),
-            until=event_time(event.data, end=True),
-            episode_open=event.data.get("episode") == "start",
-            ended=False,
-            peak=peak_of(event.data),
-            peak_field=_peak_field(event.data),
-            latest=event.data,
-            quiet_s=self.quiet,
-        )
+        record = event.data
+        where = event.model_dump(include={"pipeline", "sink", "kind", "subject"})
+        span = {"first_at": event.at, "last_at": event.at}
+        seqs = {"first_event": event.seq, "last_event": event.seq}
+        told = {"started": event_time(record), "until": event_time(record, end=True)}
+        peak = {"peak": peak_of(record), "peak_field": _peak_field(record)}
+        state = {"episode_open": record.get("episode") == "start", "ended": False}
+        own = {"id": self._next_id, "count": 1, "latest": record, "quiet_s": self.quiet}
+        incident = Incident.model_validate(where | span | seqs | told | peak | state | own)
         self._next_id += 1
         self._current[key] = incident.id
         return incident

@@ -20,6 +20,7 @@ import pytest
 from spanflow.api.yaml_loader import load_pipeline_text
 from spanflow.errors import CompileError, PipelineFileError
 from spanflow.nats.streams import connect
+from spanflow.protocol.metrics import LATENCY_BUCKETS
 from spanflow.spark.connectors.jetstream import realtime
 from spanflow.spark.deadletter import dlq_subject
 from spanflow.spark.runner import PipelineRunner
@@ -126,6 +127,19 @@ def test_realtime_gives_the_micro_batch_results(spark, nats_url, uid, tmp_path):
             assert q is not None
             wait_for(lambda q=q: _live(spark, q.id) == (published, 0), 30)
         assert [s.lag for s in real.status()] == [0, 0]
+
+        # ... and each sink's JVM writer what it published, with the end-to-end latency
+        # of the records that keep their source's publish time (the alerts; the totals
+        # are aggregates)
+        def written(sink: str) -> int:
+            real.status()  # reads the live counters into the sink's output
+            out = real.outputs.get(sink)
+            return -1 if out is None else out.records
+
+        wait_for(lambda: written("alerts") == expected_alerts and written("totals_out") == n, 30)
+        alerts, totals = real.outputs["alerts"].latency, real.outputs["totals_out"].latency
+        assert alerts.count == expected_alerts and alerts.sum > 0 and totals.count == 0
+        assert list(spark._jvm.dev.spanflow.realtime.LiveProgress.BUCKETS) == list(LATENCY_BUCKETS)
     finally:
         real.stop()
 

@@ -500,6 +500,19 @@ class PipelineRunner:
         st.input_rows_per_s, st.processed_rows_per_s = sup.live_rates
         st.lag = now.pending
         st.records = now.records
+        self._observe_written(sup.sink_id, q)
+
+    def _observe_written(self, sink_id: str, q: StreamingQuery) -> None:
+        """A real-time JetStream sink's records and their latency, counted by its JVM
+        writer while the batch runs, as its output (what micro-batch sinks count here)."""
+        try:
+            written = realtime.live_written(self.spark, q.id)
+        except Exception as exc:  # the JVM is going away; status must not fail
+            log.debug("live output of %s: %s", sink_id, exc)
+            return
+        if written is not None:
+            output = self.outputs.setdefault(sink_id, Output())
+            output.records, output.latency = written
 
     def dead_letters(self) -> int:
         """Messages this pipeline has dead-lettered so far."""

@@ -17,6 +17,7 @@ from spanflow.spark.compile.frame import (
 )
 from spanflow.spark.compile.registry import compiles
 from spanflow.spec.pipeline import PipelineSpec
+from spanflow.spec.steps.io import PUBLISHED
 from spanflow.spec.steps.stateless import (
     EventTimeStep,
     FilterStep,
@@ -44,8 +45,9 @@ def compile_select(
 ) -> Frame:
     (up,) = inputs
     df = up.df.selectExpr(*step.columns)
-    if ctx.realtime:  # keep what the sink's message ids come from (unpublished)
-        kept = [c for c in REALTIME_ID_COLUMNS if c in up.df.columns and c not in df.columns]
+    if ctx.realtime:  # keep what message ids and latency come from (unpublished)
+        hidden = (*REALTIME_ID_COLUMNS, PUBLISHED)
+        kept = [c for c in hidden if c in up.df.columns and c not in df.columns]
         if kept:
             df = up.df.selectExpr(*step.columns, *kept)
     return replace(up, df=df)

@@ -26,6 +26,7 @@ import orjson
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
+from spanflow.protocol.metrics import Histogram
 from spanflow.spark.connectors.jetstream.jvm_jar import jar_path
 from spanflow.spec.durations import spark_interval
 
@@ -126,6 +127,16 @@ def live_read(spark: SparkSession, query_id: str) -> LiveRead | None:
     return LiveRead(
         int(raw["records"]), int(raw["pending"]), int(raw["last_published_ms"]), time.monotonic()
     )
+
+
+def live_written(spark: SparkSession, query_id: str) -> tuple[int, Histogram] | None:
+    """What a real-time query's JetStream sink published so far (cumulative over its
+    batches) and the end-to-end latency of those records, or None before it wrote."""
+    jvm: Any = spark._jvm
+    raw = orjson.loads(str(jvm.dev.spanflow.realtime.LiveProgress.written(query_id)))
+    if "records" not in raw:
+        return None
+    return int(raw["records"]), Histogram(counts=raw["counts"], sum=float(raw["sum"]))
 
 
 def forget_live_read(spark: SparkSession, query_id: str) -> None:

@@ -19,6 +19,7 @@ import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
 import java.util.concurrent.CompletableFuture;
+import org.apache.spark.TaskContext;
 import org.apache.spark.sql.ForeachWriter;
 import org.apache.spark.sql.Row;
 import org.apache.spark.sql.types.StructField;
@@ -54,6 +55,7 @@ public final class JetStreamWriter extends ForeachWriter<Row> {
   private transient NatsClient nc;
   private transient ArrayDeque<CompletableFuture<NatsClient.Msg>> inFlight;
   private transient MessageDigest digest;
+  private transient LiveProgress.Writer live;
 
   /** {@code epoch}: the fragment's fence epoch for the Spanflow-Epoch header, or "". */
   public JetStreamWriter(String url, String pipeline, String sink, String subject, String epoch,
@@ -72,6 +74,9 @@ public final class JetStreamWriter extends ForeachWriter<Row> {
       nc = NatsClient.connect(url, "spanflow-rt-sink-" + pipeline + "-" + sink);
       inFlight = new ArrayDeque<>();
       digest = MessageDigest.getInstance("SHA-256");
+      TaskContext task = TaskContext.get();
+      String query = task == null ? null : task.getLocalProperty("sql.streaming.queryId");
+      live = query == null ? null : LiveProgress.writer(query);
       return true;
     } catch (IOException exc) {
       throw new IllegalStateException("sink " + sink + ": " + exc.getMessage(), exc);
@@ -94,6 +99,9 @@ public final class JetStreamWriter extends ForeachWriter<Row> {
       while (inFlight.size() > maxInFlight) {
         settle(inFlight.poll(), 60_000);
       }
+      if (live != null) {
+        live.wrote(secondsSincePublished(row, schema));
+      }
     } catch (IOException exc) {
       throw new IllegalStateException("sink " + sink + ": " + exc.getMessage(), exc);
     }
@@ -115,6 +123,27 @@ public final class JetStreamWriter extends ForeachWriter<Row> {
         nc.close();
       }
     }
+  }
+
+  /** Seconds from when the source stored the row's record ({@code _published}) to now;
+   * -1 for a row that does not carry it. */
+  private static double secondsSincePublished(Row row, StructType schema) {
+    int at = Subjects.fieldIndex(schema, "_published");
+    if (at < 0 || row.isNullAt(at)) {
+      return -1;
+    }
+    Object v = row.get(at);
+    long micros;
+    if (v instanceof Timestamp) {
+      Timestamp t = (Timestamp) v;
+      micros = t.getTime() / 1000 * 1_000_000 + t.getNanos() / 1000;
+    } else if (v instanceof Instant) {
+      Instant t = (Instant) v;
+      micros = t.getEpochSecond() * 1_000_000 + t.getNano() / 1000;
+    } else {
+      return -1;
+    }
+    return Math.max(0.0, (System.currentTimeMillis() * 1000 - micros) / 1e6);
   }
 
   private void settle(CompletableFuture<NatsClient.Msg> ack, long timeoutMs) throws IOException {

@@ -118,6 +118,8 @@ SYSTEM_PACKAGES = {
     "Chromium (dashboard tests)": ("/usr/lib/chromium/chromium", "chromium"),
     # The metrics tests scrape a running cluster and run the Grafana dashboards' queries.
     "Prometheus (metrics tests)": ("/usr/bin/prometheus", "prometheus"),
+    # Fetches the Kafka broker's and Spark's extra jars from Maven Central.
+    "Maven (jars from Maven Central)": ("/usr/bin/mvn", "maven"),
 }
 
 
@@ -151,6 +153,19 @@ def ensure_class_archive() -> None:
     subprocess.run([str(PY), "-m", "spanflow.spark.class_archive", "--quiet"], check=False)
 
 
+def ensure_jars() -> None:
+    """Jars from Maven Central the tests and connectors use (spanflow.maven), fetched
+    once: Apache Kafka's broker. Without Maven or the network this only warns; what
+    needs the jars then fails with the reason."""
+    if not shutil.which("mvn"):
+        return
+    done = subprocess.run(
+        [str(PY), "-m", "spanflow.local.kafka_broker"], capture_output=True, text=True
+    )
+    if done.returncode != 0:
+        say(f"could not fetch jars from Maven Central: {done.stderr.strip()[-400:]}")
+
+
 def main() -> None:
     if sys.version_info < (3, 11):
         sys.exit("spanflow needs Python 3.11 or newer")
@@ -158,6 +173,7 @@ def main() -> None:
     ensure_java()
     ensure_test_servers()
     ensure_class_archive()
+    ensure_jars()
 
 
 if __name__ == "__main__":

@@ -53,10 +53,11 @@ def checkpoints(tmp_path: Path) -> Path:
 
 @pytest.fixture(scope="session")
 def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A real Kafka-wire broker (Tansu, in memory) for the session: its bootstrap."""
+    """Apache Kafka (one KRaft broker, from Maven Central's jars) for the session: its
+    bootstrap."""
     from spanflow.local.kafka_broker import LocalKafka
 
-    broker = LocalKafka(log=tmp_path_factory.mktemp("kafka") / "tansu.log").start()
+    broker = LocalKafka(log_dir=tmp_path_factory.mktemp("kafka")).start()
     yield broker.bootstrap
     broker.stop()
 

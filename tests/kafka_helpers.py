@@ -1,5 +1,5 @@
-"""Kafka clients for tests: create topics, produce one record per batch (Tansu's high
-watermark lags after multi-record batches), read everything committed."""
+"""Kafka clients for tests (confluent-kafka, not spanflow's connector): create topics,
+produce, read everything committed (or everything written, aborted included)."""
 
 from __future__ import annotations
 
@@ -27,23 +27,26 @@ def produce(
 ) -> None:
     """Each record as JSON (bytes are sent as they are), keyed by ``record[key]``."""
     producer = Producer(
-        {"bootstrap.servers": bootstrap, "linger.ms": 0, "batch.num.messages": 1,
-         "partitioner": "murmur2_random"}
+        {"bootstrap.servers": bootstrap, "linger.ms": 5, "partitioner": "murmur2_random",
+         "enable.idempotence": True}
     )  # fmt: skip
     for record in records:
         value = record if isinstance(record, bytes) else orjson.dumps(record)
         k = str(record[key]).encode() if key and isinstance(record, dict) else None
         extra = {"partition": partition_of(record)} if partition_of else {}
         producer.produce(topic, value, key=k, **extra)
-        producer.flush(10)
-    assert producer.flush(10) == 0
+        producer.poll(0)
+    assert producer.flush(30) == 0
 
 
-def read_topic(bootstrap: str, topic: str, timeout: float = 30.0) -> list[Any]:
-    """Every committed record of every partition: (partition, offset, key, value, headers)."""
+def read_topic(
+    bootstrap: str, topic: str, timeout: float = 30.0, isolation: str = "read_committed"
+) -> list[Any]:
+    """Every committed record of every partition: (partition, offset, key, value, headers);
+    with ``isolation="read_uncommitted"``, aborted records too."""
     consumer = Consumer(
         {"bootstrap.servers": bootstrap, "group.id": f"reader-{time.monotonic_ns()}",
-         "enable.auto.commit": False, "isolation.level": "read_committed",
+         "enable.auto.commit": False, "isolation.level": isolation,
          "enable.partition.eof": True}
     )  # fmt: skip
     meta = consumer.list_topics(topic, timeout=10).topics[topic]
@@ -66,5 +69,7 @@ def read_topic(bootstrap: str, topic: str, timeout: float = 30.0) -> list[Any]:
     return out
 
 
-def read_values(bootstrap: str, topic: str) -> list[dict[str, Any]]:
-    return [orjson.loads(v) for _, _, _, v, _ in read_topic(bootstrap, topic)]
+def read_values(
+    bootstrap: str, topic: str, isolation: str = "read_committed"
+) -> list[dict[str, Any]]:
+    return [orjson.loads(v) for _, _, _, v, _ in read_topic(bootstrap, topic, isolation=isolation)]

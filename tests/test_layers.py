@@ -18,6 +18,8 @@ LAYERS: dict[str, float] = {
     "errors": -1,
     "clock": -1,
     "plugins": -1,  # registries that fill themselves, lazy exports (standard library only)
+    "maven": -0.5,  # jars fetched from Maven Central (errors and the standard library)
+    "faults": -1,  # fault points tests arm to kill a process at an exact moment
     "spec": 0,
     "protocol": 0.4,  # the wire vocabulary: names, REST models, the typed client (spec only)
     "security": 0.5,  # certificates, credentials, keys: read by nats, runtime, servers

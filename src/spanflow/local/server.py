@@ -44,11 +44,17 @@ class ProcessServer(LocalServer):
     def _spawn(self, args: list[str], timeout: float, log: Path | None = None) -> None:
         """Start ``args`` and wait until the port accepts connections (a SpanflowError
         naming the program when it exits or stays silent)."""
-        name = Path(args[0]).name
+        self._launch(args, log)
+        self._await_port(timeout, Path(args[0]).name, log)
+
+    def _launch(self, args: list[str], log: Path | None = None) -> None:
         out = open(log, "ab") if log else subprocess.DEVNULL  # noqa: SIM115
         self._proc = subprocess.Popen(
             args, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
         )
+
+    def _await_port(self, timeout: float, name: str, log: Path | None = None) -> None:
+        assert self._proc is not None
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:

@@ -46,6 +46,7 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMa
 from pyspark.sql.types import StructType
 
 from spanflow.errors import CompileError, SpanflowError
+from spanflow.faults import pause_here
 from spanflow.protocol.raw import RawRecord
 from spanflow.spark.connectors import (
     BatchWriter,
@@ -495,11 +496,13 @@ class KafkaWriter(BatchWriter):
             for row in rows:
                 self._produce(row)
             producer.produce(self.marker, orjson.dumps({"batch": batch_id, "rows": len(rows)}))
+            pause_here("kafka-sink-open-transaction", prepare=lambda: producer.flush(30))
             producer.commit_transaction(60)
         except Exception:
             self._abort()
             raise
         self.committed = batch_id
+        pause_here("kafka-sink-committed")  # Kafka has the batch; Spark's log not yet
 
     def _produce(self, row: dict[str, Any]) -> None:
         record = {k: v for k, v in row.items() if not k.startswith("_")}

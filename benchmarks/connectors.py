@@ -7,7 +7,8 @@ stream; then the pipeline
 
     source → parse (JSON) → filter → 10 s tumbling window count per device → sink
 
-runs once with a Kafka source and a Kafka sink (one transaction per micro-batch) and
+runs once with a Kafka source and a Kafka sink (one transaction per micro-batch) for each
+Kafka reader (spanflow's Python reader, the default, and Spark's own connector) and
 once with a JetStream source and sink (two read tasks), each over every event;
 events/s over the batches after the first (the first pays Python worker start-up).
 Sinks alone: the JetStream events → filter → a PostgreSQL table (local PostgreSQL
@@ -69,7 +70,7 @@ def preload_kafka(bootstrap: str, topic: str, n: int) -> float:
     from confluent_kafka.admin import AdminClient, NewTopic
 
     admin = AdminClient({"bootstrap.servers": bootstrap})
-    for name in (topic, f"{topic}-out"):
+    for name in (topic, f"{topic}-out-spark", f"{topic}-out-python"):
         for future in admin.create_topics([NewTopic(name, num_partitions=PARTITIONS)]).values():
             future.result(10)
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20,
@@ -89,12 +90,13 @@ def preload_kafka(bootstrap: str, topic: str, n: int) -> float:
     return n / elapsed
 
 
-def kafka_pipeline(bootstrap: str, topic: str, batch_rows: int) -> sf.Flow:
+def kafka_pipeline(bootstrap: str, topic: str, batch_rows: int, reader: str) -> sf.Flow:
     return (
-        sf.Pipeline("bench-kafka", trigger=0)
+        sf.Pipeline(f"bench-kafka-{reader}", trigger=0)
         .source_kafka(
             topic,
             bootstrap=bootstrap,
+            reader=reader,
             schema=SCHEMA,
             event_time="ts",
             max_out_of_orderness="2s",
@@ -104,7 +106,7 @@ def kafka_pipeline(bootstrap: str, topic: str, batch_rows: int) -> sf.Flow:
         .key_by("device")
         .window(tumbling="10s")
         .aggregate(n="count")
-        .sink_kafka(f"{topic}-out", bootstrap=bootstrap, key="device")
+        .sink_kafka(f"{topic}-out-{reader}", bootstrap=bootstrap, key="device")
     )
 
 
@@ -152,7 +154,9 @@ def main() -> None:
         flows = {
             "jetstream": window_pipeline("bench-js", "BENCH_IN", "BENCH_WIN", emit="final",
                                          partitions=PARTITIONS, batch_rows=args.batch_rows),
-            "kafka": kafka_pipeline(kafka.bootstrap, "bench-in", args.batch_rows),
+            "kafka": kafka_pipeline(kafka.bootstrap, "bench-in", args.batch_rows, "python"),
+            "kafka_spark_reader": kafka_pipeline(kafka.bootstrap, "bench-in", args.batch_rows,
+                                                 "spark"),
             "postgres_sink": postgres_pipeline(postgres.dsn, args.batch_rows),
             "s3_sink": s3_pipeline(s3.endpoint, args.batch_rows),
         }  # fmt: skip
@@ -170,6 +174,11 @@ def main() -> None:
         else None
     )
     print(f"kafka / jetstream: {ratio:.2f}" if ratio else "kafka / jetstream: not measured")
+    python_reader, spark_reader = (
+        results[c]["events_per_s"] for c in ("kafka", "kafka_spark_reader")
+    )
+    readers = spark_reader / python_reader if spark_reader and python_reader else None
+    print(f"Spark's Kafka reader / the Python reader: {readers:.2f}" if readers else "")
     out = {
         "benchmark": "connectors",
         "machine": platform.platform(),
@@ -179,6 +188,7 @@ def main() -> None:
         "preload_per_s": {"jetstream": round(js_rate), "kafka": round(kafka_rate)},
         "throughput": results,
         "kafka_over_jetstream": ratio,
+        "spark_reader_over_python_reader": readers,
     }
     args.out.parent.mkdir(exist_ok=True)
     args.out.write_text(json.dumps(out, indent=2) + "\n")

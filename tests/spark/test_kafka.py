@@ -1,5 +1,6 @@
-"""The Kafka connector against a real Kafka-wire broker (Tansu): exact output,
-per-key order, dead letters and clear errors."""
+"""The Kafka connector against Apache Kafka: exact output, per-key order, dead letters
+and clear errors, with either source reader (Spark's own connector, the default, and
+spanflow's Python reader on confluent-kafka)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,11 @@ from tests.kafka_helpers import create_topic, produce, read_topic
 DEVICES = ("a", "b", "c", "d")
 
 
-def test_kafka_to_kafka_exact_output_in_key_order(spark, nats_url, kafka, checkpoints, uid):
+READERS = pytest.mark.parametrize("reader", ["spark", "python"])
+
+
+@READERS
+def test_kafka_to_kafka_exact_output_in_key_order(spark, nats_url, kafka, checkpoints, uid, reader):
     src, out = f"in-{uid}", f"out-{uid}"
     create_topic(kafka, src, partitions=3)
     create_topic(kafka, out, partitions=2)
@@ -28,7 +33,7 @@ def test_kafka_to_kafka_exact_output_in_key_order(spark, nats_url, kafka, checkp
     produce(kafka, src, [b"not json", b'{"device": "a", "n": "x", "v": 1}'], key=None)
     flow = (
         sf.Pipeline(f"k-{uid}", trigger="0.5s")
-        .source_kafka(src, bootstrap=kafka, key="device",
+        .source_kafka(src, bootstrap=kafka, key="device", reader=reader,
                       schema={"device": "string", "n": "long", "v": "double"})
         .filter("n % 3 != 0")
         .map(double="v * 2", partition="_partition", kafka_key="_key")
@@ -100,13 +105,19 @@ def test_kafka_options_are_checked_where_they_are_written():
 name: k
 sources:
   - {id: in, type: kafka, topic: t, schema: {a: long}, to: [out]}
+  - {id: sasl, type: kafka, topic: t, bootstrap: "h:9092", schema: {a: long}, to: [out],
+     reader: spark,
+     config: {security.protocol: SASL_SSL}}
 sinks:
   - {id: out, type: kafka, topic: "bad topic", bootstrap: "localhost:9092"}
 """
     with pytest.raises(PipelineFileError) as info:
         load_pipeline_text(text, "k.yaml")
     assert "k.yaml:4: sources[0].bootstrap: Field required" in str(info.value)
-    assert "k.yaml:6: sinks[0].topic: String should match pattern" in str(info.value)
+    assert "k.yaml:9: sinks[0].topic: String should match pattern" in str(info.value)
+    # librdkafka settings are the Python reader's: the message says how to use them
+    assert "k.yaml:5: sources[1]" in str(info.value)
+    assert "set reader: python" in str(info.value)
 
 
 AVRO = {
@@ -131,8 +142,9 @@ def _avro(record: dict, schema_id: int | None) -> bytes:
     return body if schema_id is None else b"\x00" + schema_id.to_bytes(4, "big") + body
 
 
+@READERS
 def test_avro_in_confluent_wire_format_is_read_and_bad_records_dead_lettered(
-    spark, nats_url, kafka, checkpoints, uid, tmp_path
+    spark, nats_url, kafka, checkpoints, uid, tmp_path, reader
 ):
     from datetime import UTC, datetime
 
@@ -154,7 +166,8 @@ name: av-{uid}
 trigger: 0.5s
 sources:
   - {{id: readings, type: kafka, topic: {src}, bootstrap: "{kafka}", format: avro,
-     avro_schema: reading.avsc, avro_framing: confluent, event_time: ts, to: [out]}}
+     avro_schema: reading.avsc, avro_framing: confluent, event_time: ts, reader: {reader},
+     to: [out]}}
 sinks:
   - {{id: out, type: kafka, topic: {out}, bootstrap: "{kafka}", key: device}}
 """,

@@ -8,7 +8,8 @@ pipeline replays a batch Kafka already has).
 A ``read_committed`` reader must then see every reading and every window once; a
 ``read_uncommitted`` reader sees the killed transactions' records too, which proves the
 kills landed where they should. The second test does the same on three brokers and
-SIGKILLs one of them with the pipeline."""
+SIGKILLs one of them with the pipeline; the first reads with the Python reader, the
+second with Spark's own Kafka connector."""
 
 from __future__ import annotations
 
@@ -32,12 +33,13 @@ KILLS = [(0.15, "kafka-sink-open-transaction"), (0.5, "kafka-sink-committed")]
 """When (the share of rows out) and where each of the two runs is SIGKILLed."""
 
 
-def _pipeline(uid: str, bootstrap: str) -> str:
+def _pipeline(uid: str, bootstrap: str, reader: str) -> str:
     return f"""
 name: keo-{uid}
 trigger: 0s
 sources:
   - {{id: in, type: kafka, topic: in-{uid}, bootstrap: "{bootstrap}", max_rows_per_batch: 120,
+     reader: {reader},
      schema: {{id: long, device: string, v: long, ts: timestamp}}, key: device,
      event_time: ts, max_out_of_orderness: 1s, to: [rows, by_device]}}
 processors:
@@ -122,27 +124,27 @@ def _check_exactly_once(bootstrap: str, uid: str, log: Path) -> None:
     assert len(written) > len(readings), "no kill left an open transaction behind"
 
 
-def _prepare(bootstrap: str, uid: str, tmp_path: Path) -> Path:
+def _prepare(bootstrap: str, uid: str, tmp_path: Path, reader: str) -> Path:
     create_topic(bootstrap, f"in-{uid}", partitions=3)
     create_topic(bootstrap, f"rows-{uid}", partitions=2)
     create_topic(bootstrap, f"win-{uid}", partitions=2)
     produce(bootstrap, f"in-{uid}", _readings(), key="device")
     pipeline = tmp_path / "pipeline.yaml"
-    pipeline.write_text(_pipeline(uid, bootstrap))
+    pipeline.write_text(_pipeline(uid, bootstrap, reader))
     return pipeline
 
 
 def test_sigkill_inside_an_open_transaction_loses_and_duplicates_nothing(
     nats_url, kafka, tmp_path, uid
 ):
-    pipeline = _prepare(kafka, uid, tmp_path)
+    pipeline = _prepare(kafka, uid, tmp_path, reader="python")
     log = _run_killing_in_transactions(pipeline, nats_url, tmp_path, kafka, uid)
     _check_exactly_once(kafka, uid, log)
 
 
 def test_three_brokers_one_killed_with_the_pipeline_inside_a_transaction(nats_url, tmp_path, uid):
     with LocalKafka(brokers=3, log_dir=tmp_path) as cluster:
-        pipeline = _prepare(cluster.bootstrap, uid, tmp_path)
+        pipeline = _prepare(cluster.bootstrap, uid, tmp_path, reader="spark")
         log = _run_killing_in_transactions(
             pipeline, nats_url, tmp_path, cluster.bootstrap, uid, also_kill=[cluster]
         )

@@ -155,9 +155,12 @@ class Pipeline:
         config_env: Mapping[str, str] | None = None,
         avro_schema: Mapping[str, Any] | str | None = None,
         avro_framing: str | None = None,
+        reader: str | None = None,
         id: str | None = None,
     ) -> Stream:
-        """Read a Kafka topic; each record's value is decoded into one record, with its
+        """Read a Kafka topic (``reader="python"``, the default: spanflow's reader on
+        confluent-kafka, which takes librdkafka ``config``; ``"spark"``: Spark's own
+        Kafka connector); each record's value is decoded into one record, with its
         key, partition, offset, timestamp and headers as ``_key``, ``_partition``,
         ``_seq``, ``_published`` and ``_headers``. ``event_time="_published"`` takes
         the Kafka timestamp as event time. ``format="avro"`` with ``avro_schema`` (a
@@ -172,6 +175,8 @@ class Pipeline:
             options["config"] = dict(config)
         if config_env:
             options["config_env"] = dict(config_env)
+        if reader is not None:
+            options["reader"] = reader
         avro: dict[str, Any] = {}
         if avro_schema is not None:
             avro["avro_schema"] = (

@@ -10,6 +10,7 @@ from pyspark.sql import SparkSession
 
 from spanflow.spark import class_archive
 from spanflow.spark.connectors.jetstream import realtime
+from spanflow.spark.jars import session_jars
 from spanflow.spark.java import ensure_java_home
 
 ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
@@ -83,6 +84,7 @@ def build_session(
     chosen = master or os.environ.get("SPANFLOW_SPARK_MASTER", default_master)
     builder = SparkSession.builder.appName(app_name).master(chosen)
     needed = realtime.session_conf()
+    needed["spark.jars"] = ",".join([needed["spark.jars"], *session_jars()])
     settings = {**DEFAULTS, **needed, **_cluster_conf(chosen), **(conf or {})}
     if conf and "spark.jars" in conf:  # the user's jars and the real-time jar
         settings["spark.jars"] = f"{conf['spark.jars']},{needed['spark.jars']}"

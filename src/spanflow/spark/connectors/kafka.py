@@ -1,7 +1,12 @@
-"""Kafka on Spark through confluent-kafka: a Python streaming data source and a
-transactional batch writer.
+"""Kafka on Spark: two source readers and a transactional batch writer.
 
-Source (a ``DataSourceStreamReader``)
+Source, ``reader: spark``
+    Spark's own Kafka connector (``format("kafka")``, jars from ``spanflow.spark.jars``):
+    offsets in Spark's checkpoint, ``read_committed``, at most ``max_rows_per_batch``
+    records a batch; its rows go through :class:`RecordDecoder` in a ``mapInArrow``,
+    which decodes values exactly as the Python reader does.
+
+Source, ``reader: python`` (the default; a ``DataSourceStreamReader`` on confluent-kafka)
     Offsets are ``{"p": {"<partition>": next_offset}}``. ``latestOffset`` asks the
     brokers for each partition's end (the last stable offset, as the reader's
     consumer is ``read_committed``) and caps the batch at ``max_rows`` spread over the
@@ -40,6 +45,7 @@ from typing import Any
 
 import orjson
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import DataFrame
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
@@ -113,6 +119,9 @@ def describe_failure(what: str, bootstrap: str, exc: BaseException) -> str:
 def read_kafka(ctx: SourceContext, step: SourceStep) -> DataFrame:
     options = step.options
     assert isinstance(options, KafkaSourceOptions)
+    settings = _reader_options(ctx, step, options)
+    if options.reader == "spark":
+        return _read_with_spark_connector(ctx, step, options, settings)
     name = f"spanflow_kafka_{ctx.query_token}"
     # A registration of its own per query, as for JetStream (see register_isolated)
     cls = type(
@@ -121,31 +130,158 @@ def read_kafka(ctx: SourceContext, step: SourceStep) -> DataFrame:
         {"name": classmethod(lambda c: name)},
     )
     ctx.spark.dataSource.register(cls)
+    return ctx.spark.readStream.format(name).options(**settings).load()
+
+
+def _reader_options(
+    ctx: SourceContext, step: SourceStep, options: KafkaSourceOptions
+) -> dict[str, str]:
+    """What a reader needs, as strings: the topic and how to decode its records."""
     start_time = options.start_time.isoformat() if options.start_time else ""
-    return (
-        ctx.spark.readStream.format(name)
-        .option("bootstrap", options.bootstrap)
-        .option("topic", options.topic)
-        .option("config", json.dumps(options.config))
-        .option("config_env", json.dumps(options.config_env))
-        .option("group", options.group or f"spanflow.{ctx.pipeline}.{step.id}")
-        .option("start", step.start)
-        .option("start_time", start_time)
-        .option("read_timeout", str(options.read_timeout))
-        .option("max_rows", str(step.max_rows_per_batch))
-        .option("format", step.format.value)
-        .option("schema", json.dumps(ctx.schema))
-        .option("ddl", f"{ctx.ddl}, {KAFKA_COLUMNS}")
-        .option("csv_delimiter", step.csv_delimiter)
-        .option("scalar_field", step.scalar_field or "")
-        .option("avro_schema", json.dumps(step.avro_schema) if step.avro_schema else "")
-        .option("avro_framing", step.avro_framing)
-        .option("protobuf", step.protobuf.model_dump_json() if step.protobuf else "")
-        .option("url", ctx.nats_url)
-        .option("pipeline", ctx.pipeline)
-        .option("step", step.id)
-        .load()
+    return {
+        "bootstrap": options.bootstrap,
+        "topic": options.topic,
+        "config": json.dumps(options.config),
+        "config_env": json.dumps(options.config_env),
+        "group": options.group or f"spanflow.{ctx.pipeline}.{step.id}",
+        "start": step.start,
+        "start_time": start_time,
+        "read_timeout": str(options.read_timeout),
+        "max_rows": str(step.max_rows_per_batch),
+        "format": step.format.value,
+        "schema": json.dumps(ctx.schema),
+        "ddl": f"{ctx.ddl}, {KAFKA_COLUMNS}",
+        "csv_delimiter": step.csv_delimiter,
+        "scalar_field": step.scalar_field or "",
+        "avro_schema": json.dumps(step.avro_schema) if step.avro_schema else "",
+        "avro_framing": step.avro_framing,
+        "protobuf": step.protobuf.model_dump_json() if step.protobuf else "",
+        "url": ctx.nats_url,
+        "pipeline": ctx.pipeline,
+        "step": step.id,
+    }
+
+
+def _read_with_spark_connector(
+    ctx: SourceContext, step: SourceStep, options: KafkaSourceOptions, settings: dict[str, str]
+) -> DataFrame:
+    """Spark's own Kafka source (offsets in Spark's checkpoint, one Spark partition per
+    Kafka partition, read_committed), its records decoded like the Python reader's by a
+    ``mapInArrow`` that keeps each partition's order and sends bad records to the
+    dead-letter stream."""
+    from spanflow.spark.jars import KAFKA_CONNECTOR, why_missing
+
+    reason = why_missing(KAFKA_CONNECTOR.name)
+    if reason:
+        raise CompileError(
+            step.id, f"Spark's Kafka connector is missing ({reason}); or set reader: python"
+        )
+    reader = (
+        ctx.spark.readStream.format("kafka")
+        .option("kafka.bootstrap.servers", options.bootstrap)
+        .option("subscribe", options.topic)
+        .option("kafka.isolation.level", "read_committed")
+        .option("includeHeaders", "true")
+        .option("maxOffsetsPerTrigger", str(step.max_rows_per_batch))
+        .option("groupIdPrefix", settings["group"])
     )
+    if options.start_time:
+        millis = int(options.start_time.timestamp() * 1000)
+        reader = reader.option("startingTimestamp", str(millis)).option(
+            "startingOffsetsByTimestampStrategy", "latest"
+        )
+    else:
+        reader = reader.option("startingOffsets", step.start)
+    raw = reader.load().select("key", "value", "partition", "offset", "timestamp", "headers")
+    return raw.mapInArrow(RecordDecoder(settings).arrow_batches, settings["ddl"])
+
+
+@dataclass
+class KafkaRecord:
+    """One record as either reader hands it to the decoder."""
+
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    timestamp_ms: int
+    headers: list[tuple[str, str]]
+
+
+class RecordDecoder:
+    """Kafka records to the pipeline's columns, bad ones to the dead-letter stream;
+    built on the driver from the reader's options, run in Python workers."""
+
+    def __init__(self, options: dict[str, str]) -> None:
+        self.topic = options["topic"]
+        self.format = StreamFormat(options.get("format", "json"))
+        self.schema_fields: dict[str, str] = json.loads(options.get("schema", "{}"))
+        self.csv_delimiter = options.get("csv_delimiter", ",")
+        self.scalar_field = options.get("scalar_field") or None
+        self.avro = AvroReader.from_options(options)
+        self.protobuf = ProtobufReader.from_options(options)
+        self.url = options["url"]
+        self.pipeline = options["pipeline"]
+        self.step = options["step"]
+
+    def decode(self, records: list[KafkaRecord]) -> pa.RecordBatch:
+        decoder = Decoder(self.format, self.schema_fields, self.csv_delimiter,
+                          self.scalar_field, avro=self.avro, protobuf=self.protobuf)  # fmt: skip
+        messages = [
+            RawRecord(seq=r.offset, subject=self.topic, data=r.value or b"",
+                      published_us=max(r.timestamp_ms, 0) * 1000)
+            for r in records
+        ]  # fmt: skip
+        batch, rejects = decoder.decode(messages)
+        record_of = {id(m): r for r, m in zip(records, messages, strict=True)}
+        if rejects:
+            letters = [self._letter(record_of[id(m)], m, why) for m, why in rejects]
+            send_dead_letters(self.url, self.pipeline, self.step, letters)
+        rejected = {id(m) for m, _ in rejects}
+        kept = [r for r, m in zip(records, messages, strict=True) if id(m) not in rejected]
+        extra = [
+            pa.array([_text(r.key) for r in kept], pa.string()),
+            pa.array([r.partition for r in kept], pa.int32()),
+            pa.array([r.headers for r in kept], pa.map_(pa.string(), pa.string())),
+        ]
+        names = [*batch.schema.names, "_key", "_partition", "_headers"]
+        return pa.RecordBatch.from_arrays([*batch.columns, *extra], names=names)
+
+    def _letter(self, record: KafkaRecord, message: RawRecord, reason: str) -> DeadLetter:
+        where = f"{record.partition}:{record.offset}"
+        return DeadLetter(
+            msg_id=f"{self.pipeline}:{self.step}:{where}",
+            data=message.data,
+            reason=reason,
+            stream=f"kafka:{self.topic}",
+            subject=f"{self.topic}[{record.partition}]",
+            seq=record.offset,
+        )
+
+    def arrow_batches(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        """``mapInArrow``: Spark's Kafka rows (key, value, partition, offset, timestamp,
+        headers) decoded, batch by batch, in order; read column by column (a dict per
+        row would cost more than the decoding)."""
+        for batch in batches:
+            column = batch.column
+            millis = pc.cast(column("timestamp"), pa.int64()).to_pylist()  # microseconds
+            headers = column("headers")
+            has_headers = pc.sum(pc.list_value_length(headers).fill_null(0)).as_py() or 0
+            records = [
+                KafkaRecord(partition=p, offset=o, key=k, value=v,
+                            timestamp_ms=(t or 0) // 1000, headers=_pairs(h) if h else [])
+                for p, o, k, v, t, h in zip(
+                    column("partition").to_pylist(), column("offset").to_pylist(),
+                    column("key").to_pylist(), column("value").to_pylist(), millis,
+                    headers.to_pylist() if has_headers else [None] * batch.num_rows,
+                    strict=True,
+                )
+            ]  # fmt: skip
+            yield self.decode(records)
+
+
+def _pairs(headers: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    return [(h["key"], _text(h["value"]) or "") for h in headers]
 
 
 class KafkaDataSource(DataSource):
@@ -178,15 +314,7 @@ class KafkaReader(DataSourceStreamReader):
         self.start_time = options.get("start_time") or None
         self.read_timeout = float(options.get("read_timeout", "30"))
         self.max_rows = int(options.get("max_rows", "200000"))
-        self.format = StreamFormat(options.get("format", "json"))
-        self.schema_fields: dict[str, str] = json.loads(options.get("schema", "{}"))
-        self.csv_delimiter = options.get("csv_delimiter", ",")
-        self.scalar_field = options.get("scalar_field") or None
-        self.avro = AvroReader.from_options(options)
-        self.protobuf = ProtobufReader.from_options(options)
-        self.url = options["url"]
-        self.pipeline = options["pipeline"]
-        self.step = options["step"]
+        self.decoder = RecordDecoder(options)
         self._consumer: Any = None
 
     # -- driver side -----------------------------------------------------------------
@@ -307,45 +435,13 @@ class KafkaReader(DataSourceStreamReader):
     # -- executor side ---------------------------------------------------------------
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, OffsetRange)
-        records = self._fetch(partition)
-        decoder = Decoder(
-            self.format,
-            self.schema_fields,
-            self.csv_delimiter,
-            self.scalar_field,
-            avro=self.avro,
-            protobuf=self.protobuf,
-        )
-        messages = [
-            RawRecord(seq=r.offset(), subject=self.topic, data=r.value() or b"",
-                    published_us=max(r.timestamp()[1], 0) * 1000)
-            for r in records
+        records = [
+            KafkaRecord(partition=partition.partition, offset=r.offset(), key=r.key(),
+                        value=r.value(), timestamp_ms=r.timestamp()[1],
+                        headers=[(k, _text(v) or "") for k, v in (r.headers() or [])])
+            for r in self._fetch(partition)
         ]  # fmt: skip
-        batch, rejects = decoder.decode(messages)
-        if rejects:
-            letters = [
-                DeadLetter(
-                    msg_id=f"{self.pipeline}:{self.step}:{partition.partition}:{m.seq}",
-                    data=m.data,
-                    reason=reason,
-                    stream=f"kafka:{self.topic}",
-                    subject=f"{self.topic}[{partition.partition}]",
-                    seq=m.seq,
-                )
-                for m, reason in rejects
-            ]
-            send_dead_letters(self.url, self.pipeline, self.step, letters)
-        rejected = {m.seq for m, _ in rejects}
-        kept = [r for r in records if r.offset() not in rejected]
-        keys = [_text(r.key()) for r in kept]
-        headers = [[(k, _text(v) or "") for k, v in (r.headers() or [])] for r in kept]
-        extra = [
-            pa.array(keys, pa.string()),
-            pa.array([partition.partition] * len(kept), pa.int32()),
-            pa.array(headers, pa.map_(pa.string(), pa.string())),
-        ]
-        names = [*batch.schema.names, "_key", "_partition", "_headers"]
-        yield pa.RecordBatch.from_arrays([*batch.columns, *extra], names=names)
+        yield self.decoder.decode(records)
 
     def _fetch(self, part: OffsetRange) -> list[Any]:
         """The records at offsets [start, end) of one partition, in offset order (fewer

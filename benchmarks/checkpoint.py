@@ -1,4 +1,5 @@
-"""Checkpoint and recovery time against state size: a local disk vs ``jetstream://``.
+"""Checkpoint and recovery time against state size: a local disk vs ``jetstream://`` vs
+``s3a://``.
 
 Measured in one run, on this machine, so the ratio holds when absolute figures do not.
 A stateful query keeps one row per key in RocksDB (the state store spanflow uses, with
@@ -17,7 +18,9 @@ is ≈ S for S / 1 KB keys. Per backend and size:
 
 Also the raw store: writing and reading S bytes as 16 MB files through Hadoop (what a
 RocksDB snapshot upload and a recovery download move). ``jetstream://`` runs on an
-embedded NATS server as deployed (fsync on every write).
+embedded NATS server as deployed (fsync on every write); ``s3a://`` on Ceph's RADOS
+Gateway over a one-OSD cluster that keeps objects in memory (``spanflow.local.ceph_s3``),
+on the same machine.
 
 Figures are printed and written to ``benchmarks/results/checkpoint.json``.
 Run: ``.venv/bin/python benchmarks/checkpoint.py [--sizes 10,100,1000]`` (MB).
@@ -37,6 +40,7 @@ from typing import Any
 
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
+from spanflow.local.ceph_s3 import LocalCephS3
 from spanflow.nats import EmbeddedNats
 from spanflow.spark import checkpoint_store
 from spanflow.spark.session import build_session
@@ -178,12 +182,16 @@ def main() -> None:
     args = ap.parse_args()
     sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
     work = Path(tempfile.mkdtemp(prefix="spanflow-bench-ckpt-"))
-    results: dict[str, dict[str, Any]] = {"local": {}, "jetstream": {}}
+    results: dict[str, dict[str, Any]] = {"local": {}, "jetstream": {}, "s3a": {}}
     try:
-        with EmbeddedNats(work / "nats") as server:
+        with EmbeddedNats(work / "nats") as server, LocalCephS3() as s3:
+            s3.make_bucket("bench")
+            os.environ.update(AWS_ENDPOINT_URL_S3=s3.endpoint, AWS_ACCESS_KEY_ID=s3.access_key,
+                              AWS_SECRET_ACCESS_KEY=s3.secret_key)  # fmt: skip
             spark = build_session(app_name="spanflow-bench-checkpoint")
             checkpoint_store.configure(spark, server.url)
-            roots = {"local": (work / "local").resolve().as_uri(), "jetstream": "jetstream://bench"}
+            roots = {"local": (work / "local").resolve().as_uri(), "jetstream": "jetstream://bench",
+                     "s3a": "s3a://bench"}  # fmt: skip
             for size in sizes:
                 for backend, root in roots.items():
                     print(f"{backend}, {size} MB of state …", flush=True)
@@ -204,6 +212,8 @@ def main() -> None:
         f"{size}MB": {
             "commit_jetstream_over_local": _ratio(results, size, "checkpoint_commit_ms_median"),
             "recovery_jetstream_over_local": _ratio(results, size, "recovery_s"),
+            "commit_s3a_over_local": _ratio(results, size, "checkpoint_commit_ms_median", "s3a"),
+            "recovery_s3a_over_local": _ratio(results, size, "recovery_s", "s3a"),
         }
         for size in sizes
     }
@@ -221,9 +231,11 @@ def main() -> None:
     args.out.write_text(json.dumps(out, indent=2) + "\n")
 
 
-def _ratio(results: dict[str, dict[str, Any]], size: int, key: str) -> float | None:
+def _ratio(
+    results: dict[str, dict[str, Any]], size: int, key: str, remote_name: str = "jetstream"
+) -> float | None:
     local = results["local"][f"{size}MB"]["query"][key]
-    remote = results["jetstream"][f"{size}MB"]["query"][key]
+    remote = results[remote_name][f"{size}MB"]["query"][key]
     return round(remote / local, 2) if local else None
 
 

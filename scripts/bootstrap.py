@@ -118,6 +118,8 @@ SYSTEM_PACKAGES = {
     "Chromium (dashboard tests)": ("/usr/lib/chromium/chromium", "chromium"),
     # The metrics tests scrape a running cluster and run the Grafana dashboards' queries.
     "Prometheus (metrics tests)": ("/usr/bin/prometheus", "prometheus"),
+    # A full S3 server (Ceph's RADOS Gateway) for the s3a:// checkpoint tests.
+    "Ceph RGW (s3a:// checkpoint tests)": ("/usr/bin/radosgw", "ceph-mon ceph-osd radosgw"),
     # Fetches the Kafka broker's and Spark's extra jars from Maven Central.
     "Maven (jars from Maven Central)": ("/usr/bin/mvn", "maven"),
 }
@@ -134,7 +136,7 @@ def ensure_test_servers() -> None:
     missing = {name: pkg for name, (path, pkg) in SYSTEM_PACKAGES.items() if not glob.glob(path)}
     if not missing:
         return
-    packages = sorted(set(missing.values()))
+    packages = sorted({p for names in missing.values() for p in names.split()})
     if os.geteuid() != 0 or not shutil.which("apt-get"):
         say(f"missing: {', '.join(missing)}; install {' '.join(packages)} (apt-get, as root)")
         return
@@ -155,13 +157,12 @@ def ensure_class_archive() -> None:
 
 def ensure_jars() -> None:
     """Jars from Maven Central the tests and connectors use (spanflow.maven), fetched
-    once: Apache Kafka's broker. Without Maven or the network this only warns; what
-    needs the jars then fails with the reason."""
+    once: Apache Kafka's broker, Spark's extra connectors. Without Maven or the network
+    this only warns; what needs the jars then fails with the reason."""
     if not shutil.which("mvn"):
         return
-    done = subprocess.run(
-        [str(PY), "-m", "spanflow.local.kafka_broker"], capture_output=True, text=True
-    )
+    fetch = "import spanflow.local.kafka_broker as k, spanflow.spark.jars as j; k.fetch_jars(); j.fetch_all()"
+    done = subprocess.run([str(PY), "-c", fetch], capture_output=True, text=True)
     if done.returncode != 0:
         say(f"could not fetch jars from Maven Central: {done.stderr.strip()[-400:]}")
 

@@ -93,6 +93,16 @@ def s3() -> Iterator[object]:
 
 
 @pytest.fixture(scope="session")
+def ceph_s3() -> Iterator[object]:
+    """A full S3 server (Ceph's RADOS Gateway on a one-OSD cluster in memory) for the
+    session: what Hadoop's S3A needs (rclone's folder-backed S3 is not enough)."""
+    from spanflow.local.ceph_s3 import LocalCephS3
+
+    with LocalCephS3() as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
 def mongodb() -> Iterator[str]:
     """A MongoDB wire-protocol server for the session — nx-27017, an emulator (no real
     mongod installs here) — its URI."""

@@ -1,6 +1,7 @@
-"""Checkpoints in the site's NATS (``jetstream://``): a node that dies is replaced by
-another with its own empty disk, which resumes the fragment from the last committed
-batch — event-time windows and a keyed processor's state exact, every output once."""
+"""Checkpoints off the node (the site's NATS, ``jetstream://``, or S3, ``s3a://`` on
+Ceph's RADOS Gateway): a node that dies is replaced by another with its own empty
+disk, which resumes the fragment from the last committed batch — event-time windows
+and a keyed processor's state exact, every output once."""
 
 from __future__ import annotations
 
@@ -79,8 +80,9 @@ def _files_under(directory: Path) -> list[Path]:
     return [p for p in directory.rglob("*") if p.is_file()] if directory.exists() else []
 
 
-def test_another_node_resumes_a_stateful_fragment_from_jetstream_checkpoints(
-    nats_url, tmp_path, uid
+@pytest.mark.parametrize("store", ["jetstream", "s3a"])
+def test_another_node_resumes_a_stateful_fragment_from_its_checkpoints(
+    nats_url, tmp_path, uid, store, request, monkeypatch
 ):
     records = [
         {"id": i, "device": DEVICES[i % 3], "v": float((i * 37) % 101), "ts": BASE + i * 0.1}
@@ -102,6 +104,14 @@ def test_another_node_resumes_a_stateful_fragment_from_jetstream_checkpoints(
     pipeline = tmp_path / "pipeline.yaml"
     pipeline.write_text(_pipeline(uid))
     checkpoints = f"jetstream://ck{uid}/{uid}"
+    if store == "s3a":
+        s3 = request.getfixturevalue("ceph_s3")
+        s3.make_bucket(f"ck-{uid}")
+        checkpoints = f"s3a://ck-{uid}/{uid}"
+        # where S3A finds its endpoint and credentials: the AWS variables, as in production
+        monkeypatch.setenv("AWS_ENDPOINT_URL_S3", s3.endpoint)
+        monkeypatch.setenv("AWS_ACCESS_KEY_ID", s3.access_key)
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", s3.secret_key)
     node_a, node_b, log = tmp_path / "node-a", tmp_path / "node-b", tmp_path / "run.log"
 
     def means() -> int:

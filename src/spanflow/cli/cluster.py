@@ -91,8 +91,8 @@ StateDirOption = Annotated[
     str | None,
     typer.Option(
         help="Checkpoints and savepoints: a directory every node mounts, or a Hadoop "
-        "URL (jetstream://<store>/<path> keeps them in the site's NATS; hdfs://, "
-        "file://). Default: <data-dir>/cluster.",
+        "URL (jetstream://<store>/<path> keeps them in the site's NATS; s3a://, "
+        "hdfs://, file://). Default: <data-dir>/cluster.",
     ),
 ]
 HubDomainOption = Annotated[

@@ -107,8 +107,8 @@ CheckpointsOption = Annotated[
     str | None,
     typer.Option(
         help="Where the pipeline's checkpoints live: a directory or a Hadoop URL, e.g. "
-        "jetstream://spanflow/NAME (in this NATS: another machine resumes from it). "
-        "Default: <data-dir>/checkpoints."
+        "jetstream://spanflow/NAME (in this NATS: another machine resumes from it) or "
+        "s3a://BUCKET/NAME. Default: <data-dir>/checkpoints."
     ),
 ]
 

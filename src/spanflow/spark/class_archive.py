@@ -60,8 +60,11 @@ def _java() -> Path | None:
 
 
 def archive_key() -> str | None:
-    """What the archive depends on: the JVM binary and Spark's jars (None: no JVM)."""
+    """What the archive depends on: the JVM binary, Spark's jars and the extra class
+    path (spanflow.spark.jars) (None: no JVM)."""
     import pyspark
+
+    from spanflow.spark.jars import class_path
 
     java = _java()
     if java is None:
@@ -70,6 +73,7 @@ def archive_key() -> str | None:
     stat = java.stat()
     parts = [str(java), str(stat.st_size), str(stat.st_mtime_ns), pyspark.__version__]
     parts += sorted(p.name for p in jars.glob("*.jar")) if jars.is_dir() else []
+    parts.append(class_path())
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
 
 

@@ -10,7 +10,7 @@ from pyspark.sql import SparkSession
 
 from spanflow.spark import class_archive
 from spanflow.spark.connectors.jetstream import realtime
-from spanflow.spark.jars import session_jars
+from spanflow.spark.jars import class_path, s3a_conf, session_jars
 from spanflow.spark.java import ensure_java_home
 
 ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
@@ -85,6 +85,7 @@ def build_session(
     builder = SparkSession.builder.appName(app_name).master(chosen)
     needed = realtime.session_conf()
     needed["spark.jars"] = ",".join([needed["spark.jars"], *session_jars()])
+    needed.update(_class_path_conf(), **s3a_conf(os.environ))
     settings = {**DEFAULTS, **needed, **_cluster_conf(chosen), **(conf or {})}
     if conf and "spark.jars" in conf:  # the user's jars and the real-time jar
         settings["spark.jars"] = f"{conf['spark.jars']},{needed['spark.jars']}"
@@ -98,6 +99,15 @@ def build_session(
     spark.sparkContext.setLogLevel(os.environ.get("SPANFLOW_SPARK_LOG_LEVEL", "ERROR"))
     register_data_sources(spark)
     return spark
+
+
+def _class_path_conf() -> dict[str, str]:
+    """Jars on the JVMs' own class path (S3A: a file system Hadoop looks up by class
+    name, loaded before any ``spark.jars``)."""
+    jars = class_path()
+    if not jars:
+        return {}
+    return {"spark.driver.extraClassPath": jars, "spark.executor.extraClassPath": jars}
 
 
 def _cluster_conf(master: str) -> dict[str, str]:

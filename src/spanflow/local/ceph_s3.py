@@ -22,6 +22,7 @@ import uuid
 from pathlib import Path
 
 from spanflow.errors import SpanflowError
+from spanflow.local.s3 import make_bucket
 from spanflow.local.server import ProcessServer, free_port
 
 PROGRAMS = ("ceph-mon", "ceph-osd", "radosgw", "radosgw-admin", "monmaptool", "ceph")
@@ -158,15 +159,7 @@ class LocalCephS3(ProcessServer):
                   timeout)  # fmt: skip
 
     def make_bucket(self, name: str) -> None:
-        import boto3
-
-        boto3.client(
-            "s3",
-            endpoint_url=self.endpoint,
-            region_name="us-east-1",
-            aws_access_key_id=self.access_key,
-            aws_secret_access_key=self.secret_key,
-        ).create_bucket(Bucket=name)
+        make_bucket(self.endpoint, self.access_key, self.secret_key, name)
 
     def stop(self) -> None:
         self._terminate()

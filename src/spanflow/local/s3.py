@@ -16,6 +16,20 @@ class S3ServerError(SpanflowError):
     code = "s3_server"
 
 
+def make_bucket(endpoint: str, access_key: str, secret_key: str, name: str) -> None:
+    """Create a bucket on an S3 server through its API."""
+    import boto3
+
+    client = boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        region_name="us-east-1",
+        aws_access_key_id=access_key,
+        aws_secret_access_key=secret_key,
+    )
+    client.create_bucket(Bucket=name)
+
+
 class LocalS3(ProcessServer):
     """rclone serving S3 on 127.0.0.1 with a fresh access key and secret."""
 
@@ -31,15 +45,7 @@ class LocalS3(ProcessServer):
     def make_bucket(self, name: str) -> None:
         """Create a bucket through the S3 API (rclone caches its folder listing, so a
         folder made behind its back may stay invisible for minutes)."""
-        import boto3
-
-        boto3.client(
-            "s3",
-            endpoint_url=self.endpoint,
-            region_name="us-east-1",
-            aws_access_key_id=self.access_key,
-            aws_secret_access_key=self.secret_key,
-        ).create_bucket(Bucket=name)
+        make_bucket(self.endpoint, self.access_key, self.secret_key, name)
 
     def start(self, timeout: float = 15.0) -> LocalS3:
         data = self._temporary_dir("spanflow-s3-")

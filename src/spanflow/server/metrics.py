@@ -135,8 +135,8 @@ class _ClusterCollector(Collector):
             "Gossip packets a node's keyring did not open (forged or wrong key)",
             labels=["node"],
         )
-        for name in sorted(c.state.nodes):
-            status = c.node_status(name)
+        for status in c.node_statuses():  # one reach for every node, not one each
+            name = status.name
             values = [name, status.spec.site]
             up.add_metric(values, 1.0 if status.health in ("alive", "last-known") else 0.0)
             slots.add_metric(values, status.slots)
@@ -188,8 +188,8 @@ class _ClusterCollector(Collector):
             "spanflow_pipeline_latency_budget_seconds", "The pipeline's latency budget",
             labels=["pipeline"],
         )  # fmt: skip
-        for name in sorted(c.state.pipelines):
-            status = c.pipeline_status(name)
+        for status in c.pipeline_statuses():
+            name = status.name
             state.add_metric([name, status.state.value], 1.0)
             if status.latency_estimate_s is not None:
                 estimate.add_metric([name], status.latency_estimate_s)

@@ -1,7 +1,8 @@
 """Jars a SparkSession takes from Maven Central beyond PySpark's own (``spanflow.maven``):
-Spark's Kafka connector (``format("kafka")``), matching PySpark's Scala 2.13 build, and
-Hadoop's S3A file system (``s3a://`` checkpoints and savepoints), matching PySpark's
-Hadoop 3.5.0 client.
+the official NATS Java client (jnats, which the real-time jar's source, sinks and
+``jetstream://`` state store talk through), Spark's Kafka connector
+(``format("kafka")``), matching PySpark's Scala 2.13 build, and Hadoop's S3A file
+system (``s3a://`` checkpoints and savepoints), matching PySpark's Hadoop 3.5.0 client.
 
 S3A takes the AWS SDK modules it uses rather than the SDK's 686 MB bundle, and no
 Netty of its own (PySpark's is newer, and two copies break Spark's RPC). Its jars go on
@@ -33,6 +34,9 @@ PROVIDED = ("org.apache.hadoop:hadoop-client-runtime", "org.apache.hadoop:hadoop
             "at.yawk.lz4:lz4-java", "org.xerial.snappy:snappy-java",
             "com.google.code.findbugs:jsr305", "org.apache.spark:spark-tags_2.13")  # fmt: skip
 """Artifacts PySpark's wheel already has in ``pyspark/jars``."""
+JNATS_VERSION = "2.25.1"
+JNATS = Artifacts("jnats", (f"io.nats:jnats:{JNATS_VERSION}",), excludes=PROVIDED)
+"""The NATS client of the real-time jar (with Bouncy Castle, which it signs NKeys with)."""
 KAFKA_CONNECTOR = Artifacts(
     "spark-sql-kafka",
     (f"org.apache.spark:spark-sql-kafka-0-10_2.13:{SPARK_CONNECTOR_VERSION}",),
@@ -69,14 +73,27 @@ _missing: dict[str, str] = {}
 """Why a set of jars could not be had in this process (its name → the reason)."""
 
 
+_WITHOUT = {
+    JNATS.name: "Real-Time Mode and jetstream:// state are not available",
+    KAFKA_CONNECTOR.name: "Spark's Kafka connector is not available",
+}
+
+
 def session_jars() -> list[str]:
-    """Every extra jar a session loads (empty where they cannot be fetched)."""
-    try:
-        return [str(j) for j in classpath(KAFKA_CONNECTOR)]
-    except MavenError as exc:
-        _missing[KAFKA_CONNECTOR.name] = str(exc)
-        log.warning("Spark's Kafka connector is not available: %s", exc)
-        return []
+    """Every extra jar a session loads (a set that cannot be fetched is left out)."""
+    jars: list[str] = []
+    for artifacts in (JNATS, KAFKA_CONNECTOR):
+        try:
+            jars += [str(j) for j in classpath(artifacts)]
+        except MavenError as exc:
+            _missing[artifacts.name] = str(exc)
+            log.warning("%s: %s", _WITHOUT[artifacts.name], exc)
+    return jars
+
+
+def jnats_classpath() -> list[str]:
+    """jnats and its dependencies (the real-time jar is compiled against them)."""
+    return [str(j) for j in classpath(JNATS)]
 
 
 def class_path() -> str:
@@ -115,7 +132,7 @@ def s3a_conf(environ: Mapping[str, str]) -> dict[str, str]:
 
 def fetch_all() -> int:
     """Fetch every extra jar now (the project's set-up does; raises when it cannot)."""
-    return len(classpath(KAFKA_CONNECTOR)) + len(classpath(HADOOP_AWS))
+    return sum(len(classpath(a)) for a in (JNATS, KAFKA_CONNECTOR, HADOOP_AWS))
 
 
 def why_missing(name: str) -> str | None:

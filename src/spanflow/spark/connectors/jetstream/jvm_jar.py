@@ -10,8 +10,10 @@ Rebuild after changing a Java file::
 
     .venv/bin/python -m spanflow.spark.connectors.jetstream.jvm_jar
 
-It compiles with ``javac --release 17`` against the PySpark wheel's jars and writes a
-reproducible jar (sorted entries, fixed timestamps).
+It compiles with ``javac --release 17`` against the PySpark wheel's jars and the
+official NATS client (``io.nats:jnats``, resolved from Maven Central with ``mvn``; the
+sessions load it beside this jar) and writes a reproducible jar (sorted entries, fixed
+timestamps).
 """
 
 from __future__ import annotations
@@ -76,9 +78,13 @@ def find_javac() -> str | None:
 
 
 def spark_classpath() -> str:
+    """PySpark's jars and jnats (from Maven Central, see :mod:`spanflow.spark.jars`)."""
     import pyspark
 
-    return str(Path(pyspark.__file__).parent / "jars" / "*")
+    from spanflow.spark.jars import jnats_classpath
+
+    spark = str(Path(pyspark.__file__).parent / "jars" / "*")
+    return os.pathsep.join([spark, *jnats_classpath()])
 
 
 def compile_classes(out_dir: Path, javac: str | None = None) -> None:

@@ -26,6 +26,7 @@ import orjson
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
+from spanflow.errors import SpanflowError
 from spanflow.protocol.metrics import Histogram
 from spanflow.spark.connectors.jetstream.jvm_jar import jar_path
 from spanflow.spec.durations import spark_interval
@@ -56,7 +57,11 @@ def share_identity(spark: SparkSession) -> None:
     docs/security.md): system properties, since the JVM's environment was fixed when it
     started. Only the directory and the role cross over; the client reads the files."""
     from spanflow.security.secrets import ROLE_ENV, SECRETS_ENV
+    from spanflow.spark.jars import JNATS, why_missing
 
+    missing = why_missing(JNATS.name)
+    if missing:  # every JVM part that talks to NATS needs it: say so before a NoClassDefFound
+        raise SpanflowError(f"the NATS Java client (jnats) could not be loaded: {missing}")
     jvm: Any = spark._jvm
     system = jvm.java.lang.System
     root = os.environ.get(SECRETS_ENV, "")

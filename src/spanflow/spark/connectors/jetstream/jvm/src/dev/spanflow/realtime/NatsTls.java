@@ -3,6 +3,7 @@ package dev.spanflow.realtime;
 import com.fasterxml.jackson.databind.JsonNode;
 import java.io.ByteArrayInputStream;
 import java.io.IOException;
+import java.net.InetAddress;
 import java.net.Socket;
 import java.nio.charset.StandardCharsets;
 import java.nio.file.Files;
@@ -12,14 +13,22 @@ import java.security.GeneralSecurityException;
 import java.security.KeyFactory;
 import java.security.KeyStore;
 import java.security.PrivateKey;
+import java.security.SecureRandom;
 import java.security.cert.Certificate;
 import java.security.cert.CertificateFactory;
 import java.security.spec.PKCS8EncodedKeySpec;
 import java.util.Base64;
+import javax.net.ssl.KeyManager;
 import javax.net.ssl.KeyManagerFactory;
 import javax.net.ssl.SSLContext;
+import javax.net.ssl.SSLContextSpi;
+import javax.net.ssl.SSLEngine;
 import javax.net.ssl.SSLParameters;
+import javax.net.ssl.SSLServerSocketFactory;
+import javax.net.ssl.SSLSessionContext;
 import javax.net.ssl.SSLSocket;
+import javax.net.ssl.SSLSocketFactory;
+import javax.net.ssl.TrustManager;
 import javax.net.ssl.TrustManagerFactory;
 
 /**
@@ -95,15 +104,118 @@ final class NatsTls {
     }
   }
 
-  /** Upgrade a connected socket (after the server's INFO), verifying the server's name. */
-  static SSLSocket upgrade(SSLContext ctx, Socket plain, String host, int port) throws IOException {
-    SSLSocket ssl = (SSLSocket) ctx.getSocketFactory().createSocket(plain, host, port, true);
+  /**
+   * The same context, whose client sockets check the server's name against its
+   * certificate: jnats leaves endpoint identification off, and a certificate signed by
+   * the deployment's CA for another host must not pass for this one.
+   */
+  static SSLContext checkingServerName(SSLContext ctx) {
+    return new SSLContext(new NameCheckingSpi(ctx), ctx.getProvider(), ctx.getProtocol()) {};
+  }
+
+  private static <S extends Socket> S checkName(S socket) {
+    SSLSocket ssl = (SSLSocket) socket;
     SSLParameters params = ssl.getSSLParameters();
     params.setEndpointIdentificationAlgorithm("HTTPS");
     ssl.setSSLParameters(params);
-    ssl.setUseClientMode(true);
-    ssl.startHandshake();
-    return ssl;
+    return socket;
+  }
+
+  private static SSLEngine checkName(SSLEngine engine) {
+    SSLParameters params = engine.getSSLParameters();
+    params.setEndpointIdentificationAlgorithm("HTTPS");
+    engine.setSSLParameters(params);
+    return engine;
+  }
+
+  /** Everything from the wrapped context; client sockets and engines check the name. */
+  private static final class NameCheckingSpi extends SSLContextSpi {
+    private final SSLContext ctx;
+
+    NameCheckingSpi(SSLContext ctx) {
+      this.ctx = ctx;
+    }
+
+    @Override
+    protected void engineInit(KeyManager[] km, TrustManager[] tm, SecureRandom random) {
+      throw new UnsupportedOperationException("the wrapped context is initialised already");
+    }
+
+    @Override
+    protected SSLSocketFactory engineGetSocketFactory() {
+      return new NameCheckingFactory(ctx.getSocketFactory());
+    }
+
+    @Override
+    protected SSLServerSocketFactory engineGetServerSocketFactory() {
+      return ctx.getServerSocketFactory();
+    }
+
+    @Override
+    protected SSLEngine engineCreateSSLEngine() {
+      return checkName(ctx.createSSLEngine());
+    }
+
+    @Override
+    protected SSLEngine engineCreateSSLEngine(String host, int port) {
+      return checkName(ctx.createSSLEngine(host, port));
+    }
+
+    @Override
+    protected SSLSessionContext engineGetServerSessionContext() {
+      return ctx.getServerSessionContext();
+    }
+
+    @Override
+    protected SSLSessionContext engineGetClientSessionContext() {
+      return ctx.getClientSessionContext();
+    }
+  }
+
+  private static final class NameCheckingFactory extends SSLSocketFactory {
+    private final SSLSocketFactory factory;
+
+    NameCheckingFactory(SSLSocketFactory factory) {
+      this.factory = factory;
+    }
+
+    @Override
+    public String[] getDefaultCipherSuites() {
+      return factory.getDefaultCipherSuites();
+    }
+
+    @Override
+    public String[] getSupportedCipherSuites() {
+      return factory.getSupportedCipherSuites();
+    }
+
+    @Override
+    public Socket createSocket(Socket plain, String host, int port, boolean autoClose)
+        throws IOException {
+      return checkName(factory.createSocket(plain, host, port, autoClose));
+    }
+
+    @Override
+    public Socket createSocket(String host, int port) throws IOException {
+      return checkName(factory.createSocket(host, port));
+    }
+
+    @Override
+    public Socket createSocket(String host, int port, InetAddress local, int localPort)
+        throws IOException {
+      return checkName(factory.createSocket(host, port, local, localPort));
+    }
+
+    @Override
+    public Socket createSocket(InetAddress host, int port) throws IOException {
+      return checkName(factory.createSocket(host, port));
+    }
+
+    @Override
+    public Socket createSocket(InetAddress host, int port, InetAddress local, int localPort)
+        throws IOException {
+      return checkName(factory.createSocket(host, port, local, localPort));
+    }
   }
 
   private static Certificate read(CertificateFactory x509, Path path) throws IOException,

@@ -1,6 +1,5 @@
 package dev.spanflow.realtime;
 
-import com.fasterxml.jackson.databind.JsonNode;
 import java.io.IOException;
 import java.nio.ByteBuffer;
 import java.nio.ByteOrder;
@@ -144,7 +143,7 @@ public final class BatchSink implements AutoCloseable {
   public String publish(Encoded batch, String skipIds) throws IOException {
     Set<String> skip = skipIds.isEmpty() ? Set.of() : new HashSet<>(List.of(skipIds.split("\n")));
     NatsClient client = connection();
-    ArrayDeque<CompletableFuture<NatsClient.Msg>> inFlight = new ArrayDeque<>();
+    ArrayDeque<CompletableFuture<NatsClient.Ack>> inFlight = new ArrayDeque<>();
     long sent = 0;
     long[] acked = {0, 0}; // duplicates, highest sequence
     for (int i = 0; i < batch.size(); i++) {
@@ -157,7 +156,7 @@ public final class BatchSink implements AutoCloseable {
       if (!epoch.isEmpty()) {
         headers.put("Spanflow-Epoch", epoch);
       }
-      inFlight.add(client.publishForReply(batch.subjects.get(i), headers, batch.payloads.get(i),
+      inFlight.add(client.publishToStream(batch.subjects.get(i), headers, batch.payloads.get(i),
           false));
       sent++;
       if (inFlight.size() >= maxInFlight) {
@@ -193,13 +192,13 @@ public final class BatchSink implements AutoCloseable {
     return nc;
   }
 
-  private void settle(CompletableFuture<NatsClient.Msg> ack, long timeoutMs, long[] acked)
+  private void settle(CompletableFuture<NatsClient.Ack> ack, long timeoutMs, long[] acked)
       throws IOException {
-    JsonNode answer = JetStream.publishAck(ack, timeoutMs, sink, subject);
-    if (answer.path("duplicate").asBoolean(false)) {
+    NatsClient.Ack answer = JetStream.publishAck(ack, timeoutMs, sink, subject);
+    if (answer.duplicate) {
       acked[0]++;
     }
-    acked[1] = Math.max(acked[1], answer.path("seq").asLong(0));
+    acked[1] = Math.max(acked[1], answer.seq);
   }
 
   @SuppressWarnings({"unchecked", "rawtypes"})

@@ -9,7 +9,6 @@ import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
 import java.util.concurrent.CompletableFuture;
-import java.util.concurrent.TimeUnit;
 
 /**
  * Malformed input to the dead-letter stream, as spanflow.spark.deadletter does it: the
@@ -21,7 +20,7 @@ final class DeadLetters {
   private final String pipeline;
   private final String step;
   private final String stream;
-  private final List<CompletableFuture<NatsClient.Msg>> inFlight = new ArrayList<>();
+  private final List<CompletableFuture<NatsClient.Ack>> inFlight = new ArrayList<>();
 
   DeadLetters(NatsClient nc, String pipeline, String step, String stream) {
     this.nc = nc;
@@ -40,7 +39,8 @@ final class DeadLetters {
     headers.put("Spanflow-Subject", subject);
     headers.put("Spanflow-Seq", Long.toString(seq));
     headers.put("Spanflow-Time", Instant.now().truncatedTo(ChronoUnit.SECONDS).toString());
-    inFlight.add(nc.publishForReply("spanflow.dlq." + pipeline + "." + step, headers, data));
+    inFlight.add(nc.publishToStream("spanflow.dlq." + pipeline + "." + step, headers, data,
+        true));
     if (inFlight.size() > 1000) {
       drain(30_000);
     }
@@ -49,18 +49,13 @@ final class DeadLetters {
   /** Wait until JetStream has stored every dead letter sent so far. */
   void drain(long timeoutMs) throws IOException {
     long deadline = System.currentTimeMillis() + timeoutMs;
-    for (CompletableFuture<NatsClient.Msg> f : inFlight) {
+    for (CompletableFuture<NatsClient.Ack> f : inFlight) {
       try {
-        NatsClient.Msg ack = f.get(Math.max(1, deadline - System.currentTimeMillis()),
-            TimeUnit.MILLISECONDS);
-        if (ack.status == 503) {
-          throw new IOException("no dead-letter stream captures spanflow.dlq." + pipeline);
-        }
-        Json.apiAnswer(ack, "dead letter");
+        NatsClient.await(f, Math.max(1, deadline - System.currentTimeMillis()), "a dead letter");
+      } catch (NatsClient.NoStream exc) {
+        throw new IOException("no dead-letter stream captures spanflow.dlq." + pipeline, exc);
       } catch (IOException exc) {
-        throw exc;
-      } catch (Exception exc) {
-        throw new IOException("dead letter not stored: " + exc, exc);
+        throw new IOException("dead letter not stored: " + exc.getMessage(), exc);
       }
     }
     inFlight.clear();

@@ -7,7 +7,6 @@ import java.io.IOException;
 import java.nio.charset.StandardCharsets;
 import java.util.List;
 import java.util.concurrent.CompletableFuture;
-import java.util.concurrent.TimeUnit;
 
 /** The few JetStream API calls the JVM source and sinks need, over {@link NatsClient}. */
 final class JetStream {
@@ -16,26 +15,21 @@ final class JetStream {
 
   private JetStream() {}
 
-  /** {first sequence, last sequence} of a stream (first is at least 1). */
   /**
    * The answer to a publish, once it comes (within {@code timeoutMs}); an IOException
    * naming the sink when none comes, no stream captures {@code subject} or JetStream
    * refuses the message. A duplicate is an answer like any other.
    */
-  static JsonNode publishAck(CompletableFuture<NatsClient.Msg> ack, long timeoutMs, String sink,
-      String subject) throws IOException {
-    NatsClient.Msg msg;
+  static NatsClient.Ack publishAck(CompletableFuture<NatsClient.Ack> ack, long timeoutMs,
+      String sink, String subject) throws IOException {
     try {
-      msg = ack.get(timeoutMs, TimeUnit.MILLISECONDS);
-    } catch (Exception exc) {
-      throw new IOException("sink " + sink + ": no ack from JetStream: " + exc, exc);
+      return NatsClient.await(ack, timeoutMs, "a record to " + subject);
+    } catch (IOException exc) {
+      throw new IOException("sink " + sink + ": " + exc.getMessage(), exc);
     }
-    if (msg.status == 503) {
-      throw new IOException("sink " + sink + ": no stream captures the subject " + subject);
-    }
-    return Json.apiAnswer(msg, "sink " + sink);
   }
 
+  /** {first sequence, last sequence} of a stream (first is at least 1). */
   static long[] bounds(NatsClient nc, String stream) throws IOException {
     NatsClient.Msg msg = nc.request("$JS.API.STREAM.INFO." + stream, new byte[0], API_TIMEOUT_MS);
     JsonNode state = Json.apiAnswer(msg, "stream " + stream).path("state");

@@ -53,7 +53,7 @@ public final class JetStreamWriter extends ForeachWriter<Row> {
   private final int maxInFlight;
 
   private transient NatsClient nc;
-  private transient ArrayDeque<CompletableFuture<NatsClient.Msg>> inFlight;
+  private transient ArrayDeque<CompletableFuture<NatsClient.Ack>> inFlight;
   private transient MessageDigest digest;
   private transient LiveProgress.Writer live;
 
@@ -95,7 +95,8 @@ public final class JetStreamWriter extends ForeachWriter<Row> {
       if (!epoch.isEmpty()) {
         headers.put("Spanflow-Epoch", epoch);
       }
-      inFlight.add(nc.publishForReply(Subjects.fill(subject, row, schema, true), headers, payload));
+      inFlight.add(nc.publishToStream(Subjects.fill(subject, row, schema, true), headers, payload,
+          true));
       while (inFlight.size() > maxInFlight) {
         settle(inFlight.poll(), 60_000);
       }
@@ -146,7 +147,7 @@ public final class JetStreamWriter extends ForeachWriter<Row> {
     return Math.max(0.0, (System.currentTimeMillis() * 1000 - micros) / 1e6);
   }
 
-  private void settle(CompletableFuture<NatsClient.Msg> ack, long timeoutMs) throws IOException {
+  private void settle(CompletableFuture<NatsClient.Ack> ack, long timeoutMs) throws IOException {
     JetStream.publishAck(ack, timeoutMs, sink, subject); // an error fails the task
   }
 

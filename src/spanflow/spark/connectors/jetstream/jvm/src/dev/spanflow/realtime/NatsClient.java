@@ -3,11 +3,14 @@ package dev.spanflow.realtime;
 import io.nats.client.Connection;
 import io.nats.client.Dispatcher;
 import io.nats.client.ErrorListener;
+import io.nats.client.JetStream;
+import io.nats.client.JetStreamApiException;
 import io.nats.client.JetStreamStatusException;
 import io.nats.client.Message;
 import io.nats.client.Nats;
 import io.nats.client.Options;
 import io.nats.client.Subscription;
+import io.nats.client.api.PublishAck;
 import io.nats.client.impl.Headers;
 import java.io.IOException;
 import java.net.URI;
@@ -88,6 +91,39 @@ public final class NatsClient implements AutoCloseable {
     }
   }
 
+  /** JetStream's answer to a publish: where it stored the message, and whether it had it
+   * already (the same {@code Nats-Msg-Id} within the stream's duplicate window). */
+  public static final class Ack {
+    public final String stream;
+    public final long seq;
+    public final boolean duplicate;
+
+    Ack(PublishAck ack) {
+      this.stream = ack.getStream();
+      this.seq = ack.getSeqno();
+      this.duplicate = ack.isDuplicate();
+    }
+  }
+
+  /** JetStream refused a publish: its HTTP-like code and its own error code. */
+  public static final class Refused extends IOException {
+    public final int code;
+    public final int errCode;
+
+    Refused(JetStreamApiException exc) {
+      super(exc.getErrorDescription() + " (code " + exc.getApiErrorCode() + ")", exc);
+      this.code = exc.getErrorCode();
+      this.errCode = exc.getApiErrorCode();
+    }
+  }
+
+  /** No stream captures the subject published to (nothing answered the publish). */
+  public static final class NoStream extends IOException {
+    NoStream(String subject) {
+      super("no stream captures the subject " + subject);
+    }
+  }
+
   /** How long jnats keeps a reply waited for; callers wait less, with their own limits. */
   private static final Duration REPLY_KEPT = Duration.ofMinutes(2);
   private static final Duration CONNECT_TIMEOUT = Duration.ofSeconds(5);
@@ -98,6 +134,7 @@ public final class NatsClient implements AutoCloseable {
   private final Map<Long, Subscription> subscriptions = new ConcurrentHashMap<>();
   private final AtomicLong nextSid = new AtomicLong(1);
   private Dispatcher dispatcher;
+  private JetStream jetStream;
 
   private NatsClient(Connection connection) {
     this.connection = connection;
@@ -126,6 +163,7 @@ public final class NatsClient implements AutoCloseable {
         .noReconnect()
         .connectionTimeout(CONNECT_TIMEOUT)
         .reportNoResponders()
+        .requestCleanupInterval(REPLY_KEPT) // a publish ack may take seconds in an election
         .dontForceFlushOnRequest()
         .errorListener(recorder)
         .callbackExecutor(new InlineExecutor()); // the recorder knows why before connect returns
@@ -293,6 +331,75 @@ public final class NatsClient implements AutoCloseable {
       }
       throw new CompletionException(cause);
     });
+  }
+
+  /**
+   * Publish to a stream through jnats's JetStream client; the future completes with its
+   * {@link Ack}, or fails with {@link Refused} (JetStream said no, e.g. a wrong expected
+   * sequence), {@link NoStream}, or an IOException when no answer comes.
+   */
+  public CompletableFuture<Ack> publishToStream(String subject, Map<String, String> headers,
+      byte[] data, boolean flush) throws IOException {
+    CompletableFuture<PublishAck> ack;
+    try {
+      ack = jetStream().publishAsync(subject, headers(headers), data);
+    } catch (IllegalStateException exc) {
+      throw new IOException("NATS connection lost: " + exc.getMessage(), exc);
+    }
+    if (flush) {
+      flush();
+    }
+    return ack.handle((a, exc) -> {
+      if (exc == null) {
+        return new Ack(a);
+      }
+      throw new CompletionException(publishFailure(subject, exc));
+    });
+  }
+
+  private synchronized JetStream jetStream() throws IOException {
+    if (jetStream == null) {
+      jetStream = connection.jetStream();
+    }
+    return jetStream;
+  }
+
+  /** What a failed publish future carries, as the callers tell failures apart. */
+  private IOException publishFailure(String subject, Throwable exc) {
+    Throwable cause = exc;
+    while ((cause instanceof CompletionException || cause.getClass() == RuntimeException.class)
+        && cause.getCause() != null) {
+      cause = cause.getCause(); // jnats wraps its checked exceptions
+    }
+    if (cause instanceof JetStreamApiException) {
+      return new Refused((JetStreamApiException) cause);
+    }
+    if (cause instanceof IOException && String.valueOf(cause.getMessage()).contains("503")) {
+      return new NoStream(subject);
+    }
+    if (cause instanceof CancellationException) {
+      return new IOException("no ack for a publish to " + subject
+          + (isOpen() ? "" : ": the NATS connection is closed"));
+    }
+    return cause instanceof IOException ? (IOException) cause : new IOException(cause);
+  }
+
+  /** Wait for a publish's {@link Ack}; its failure as the IOException it is. */
+  public static Ack await(CompletableFuture<Ack> ack, long timeoutMs, String what)
+      throws IOException {
+    try {
+      return ack.get(timeoutMs, TimeUnit.MILLISECONDS);
+    } catch (TimeoutException exc) {
+      ack.cancel(false);
+      throw new IOException("no ack from JetStream for " + what + " within " + timeoutMs
+          + " ms");
+    } catch (InterruptedException exc) {
+      Thread.currentThread().interrupt();
+      throw new IOException("interrupted waiting for the ack of " + what);
+    } catch (ExecutionException exc) {
+      Throwable cause = exc.getCause();
+      throw cause instanceof IOException ? (IOException) cause : new IOException(cause);
+    }
   }
 
   /** Request/reply; fails on timeout or when no one answers (status 503). */

@@ -340,10 +340,9 @@ final class Store implements AutoCloseable {
     return retry("writing " + path, c -> {
       boolean again = retried[0];
       retried[0] = true;
-      NatsClient.Msg ack = await(c.publishForReply(metaSubject(path), headers, body),
-          "writing " + path);
       try {
-        return answer(ack, "writing " + path).path("seq").asLong();
+        return awaitAck(c.publishToStream(metaSubject(path), headers, body, true),
+            "writing " + path).seq;
       } catch (ApiError exc) {
         if (exc.errCode != WRONG_LAST_SEQUENCE) {
           throw exc;
@@ -386,14 +385,21 @@ final class Store implements AutoCloseable {
     });
   }
 
-  /** Publish one chunk of data; the future's reply is the JetStream ack. */
-  CompletableFuture<NatsClient.Msg> publishChunk(String id, byte[] data) throws IOException {
-    return retry("writing a chunk", c -> c.publishForReply(dataSubject(id), null, data));
+  /** Publish one chunk of data; the future completes with JetStream's ack. */
+  CompletableFuture<NatsClient.Ack> publishChunk(String id, byte[] data) throws IOException {
+    return retry("writing a chunk", c -> c.publishToStream(dataSubject(id), null, data, true));
   }
 
-  /** The sequence a chunk's ack gives, or an error. */
-  long ackedSeq(NatsClient.Msg ack, String what) throws IOException {
-    return answer(ack, what).path("seq").asLong();
+  /** A publish's ack; JetStream's refusal as an {@link ApiError} (retried when transient). */
+  NatsClient.Ack awaitAck(CompletableFuture<NatsClient.Ack> ack, String what)
+      throws IOException {
+    try {
+      return NatsClient.await(ack, timeoutMs, what);
+    } catch (NatsClient.Refused exc) {
+      throw new ApiError(what + ": " + exc.getMessage(), exc.code, exc.errCode);
+    } catch (NatsClient.NoStream exc) {
+      throw new IOException("no JetStream responders for " + what, exc);
+    }
   }
 
   /**

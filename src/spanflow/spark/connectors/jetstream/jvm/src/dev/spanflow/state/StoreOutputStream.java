@@ -20,9 +20,9 @@ import java.util.zip.CRC32C;
 final class StoreOutputStream extends OutputStream {
   private static final class Pending {
     final byte[] data;
-    final CompletableFuture<NatsClient.Msg> ack;
+    final CompletableFuture<NatsClient.Ack> ack;
 
-    Pending(byte[] data, CompletableFuture<NatsClient.Msg> ack) {
+    Pending(byte[] data, CompletableFuture<NatsClient.Ack> ack) {
       this.data = data;
       this.ack = ack;
     }
@@ -123,7 +123,7 @@ final class StoreOutputStream extends OutputStream {
   private void settle(Pending pending) throws IOException {
     String what = "chunk " + (seqs.size() + 1) + " of jetstream://" + store.name + path;
     try {
-      seqs.add(store.ackedSeq(store.await(pending.ack, what), what));
+      seqs.add(store.awaitAck(pending.ack, what).seq);
       return;
     } catch (Store.ApiError exc) {
       if (!exc.transientError()) {
@@ -133,8 +133,8 @@ final class StoreOutputStream extends OutputStream {
       // the connection broke or the answer did not come: publish again below
     }
     seqs.add(store.retry("writing " + what,
-        c -> store.ackedSeq(store.await(c.publishForReply(store.dataSubject(id), null,
-            pending.data), what), what)));
+        c -> store.awaitAck(c.publishToStream(store.dataSubject(id), null, pending.data,
+            true), what).seq));
   }
 
   private void ensureOpen() throws IOException {

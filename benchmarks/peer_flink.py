@@ -25,7 +25,7 @@ deployment to the mini-cluster, the end-of-input flush), which is subtracted.
 spanflow's figure is events/s over the batches after the first, which pays the Python
 worker start-up. Flink reads local files and
 writes files, spanflow reads and writes a broker: the comparison favours Flink.
-Per-event alerts at 10,000 readings/s (latency) are not measured here yet.
+Per-event alerts at 10,000 readings/s (latency): ``peer_flink_alerts.py``.
 
 Figures are printed and written to ``benchmarks/results/peer_flink.json``.
 Run: ``.venv/bin/python benchmarks/peer_flink.py [--events 1000000] [--workers 2]``.

@@ -32,8 +32,12 @@ DEFAULTS: dict[str, str] = {
     "spark.sql.streaming.minBatchesToRetain": "20",
     # C1 only: the C2 JIT kept compiling the classes each micro-batch generates, and a
     # small stateful query cost ≈520 ms of CPU per batch with it, ≈330 ms without
-    # (see docs/benchmarks.md). Edge nodes have few cores to spare.
-    "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1",
+    # (see docs/benchmarks.md). Edge nodes have few cores to spare. C1 alone gets the
+    # non-tiered code cache (48 MB), which a node running many queries filled within
+    # minutes ("CodeCache is full. Compiler has been disabled": everything interpreted,
+    # micro-batch latency doubled in benchmarks/realtime_latency.py); 240 MB is the
+    # tiered default, reserved address space that is committed only as code is compiled.
+    "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m",
     # Hadoop without its native library (the pyspark wheel ships none) forks a process
     # for many file operations. Spark's default checkpoint manager goes through
     # FileContext, which forks `readlink` on every status check (≈10 per micro-batch);

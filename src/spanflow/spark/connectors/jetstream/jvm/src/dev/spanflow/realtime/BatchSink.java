@@ -156,17 +156,14 @@ public final class BatchSink implements AutoCloseable {
       if (!epoch.isEmpty()) {
         headers.put("Spanflow-Epoch", epoch);
       }
-      inFlight.add(client.publishToStream(batch.subjects.get(i), headers, batch.payloads.get(i),
-          false));
+      inFlight.add(client.publishToStream(batch.subjects.get(i), headers, batch.payloads.get(i)));
       sent++;
       if (inFlight.size() >= maxInFlight) {
-        client.flush();
         while (inFlight.size() > maxInFlight / 2) {
           settle(inFlight.poll(), 60_000, acked);
         }
       }
     }
-    client.flush();
     long deadline = System.currentTimeMillis() + 60_000;
     while (!inFlight.isEmpty()) {
       settle(inFlight.poll(), Math.max(1, deadline - System.currentTimeMillis()), acked);

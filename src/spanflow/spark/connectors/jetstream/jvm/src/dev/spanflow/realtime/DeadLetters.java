@@ -39,8 +39,7 @@ final class DeadLetters {
     headers.put("Spanflow-Subject", subject);
     headers.put("Spanflow-Seq", Long.toString(seq));
     headers.put("Spanflow-Time", Instant.now().truncatedTo(ChronoUnit.SECONDS).toString());
-    inFlight.add(nc.publishToStream("spanflow.dlq." + pipeline + "." + step, headers, data,
-        true));
+    inFlight.add(nc.publishToStream("spanflow.dlq." + pipeline + "." + step, headers, data));
     if (inFlight.size() > 1000) {
       drain(30_000);
     }

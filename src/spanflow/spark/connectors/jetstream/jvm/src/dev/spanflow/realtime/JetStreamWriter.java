@@ -95,8 +95,7 @@ public final class JetStreamWriter extends ForeachWriter<Row> {
       if (!epoch.isEmpty()) {
         headers.put("Spanflow-Epoch", epoch);
       }
-      inFlight.add(nc.publishToStream(Subjects.fill(subject, row, schema, true), headers, payload,
-          true));
+      inFlight.add(nc.publishToStream(Subjects.fill(subject, row, schema, true), headers, payload));
       while (inFlight.size() > maxInFlight) {
         settle(inFlight.poll(), 60_000);
       }

@@ -1,7 +1,6 @@
 package dev.spanflow.realtime;
 
 import io.nats.client.Connection;
-import io.nats.client.Dispatcher;
 import io.nats.client.ErrorListener;
 import io.nats.client.JetStream;
 import io.nats.client.JetStreamApiException;
@@ -23,13 +22,10 @@ import java.util.concurrent.AbstractExecutorService;
 import java.util.concurrent.CancellationException;
 import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.CompletionException;
-import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.ExecutionException;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.TimeoutException;
-import java.util.concurrent.atomic.AtomicLong;
 import java.util.concurrent.atomic.AtomicReference;
-import java.util.function.Consumer;
 import javax.net.ssl.SSLException;
 
 /**
@@ -39,9 +35,9 @@ import javax.net.ssl.SSLException;
  * <p>Why a wrapper: the callers speak in {@link Msg} (status, description, headers as a
  * map) and in futures that answer "no responders" as a 503 reply rather than an
  * exception, and a refused connection must say which door refused whom (TLS, the
- * password, or a server that wants TLS from a process without secrets). Handlers run on
- * one dispatcher thread per connection, in the order the server delivered; they must not
- * block for long (a stalled handler stalls every subscription of the connection). The
+ * password, or a server that wants TLS from a process without secrets). Subscriptions
+ * are read by the caller's thread ({@link #subscribeSync}): a record goes from jnats's
+ * reader thread to the Spark task that processes it, no dispatcher in between. The
  * connection does not reconnect: a broken connection fails the Spark task, and Spark's
  * replay from the last committed offsets plus JetStream's de-duplication keep output
  * exactly once; callers that outlive a task open a new one ({@link #isOpen}).
@@ -126,14 +122,13 @@ public final class NatsClient implements AutoCloseable {
 
   /** How long jnats keeps a reply waited for; callers wait less, with their own limits. */
   private static final Duration REPLY_KEPT = Duration.ofMinutes(2);
-  private static final Duration CONNECT_TIMEOUT = Duration.ofSeconds(5);
+  /** For the whole handshake (INFO, TLS, CONNECT, the first PONG), not only the socket:
+   * a busy two-core node at a batch boundary needs more than jnats's 2 s default. */
+  private static final Duration CONNECT_TIMEOUT = Duration.ofSeconds(10);
   private static final String NO_SECRETS =
       " requires TLS: this process has no secrets (SPANFLOW_SECRETS; see docs/security.md)";
 
   private final Connection connection;
-  private final Map<Long, Subscription> subscriptions = new ConcurrentHashMap<>();
-  private final AtomicLong nextSid = new AtomicLong(1);
-  private Dispatcher dispatcher;
   private JetStream jetStream;
 
   private NatsClient(Connection connection) {
@@ -202,9 +197,9 @@ public final class NatsClient implements AutoCloseable {
     }
     if (identity != null && isTls(cause)) {
       return new IOException(where + " refused TLS for user " + identity.user + ": "
-          + cause.getMessage(), cause);
+          + describe(cause), cause);
     }
-    String why = cause != null ? cause.getMessage() : error != null ? error : exc.getMessage();
+    String why = cause != null ? describe(cause) : error != null ? error : exc.getMessage();
     return new IOException("could not connect to " + where + ": " + why, exc);
   }
 
@@ -218,6 +213,12 @@ public final class NatsClient implements AutoCloseable {
       }
     }
     return hosts;
+  }
+
+  /** An exception's message, or its class where it has none (a timeout). */
+  private static String describe(Throwable exc) {
+    String message = exc.getMessage();
+    return message == null || message.isEmpty() ? exc.getClass().getSimpleName() : message;
   }
 
   private static boolean isTls(Throwable exc) {
@@ -234,63 +235,55 @@ public final class NatsClient implements AutoCloseable {
     return connection.createInbox();
   }
 
-  public long subscribe(String subject, Consumer<Msg> handler) throws IOException {
-    long sid = nextSid.getAndIncrement();
+  /** A subscription read by its caller's thread ({@link Inbox#next}), nothing dropped. */
+  public Inbox subscribeSync(String subject) throws IOException {
     try {
-      subscriptions.put(sid, dispatcher().subscribe(subject, m -> handler.accept(Msg.of(m))));
+      Subscription sub = connection.subscribe(subject);
+      sub.setPendingLimits(0, 0);
+      return new Inbox(sub);
     } catch (IllegalStateException exc) {
       throw new IOException("NATS connection lost: " + exc.getMessage(), exc);
     }
-    return sid;
   }
 
-  public void unsubscribe(long sid) {
-    Subscription sub = subscriptions.remove(sid);
-    if (sub != null) {
+  /** Messages of one subscription, in delivery order, taken by the caller. */
+  public final class Inbox implements AutoCloseable {
+    private final Subscription sub;
+
+    private Inbox(Subscription sub) {
+      this.sub = sub;
+    }
+
+    /** The next message, or null when none came within {@code timeoutNanos} (at most). */
+    public Msg next(long timeoutNanos) throws IOException, InterruptedException {
       try {
-        dispatcher().unsubscribe(sub);
+        // jnats waits forever on a zero timeout: never ask for less than a nanosecond
+        Message m = sub.nextMessage(Duration.ofNanos(Math.max(1, timeoutNanos)));
+        return m == null ? null : Msg.of(m);
+      } catch (IllegalStateException exc) {
+        throw new IOException("NATS connection lost: " + exc.getMessage(), exc);
+      }
+    }
+
+    @Override
+    public void close() {
+      try {
+        sub.unsubscribe();
       } catch (IllegalStateException ignored) {
         // the connection is gone, and the subscription with it
       }
     }
   }
 
-  /** One dispatcher (one thread) for every subscription, never dropping a message:
-   * the JetStream consumers behind them are flow-controlled by the server. */
-  private synchronized Dispatcher dispatcher() {
-    if (dispatcher == null) {
-      dispatcher = connection.createDispatcher();
-      dispatcher.setPendingLimits(0, 0);
-    }
-    return dispatcher;
-  }
-
-  /** Publish; {@code headers} may be null. */
+  /**
+   * Publish; {@code headers} may be null. jnats queues the message for its writer
+   * thread, which sends whatever is queued at once: nothing waits for a flush (and
+   * jnats's {@code flushBuffer} would only contend for the writer's lock).
+   */
   public void publish(String subject, String reply, Map<String, String> headers, byte[] data)
       throws IOException {
-    publish(subject, reply, headers, data, true);
-  }
-
-  /**
-   * Publish; with {@code flush} false the message may wait in the client's buffer until
-   * the next {@link #flush} (the client's writer sends what waits as it can anyway).
-   */
-  public void publish(String subject, String reply, Map<String, String> headers, byte[] data,
-      boolean flush) throws IOException {
     try {
       connection.publish(subject, reply, headers(headers), data);
-    } catch (IllegalStateException exc) {
-      throw new IOException("NATS connection lost: " + exc.getMessage(), exc);
-    }
-    if (flush) {
-      flush();
-    }
-  }
-
-  /** Send whatever publishes wait in the buffer (no round trip to the server). */
-  public void flush() throws IOException {
-    try {
-      connection.flushBuffer();
     } catch (IllegalStateException exc) {
       throw new IOException("NATS connection lost: " + exc.getMessage(), exc);
     }
@@ -300,20 +293,11 @@ public final class NatsClient implements AutoCloseable {
    * (status 503 when no one listens on {@code subject}). */
   public CompletableFuture<Msg> publishForReply(String subject, Map<String, String> headers,
       byte[] data) throws IOException {
-    return publishForReply(subject, headers, data, true);
-  }
-
-  /** As {@link #publishForReply(String, Map, byte[])}; {@code flush}: as in {@link #publish}. */
-  public CompletableFuture<Msg> publishForReply(String subject, Map<String, String> headers,
-      byte[] data, boolean flush) throws IOException {
     CompletableFuture<Message> reply;
     try {
       reply = connection.requestWithTimeout(subject, headers(headers), data, REPLY_KEPT);
     } catch (IllegalStateException exc) {
       throw new IOException("NATS connection lost: " + exc.getMessage(), exc);
-    }
-    if (flush) {
-      flush();
     }
     return reply.handle((m, exc) -> {
       if (exc == null) {
@@ -339,15 +323,12 @@ public final class NatsClient implements AutoCloseable {
    * sequence), {@link NoStream}, or an IOException when no answer comes.
    */
   public CompletableFuture<Ack> publishToStream(String subject, Map<String, String> headers,
-      byte[] data, boolean flush) throws IOException {
+      byte[] data) throws IOException {
     CompletableFuture<PublishAck> ack;
     try {
       ack = jetStream().publishAsync(subject, headers(headers), data);
     } catch (IllegalStateException exc) {
       throw new IOException("NATS connection lost: " + exc.getMessage(), exc);
-    }
-    if (flush) {
-      flush();
     }
     return ack.handle((a, exc) -> {
       if (exc == null) {

@@ -2,7 +2,6 @@ package dev.spanflow.realtime;
 
 import java.io.IOException;
 import java.util.List;
-import java.util.concurrent.LinkedBlockingQueue;
 import java.util.concurrent.TimeUnit;
 
 /**
@@ -28,20 +27,18 @@ final class OrderedReader implements AutoCloseable {
     }
   }
 
-  private static final Object RESET = new Object();
   private static final long HEARTBEAT_MS = 2000;
 
   private final NatsClient nc;
   private final String stream;
   private final List<String> filters;
   private final String description;
-  private final LinkedBlockingQueue<Object> queue = new LinkedBlockingQueue<>();
   private long nextSeq;
-  private long generation;
-  private long sid = -1;
+  private long attempts;
+  private NatsClient.Inbox inbox;
+  private long expected;
   private String consumer;
-  private String deliverSubject;
-  private volatile long lastHeard;
+  private long lastHeard;
   private long initialPending;
 
   OrderedReader(NatsClient nc, String stream, List<String> filters, long startSeq, String description)
@@ -60,110 +57,85 @@ final class OrderedReader implements AutoCloseable {
     return initialPending;
   }
 
-  /** The next record, or null when none came within {@code timeoutMs}. */
+  /** The next record, or null when none came within {@code timeoutMs}. Read on the
+   * caller's thread, straight from the connection's reader: no hand-off in between. */
   Record poll(long timeoutMs) throws IOException {
     long deadline = System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(Math.max(0, timeoutMs));
     while (true) {
-      long left = deadline - System.nanoTime();
-      Object item;
+      NatsClient.Msg msg;
       try {
-        item = left > 0 ? queue.poll(left, TimeUnit.NANOSECONDS) : queue.poll();
+        msg = inbox.next(deadline - System.nanoTime());
       } catch (InterruptedException exc) {
         Thread.currentThread().interrupt();
         throw new IOException("interrupted while reading " + stream);
       }
-      if (item == null) {
+      if (msg == null) {
         if (System.currentTimeMillis() - lastHeard > 3 * HEARTBEAT_MS) {
           subscribe(); // heartbeats stopped: the consumer or the connection is gone
         }
         return null;
       }
-      if (item == RESET) {
-        subscribe();
+      lastHeard = System.currentTimeMillis();
+      if (msg.status == 100) {
+        answerControl(msg);
         continue;
       }
-      Delivery d = (Delivery) item;
-      if (d.generation != generation) {
-        continue; // from a consumer we replaced
-      }
-      if (d.flowControlReply != null) {
-        nc.publish(d.flowControlReply, null, null, new byte[0]);
+      long[] info = JetStream.deliveryInfo(msg.reply);
+      if (info == null) {
         continue;
       }
-      if (d.record.seq < nextSeq) {
+      if (info[1] != expected) {
+        subscribe(); // a gap: start again after the last record handed out
         continue;
       }
-      nextSeq = d.record.seq + 1;
-      return d.record;
+      expected++;
+      if (info[0] < nextSeq) {
+        continue;
+      }
+      nextSeq = info[0] + 1;
+      return new Record(msg, info[0], info[2], info[3]);
     }
   }
 
   @Override
   public void close() {
-    if (sid >= 0) {
-      nc.unsubscribe(sid);
+    if (inbox != null) {
+      inbox.close();
+      inbox = null;
     }
     if (consumer != null) {
       JetStream.deleteQuietly(nc, stream, consumer);
-    }
-  }
-
-  private static final class Delivery {
-    final long generation;
-    final Record record;
-    final String flowControlReply;
-
-    Delivery(long generation, Record record, String flowControlReply) {
-      this.generation = generation;
-      this.record = record;
-      this.flowControlReply = flowControlReply;
+      consumer = null;
     }
   }
 
   private void subscribe() throws IOException {
     close();
-    queue.clear();
-    generation++;
-    final long gen = generation;
-    deliverSubject = nc.newInbox();
-    final long[] expected = {1};
-    sid = nc.subscribe(deliverSubject, msg -> {
-      lastHeard = System.currentTimeMillis();
-      if (msg.status == 100) {
-        handleControl(gen, msg);
-        return;
-      }
-      long[] info = JetStream.deliveryInfo(msg.reply);
-      if (info == null) {
-        return;
-      }
-      if (info[1] != expected[0]) {
-        queue.add(RESET); // a gap: start again after the last record handed out
-        expected[0] = Long.MAX_VALUE;
-        return;
-      }
-      expected[0]++;
-      queue.add(new Delivery(gen, new Record(msg, info[0], info[2], info[3]), null));
-    });
+    attempts++;
+    String deliverSubject = nc.newInbox();
+    inbox = nc.subscribeSync(deliverSubject);
+    expected = 1;
     lastHeard = System.currentTimeMillis();
     String[] made = JetStream.createOrdered(nc, stream, filters, nextSeq, deliverSubject,
         HEARTBEAT_MS, description);
     consumer = made[0];
-    if (gen == 1) {
+    if (attempts == 1) {
       initialPending = Long.parseLong(made[1]);
     }
   }
 
-  private void handleControl(long gen, NatsClient.Msg msg) {
+  /** A flow-control request is answered when it is read: every message before it has
+   * been handed out by then. A stalled consumer is told to go on the same way. */
+  private void answerControl(NatsClient.Msg msg) throws IOException {
     if (msg.description.toLowerCase().contains("flow")) {
       if (msg.reply != null) {
-        queue.add(new Delivery(gen, null, msg.reply)); // answered in order, from poll()
+        nc.publish(msg.reply, null, null, new byte[0]);
       }
       return;
     }
     String stalled = msg.headers.get("Nats-Consumer-Stalled");
     if (stalled != null) {
-      queue.add(new Delivery(gen, null, stalled));
+      nc.publish(stalled, null, null, new byte[0]);
     }
   }
 }

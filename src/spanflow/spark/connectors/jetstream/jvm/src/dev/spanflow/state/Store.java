@@ -341,7 +341,7 @@ final class Store implements AutoCloseable {
       boolean again = retried[0];
       retried[0] = true;
       try {
-        return awaitAck(c.publishToStream(metaSubject(path), headers, body, true),
+        return awaitAck(c.publishToStream(metaSubject(path), headers, body),
             "writing " + path).seq;
       } catch (ApiError exc) {
         if (exc.errCode != WRONG_LAST_SEQUENCE) {
@@ -387,7 +387,7 @@ final class Store implements AutoCloseable {
 
   /** Publish one chunk of data; the future completes with JetStream's ack. */
   CompletableFuture<NatsClient.Ack> publishChunk(String id, byte[] data) throws IOException {
-    return retry("writing a chunk", c -> c.publishToStream(dataSubject(id), null, data, true));
+    return retry("writing a chunk", c -> c.publishToStream(dataSubject(id), null, data));
   }
 
   /** A publish's ack; JetStream's refusal as an {@link ApiError} (retried when transient). */

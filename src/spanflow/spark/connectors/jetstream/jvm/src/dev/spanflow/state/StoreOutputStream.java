@@ -133,8 +133,8 @@ final class StoreOutputStream extends OutputStream {
       // the connection broke or the answer did not come: publish again below
     }
     seqs.add(store.retry("writing " + what,
-        c -> store.awaitAck(c.publishToStream(store.dataSubject(id), null, pending.data,
-            true), what).seq));
+        c -> store.awaitAck(c.publishToStream(store.dataSubject(id), null, pending.data),
+            what).seq));
   }
 
   private void ensureOpen() throws IOException {

@@ -479,3 +479,20 @@ def test_nats_not_answering_is_a_503_clients_retry_never_a_500(
     assert answer.status_code == 503
     assert answer.json()["code"] == "nats_unavailable"
     assert answer.json()["detail"].startswith("NATS did not answer")
+
+
+def test_the_plan_lists_each_fragment_with_its_node_and_steps(api: TestClient) -> None:
+    from spanflow.protocol.rest import FragmentPlan
+
+    register(api, "a1", "edge-a")
+    api.post("/api/v1/pipelines", json={"yaml": pipeline("p1")}, headers=AUTH)
+    answer = api.get("/api/v1/pipelines/p1/plan", headers=AUTH)
+    assert answer.status_code == 200
+    plan = [FragmentPlan.model_validate(f) for f in answer.json()]
+    assert [(f.id, f.kind, f.site, f.node) for f in plan] == [("p1.f0", "local", "edge-a", "a1")]
+    assert plan[0].steps and all("type" in step for step in plan[0].steps)
+    missing = api.get("/api/v1/pipelines/nope/plan", headers=AUTH)
+    assert missing.status_code == 404 and "nope" in missing.json()["detail"]
+    openapi = api.get("/openapi.json").json()
+    answer_schema = openapi["paths"]["/api/v1/pipelines/{name}/plan"]["get"]["responses"]["200"]
+    assert "FragmentPlan" in str(answer_schema)  # typed in the REST reference

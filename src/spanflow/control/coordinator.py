@@ -66,6 +66,7 @@ from spanflow.protocol.rest import (
     ClusterInfo,
     ClusterMetrics,
     Connection,
+    FragmentPlan,
     Health,
     NodeStatus,
     PipelineMetrics,
@@ -689,7 +690,7 @@ class Coordinator:
                 out.append((name, f.id, a.node if a else None))
         return out
 
-    def plan(self, pipeline: str) -> list[dict[str, Any]]:
+    def plan(self, pipeline: str) -> list[FragmentPlan]:
         """The fragments ``pipeline`` was cut into, each with where it runs and its own
         steps — those the planner added included (a site's partial aggregate, the read
         of another fragment's output) — secrets masked (NotFound)."""
@@ -697,15 +698,14 @@ class Coordinator:
         out = []
         for f in pipelines.shown_fragments(self.state, record):
             a = self.state.assignments.get(f.id)
-            steps = f.spec.secret_free()["steps"]
             out.append(
-                {
-                    "id": f.id,
-                    "kind": f.kind,
-                    "site": f.site,
-                    "node": a.node if a else None,
-                    "steps": steps,
-                }
+                FragmentPlan(
+                    id=f.id,
+                    kind=f.kind,
+                    site=f.site,
+                    node=a.node if a else None,
+                    steps=f.spec.secret_free()["steps"],
+                )
             )
         return out
 

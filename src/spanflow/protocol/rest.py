@@ -252,6 +252,20 @@ class FragmentStatus(_Answer):
 PipelineHealth = Literal["healthy", "degraded", "inactive"]
 
 
+class FragmentPlan(_Answer):
+    """One fragment as the planner cut it (``GET /api/v1/pipelines/{name}/plan``)."""
+
+    id: str
+    kind: Literal["local", "global"]
+    site: str | None
+    node: str | None = Field(description="Where it is assigned (None: unplaced).")
+    steps: list[dict[str, Any]] = Field(
+        description="Its own steps as specs (type, inputs, settings) — those the planner "
+        "added included: a site's partial aggregate, the read of another fragment's output "
+        "(``schema_of`` naming the step it reads) — secrets masked."
+    )
+
+
 class PipelineStatus(_Answer):
     name: str
     state: PipelineState

@@ -16,6 +16,7 @@ from spanflow.control.coordinator import Coordinator
 from spanflow.control.requests import Submission
 from spanflow.errors import PipelineFileError
 from spanflow.protocol.rest import (
+    FragmentPlan,
     PipelineMetrics,
     PipelineStatus,
     RebaselineBody,
@@ -58,7 +59,7 @@ def add_pipeline_routes(app: FastAPI, coordinator: Coordinator, guarded: list[An
         return coordinator.pipeline(name).spec.secret_free()
 
     @app.get(f"{API}/{{name}}/plan", tags=["pipelines"], dependencies=guarded)
-    async def plan(name: str) -> list[dict[str, Any]]:
+    async def plan(name: str) -> list[FragmentPlan]:
         """The fragments the planner cut the pipeline into: id, kind (local at a site,
         global), site, node, and the fragment's own steps (type, inputs) — with those the
         planner added (a site's partial aggregate, the read of another fragment's output,

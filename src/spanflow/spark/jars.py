@@ -34,7 +34,7 @@ PROVIDED = ("org.apache.hadoop:hadoop-client-runtime", "org.apache.hadoop:hadoop
             "at.yawk.lz4:lz4-java", "org.xerial.snappy:snappy-java",
             "com.google.code.findbugs:jsr305", "org.apache.spark:spark-tags_2.13")  # fmt: skip
 """Artifacts PySpark's wheel already has in ``pyspark/jars``."""
-JNATS_VERSION = "2.25.1"
+JNATS_VERSION = "2.26.2"
 JNATS = Artifacts("jnats", (f"io.nats:jnats:{JNATS_VERSION}",), excludes=PROVIDED)
 """The NATS client of the real-time jar (with Bouncy Castle, which it signs NKeys with)."""
 KAFKA_CONNECTOR = Artifacts(

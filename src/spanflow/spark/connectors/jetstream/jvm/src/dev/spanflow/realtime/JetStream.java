@@ -1,17 +1,19 @@
 package dev.spanflow.realtime;
 
-import com.fasterxml.jackson.databind.JsonNode;
-import com.fasterxml.jackson.databind.node.ArrayNode;
-import com.fasterxml.jackson.databind.node.ObjectNode;
+import io.nats.client.api.AckPolicy;
+import io.nats.client.api.ConsumerConfiguration;
+import io.nats.client.api.ConsumerInfo;
+import io.nats.client.api.DeliverPolicy;
+import io.nats.client.api.ReplayPolicy;
+import io.nats.client.api.StreamState;
 import java.io.IOException;
-import java.nio.charset.StandardCharsets;
+import java.time.Duration;
 import java.util.List;
 import java.util.concurrent.CompletableFuture;
 
-/** The few JetStream API calls the JVM source and sinks need, over {@link NatsClient}. */
+/** The few JetStream calls the JVM source and sinks need, through jnats's JetStream
+ * management API ({@link NatsClient#management}). */
 final class JetStream {
-  static final long API_TIMEOUT_MS = 5000;
-  static final long NANOS_PER_MS = 1_000_000L;
 
   private JetStream() {}
 
@@ -31,9 +33,9 @@ final class JetStream {
 
   /** {first sequence, last sequence} of a stream (first is at least 1). */
   static long[] bounds(NatsClient nc, String stream) throws IOException {
-    NatsClient.Msg msg = nc.request("$JS.API.STREAM.INFO." + stream, new byte[0], API_TIMEOUT_MS);
-    JsonNode state = Json.apiAnswer(msg, "stream " + stream).path("state");
-    return new long[] {Math.max(1, state.path("first_seq").asLong(1)), state.path("last_seq").asLong(0)};
+    StreamState state = NatsClient.call("stream " + stream,
+        () -> nc.management().getStreamInfo(stream)).getStreamState();
+    return new long[] {Math.max(1, state.getFirstSequence()), state.getLastSequence()};
   }
 
   /**
@@ -44,32 +46,26 @@ final class JetStream {
    */
   static String[] createOrdered(NatsClient nc, String stream, List<String> filters, long startSeq,
       String deliverSubject, long heartbeatMs, String description) throws IOException {
-    ObjectNode config = Json.object();
-    config.put("deliver_policy", "by_start_sequence");
-    config.put("opt_start_seq", Math.max(1, startSeq));
-    config.put("ack_policy", "none");
-    config.put("max_deliver", 1);
-    config.put("replay_policy", "instant");
-    config.put("deliver_subject", deliverSubject);
-    config.put("flow_control", true);
-    config.put("idle_heartbeat", heartbeatMs * NANOS_PER_MS);
-    config.put("mem_storage", true);
-    config.put("num_replicas", 1);
-    config.put("inactive_threshold", 60_000L * NANOS_PER_MS);
-    config.put("description", description);
+    ConsumerConfiguration.Builder config = ConsumerConfiguration.builder()
+        .deliverPolicy(DeliverPolicy.ByStartSequence)
+        .startSequence(Math.max(1, startSeq))
+        .ackPolicy(AckPolicy.None)
+        .maxDeliver(1)
+        .replayPolicy(ReplayPolicy.Instant)
+        .deliverSubject(deliverSubject)
+        .flowControl(heartbeatMs) // with idle heartbeats every heartbeatMs
+        .memStorage(true)
+        .numReplicas(1)
+        .inactiveThreshold(Duration.ofMinutes(1))
+        .description(description);
     if (filters.size() == 1) {
-      config.put("filter_subject", filters.get(0));
+      config.filterSubject(filters.get(0));
     } else if (filters.size() > 1) {
-      ArrayNode subjects = config.putArray("filter_subjects");
-      filters.forEach(subjects::add);
+      config.filterSubjects(filters);
     }
-    ObjectNode request = Json.object();
-    request.put("stream_name", stream);
-    request.set("config", config);
-    NatsClient.Msg msg = nc.request("$JS.API.CONSUMER.CREATE." + stream, Json.bytes(request),
-        API_TIMEOUT_MS);
-    JsonNode answer = Json.apiAnswer(msg, "consumer on " + stream);
-    return new String[] {answer.path("name").asText(), answer.path("num_pending").asText("0")};
+    ConsumerInfo made = NatsClient.call("consumer on " + stream,
+        () -> nc.management().addOrUpdateConsumer(stream, config.build()));
+    return new String[] {made.getName(), Long.toString(made.getNumPending())};
   }
 
   /**
@@ -82,35 +78,39 @@ final class JetStream {
    */
   static boolean advanceDurable(NatsClient nc, String stream, String consumer,
       String description, long nextSeq, boolean known) throws IOException {
-    if (!known) {
-      NatsClient.Msg info = nc.request("$JS.API.CONSUMER.INFO." + stream + "." + consumer,
-          new byte[0], API_TIMEOUT_MS);
-      if (Json.parse(info.data).path("error").path("code").asInt(0) == 404) {
-        ObjectNode config = Json.object();
-        config.put("durable_name", consumer);
-        config.put("deliver_policy", "all");
-        config.put("ack_policy", "all");
-        config.put("description", description);
-        ObjectNode request = Json.object();
-        request.put("stream_name", stream);
-        request.set("config", config);
-        Json.apiAnswer(nc.request("$JS.API.CONSUMER.CREATE." + stream + "." + consumer,
-            Json.bytes(request), API_TIMEOUT_MS), "consumer " + consumer + " on " + stream);
-      } else {
-        Json.apiAnswer(info, "consumer " + consumer + " on " + stream);
-      }
+    String what = "consumer " + consumer + " on " + stream;
+    if (!known && !exists(nc, stream, consumer, what)) {
+      ConsumerConfiguration durable = ConsumerConfiguration.builder()
+          .durable(consumer)
+          .deliverPolicy(DeliverPolicy.All)
+          .ackPolicy(AckPolicy.All)
+          .description(description)
+          .build();
+      NatsClient.call(what, () -> nc.management().addOrUpdateConsumer(stream, durable));
     }
-    byte[] body = ("{\"seq\":" + Math.max(1, nextSeq) + "}").getBytes(StandardCharsets.UTF_8);
-    Json.apiAnswer(nc.request("$JS.API.CONSUMER.RESET." + stream + "." + consumer, body,
-        API_TIMEOUT_MS), "reset of consumer " + consumer + " on " + stream);
+    NatsClient.call("reset of " + what,
+        () -> nc.management().resetConsumer(stream, consumer, Math.max(1, nextSeq)));
     return true;
   }
 
-  /** Delete a consumer without waiting for the answer (it expires anyway). */
+  private static boolean exists(NatsClient nc, String stream, String consumer, String what)
+      throws IOException {
+    try {
+      NatsClient.call(what, () -> nc.management().getConsumerInfo(stream, consumer));
+      return true;
+    } catch (NatsClient.Refused exc) {
+      if (exc.code == 404) {
+        return false;
+      }
+      throw exc;
+    }
+  }
+
+  /** Delete a consumer (it expires after its inactive threshold anyway). */
   static void deleteQuietly(NatsClient nc, String stream, String consumer) {
     try {
-      nc.publishForReply("$JS.API.CONSUMER.DELETE." + stream + "." + consumer, null, new byte[0]);
-    } catch (IOException ignored) {
+      nc.management().deleteConsumer(stream, consumer);
+    } catch (Exception ignored) {
       // the consumer expires after its inactive threshold
     }
   }

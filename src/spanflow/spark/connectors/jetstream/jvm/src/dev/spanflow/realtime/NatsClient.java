@@ -4,6 +4,8 @@ import io.nats.client.Connection;
 import io.nats.client.ErrorListener;
 import io.nats.client.JetStream;
 import io.nats.client.JetStreamApiException;
+import io.nats.client.JetStreamManagement;
+import io.nats.client.JetStreamOptions;
 import io.nats.client.JetStreamStatusException;
 import io.nats.client.Message;
 import io.nats.client.Nats;
@@ -101,13 +103,18 @@ public final class NatsClient implements AutoCloseable {
     }
   }
 
-  /** JetStream refused a publish: its HTTP-like code and its own error code. */
+  /** JetStream refused a publish or a request: its HTTP-like code and its own error code. */
   public static final class Refused extends IOException {
     public final int code;
     public final int errCode;
 
     Refused(JetStreamApiException exc) {
-      super(exc.getErrorDescription() + " (code " + exc.getApiErrorCode() + ")", exc);
+      this(null, exc);
+    }
+
+    Refused(String what, JetStreamApiException exc) {
+      super((what == null ? "" : what + ": ") + exc.getErrorDescription() + " (code "
+          + exc.getApiErrorCode() + ")", exc);
       this.code = exc.getErrorCode();
       this.errCode = exc.getApiErrorCode();
     }
@@ -130,6 +137,7 @@ public final class NatsClient implements AutoCloseable {
 
   private final Connection connection;
   private JetStream jetStream;
+  private JetStreamManagement management;
 
   private NatsClient(Connection connection) {
     this.connection = connection;
@@ -343,6 +351,47 @@ public final class NatsClient implements AutoCloseable {
       jetStream = connection.jetStream();
     }
     return jetStream;
+  }
+
+  /** How long a JetStream management request waits for its answer. */
+  private static final Duration API_TIMEOUT = Duration.ofSeconds(5);
+
+  /** jnats's JetStream management API on this connection (this account's domain). */
+  public synchronized JetStreamManagement management() throws IOException {
+    if (management == null) {
+      management = management(null, API_TIMEOUT);
+    }
+    return management;
+  }
+
+  /** jnats's JetStream management API in a JetStream {@code domain} (null: this
+   * account's own), each request waiting up to {@code timeout}. */
+  public JetStreamManagement management(String domain, Duration timeout) throws IOException {
+    JetStreamOptions.Builder options = JetStreamOptions.builder().requestTimeout(timeout);
+    if (domain != null && !domain.isEmpty()) {
+      options.domain(domain);
+    }
+    try {
+      return connection.jetStreamManagement(options.build());
+    } catch (IllegalStateException exc) {
+      throw new IOException("NATS connection lost: " + exc.getMessage(), exc);
+    }
+  }
+
+  /** A call of jnats's JetStream API. */
+  public interface ApiCall<T> {
+    T run() throws IOException, JetStreamApiException;
+  }
+
+  /** Run a JetStream API call; JetStream's refusal as {@link Refused} naming {@code what}. */
+  public static <T> T call(String what, ApiCall<T> api) throws IOException {
+    try {
+      return api.run();
+    } catch (JetStreamApiException exc) {
+      throw new Refused(what, exc);
+    } catch (IllegalStateException exc) {
+      throw new IOException(what + ": NATS connection lost: " + exc.getMessage(), exc);
+    }
   }
 
   /** What a failed publish future carries, as the callers tell failures apart. */

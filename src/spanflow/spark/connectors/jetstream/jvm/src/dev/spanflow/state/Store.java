@@ -4,8 +4,16 @@ import com.fasterxml.jackson.databind.JsonNode;
 import com.fasterxml.jackson.databind.ObjectMapper;
 import com.fasterxml.jackson.databind.node.ObjectNode;
 import dev.spanflow.realtime.NatsClient;
+import io.nats.client.JetStreamManagement;
+import io.nats.client.PurgeOptions;
+import io.nats.client.api.StorageType;
+import io.nats.client.api.StreamConfiguration;
+import io.nats.client.api.StreamInfo;
+import io.nats.client.api.StreamInfoOptions;
+import io.nats.client.api.Subject;
 import java.io.IOException;
 import java.nio.charset.StandardCharsets;
+import java.time.Duration;
 import java.util.ArrayList;
 import java.util.Base64;
 import java.util.LinkedHashMap;
@@ -30,7 +38,10 @@ import java.util.concurrent.TimeoutException;
  * Writes that must not race (create without overwrite, rename) are compare-and-set on the
  * metadata subject's last sequence ({@code Nats-Expected-Last-Subject-Sequence}); reads go
  * to the stream leader ({@code STREAM.MSG.GET}), so a file written on one node is seen at
- * once on every other. Every call retries through reconnects and leader elections for up
+ * once on every other. Publishes, acks and the stream's management go through jnats; the
+ * reads are requests of our own over it: jnats's {@code getMessage} takes a Direct Get
+ * whenever the stream allows one (answered by any replica, which may lag: stale metadata)
+ * and waits for each answer, where chunk reads are pipelined. Every call retries through reconnects and leader elections for up
  * to {@code patienceMs}: a restarting server delays a checkpoint, it does not fail it.
  */
 final class Store implements AutoCloseable {
@@ -97,6 +108,7 @@ final class Store implements AutoCloseable {
    * messages). Set by the first call. */
   private volatile String root;
   private final String api;
+  private final String domain;
   private final String urls;
   private final int replicas;
   final long timeoutMs;
@@ -109,6 +121,7 @@ final class Store implements AutoCloseable {
     this.name = name;
     this.stream = "SPANFLOW_FS_" + name;
     this.api = domain == null || domain.isEmpty() ? "$JS.API" : "$JS." + domain + ".API";
+    this.domain = domain;
     this.urls = urls;
     this.replicas = Math.max(0, replicas);
     this.timeoutMs = timeoutMs;
@@ -166,37 +179,46 @@ final class Store implements AutoCloseable {
     if (streamKnown) {
       return;
     }
-    NatsClient c = client();
-    NatsClient.Msg info = c.request(api + ".STREAM.INFO." + stream, new byte[0], timeoutMs);
-    if (errorOf(info) == null) {
-      root = rootOf(JSON.readTree(info.data));
+    JetStreamManagement jsm = management(client());
+    try {
+      root = rootOf(manage("stream " + stream, () -> jsm.getStreamInfo(stream)));
       streamKnown = true;
       return;
+    } catch (ApiError missing) {
+      if (missing.code != NOT_FOUND) {
+        throw missing;
+      }
     }
     String fresh = "$SFS." + java.util.UUID.randomUUID().toString().replace("-", "")
         .substring(0, 12) + "." + name;
-    ObjectNode config = JSON.createObjectNode();
-    config.put("name", stream);
-    config.putArray("subjects").add(fresh + ".>");
-    config.put("storage", "file");
-    config.put("allow_rollup_hdrs", true);
-    config.put("allow_direct", true); // chunks by sequence as raw bytes (see directChunk)
-    config.put("description", "spanflow checkpoints and savepoints (jetstream://" + name + ")");
     ApiError error = null;
     // replicas 0: one copy per server of the cluster, up to three (a cluster of fewer
     // servers refuses the larger counts)
     for (int copies = replicas > 0 ? replicas : 3; copies >= 1; copies--) {
-      config.put("num_replicas", copies);
-      error = errorOf(c.request(api + ".STREAM.CREATE." + stream, bytes(config), timeoutMs));
-      if (error == null || replicas > 0 || error.errCode == 10058) {
+      StreamConfiguration config = StreamConfiguration.builder()
+          .name(stream)
+          .subjects(fresh + ".>")
+          .storageType(StorageType.File)
+          .allowRollup(true)
+          .allowDirect(true) // chunks by sequence as raw bytes (see directChunk)
+          .description("spanflow checkpoints and savepoints (jetstream://" + name + ")")
+          .replicas(copies)
+          .build();
+      try {
+        manage("creating stream " + stream, () -> jsm.addStream(config));
+        error = null;
         break;
+      } catch (ApiError exc) {
+        error = exc;
+        if (replicas > 0 || exc.errCode == 10058) {
+          break;
+        }
       }
     }
     if (error != null && error.errCode != 10058) { // 10058: made meanwhile by another node
       throw error;
     }
     if (error != null) {
-      streamKnown = false;
       ensureStream();
       return;
     }
@@ -204,13 +226,28 @@ final class Store implements AutoCloseable {
     streamKnown = true;
   }
 
-  private String rootOf(JsonNode info) throws IOException {
-    String subject = info.path("config").path("subjects").path(0).asText("");
+  private String rootOf(StreamInfo info) throws IOException {
+    List<String> subjects = info.getConfiguration().getSubjects();
+    String subject = subjects.isEmpty() ? "" : subjects.get(0);
     if (!subject.startsWith("$SFS.") || !subject.endsWith(".>")) {
       throw new IOException("stream " + stream + " is not a spanflow state store (subjects "
-          + info.path("config").path("subjects") + ")");
+          + subjects + ")");
     }
     return subject.substring(0, subject.length() - 2);
+  }
+
+  /** jnats's JetStream management API for this store's domain. */
+  private JetStreamManagement management(NatsClient c) throws IOException {
+    return c.management(domain, Duration.ofMillis(timeoutMs));
+  }
+
+  /** A JetStream management call; JetStream's refusal as an {@link ApiError}. */
+  private static <T> T manage(String what, NatsClient.ApiCall<T> call) throws IOException {
+    try {
+      return NatsClient.call(what, call);
+    } catch (NatsClient.Refused exc) {
+      throw new ApiError(exc.getMessage(), exc.code, exc.errCode);
+    }
   }
 
   /** The JetStream API's answer as JSON, or an {@link ApiError}. */
@@ -300,27 +337,14 @@ final class Store implements AutoCloseable {
   List<String[]> under(String path) throws IOException {
     return retry("listing " + path, c -> {
       String prefix = metaSubject(path) + ".";
+      JetStreamManagement jsm = management(c);
+      StreamInfo info = manage("listing " + path, () -> jsm.getStreamInfo(stream,
+          StreamInfoOptions.filterSubjects(prefix + ">"))); // jnats pages through them
       List<String[]> out = new ArrayList<>();
-      int offset = 0;
-      while (true) {
-        ObjectNode request = JSON.createObjectNode();
-        request.put("subjects_filter", prefix + ">");
-        request.put("offset", offset);
-        JsonNode info = answer(c.request(api + ".STREAM.INFO." + stream, bytes(request),
-            timeoutMs), "listing " + path);
-        JsonNode subjects = info.path("state").path("subjects");
-        int got = 0;
-        for (var it = subjects.fieldNames(); it.hasNext(); ) {
-          String subject = it.next();
-          out.add(subject.substring(prefix.length()).split("\\."));
-          got++;
-        }
-        int total = info.path("total").asInt(out.size());
-        offset += got;
-        if (got == 0 || offset >= total) {
-          return out;
-        }
+      for (Subject subject : info.getStreamState().getSubjects()) {
+        out.add(subject.getName().substring(prefix.length()).split("\\."));
       }
+      return out;
     });
   }
 
@@ -377,10 +401,8 @@ final class Store implements AutoCloseable {
       throws IOException {
     retry(what, c -> {
       String filter = subject.get();
-      ObjectNode request = JSON.createObjectNode();
-      request.put("filter", filter);
-      answer(c.request(api + ".STREAM.PURGE." + stream, bytes(request), timeoutMs),
-          "purging " + filter);
+      JetStreamManagement jsm = management(c);
+      manage("purging " + filter, () -> jsm.purgeStream(stream, PurgeOptions.subject(filter)));
       return null;
     });
   }

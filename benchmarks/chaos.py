@@ -54,6 +54,7 @@ from nats.js.errors import NotFoundError
 
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
+from feed import publish_until_stored
 from stats import pct
 
 from spanflow.local.cluster import Api, LocalCluster
@@ -121,18 +122,10 @@ class Feed:
                 at = started + i / self.rate
                 ts = datetime.fromtimestamp(at, UTC).isoformat()
                 record = {"device": f"d{i % 10}", "ts": ts, "id": i}
-                await self._publish(js, f"cbin.d{i % 10}", orjson.dumps(record), str(i))
+                await publish_until_stored(js, f"cbin.d{i % 10}", orjson.dumps(record), str(i))
                 self.sent_at.append(at)
             await asyncio.sleep(0.02)
         await nc.close()
-
-    async def _publish(self, js: Any, subject: str, data: bytes, msg_id: str) -> None:
-        while True:
-            try:
-                await js.publish(subject, data, headers={"Nats-Msg-Id": msg_id}, timeout=5)
-                return
-            except Exception:
-                await asyncio.sleep(0.2)
 
     def stop(self) -> int:
         self._stop.set()

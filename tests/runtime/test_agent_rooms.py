@@ -11,9 +11,12 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
+
 from spanflow.clock import FakeClock
 from spanflow.errors import SpecError
 from spanflow.protocol.metrics import FragmentRuntime
+from spanflow.protocol.rest import Registered
 from spanflow.runtime.agent_settings import AgentSettings, AgentTimings
 from spanflow.runtime.control_link import ControlLink
 from spanflow.runtime.fragments import LocalFragments
@@ -21,8 +24,8 @@ from spanflow.runtime.last_known import RegistrationCache
 from spanflow.runtime.reconcile import RETRY_AFTER
 from spanflow.runtime.reports import Reports
 from spanflow.runtime.shedding.policy import Shedder
-from spanflow.spec.cluster import Assignment
-from spanflow.spec.topology import Capabilities
+from spanflow.spec.cluster import Assignment, NodeRecord
+from spanflow.spec.topology import Capabilities, NodeSpec
 from tests.runtime.test_reconcile import assigned
 
 
@@ -132,3 +135,33 @@ def test_a_wan_agent_waits_longer_for_everything_a_lan_agent_waits_for() -> None
     lan, wan = AgentTimings.lan(), AgentTimings.wan()
     for name in ("control_patience", "reconnect_grace", "register_timeout", "report_timeout"):
         assert getattr(wan, name) > getattr(lan, name), name
+
+
+def test_a_restarted_node_starts_from_its_saved_registration_when_due_not_a_back_off_later(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    """The back-off's delays (0.5, 1, 2, 4, 8 s …) never carry the wait past
+    ``offline_after``: an edge node rebooted during an uplink cut starts on time."""
+    clock = FakeClock()
+    slept: list[float] = []
+
+    def sleep(seconds: float) -> None:  # time passes only when the link waits
+        slept.append(seconds)
+        clock.advance(seconds)
+
+    monkeypatch.setattr("spanflow.runtime.control_link.time.sleep", sleep)
+    cache = RegistrationCache(tmp_path, "edge-1")
+    saved = Registered(
+        nats_url="nats://127.0.0.1:4222",
+        node=NodeRecord(spec=NodeSpec(name="edge-1", site="plant")),
+        heartbeat_interval=1.0,
+    )
+    cache.save(saved)
+    for due in (0.2, 2.0, 5.0, 9.0):  # 9 s: the last delay before it would be 8 s
+        settings = AgentSettings(
+            name="edge-1", site="plant", coordinator_url="http://127.0.0.1:9", offline_after=due
+        )
+        link = ControlLink(settings, cache, clock)
+        started, slept[:] = clock.monotonic(), []
+        assert link.register({"name": "edge-1"}) == saved and link.offline
+        assert clock.monotonic() - started == pytest.approx(due), slept

@@ -6,6 +6,7 @@ the benchmarks all run this one class."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -289,8 +290,11 @@ class LocalCluster:
         if all(self.procs[n].poll() is not None for n in self.coordinators if n in self.procs):
             self._check_alive(self.coordinators[0])
 
-    def start_node(self, name: str, nats: str | None = None) -> None:
-        """(Re)start one local node's agent process (``nats``: reach NATS there)."""
+    def start_node(
+        self, name: str, nats: str | None = None, coordinator: str | None = None
+    ) -> None:
+        """(Re)start one local node's agent process (``nats``: reach NATS there;
+        ``coordinator``: reach the coordinators there, e.g. through a cuttable relay)."""
         spec = next(n for n in self.topology.nodes if n.name == name)
         # The local nodes share this machine's cores: spread their batch slots apart
         # over the first half of the interval (each node's own queries fill the rest).
@@ -305,7 +309,7 @@ class LocalCluster:
                 "--site",
                 spec.site,
                 "--coordinator",
-                self.url,
+                coordinator or self.url,
                 "--batch-offset",
                 f"{offset:.4f}",
                 "--state-dir",
@@ -315,10 +319,19 @@ class LocalCluster:
             ],
         )
 
-    def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
-        """Kill one process of the cluster (``coordinator`` or ``node-<name>``) and reap it."""
+    def kill(self, name: str, sig: int = signal.SIGKILL, *, tree: bool = False) -> None:
+        """Kill one process of the cluster (``coordinator`` or ``node-<name>``) and reap it.
+        ``tree``: its children too, at once (an agent's Spark JVM, its Python workers), as
+        a machine's death would; by itself the JVM notices its parent's end and shuts
+        down, still running tasks for a moment."""
+        import psutil
+
         proc = self.procs[name]
+        family = psutil.Process(proc.pid).children(recursive=True) if tree else []
         proc.send_signal(sig)
+        for child in family:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                child.send_signal(sig)
         proc.wait(timeout=60)
 
     def wait_for_nodes(self, timeout: float = 180.0) -> None:

@@ -39,7 +39,7 @@ from spanflow.runtime.gossip import AgentGossip
 from spanflow.runtime.last_known import LAST_ASSIGNMENTS_BUCKET, RegistrationCache
 from spanflow.runtime.reports import Reports
 from spanflow.runtime.shedding.policy import Shedder
-from spanflow.runtime.spark_host import SparkHost
+from spanflow.runtime.spark_host import SparkHost, keep_python_workers_warm
 from spanflow.security.secrets import secrets_from_env
 from spanflow.spec.cluster import NodeRecord
 from spanflow.spec.retention import Retention
@@ -170,7 +170,9 @@ class NodeAgent:
             threading.Thread(
                 target=rejoin, args=(self._reach_control,), name="rejoin", daemon=True
             ).start()
-        spark = self.spark.session(answer.node.spec.capabilities)
+        caps = answer.node.spec.capabilities
+        spark = self.spark.session(caps)
+        keep_python_workers_warm(spark, caps.cores, stop)
         if after_spark is not None:
             after_spark()
         executor = self.fragments.executor = FragmentExecutor(
@@ -229,10 +231,12 @@ class NodeAgent:
 
     def _connect_control(self) -> bool:
         """Watch this node's assignments; False while the control plane is out of reach.
-        Offline (a saved registration) the uplink is likely down: less patience."""
+        Less patience when the node has something to run without it (its site's copy of
+        its last-known assignments): the rejoin keeps trying while those run."""
         client, control, t = self.reports.client, self.reports.control, self.settings.timings
         assert client is not None and control is not None
-        patience = t.control_patience_offline if self.offline else t.control_patience
+        fallback = self.offline or self.watch.last_known.kv is not None
+        patience = t.control_patience_offline if fallback else t.control_patience
         return self.watch.connect(client, control, patience)
 
     def _reach_control(self) -> bool:

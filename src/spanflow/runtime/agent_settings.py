@@ -38,9 +38,10 @@ class AgentTimings:
     their link came back (the broker's own retries wait up to two minutes)."""
     control_patience: float = 15.0
     """Seconds to wait for the control plane's assignments bucket at start."""
-    control_patience_offline: float = 3.0
-    """The same for an agent started from its saved registration: the uplink is likely
-    down, so its last-known assignments are not held up for long."""
+    control_patience_offline: float = 2.0
+    """The same for an agent that can run without it: started from its saved
+    registration (the uplink is likely down) or with its site's copy of its last-known
+    assignments; those are not held up for long, and it keeps trying in the background."""
     reconnect_grace: float = 20.0
     """Seconds a node whose NATS connection is re-establishing still reports its data
     path up: longer than JetStream's failover (about 11 s, see control.leadership), so
@@ -95,9 +96,12 @@ class AgentSettings:
     token: str | None = None
     capabilities: Capabilities | None = None
     master: str | None = None
-    offline_after: float = 10.0
+    offline_after: float = 2.0
     """Seconds without an answer from the coordinator after which a node that has
-    registered before starts from its saved registration (it keeps trying)."""
+    registered before starts from its saved registration (it keeps trying in the
+    background, and takes the coordinator's answer when it comes). Short: a coordinator
+    answers within milliseconds when it can, a restarted edge node with a cut uplink
+    should not wait for one, and its Spark session takes longer to start anyway."""
     state_dir: Path | None = None
     """Where the agent keeps its last registration (default: spanflow's data dir)."""
     spark_conf: dict[str, str] = field(default_factory=dict)

@@ -107,6 +107,8 @@ class ControlLink:
                 self.offline = True
                 return saved
             delay = backoff.next()
+            if saved is not None:  # the saved registration is taken when due, not later
+                delay = min(delay, max(0.0, offline_at - self.clock.monotonic()))
             log.warning(
                 "coordinators %s unreachable (%s); retrying in %.1f s",
                 self.settings.coordinator_url,

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 from pyspark.sql import SparkSession
 
@@ -123,6 +124,29 @@ def _cluster_conf(master: str) -> dict[str, str]:
     if master.startswith("local"):
         return {}
     return {"spark.executorEnv.PYTHONPATH": os.environ.get("PYTHONPATH", "")}
+
+
+WARM_MODULES = ("pyarrow", "spanflow.spark.connectors.jetstream.source")
+"""What a warmed Python worker has imported: what a JetStream source's batch needs."""
+
+
+def warm_python_workers(
+    spark: SparkSession, workers: int, modules: tuple[str, ...] = WARM_MODULES
+) -> None:
+    """Start Spark's Python daemon and ``workers`` Python workers, with ``modules``
+    imported, by running a one-row-per-worker job (Spark keeps idle
+    workers for a minute and hands them to the next tasks; see
+    :func:`spanflow.runtime.spark_host.keep_python_workers_warm`)."""
+
+    def warm(batches: Iterator[Any]) -> Iterator[Any]:
+        import importlib
+
+        for module in modules:  # kept by the worker for the tasks it serves next
+            importlib.import_module(module)
+        yield from batches
+
+    n = max(1, workers)
+    spark.range(0, n, 1, n).mapInArrow(warm, "id long").collect()
 
 
 def register_data_sources(spark: SparkSession) -> None:

@@ -14,7 +14,7 @@ import contextlib
 import logging
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,6 +23,7 @@ from nats.js.kv import KeyValue
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
+from spanflow.nats.batch_plan import plan_key
 from spanflow.nats.fences import Fence, Fenced, check, claim, fences
 from spanflow.nats.streams import SyncNats, ensure_source_streams, ensure_stream, stream_usage
 from spanflow.protocol.metrics import StreamUsage
@@ -105,8 +106,15 @@ class PipelineRunner:
         slots: BatchSlots | None = None,
         retention: Retention = DEFAULT_RETENTION,
         fence: Fence | None = None,
+        batch_plan: str | None = None,
     ) -> None:
         self.spark = spark
+        self.batch_plan = batch_plan
+        """Set for a replica of a fragment (hot standby): its queries agree every
+        micro-batch's rows with the other replica's under this name
+        (:mod:`spanflow.nats.batch_plan`), and run no batch without new data (Spark runs
+        those when a trigger finds none, which differs between replicas), so both
+        replicas' batches, outputs and message ids are the same."""
         self.fence = fence
         """Write only while this fragment's epoch holds its fence (cluster nodes)."""
         self.fenced: str | None = None
@@ -319,6 +327,7 @@ class PipelineRunner:
             plan=self.plan,
             slot=(phase_ms(sup.slot, interval), round(interval * 1000)),
             sinks=[sup.sink_id],
+            batch_plan=plan_key(self.batch_plan, sup.sink_id) if self.batch_plan else None,
         )
         return next(c for c in plans if c.sink.id == sup.sink_id)
 
@@ -355,8 +364,24 @@ class PipelineRunner:
             .option("checkpointLocation", context.checkpoint)
             .trigger(processingTime=spark_interval(self.spec.trigger_of(sink)))
         )
-        sup.query = batch_writer.attach(writer).start()
+        with self._no_data_batches(enabled=self.batch_plan is None):
+            sup.query = batch_writer.attach(writer).start()
         log.info("started %s (%s mode) checkpoint %s", name, mode, context.checkpoint)
+
+    @contextlib.contextmanager
+    def _no_data_batches(self, *, enabled: bool) -> Iterator[None]:
+        """Whether the query started here runs batches without new data (a query takes
+        its own copy of the session's settings when it starts)."""
+        if enabled:
+            yield
+            return
+        conf, key = self.spark.conf, "spark.sql.streaming.noDataMicroBatches.enabled"
+        before = conf.get(key, "true") or "true"
+        conf.set(key, "false")
+        try:
+            yield
+        finally:
+            conf.set(key, before)
 
     def _sink_context(self, sup: _Supervised, sink: SinkStep) -> SinkContext:
         """What the sink's writer gets from this runner."""

@@ -48,6 +48,9 @@ class CompileContext:
     """Compiling for Spark's Real-Time Mode (JetStream's, in
     :mod:`spanflow.spark.connectors.jetstream.realtime`): rows keep what the JVM sink
     derives message ids from (see :data:`REALTIME_ID_COLUMNS`)."""
+    batch_plan: str | None = None
+    """The key prefix under which sources agree their batches with the query's replicas
+    (:mod:`spanflow.nats.batch_plan`); None: each plans alone."""
 
 
 REALTIME_ID_COLUMNS = ("_seq", "_updates")

@@ -41,6 +41,7 @@ def compile_source(
         schema=fields,
         data_source=ctx.source_format,
         slot=ctx.slot,
+        batch_plan=ctx.batch_plan,
     )
     df = connectors.reader(step)(source, step)
     frame = Frame(df, key=(step.key,) if step.key else ())

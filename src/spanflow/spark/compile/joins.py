@@ -162,6 +162,7 @@ def _enrich_live(
         schema=table_fields,
         data_source=ctx.source_format,
         slot=ctx.slot,
+        batch_plan=ctx.batch_plan,
     )
     options = {
         **source_options(source, changelog),

@@ -45,15 +45,19 @@ def compile_pipeline(
     slot: tuple[int, int] = (0, 0),
     realtime: bool = False,
     sinks: Collection[str] | None = None,
+    batch_plan: str | None = None,
 ) -> list[CompiledSink]:
     """One streaming DataFrame per sink (each becomes its own query).
 
     ``source_format`` is the registered name sources read through (see
     :func:`spanflow.spark.connectors.jetstream.source.register_isolated`). ``sinks``:
     only these sinks, and only the steps on their paths (a query compiles what it runs,
-    no more).
+    no more). ``batch_plan``: where the sources agree their batches with the query's
+    replicas (:mod:`spanflow.nats.batch_plan`).
     """
-    ctx = CompileContext(spark, nats_url, functions or {}, source_format, plan, slot, realtime)
+    ctx = CompileContext(
+        spark, nats_url, functions or {}, source_format, plan, slot, realtime, batch_plan
+    )
     core = spec.expanded()
     steps = list(core.topological())
     if sinks is not None:

@@ -49,6 +49,9 @@ class SourceContext:
     """The JetStream data source registered for this query (spanflow's own streams)."""
     slot: tuple[int, int] = (0, 0)
     """(phase, interval) in ms: when this query's batches start (spark/stagger.py)."""
+    batch_plan: str | None = None
+    """Where this query's batch ends are agreed with its replicas (hot standby; see
+    :mod:`spanflow.nats.batch_plan`), None when it plans alone."""
 
 
 @dataclass

@@ -43,6 +43,7 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
+from spanflow.nats.batch_plan import BatchPlan, plan_key
 from spanflow.nats.fastread import read_range_fast
 from spanflow.nats.ranges import last_before
 from spanflow.nats.streams import SyncNats, connect
@@ -117,6 +118,7 @@ def source_options(ctx: SourceContext, step: SourceStep) -> dict[str, str]:
         "stream": step.stream_name,
         "pipeline": ctx.pipeline,
         "step": step.id,
+        "batch_plan": ctx.batch_plan or "",
         "format": step.format.value,
         "schema": json.dumps(ctx.schema),
         "ddl": ctx.ddl,
@@ -169,6 +171,10 @@ class JetStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.target: int | None = None  # Trigger.AvailableNow's end
         self._client: SyncNats | None = None
         self._consumer_ready = False
+        self.batch_plan = options.get("batch_plan") or None
+        """Key prefix of the batch ends this query agrees with its replicas (hot
+        standby; :mod:`spanflow.nats.batch_plan`), None when it plans alone."""
+        self._plan: BatchPlan | None = None
 
     # -- driver side -----------------------------------------------------------------
     @property
@@ -184,7 +190,23 @@ class JetStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def initialOffset(self) -> dict[str, int]:
         first, last = self._state()
-        return {"seq": last + 1 if self.start_at == "latest" else first}
+        seq = last + 1 if self.start_at == "latest" else first
+        plan = self._shared_plan()
+        return {"seq": seq if plan is None else plan.agree("initial", seq)}
+
+    def _shared_plan(self) -> BatchPlan | None:
+        if self.batch_plan is not None and self._plan is None:
+            self._plan = BatchPlan(self.client, plan_key(self.batch_plan, self.step))
+        return self._plan
+
+    def _agreed_end(self, plan: BatchPlan, start: int, end: int) -> int:
+        """The end every replica gives the batch from ``start``: the first one proposed.
+        A replica that sees nothing new takes a peer's end if one was agreed (its view
+        of the stream lags), and proposes none (an empty batch is not planned)."""
+        if end > start:
+            return plan.agree(str(start), end)
+        agreed = plan.agreed(str(start))
+        return start if agreed is None else agreed
 
     def getDefaultReadLimit(self) -> ReadLimit:
         return ReadMaxRows(self.max_rows)
@@ -206,6 +228,9 @@ class JetStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             end = min(end, begin + self.max_rows)
         self._catching_up = end <= last  # more is waiting than one batch takes
         end = max(end, start["seq"])
+        plan = self._shared_plan()
+        if plan is not None:  # no heartbeat batches: replicas run the same batches only
+            return {"seq": self._agreed_end(plan, start["seq"], end)}
         if not self.heartbeat:
             return {"seq": end}
         beat = int(start.get("beat", 0))

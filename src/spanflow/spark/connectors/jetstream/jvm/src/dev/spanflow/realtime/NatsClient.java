@@ -250,7 +250,7 @@ public final class NatsClient implements AutoCloseable {
       sub.setPendingLimits(0, 0);
       return new Inbox(sub);
     } catch (IllegalStateException exc) {
-      throw new IOException("NATS connection lost: " + exc.getMessage(), exc);
+      throw lost(null, exc);
     }
   }
 
@@ -269,7 +269,7 @@ public final class NatsClient implements AutoCloseable {
         Message m = sub.nextMessage(Duration.ofNanos(Math.max(1, timeoutNanos)));
         return m == null ? null : Msg.of(m);
       } catch (IllegalStateException exc) {
-        throw new IOException("NATS connection lost: " + exc.getMessage(), exc);
+        throw lost(null, exc);
       }
     }
 
@@ -293,7 +293,7 @@ public final class NatsClient implements AutoCloseable {
     try {
       connection.publish(subject, reply, headers(headers), data);
     } catch (IllegalStateException exc) {
-      throw new IOException("NATS connection lost: " + exc.getMessage(), exc);
+      throw lost(null, exc);
     }
   }
 
@@ -305,7 +305,7 @@ public final class NatsClient implements AutoCloseable {
     try {
       reply = connection.requestWithTimeout(subject, headers(headers), data, REPLY_KEPT);
     } catch (IllegalStateException exc) {
-      throw new IOException("NATS connection lost: " + exc.getMessage(), exc);
+      throw lost(null, exc);
     }
     return reply.handle((m, exc) -> {
       if (exc == null) {
@@ -336,7 +336,7 @@ public final class NatsClient implements AutoCloseable {
     try {
       ack = jetStream().publishAsync(subject, headers(headers), data);
     } catch (IllegalStateException exc) {
-      throw new IOException("NATS connection lost: " + exc.getMessage(), exc);
+      throw lost(null, exc);
     }
     return ack.handle((a, exc) -> {
       if (exc == null) {
@@ -374,7 +374,7 @@ public final class NatsClient implements AutoCloseable {
     try {
       return connection.jetStreamManagement(options.build());
     } catch (IllegalStateException exc) {
-      throw new IOException("NATS connection lost: " + exc.getMessage(), exc);
+      throw lost(null, exc);
     }
   }
 
@@ -390,8 +390,15 @@ public final class NatsClient implements AutoCloseable {
     } catch (JetStreamApiException exc) {
       throw new Refused(what, exc);
     } catch (IllegalStateException exc) {
-      throw new IOException(what + ": NATS connection lost: " + exc.getMessage(), exc);
+      throw lost(what, exc);
     }
+  }
+
+  /** jnats's IllegalStateException of a closed connection as the IOException callers
+   * handle ({@code what}: the call, named in the message; null: none). */
+  private static IOException lost(String what, IllegalStateException exc) {
+    String prefix = what == null ? "" : what + ": ";
+    return new IOException(prefix + "NATS connection lost: " + exc.getMessage(), exc);
   }
 
   /** What a failed publish future carries, as the callers tell failures apart. */
@@ -404,8 +411,13 @@ public final class NatsClient implements AutoCloseable {
     if (cause instanceof JetStreamApiException) {
       return new Refused((JetStreamApiException) cause);
     }
-    if (cause instanceof IOException && String.valueOf(cause.getMessage()).contains("503")) {
-      return new NoStream(subject);
+    if (cause instanceof JetStreamStatusException
+        && ((JetStreamStatusException) cause).getStatus().getCode() == 503) {
+      return new NoStream(subject); // no responders (reportNoResponders is on)
+    }
+    if (cause instanceof IOException
+        && String.valueOf(cause.getMessage()).startsWith("Error Publishing: 503 ")) {
+      return new NoStream(subject); // the same as a status reply: jnats keeps only its text
     }
     if (cause instanceof CancellationException) {
       return new IOException("no ack for a publish to " + subject

@@ -138,7 +138,7 @@ def test_a_wan_agent_waits_longer_for_everything_a_lan_agent_waits_for() -> None
 
 
 def test_a_restarted_node_starts_from_its_saved_registration_when_due_not_a_back_off_later(
-    tmp_path: Path, monkeypatch: Any
+    tmp_path: Path,
 ) -> None:
     """The back-off's delays (0.5, 1, 2, 4, 8 s …) never carry the wait past
     ``offline_after``: an edge node rebooted during an uplink cut starts on time."""
@@ -149,7 +149,6 @@ def test_a_restarted_node_starts_from_its_saved_registration_when_due_not_a_back
         slept.append(seconds)
         clock.advance(seconds)
 
-    monkeypatch.setattr("spanflow.runtime.control_link.time.sleep", sleep)
     cache = RegistrationCache(tmp_path, "edge-1")
     saved = Registered(
         nats_url="nats://127.0.0.1:4222",
@@ -162,6 +161,7 @@ def test_a_restarted_node_starts_from_its_saved_registration_when_due_not_a_back
             name="edge-1", site="plant", coordinator_url="http://127.0.0.1:9", offline_after=due
         )
         link = ControlLink(settings, cache, clock)
+        link.sleep = sleep
         started, slept[:] = clock.monotonic(), []
         assert link.register({"name": "edge-1"}) == saved and link.offline
         assert clock.monotonic() - started == pytest.approx(due), slept

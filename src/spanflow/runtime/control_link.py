@@ -74,6 +74,8 @@ class ControlLink:
         self.clock = clock
         self.offline = False
         """Started from the saved registration; not registered with a coordinator yet."""
+        self.sleep: Callable[[float], None] = time.sleep
+        """How the back-off waits (a test passes time on its clock instead)."""
         timings, tls = settings.timings, client_context()  # made once, not per attempt
         self._registrar = CoordinatorClient(
             settings.coordinator_url, settings.token, timeout=timings.register_timeout, verify=tls
@@ -115,7 +117,7 @@ class ControlLink:
                 problem,
                 delay,
             )
-            time.sleep(delay)
+            self.sleep(delay)
         if r.status_code >= 400:
             raise AgentError(f"registration refused ({r.status_code}): {detail(r)}")
         answer = Registered.model_validate_json(r.content)

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -208,6 +209,36 @@ class Feed:
         self._stop.set()
         self._thread.join(60)
         return self.sent
+
+
+def assert_feed_exactly_once(url: str, events: str, windows: str, sent: int) -> None:
+    """A :class:`Feed`'s ``sent`` readings, each once in stream ``events``, and the
+    per-device 2-s tumbling window counts of them, each window once and exact, in
+    stream ``windows`` (the chaos tests' pipeline)."""
+    wait_for(lambda: stored(url, events) >= sent, timeout=180)
+    ids = Counter(json.loads(data)["id"] for _, data, _ in read_all(url, events))
+    assert ids == Counter(range(sent)), (
+        f"lost {len(set(range(sent)) - set(ids))}, "
+        f"duplicated {sum(n - 1 for n in ids.values() if n > 1)}"
+    )
+    expected: Counter[tuple[str, str]] = Counter()
+    for i in range(sent):
+        r = Feed.reading(i)
+        start = BASE + timedelta(seconds=(10 * i // 1000) // 2 * 2)
+        expected[(r["device"], start.isoformat())] += 1
+
+    def written() -> dict[tuple[str, str], list[int]]:
+        out: dict[tuple[str, str], list[int]] = {}
+        for _, data, _ in read_all(url, windows):
+            w = json.loads(data)
+            start = datetime.fromisoformat(w["window_start"].replace("Z", "+00:00"))
+            out.setdefault((w["device"], start.isoformat()), []).append(w["n"])
+        return out
+
+    wait_for(lambda: len(written()) >= len(expected), timeout=120)
+    got = written()
+    assert {k: v for k, v in got.items() if len(v) > 1} == {}  # each window once
+    assert {k: v[0] for k, v in got.items()} == dict(expected)
 
 
 def run_pipeline_process(

@@ -6,11 +6,8 @@ exactly once (lost 0, duplicated 0) and every window count must be exact."""
 
 from __future__ import annotations
 
-import json
 import time
-from collections import Counter
 from collections.abc import Iterator
-from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +15,7 @@ import pytest
 
 from spanflow.local.cluster import Api, LocalCluster
 from spanflow.nats.streams import SyncNats
-from tests.helpers import BASE, Feed, read_all, stored, wait_for
+from tests.helpers import Feed, assert_feed_exactly_once, stored, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -154,27 +151,4 @@ def test_kills_of_agents_leader_and_a_nats_server_lose_and_repeat_nothing(
     some_progress()
 
     sent = feed.stop()
-    wait_for(lambda: events() >= sent, timeout=180)
-    ids = Counter(json.loads(data)["id"] for _, data, _ in read_all(cluster.nats_url, "CH_EVENTS"))
-    assert ids == Counter(range(sent)), (
-        f"lost {len(set(range(sent)) - set(ids))}, "
-        f"duplicated {sum(n - 1 for n in ids.values() if n > 1)}"
-    )
-    expected: Counter[tuple[str, str]] = Counter()
-    for i in range(sent):
-        r = Feed.reading(i)
-        start = BASE + timedelta(seconds=(10 * i // 1000) // 2 * 2)
-        expected[(r["device"], start.isoformat())] += 1
-
-    def windows() -> dict[tuple[str, str], list[int]]:
-        out: dict[tuple[str, str], list[int]] = {}
-        for _, data, _ in read_all(cluster.nats_url, "CH_WINDOWS"):
-            w = json.loads(data)
-            start = datetime.fromisoformat(w["window_start"].replace("Z", "+00:00"))
-            out.setdefault((w["device"], start.isoformat()), []).append(w["n"])
-        return out
-
-    wait_for(lambda: len(windows()) >= len(expected), timeout=120)
-    got = windows()
-    assert {k: v for k, v in got.items() if len(v) > 1} == {}  # each window once
-    assert {k: v[0] for k, v in got.items()} == dict(expected)
+    assert_feed_exactly_once(cluster.nats_url, "CH_EVENTS", "CH_WINDOWS", sent)

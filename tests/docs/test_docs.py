@@ -214,3 +214,25 @@ def test_connector_examples_load_and_say_the_same() -> None:
     for role in ("source", "sink"):
         for name in connectors(role):
             assert f"| `{name}`" in table, f"{role} connector {name} is missing from the table"
+
+
+def test_the_standby_example_loads_and_its_table_names_the_refused_connectors() -> None:
+    from spanflow.control.pipelines import with_standby
+    from spanflow.plan.fragments import fragments_of
+    from spanflow.spec.connectors import connectors
+
+    (text,) = blocks("cluster.md", "yaml standby")
+    spec = load_pipeline_text(text, "cluster.md")
+    assert spec.standby == 1
+    ids = [f.id for f in with_standby(fragments_of(spec), spec.standby)]
+    assert ids == ["line-alerts.f0", "line-alerts.f0.r1"]
+    page = (DOCS / "cluster.md").read_text()
+    refused_row = next(line for line in page.splitlines() if "| refused:" in line)
+    named = set(re.findall(r"`([a-z0-9]+)`", refused_row.split("|")[1]))
+    refused = {
+        name
+        for role in ("source", "sink")
+        for name, connector in connectors(role).items()  # type: ignore[arg-type]
+        if connector.standby is None
+    }
+    assert named == refused

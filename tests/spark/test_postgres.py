@@ -199,3 +199,46 @@ def _letters(nats_url: str, pipeline: str) -> list:
     from tests.helpers import read_all
 
     return [(h, d) for h, d, s in read_all(nats_url, "SPANFLOW_DLQ") if pipeline in s]
+
+
+@pytest.mark.parametrize("batches", [1, 3])
+def test_two_standby_replicas_writing_at_once_write_each_batch_once(spark, postgres, uid, batches):
+    """Hot standby: two replicas' writers of one sink write the same batches at the same
+    moment (the first batch included, whose marker row does not exist yet). A table
+    without a key shows a second copy of any row; the sink's lock keeps one."""
+    import threading
+
+    from spanflow.spark.connectors import SinkContext
+    from spanflow.spark.connectors.postgres import PostgresWriter, check_postgres
+
+    flow = (
+        sf.Pipeline(f"pgsb-{uid}")
+        .source("S", schema={"id": "long"})
+        .sink_postgres(f"standby_{uid}", dsn=postgres, password_env=PG_PASSWORD_ENV)
+    )
+    step = flow.spec().sinks()[0]
+    frames = [spark.range(i * 100, (i + 1) * 100).toDF("id") for i in range(batches)]
+    check_postgres(step, frames[0].schema)
+    ctx = SinkContext(pipeline=f"pgsb-{uid}", check_fence=lambda: None, step=step, spark=spark)
+    writers = [PostgresWriter(ctx, step.id, step.options) for _ in range(2)]  # type: ignore[arg-type]
+    gate = threading.Barrier(2)
+    errors: list[BaseException] = []
+
+    def replica(writer: PostgresWriter) -> None:
+        try:
+            for batch_id, frame in enumerate(frames):
+                gate.wait(timeout=30)
+                writer.write(frame, batch_id)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=replica, args=(w,)) for w in writers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    for w in writers:
+        w.close()
+    assert errors == []
+    got = sorted(i for (i,) in rows(postgres, f"SELECT id FROM standby_{uid}"))
+    assert got == list(range(100 * batches))

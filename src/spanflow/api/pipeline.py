@@ -89,11 +89,14 @@ class Pipeline:
         dead_letter_stream: str = "SPANFLOW_DLQ",
         dead_letter_retention: str | float = "7d",
         mode: str = "microbatch",
+        standby: int = 0,
     ) -> None:
         """``mode="realtime"`` runs every sink in Spark's Real-Time Mode (SQL steps only;
-        see docs/realtime.md); :meth:`Stream.realtime` does it for one sink."""
+        see docs/realtime.md); :meth:`Stream.realtime` does it for one sink.
+        ``standby=1`` runs each fragment on two nodes at once (docs/cluster.md#hot-standby)."""
         self.name = name
         self.mode = mode
+        self.standby = standby
         self.trigger = trigger
         self.dead_letter_stream = dead_letter_stream
         self.dead_letter_retention = dead_letter_retention
@@ -821,6 +824,7 @@ class Flow:
                 mode=p.mode,  # type: ignore[arg-type]
                 dead_letter_stream=p.dead_letter_stream,
                 dead_letter_retention=p.dead_letter_retention,  # type: ignore[arg-type]
+                standby=p.standby,
             )
         except ValidationError as exc:
             raise SpecError(format_validation_error(exc)) from None

@@ -53,6 +53,7 @@ _TOP_LEVEL = {
     "mode",
     "dead_letter_stream",
     "dead_letter_retention",
+    "standby",
 }
 
 

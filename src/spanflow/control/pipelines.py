@@ -54,7 +54,13 @@ def fragments(state: ClusterState, record: PipelineRecord) -> list[Fragment]:
     """The record's plan; a pipeline not planned yet is compiled for today's topology."""
     if record.fragments:
         return record.fragments
-    return compile_fragments(record.spec, state.full_topology(), record.parallelism).fragments
+    compiled = compile_fragments(record.spec, state.full_topology(), record.parallelism)
+    return with_standby(compiled.fragments, record.spec.standby)
+
+
+def with_standby(planned: list[Fragment], standby: int) -> list[Fragment]:
+    """Each planned fragment followed by its ``standby`` hot standby replicas."""
+    return [f.as_replica(n) for f in planned for n in range(standby + 1)]
 
 
 def shown_fragments(state: ClusterState, record: PipelineRecord) -> list[Fragment]:

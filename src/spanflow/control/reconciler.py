@@ -12,26 +12,58 @@ from spanflow.control import pipelines, scheduler
 from spanflow.control.settings import CoordinatorSettings
 from spanflow.control.state import ClusterState, Draft, Observed
 from spanflow.protocol.messages import Activity
-from spanflow.spec.cluster import Assignment, NodeState, PipelineState
+from spanflow.spec.cluster import Assignment, Fragment, NodeState, PipelineState
 
 _WATCHED = (PipelineState.PLANNED, PipelineState.RUNNING, PipelineState.FAILING)
+UNREACHABLE = "unreachable"
+
+
+def replica_status(state: ClusterState, observed: Observed, f: Fragment) -> str | None:
+    """One replica's status: None unplaced, 'unreachable' on a failed node, else what
+    its node reports ('starting' until it does)."""
+    a = state.assignments.get(f.id)
+    if a is None:
+        return None
+    node = state.nodes.get(a.node)
+    if node is not None and node.state == NodeState.FAILED:
+        return UNREACHABLE
+    rt = observed.current(a)
+    return rt.status if rt else "starting"
+
+
+def fragment_status(statuses: list[str | None]) -> str | None:
+    """A planned fragment's status from its replicas' (one without hot standby): it
+    runs while any replica runs — the others only stand by."""
+    placed = [s for s in statuses if s is not None]
+    if not placed:
+        return None
+    for status in ("running", "starting", "failing"):
+        if status in placed:
+            return status
+    return placed[0] if len(set(placed)) == 1 else "starting"
 
 
 def refresh_states(tx: Draft, observed: Observed) -> None:
-    """RUNNING when every fragment runs; FAILING while any is failing or unreachable."""
+    """RUNNING when every fragment runs (one replica of each, with hot standby);
+    FAILING while any is failing or unreachable."""
     for record in list(tx.state.pipelines.values()):
         if record.state not in _WATCHED:
             continue
-        planned = pipelines.fragments(tx.state, record)
+        groups: dict[str, list[Fragment]] = {}
+        for f in pipelines.fragments(tx.state, record):
+            groups.setdefault(f.base_id, []).append(f)
         statuses: list[str | None] = []
         unreachable = []
-        for f in planned:
-            a = tx.state.assignments.get(f.id)
-            node = tx.state.nodes.get(a.node) if a else None
-            if a is not None and node is not None and node.state == NodeState.FAILED:
-                unreachable.append(f"{f.id} on {a.node}")
-            rt = observed.current(a) if a is not None else None
-            statuses.append(None if a is None else (rt.status if rt else "starting"))
+        no_standby = []
+        for base, replicas in groups.items():
+            each = [replica_status(tx.state, observed, f) for f in replicas]
+            status = fragment_status(each)
+            statuses.append(status)
+            if status == UNREACHABLE:
+                nodes = [a.node for f in replicas if (a := tx.state.assignments.get(f.id))]
+                unreachable.append(f"{base} on {', '.join(nodes)}")
+            elif len(replicas) > 1 and each.count("running") < len(replicas):
+                no_standby.append(base)
         if any(s is None for s in statuses):
             continue  # the scheduler says why
         if unreachable:
@@ -43,9 +75,14 @@ def refresh_states(tx: Draft, observed: Observed) -> None:
                 "server keeps processing and catches up when it returns)",
             )
         elif all(s == "running" for s in statuses):
-            pipelines.set_state(tx, record.name, PipelineState.RUNNING, "all fragments running")
+            reason = "all fragments running"
+            if no_standby:
+                reason += f" (standby not running yet: {', '.join(no_standby)})"
+            pipelines.set_state(tx, record.name, PipelineState.RUNNING, reason)
         elif any(s == "failing" for s in statuses):
-            errors = [rt.error for f in planned if (rt := observed.runtime.get(f.id))]
+            errors = [
+                rt.error for fs in groups.values() for f in fs if (rt := observed.runtime.get(f.id))
+            ]
             pipelines.set_state(
                 tx,
                 record.name,

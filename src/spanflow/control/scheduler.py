@@ -20,7 +20,7 @@ from spanflow.plan import ClusterView, PlacementError, Placer
 from spanflow.plan.fragments import PlanError
 from spanflow.plan.planner import Plan, hops_of, place
 from spanflow.spec import locations
-from spanflow.spec.cluster import Assignment, Fragment, NodeState, PipelineState
+from spanflow.spec.cluster import Assignment, Fragment, NodeState, PipelineRecord, PipelineState
 from spanflow.spec.topology import Site
 
 log = logging.getLogger(__name__)
@@ -56,10 +56,10 @@ def schedule(
         missing = [f for f in planned if f.id not in tx.state.assignments]
         if not missing:
             continue
+        needed, standby = split_standby(tx.state, missing)
+        view = cluster_view(tx.state, observed)
         try:
-            placement = placer.place(
-                record, missing, cluster_view(tx.state, observed), exclude=exclude
-            )
+            placement = placer.place(record, needed, view, exclude=exclude) if needed else {}
         except PlacementError as exc:
             waiting = (
                 PipelineState.CREATED
@@ -68,8 +68,9 @@ def schedule(
             )
             pipelines.set_state(tx, record.name, waiting, f"waiting for a node: {exc}")
             continue
+        placement.update(place_standby(placer, record, standby, view, exclude))
         made = []
-        for fragment in missing:
+        for fragment in (f for f in missing if f.id in placement):
             epoch = record.epochs.get(fragment.id, 0) + 1
             made.append(
                 Assignment(
@@ -85,11 +86,84 @@ def schedule(
                         else None
                     ),
                     reason="placed" if epoch == 1 else "re-placed",
+                    batch_plan=batch_plan(record, fragment),
+                    peer_checkpoints=peer_checkpoints(
+                        tx.state, settings, planned, fragment, placement
+                    ),
                     priority=record.priority,
                     latency_budget=record.latency_budget,
                 )
             )
-        tx.add(r.FragmentsAssigned, pipeline=record.name, plan=tuple(planned), assignments=made)
+        if made:
+            tx.add(r.FragmentsAssigned, pipeline=record.name, plan=tuple(planned), assignments=made)
+
+
+def split_standby(
+    state: ClusterState, missing: list[Fragment]
+) -> tuple[list[Fragment], list[Fragment]]:
+    """The unplaced fragments the pipeline cannot run without (one replica of each
+    fragment none of whose replicas is placed), and its hot standby replicas, which
+    wait for a second node without holding the pipeline up."""
+    running = {a.fragment.base_id for a in state.assignments.values()}
+    needed: list[Fragment] = []
+    standby: list[Fragment] = []
+    for fragment in missing:
+        if fragment.base_id in running:
+            standby.append(fragment)
+        else:
+            running.add(fragment.base_id)
+            needed.append(fragment)
+    return needed, standby
+
+
+def place_standby(
+    placer: Placer,
+    record: PipelineRecord,
+    standby: list[Fragment],
+    view: ClusterView,
+    exclude: Iterable[str],
+) -> dict[str, str]:
+    """Hot standby replicas, each on a node none of its other replicas holds, where one
+    fits; the others stay unplaced (the reconciler names them) and are tried again on
+    the scheduler's next pass."""
+    out: dict[str, str] = {}
+    for fragment in standby:
+        try:
+            out.update(placer.place(record, [fragment], view, exclude=exclude))
+        except PlacementError as exc:
+            log.debug("standby %s not placed: %s", fragment.id, exc)
+    return out
+
+
+def peer_checkpoints(
+    state: ClusterState,
+    settings: CoordinatorSettings,
+    planned: list[Fragment],
+    fragment: Fragment,
+    placement: dict[str, str],
+) -> tuple[str, ...]:
+    """Where the fragment's other replicas checkpoint: an assigned one's own, else
+    where it will (under the state root of the node it goes to, or of this one's)."""
+    out = []
+    for other in planned:
+        if other.base_id != fragment.base_id or other.id == fragment.id:
+            continue
+        a = state.assignments.get(other.id)
+        if a is not None:
+            out.append(a.checkpoint_dir)
+        else:
+            node = placement.get(other.id, placement[fragment.id])
+            out.append(checkpoint_dir(state, settings, node, other))
+    return tuple(out)
+
+
+def batch_plan(record: PipelineRecord, fragment: Fragment) -> str | None:
+    """What a fragment's replicas agree their micro-batches under: the pipeline's run
+    and the planned fragment (a resubmitted pipeline plans afresh); None without
+    standby, where each fragment plans its batches alone."""
+    if not record.spec.standby:
+        return None
+    return f"{record.run_id}.{fragment.base_id}"
 
 
 def move_fragments_off(
@@ -119,11 +193,24 @@ def move_fragments_off(
         fragments=tuple(a.fragment.id for a in moving),
         reason=reason,
     )
-    for name in sorted({a.fragment.pipeline for a in moving}):
+    stalled = {a.fragment.pipeline for a in moving if not served_elsewhere(tx.state, a)}
+    for name in sorted(stalled):
         record = tx.state.pipelines.get(name)
         if record is not None and record.state in pipelines.ACTIVE:
             pipelines.set_state(tx, name, PipelineState.FAILING, reason)
     schedule(tx, placer, settings, observed, exclude=[node])
+
+
+def served_elsewhere(state: ClusterState, a: Assignment) -> bool:
+    """Whether another replica of ``a``'s fragment runs on a live node (hot standby):
+    its output keeps flowing while ``a`` is placed again."""
+    return any(
+        other.fragment.base_id == a.fragment.base_id
+        and other.fragment.id != a.fragment.id
+        and (node := state.nodes.get(other.node)) is not None
+        and node.state == NodeState.ALIVE
+        for other in state.assignments.values()
+    )
 
 
 def stranded_at_own_site(state: ClusterState, a: Assignment, node: str) -> bool:

@@ -119,6 +119,7 @@ def pipeline_status(
         fragments.append(
             FragmentStatus(
                 id=f.id,
+                replica=f.replica,
                 kind=f.kind,
                 site=node.spec.site if node else f.site,
                 input_sites=list(f.input_sites),

@@ -9,16 +9,23 @@ the replicas' batches the same rows — so the same outputs, ids and late-row
 decisions — whichever replica runs ahead.
 
 The agreement is a key-value bucket (:data:`PLAN_BUCKET`) of the stream's server: the
-first replica to plan a batch from a start sequence creates ``<prefix>.<start>`` with
-its end (``create`` fails if the key exists, so exactly one proposal wins), and every
-replica then uses that end. Entries live :data:`PLAN_TTL` seconds: a replica further
-behind than that plans alone again.
+first replica to plan a batch from a start offset creates ``<prefix>.<start>`` with
+its end offset (``create`` fails if the key exists, so exactly one proposal wins), and
+every replica then uses that end. Entries live :data:`PLAN_TTL` seconds: a replica
+further behind than that plans alone again. Values are JSON.
+
+An idle stream is planned too: a replica that finds nothing new for a trigger interval
+proposes one empty batch (an *idle tick*, the source's heartbeat batch), so windows the
+last data passed are emitted as Spark's no-data batches would — those run when each
+replica's own timing says and are turned off under a plan.
 """
 
 from __future__ import annotations
 
 import re
+from typing import Any
 
+import orjson
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
@@ -50,31 +57,31 @@ class BatchPlan:
             self._kv = self.client.run(lambda: ensure_kv(js, PLAN_BUCKET, ttl=PLAN_TTL))
         return self._kv
 
-    def agree(self, name: str, proposed: int) -> int:
+    def agree(self, name: str, proposed: Any) -> Any:
         """The value every replica uses for ``name``: the first one proposed."""
         kv, key = self._bucket(), f"{self.prefix}.{name}"
 
-        async def first() -> int:
+        async def first() -> Any:
+            found = await _read(kv, key)
+            if found is not None:
+                return found
             try:
-                return int((await kv.get(key)).value or b"0")
-            except KeyNotFoundError:
-                pass
-            try:
-                await kv.create(key, str(proposed).encode())
+                await kv.create(key, orjson.dumps(proposed))
                 return proposed
             except KeyWrongLastSequenceError:  # another replica was first
-                return int((await kv.get(key)).value or b"0")
+                return await _read(kv, key)
 
         return self.client.run(first)
 
-    def agreed(self, name: str) -> int | None:
+    def agreed(self, name: str) -> Any | None:
         """The value agreed for ``name``, if any replica proposed one."""
         kv, key = self._bucket(), f"{self.prefix}.{name}"
+        return self.client.run(lambda: _read(kv, key))
 
-        async def look() -> int | None:
-            try:
-                return int((await kv.get(key)).value or b"0")
-            except KeyNotFoundError:
-                return None
 
-        return self.client.run(look)
+async def _read(kv: KeyValue, key: str) -> Any | None:
+    try:
+        entry = await kv.get(key)
+    except KeyNotFoundError:
+        return None
+    return orjson.loads(entry.value) if entry.value else None

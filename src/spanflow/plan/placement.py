@@ -29,6 +29,12 @@ class ClusterView:
     cpu_percent: Mapping[str, float] = field(default_factory=dict)
     used_realtime: dict[str, int] = field(default_factory=dict)
     """Real-Time Mode task slots held by the fragments placed on each node."""
+    replicas_at: dict[str, set[str]] = field(default_factory=dict)
+    """A fragment's base id → the nodes its replicas are counted on (hot standby)."""
+
+    def partners(self, fragment: Fragment) -> set[str]:
+        """Nodes that hold another replica of ``fragment``: never its node too."""
+        return set(self.replicas_at.get(fragment.base_id, ()))
 
     def slots(self, node: str) -> int:
         return self.nodes[node].spec.capabilities.fragment_slots
@@ -54,6 +60,7 @@ class ClusterView:
         """Uncount the fragment on ``node`` (to place it again)."""
         need = self.need(fragment, node)
         self.used_slots[node] = self.used_slots.get(node, need) - need
+        self.replicas_at.get(fragment.base_id, set()).discard(node)
         realtime = realtime_need(fragment)
         if realtime:
             self.used_realtime[node] = self.used_realtime.get(node, realtime) - realtime
@@ -61,6 +68,7 @@ class ClusterView:
     def take(self, fragment: Fragment, node: str) -> None:
         """Count the fragment's slots (and real-time task slots) on ``node``."""
         self.used_slots[node] = self.used_slots.get(node, 0) + self.need(fragment, node)
+        self.replicas_at.setdefault(fragment.base_id, set()).add(node)
         realtime = realtime_need(fragment)
         if realtime:
             self.used_realtime[node] = self.used_realtime.get(node, 0) + realtime
@@ -116,7 +124,7 @@ class LocalityPlacer:
         out: dict[str, str] = {}
         excluded = set(exclude)
         for fragment in fragments:
-            candidates = view.schedulable(excluded)
+            candidates = view.schedulable(excluded | view.partners(fragment))
             if not candidates:
                 raise PlacementError(
                     f"fragment {fragment.id}: no live node"

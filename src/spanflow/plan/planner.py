@@ -151,13 +151,18 @@ def place(
             f"({hops} fragment(s) × ({per_hop}))"
         )
     skip = set(exclude)
-    for fragment in fragments:
+    for fragment in sorted(fragments, key=lambda f: f.replica):
         if fragment.kind == "local" and fragment.site is not None:
-            plan.decisions.append(_place_local(fragment, view, skip))
+            plan.decisions.append(_place_local(fragment, view, skip | view.partners(fragment)))
     globals_ = [f for f in fragments if not (f.kind == "local" and f.site is not None)]
-    if globals_:
-        budget = None if latency_budget is None else latency_budget - processing
-        _place_global(plan, globals_, view, skip, priority, budget, exact_limit)
+    budget = None if latency_budget is None else latency_budget - processing
+    alone = [f for f in globals_ if not f.replica and not view.partners(f)]
+    if alone:
+        _place_global(plan, alone, view, skip, priority, budget, exact_limit)
+    for replica in (f for f in globals_ if f not in alone):
+        # hot standby: one at a time, away from the nodes its other replicas hold
+        skip_partners = skip | view.partners(replica)
+        _place_global(plan, [replica], view, skip_partners, priority, budget, exact_limit)
     order = {f.id: i for i, f in enumerate(fragments)}
     plan.decisions.sort(key=lambda d: order[d.fragment.id])
     return plan

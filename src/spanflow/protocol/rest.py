@@ -231,6 +231,9 @@ class Rebaselined(_Answer):
 
 class FragmentStatus(_Answer):
     id: str
+    replica: int = Field(
+        default=0, description="0, or n for the n-th hot standby replica of its fragment."
+    )
     kind: Literal["local", "global"]
     site: str | None
     input_sites: list[str]

@@ -19,6 +19,7 @@ from spanflow.nats.fences import Fence
 from spanflow.protocol.metrics import FragmentRuntime, QueryMetrics
 from spanflow.spark import checkpoint_store
 from spanflow.spark import progress as spark_progress
+from spanflow.spark.peer_checkpoint import catch_up_from_peer
 from spanflow.spark.runner import PipelineRunner, QueryStatus
 from spanflow.spark.session import SparkSession
 from spanflow.spark.stagger import BatchSlots
@@ -80,6 +81,8 @@ class FragmentExecutor:
             if not checkpoint_store.copy(self.spark, source, checkpoint):
                 raise FileNotFoundError(f"savepoint {source} does not exist on this node")
             log.info("fragment %s restored from savepoint %s", fid, source)
+        else:
+            self._catch_up_from_peers(assignment)
         runner = PipelineRunner(
             self.spark,
             assignment.fragment.spec,
@@ -90,6 +93,7 @@ class FragmentExecutor:
             domain=self.domain,
             slots=self.slots,
             retention=self.retention,
+            batch_plan=assignment.batch_plan,
             fence=(
                 Fence(fid, assignment.epoch, self.node, assignment.checkpoint_dir)
                 if self.node
@@ -105,6 +109,18 @@ class FragmentExecutor:
         self.fragments[fid] = running
         log.info("fragment %s (epoch %d) started", fid, assignment.epoch)
         return running
+
+    def _catch_up_from_peers(self, assignment: Assignment) -> None:
+        """Hot standby: a replica far behind its peer starts from the peer's checkpoint
+        (:mod:`spanflow.spark.peer_checkpoint`); a failed copy leaves its own."""
+        for peer in assignment.peer_checkpoints:
+            self._prepare_store(assignment.checkpoint_dir, peer)
+            try:
+                if catch_up_from_peer(self.spark, assignment.checkpoint_dir, peer):
+                    return
+            except Exception as exc:  # a peer's store out of reach: replay instead
+                log.warning("fragment %s: peer checkpoint %s unusable: %s",
+                            assignment.fragment.id, peer, exc)  # fmt: skip
 
     def stop(self, fragment_id: str) -> None:
         running = self.fragments.pop(fragment_id, None)

@@ -362,11 +362,20 @@ class PipelineRunner:
             df.writeStream.queryName(name)
             .outputMode(mode)
             .option("checkpointLocation", context.checkpoint)
-            .trigger(processingTime=spark_interval(self.spec.trigger_of(sink)))
+            .trigger(processingTime=self._trigger_interval(sink))
         )
         with self._no_data_batches(enabled=self.batch_plan is None):
             sup.query = batch_writer.attach(writer).start()
         log.info("started %s (%s mode) checkpoint %s", name, mode, context.checkpoint)
+
+    def _trigger_interval(self, sink: SinkStep) -> str:
+        """Spark's trigger for a sink's query. Replicas that agree their batches run
+        with a zero trigger: their JetStream source keeps the pace itself (a new batch
+        once per interval, at its slot) and runs the batches a peer planned at once, so
+        a replica behind its peer catches up instead of replaying at the peer's pace."""
+        if self.batch_plan is not None:
+            return spark_interval(0)
+        return spark_interval(self.spec.trigger_of(sink))
 
     @contextlib.contextmanager
     def _no_data_batches(self, *, enabled: bool) -> Iterator[None]:

@@ -130,9 +130,29 @@ class Fragment(BaseModel):
         "fragment's output (their schema is taken from it).",
     )
 
+    replica: int = Field(
+        default=0,
+        ge=0,
+        description="0: the fragment as planned; n ≥ 1: its n-th hot standby replica "
+        "(id '<fragment id>.r<n>'), which runs the same spec on another node.",
+    )
+
     @staticmethod
     def make_id(pipeline: str, index: int) -> str:
         return f"{pipeline}.f{index}"
+
+    @property
+    def base_id(self) -> str:
+        """The planned fragment's id, shared by all its replicas."""
+        return self.id.removesuffix(f".r{self.replica}") if self.replica else self.id
+
+    def as_replica(self, n: int) -> Fragment:
+        """Its ``n``-th hot standby replica (``n`` = 0: the fragment itself)."""
+        if n == self.replica:
+            return self
+        return self.model_copy(
+            update={"id": f"{self.base_id}.r{n}" if n else self.base_id, "replica": n}
+        )
 
     def slots_on(self, caps: Capabilities) -> int:
         """Fragment slots it takes on a node with ``caps``: one, plus one per Python
@@ -207,6 +227,18 @@ class Assignment(BaseModel):
         "(action savepoint), then starts on this node from that savepoint.",
     )
     reason: str = ""
+    batch_plan: str | None = Field(
+        default=None,
+        description="Hot standby: the name under which every replica of the fragment "
+        "agrees its micro-batches (spanflow.nats.batch_plan), so they write the same "
+        "output; None without standby.",
+    )
+    peer_checkpoints: tuple[str, ...] = Field(
+        default=(),
+        description="Hot standby: the checkpoints of the fragment's other replicas. A "
+        "replica whose own checkpoint lags starts from a copy of a peer's "
+        "(spanflow.spark.peer_checkpoint).",
+    )
     priority: int = Field(default=0, description="Its pipeline's priority (higher first).")
     latency_budget: float | None = Field(
         default=None, description="Its pipeline's latency budget in seconds, if any."

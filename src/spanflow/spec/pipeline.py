@@ -49,6 +49,14 @@ class PipelineSpec(BaseModel):
         gt=0,
         description="How long dead letters are kept when spanflow creates the stream.",
     )
+    standby: int = Field(
+        default=0,
+        ge=0,
+        le=1,
+        description="Hot standby replicas of each fragment: 1 runs every fragment on two "
+        "nodes at once (never the same one), so a node's death does not stall the output "
+        "(docs/cluster.md#hot-standby).",
+    )
     fragment: str | None = Field(
         default=None,
         pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]*$",
@@ -85,7 +93,25 @@ class PipelineSpec(BaseModel):
         self._check_acyclic()
         self.facts()  # each step checks what its inputs carry (e.g. a key)
         self._check_realtime()
+        self._check_standby()
         return self
+
+    def _check_standby(self) -> None:
+        """Hot standby replicas both read and write every connector: each must keep one
+        copy of the output under two writers (``Connector.standby``); the error names
+        the first step whose connector cannot."""
+        if not self.standby:
+            return
+        for step in self.steps:
+            if isinstance(step, SourceStep | SinkStep) and step.connector_info.standby is None:
+                role = "source" if isinstance(step, SourceStep) else "sink"
+                raise StepInputError(
+                    step.id,
+                    f"standby: {self.standby} runs every fragment twice, but {role} "
+                    f"{step.id!r} ({step.connector}) cannot keep one copy of its "
+                    f"{'batches' if role == 'source' else 'output'} under two replicas "
+                    "(docs/cluster.md#hot-standby lists the connectors that can)",
+                )
 
     def _check_realtime(self) -> None:
         """Every step on a real-time sink's path must be able to run in Real-Time Mode;

@@ -293,6 +293,14 @@ class PostgresWriter(BatchWriter):
         )
 
     def _already_written(self, conn: Any, batch_id: int) -> bool:
+        """Whether the sink's marker holds ``batch_id`` or a later one. Writers of the
+        same sink (hot standby replicas) take its lock in turn first, for the whole
+        transaction: a row lock alone would not serialise the first batch, whose marker
+        row does not exist yet, and a table without a key would get its rows twice."""
+        conn.execute(
+            "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
+            (f"spanflow:{self.ctx.pipeline}:{self.sink_id}",),
+        )
         found = conn.execute(
             f"SELECT batch FROM {MARKERS} WHERE pipeline = %s AND sink = %s FOR UPDATE",
             (self.ctx.pipeline, self.sink_id),

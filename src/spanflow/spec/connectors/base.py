@@ -64,6 +64,10 @@ class Connector:
     """How its output (sink) or its replay (source) is exactly once, in one sentence."""
     realtime: bool = False
     """Whether a query through it can run in Spark's Real-Time Mode."""
+    standby: str | None = None
+    """How it stays exactly once when a pipeline runs hot standby replicas (both read
+    and write it, docs/cluster.md#hot-standby), in one sentence; None: a pipeline
+    with ``standby`` may not use it."""
     append_only: bool = False
     """A sink that takes only rows that are final (no updates of earlier ones)."""
     external: bool = False

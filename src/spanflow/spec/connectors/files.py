@@ -20,5 +20,6 @@ CONSOLE = register(
         role="sink",
         options=NoOptions,
         exactly_once="not applicable: printed for people, at least once",
+        standby="printed by both replicas, each on its own node",
     )
 )

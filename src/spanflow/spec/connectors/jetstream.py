@@ -16,6 +16,8 @@ SOURCE = register(
         options=NoOptions,
         exactly_once="offsets are stream sequence numbers kept in Spark's checkpoint; a "
         "replayed batch re-reads the same sequence range",
+        standby="the replicas agree each micro-batch's sequence range (the first to plan "
+        "it records it, the other takes it), so both run the same batches",
         realtime=True,
     )
 )
@@ -26,6 +28,9 @@ SINK = register(
         options=NoOptions,
         exactly_once="each record's Nats-Msg-Id is derived from (pipeline, sink, batch, "
         "content): JetStream drops a replayed batch's copies within the duplicate window",
+        standby="both replicas publish the same agreed batches under the same message ids: "
+        "JetStream keeps the first copy (a replica further behind than the stream's "
+        "duplicate window, 15 minutes by default, would add copies)",
         realtime=True,
     )
 )

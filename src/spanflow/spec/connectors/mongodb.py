@@ -50,6 +50,7 @@ SINK = register(
         options=MongoSinkOptions,
         exactly_once="each row is an upsert by a deterministic _id (the key's values, or the "
         "batch and the row's content): a replayed batch rewrites the same documents",
+        standby="both replicas upsert the same documents under the same _id",
         external=True,
         address_option="uri",
         extra="mongodb",

@@ -69,6 +69,8 @@ SINK = register(
         exactly_once="one transaction per micro-batch upserts the rows by their key and "
         "records the batch id in spanflow_sink_batches; a replayed batch already recorded "
         "changes nothing",
+        standby="the replicas' transactions take the sink's lock in turn: the second to "
+        "write a batch finds its batch id recorded and changes nothing",
         external=True,
         address_option="dsn",
         extra="postgres",

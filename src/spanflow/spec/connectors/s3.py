@@ -54,6 +54,7 @@ SINK = register(
         exactly_once="deterministic object names per batch and partition, so a replayed "
         "batch overwrites the same objects; a manifest per batch, written last, lists what "
         "readers may trust",
+        standby="both replicas write the same objects under the same names",
         external=True,
         address_option="endpoint",
         extra="s3",

@@ -63,5 +63,7 @@ SINK = register(
         exactly_once="at least once, with an Idempotency-Key header derived from (pipeline, "
         "sink, batch, record content) that repeats on every resend: receivers that remember "
         "keys see each record once; refused after the last try → dead letter",
+        standby="both replicas post each record with the same Idempotency-Key: a receiver "
+        "that remembers keys sees it once",
     )
 )

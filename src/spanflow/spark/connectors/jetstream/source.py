@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -50,7 +51,7 @@ from spanflow.nats.streams import SyncNats, connect
 from spanflow.spark.connectors import reads
 from spanflow.spark.deadletter import DeadLetter, publish_dead_letters
 from spanflow.spark.formats import AvroReader, Decoder, ProtobufReader
-from spanflow.spark.stagger import wait_for_slot
+from spanflow.spark.stagger import MAX_SPREAD, wait_for_slot
 from spanflow.spec.schema import StreamFormat
 
 if TYPE_CHECKING:
@@ -168,6 +169,10 @@ class JetStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.interval_ms = int(options["interval_ms"])
         self._catching_up = False
         self._fresh = True  # no offset planned since this query (re)started
+        self._idle_since: tuple[str, float] | None = None
+        self._last_slot = 0.0
+        """The slot instant at which this replica last planned a batch (time.time)."""
+        """The agreed batch after which this replica found nothing new, and since when."""
         self.target: int | None = None  # Trigger.AvailableNow's end
         self._client: SyncNats | None = None
         self._consumer_ready = False
@@ -192,21 +197,69 @@ class JetStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         first, last = self._state()
         seq = last + 1 if self.start_at == "latest" else first
         plan = self._shared_plan()
-        return {"seq": seq if plan is None else plan.agree("initial", seq)}
+        return {"seq": seq if plan is None else int(plan.agree("initial", seq))}
 
     def _shared_plan(self) -> BatchPlan | None:
         if self.batch_plan is not None and self._plan is None:
             self._plan = BatchPlan(self.client, plan_key(self.batch_plan, self.step))
         return self._plan
 
-    def _agreed_end(self, plan: BatchPlan, start: int, end: int) -> int:
+    def _planned_offset(
+        self, plan: BatchPlan, start: dict[str, int], limit: ReadLimit
+    ) -> dict[str, int]:
         """The end every replica gives the batch from ``start``: the first one proposed.
-        A replica that sees nothing new takes a peer's end if one was agreed (its view
-        of the stream lags), and proposes none (an empty batch is not planned)."""
-        if end > start:
-            return plan.agree(str(start), end)
-        agreed = plan.agreed(str(start))
-        return start if agreed is None else agreed
+
+        A batch a replica already planned runs at once (a replica that restarted behind
+        its peer catches up batch after batch: such queries run with a zero trigger,
+        and this source keeps the pace). A new batch is planned at this query's slot,
+        once per trigger interval. With nothing new, a replica idle for an interval
+        after a data batch (or just restarted) proposes an idle tick: the same
+        sequence, one more beat — an empty batch (the last record read again as a
+        heartbeat) in which the windows the last data passed are emitted. One tick per
+        idle spell: the tick's end carries ``idle``."""
+        seq, beat = start["seq"], int(start.get("beat", 0))
+        name = str(seq) if not beat else f"{seq}-{beat}"
+        agreed = plan.agreed(name)
+        if agreed is not None:
+            self._fresh = False
+            return dict(agreed)
+        if not self._slot_due():
+            return dict(start)  # not yet: Spark asks again in a moment
+        _, _, end = self._available_end(start, limit)
+        fresh, self._fresh = self._fresh, False
+        if end > seq:
+            return dict(plan.agree(name, {"seq": end, "beat": beat}))
+        if self.heartbeat and not start.get("idle") and (fresh or self._idle_long_enough(name)):
+            return dict(plan.agree(name, {"seq": seq, "beat": beat + 1, "idle": 1}))
+        return dict(start)
+
+    def _slot_due(self) -> bool:
+        """Whether this query's next slot has come since it last planned a batch, waiting
+        for it up to ``MAX_SPREAD`` seconds (a longer wait would hold up ``stop``;
+        Spark then asks again). Waiting here rather than answering "nothing new" keeps
+        ``processAllAvailable`` honest."""
+        if self.interval_ms <= 0:
+            return True
+        interval, phase = self.interval_ms / 1000, self.phase_ms / 1000
+        now = time.time()
+        latest = (now - phase) // interval * interval + phase  # the last slot instant
+        if latest <= self._last_slot:
+            wait = latest + interval - now
+            if wait > MAX_SPREAD:
+                time.sleep(MAX_SPREAD)
+                return False
+            time.sleep(wait)
+            latest += interval
+        self._last_slot = latest
+        return True
+
+    def _idle_long_enough(self, name: str) -> bool:
+        """Whether this replica has found nothing new after the batch ``name`` for a
+        trigger interval."""
+        now = time.monotonic()
+        if self._idle_since is None or self._idle_since[0] != name:
+            self._idle_since = (name, now)
+        return now - self._idle_since[1] >= max(self.interval_ms, 100) / 1000
 
     def getDefaultReadLimit(self) -> ReadLimit:
         return ReadMaxRows(self.max_rows)
@@ -214,9 +267,9 @@ class JetStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def prepareForTriggerAvailableNow(self) -> None:
         self.target = self._state()[1] + 1
 
-    def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
-        if self.target is None and not self._catching_up:
-            wait_for_slot(self.phase_ms, self.interval_ms)  # see spanflow.spark.stagger
+    def _available_end(self, start: dict[str, int], limit: ReadLimit) -> tuple[int, int, int]:
+        """(first, last) sequence of the stream and where a batch from ``start`` would
+        end under ``limit`` (and Trigger.AvailableNow's target)."""
         first, last = self._state()
         begin = max(start["seq"], first)
         end = last + 1
@@ -227,10 +280,15 @@ class JetStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         elif not isinstance(limit, ReadAllAvailable):
             end = min(end, begin + self.max_rows)
         self._catching_up = end <= last  # more is waiting than one batch takes
-        end = max(end, start["seq"])
+        return first, last, max(end, start["seq"])
+
+    def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
         plan = self._shared_plan()
-        if plan is not None:  # no heartbeat batches: replicas run the same batches only
-            return {"seq": self._agreed_end(plan, start["seq"], end)}
+        if plan is not None:  # replicas run the same batches, idle ticks included
+            return self._planned_offset(plan, start, limit)
+        if self.target is None and not self._catching_up:
+            wait_for_slot(self.phase_ms, self.interval_ms)  # see spanflow.spark.stagger
+        first, _, end = self._available_end(start, limit)
         if not self.heartbeat:
             return {"seq": end}
         beat = int(start.get("beat", 0))

@@ -6,13 +6,19 @@ agents with their own Spark, each reaching NATS through relays the benchmark can
 stream (``--rate`` readings a second, 10 devices) runs through a pipeline that keeps
 every reading (``events``) and counts them per device in 2 s windows.
 
+The run is made twice in one invocation, on a fresh cluster each time: the pipeline
+alone (one copy of its fragment), then with ``standby: 1`` (a hot standby replica on the
+other node, docs/cluster.md#hot-standby). ``--only single|standby`` makes one of them.
+
 Every ``--every`` seconds (default 25) one fault, the types in turn:
 
-* ``agent``: SIGKILL the agent running the fragment (restarted 5 s later);
+* ``agent``: SIGKILL the machine running the fragment — agent, Spark JVM and Python
+  workers — (restarted 5 s later); with standby, the replicas' machines in turn;
 * ``leader``: SIGKILL the leader coordinator (restarted 5 s later);
 * ``standby``: SIGKILL a standby coordinator (restarted 5 s later);
 * ``nats``: SIGKILL one NATS server (restarted 5 s later), in turn;
-* ``cut``: cut the links of the node running the fragment for 15 s.
+* ``cut``: cut the links of the node running the fragment (with standby: the replicas'
+  in turn) for 15 s.
 
 Figures:
 
@@ -29,8 +35,9 @@ Figures:
 
 Goal (issue 31): lost 0, duplicated 0, availability ≥ 99.9 %.
 
-Run: ``.venv/bin/python benchmarks/chaos.py [--seconds 300] [--every 25] [--rate 100]``
-Figures go to ``benchmarks/results/chaos.json``.
+Run: ``.venv/bin/python benchmarks/chaos.py [--seconds 300] [--every 25] [--rate 100]
+[--trigger 1]``. Figures go to ``benchmarks/results/chaos.json`` (``runs.single`` and
+``runs.standby``).
 """
 
 from __future__ import annotations
@@ -76,7 +83,8 @@ nodes:
 
 PIPELINE = """\
 name: chaos
-trigger: 0.5s
+trigger: TRIGGERs
+standby: STANDBY
 sources:
   - id: src
     stream: CB_IN
@@ -159,12 +167,18 @@ class Links:
             r.stop()
 
 
-def fragment_node(api: Api) -> str | None:
+def fragment_node(api: Api, turn: int = 0) -> str | None:
+    """The node of the fragment (with standby: of replica ``turn`` mod 2, else of the
+    other one when that one is not placed)."""
     try:
         frags = api.call("GET", "/api/v1/pipelines/chaos")["fragments"]
     except Exception:
         return None
-    return frags[0]["node"] if frags else None
+    placed = [f["node"] for f in frags if f["node"]]
+    if not placed:
+        return None
+    wanted = frags[turn % len(frags)]["node"]
+    return str(wanted or placed[0])
 
 
 def node_ready(api: Api, name: str) -> bool:
@@ -204,6 +218,7 @@ class Chaos:
         self.links = links
         self.api = Api(cluster.url, None, patience=60)
         self.nats_turn = 0
+        self.node_turn = 0
         self.log: list[dict[str, Any]] = []
         self._pending: list[tuple[float, Any]] = []
 
@@ -213,8 +228,8 @@ class Chaos:
         c = self.cluster
         target = ""
         if kind == "agent":
-            target = fragment_node(self.api) or "n1"
-            c.kill(f"node-{target}")
+            target = self._fragments_node()
+            c.kill(f"node-{target}", tree=True)
             self._later(RESTART_AFTER, lambda t=target: c.start_node(t, nats=self.links[t].url))
         elif kind in ("leader", "standby"):
             leader = c.leader()
@@ -230,11 +245,15 @@ class Chaos:
             c._nats.servers[index].kill()
             self._later(RESTART_AFTER, lambda i=index: c._nats.restart(i))
         elif kind == "cut":
-            target = fragment_node(self.api) or "n1"
+            target = self._fragments_node()
             self.links[target].cut()
             self._later(CUT_FOR, self.links[target].restore)
         self.log.append({"kind": kind, "target": target, "at": at})
         print(f"{time.strftime('%H:%M:%S')} fault: {kind} {target}", flush=True)
+
+    def _fragments_node(self) -> str:
+        self.node_turn += 1
+        return fragment_node(self.api, self.node_turn) or "n1"
 
     def _later(self, delay: float, action: Any) -> None:
         self._pending.append((time.monotonic() + delay, action))
@@ -292,7 +311,16 @@ def per_fault(
     return out
 
 
-def run(seconds: float, every: float, rate: float, budget: float, root: Path) -> dict[str, Any]:
+def run(
+    seconds: float,
+    every: float,
+    rate: float,
+    budget: float,
+    root: Path,
+    *,
+    standby: bool,
+    trigger: float,
+) -> dict[str, Any]:
     topology = root / "topology.yaml"
     topology.write_text(TOPOLOGY)
     cluster = LocalCluster(topology, root / "cluster", port=0, ha=True)
@@ -306,7 +334,8 @@ def run(seconds: float, every: float, rate: float, budget: float, root: Path) ->
         api = Api(cluster.url, None, patience=60)
         wait(lambda: node_ready(api, "n1") and node_ready(api, "n2"), 300, "nodes ready")
         feed = Feed(cluster.nats_url, rate).start()
-        api.call("POST", "/api/v1/pipelines", {"yaml": PIPELINE, "filename": "chaos.yaml"})
+        pipeline = PIPELINE.replace("TRIGGER", f"{trigger:g}").replace("STANDBY", str(int(standby)))
+        api.call("POST", "/api/v1/pipelines", {"yaml": pipeline, "filename": "chaos.yaml"})
         wait(lambda: fragment_node(api) is not None, 180, "placed")
         wait(lambda: len(stored(cluster.nats_url, "CB_EVENTS")) > rate * 5, 300, "flowing")
         chaos = Chaos(cluster, links)
@@ -350,6 +379,8 @@ def run(seconds: float, every: float, rate: float, budget: float, root: Path) ->
             "seconds": round(end - start, 1),
             "every_s": every,
             "rate_per_s": rate,
+            "standby": standby,
+            "trigger_s": trigger,
             "budget_s": budget,
             "sent": sent,
             "lost": lost,
@@ -396,12 +427,28 @@ def main() -> None:
     parser.add_argument("--every", type=float, default=25.0)
     parser.add_argument("--rate", type=float, default=100.0)
     parser.add_argument("--budget", type=float, default=10.0)
+    parser.add_argument("--trigger", type=float, default=1.0)
+    parser.add_argument("--only", choices=("single", "standby"))
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="spanflow-chaos-") as tmp:
-        result = run(args.seconds, args.every, args.rate, args.budget, Path(tmp))
+    runs: dict[str, Any] = {}
+    for variant in ("single", "standby"):
+        if args.only not in (None, variant):
+            continue
+        with tempfile.TemporaryDirectory(prefix="spanflow-chaos-") as tmp:
+            runs[variant] = run(
+                args.seconds,
+                args.every,
+                args.rate,
+                args.budget,
+                Path(tmp),
+                standby=variant == "standby",
+                trigger=args.trigger,
+            )
+        shown = {k: v for k, v in runs[variant].items() if k != "faults"}
+        print(variant, json.dumps(shown, indent=2), flush=True)
     RESULTS.mkdir(exist_ok=True)
+    result = {"when": datetime.now(UTC).isoformat(timespec="seconds"), "runs": runs}
     (RESULTS / "chaos.json").write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps({k: v for k, v in result.items() if k != "faults"}, indent=2))
 
 
 if __name__ == "__main__":

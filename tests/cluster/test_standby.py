@@ -1,8 +1,9 @@
 """Hot standby on a real cluster (embedded NATS, the coordinator, two agents with their
-own Spark): a pipeline with ``standby: 1`` runs on both nodes; SIGKILL of either
-replica's machine (agent, JVM and Python workers at once) during a steady stream must
-leave no gap in the output longer than 2 s, and every reading and every window must
-come out exactly once."""
+own Spark, each reaching NATS through a relay the test can cut): a pipeline with
+``standby: 1`` runs on both nodes; SIGKILL of either replica's machine (agent, JVM and
+Python workers at once), then a 15 s cut of one replica's link, during a steady stream
+must leave no gap in the output longer than 2 s, and every reading and every window
+must come out exactly once."""
 
 from __future__ import annotations
 
@@ -12,10 +13,12 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 import pytest
 
 from spanflow.local.cluster import Api, LocalCluster
+from spanflow.nats.relay import WanRelay
 from spanflow.nats.streams import connect
 from tests.cluster import test_chaos as chaos
 from tests.helpers import Feed, assert_feed_exactly_once, stored, wait_for
@@ -32,15 +35,38 @@ MAX_GAP = 2.0
 """Seconds the output may pause around a replica's death (the issue's bound)."""
 
 
+CUT_FOR = 15.0
+
+
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
+    """The cluster, its agents started by :func:`start_nodes` (through relays)."""
     topology = tmp_path / "topology.yaml"
-    topology.write_text(chaos.TOPOLOGY)
+    topology.write_text(chaos.TOPOLOGY.replace("local: true, ", ""))
     c = LocalCluster(topology, tmp_path / "data", port=0)
     try:
         yield c.start()
     finally:
         c.stop()
+
+
+@pytest.fixture
+def links(cluster: LocalCluster) -> Iterator[dict[str, WanRelay]]:
+    """One relay to NATS per node: a cable the test can pull."""
+    target = urlparse(cluster.nats_url)
+    relays = {
+        name: WanRelay(target.hostname or "127.0.0.1", target.port or 0).start()
+        for name in ("n1", "n2")
+    }
+    try:
+        yield relays
+    finally:
+        for relay in relays.values():
+            relay.stop()
+
+
+def start_node(cluster: LocalCluster, links: dict[str, WanRelay], name: str) -> None:
+    cluster.start_node(name, nats=f"nats://127.0.0.1:{links[name].port}")
 
 
 def replicas(api: Api) -> dict[str, dict[str, Any]]:
@@ -108,7 +134,9 @@ def longest_pause(times: list[float], start: float, end: float) -> float:
     return max(b - a for a, b in itertools.pairwise(inside))
 
 
-def kill_a_replica(cluster: LocalCluster, api: Api, fragment: str) -> float:
+def kill_a_replica(
+    cluster: LocalCluster, links: dict[str, WanRelay], api: Api, fragment: str
+) -> float:
     """SIGKILL the machine running ``fragment`` while the stream flows; returns the
     longest output pause from 1 s before the kill to 12 s after, then restarts the
     machine and waits until both replicas run again."""
@@ -120,14 +148,37 @@ def kill_a_replica(cluster: LocalCluster, api: Api, fragment: str) -> float:
         store_times(cluster.nats_url, "CH_EVENTS"), killed_at - 1.0, killed_at + 12.0
     )
     print(f"{fragment} on {node} killed: longest output pause {pause:.2f} s")
-    cluster.start_node(node)
+    start_node(cluster, links, node)
     started = time.monotonic()
     wait_for(lambda: both_caught_up(api), timeout=240)
     print(f"{node} restarted: its replica caught up {time.monotonic() - started:.1f} s later")
     return pause
 
 
-def test_either_replicas_death_leaves_no_gap_and_nothing_twice(cluster: LocalCluster) -> None:
+def cut_a_replica(links: dict[str, WanRelay], api: Api, url: str, fragment: str) -> float:
+    """Cut the link of the node running ``fragment`` for 15 s; the longest output pause
+    from 1 s before the cut to 12 s after, once both replicas run again."""
+    node = replicas(api)[fragment]["node"]
+    cut_at = time.time()
+    links[node].cut()
+    try:
+        # the output flows on through the whole cut
+        wait_for(lambda: last_stored_at(url, "CH_EVENTS") > cut_at + CUT_FOR, timeout=60)
+    finally:
+        links[node].restore()
+    pause = longest_pause(store_times(url, "CH_EVENTS"), cut_at - 1.0, cut_at + 12.0)
+    print(f"{fragment} on {node} cut off: longest output pause {pause:.2f} s")
+    started = time.monotonic()
+    wait_for(lambda: both_caught_up(api), timeout=240)
+    print(f"{node} back: both replicas caught up {time.monotonic() - started:.1f} s later")
+    return pause
+
+
+def test_either_replicas_death_or_cut_leaves_no_gap_and_nothing_twice(
+    cluster: LocalCluster, links: dict[str, WanRelay]
+) -> None:
+    for name in links:
+        start_node(cluster, links, name)
     api = Api(cluster.url, None, patience=30)
     feed = Feed(cluster.nats_url, "CH_IN", "chin", rate=50)
     api.call("POST", "/api/v1/pipelines", {"yaml": PIPELINE})
@@ -138,8 +189,9 @@ def test_either_replicas_death_leaves_no_gap_and_nothing_twice(cluster: LocalClu
     seen = stored(cluster.nats_url, "CH_EVENTS")
     wait_for(lambda: stored(cluster.nats_url, "CH_EVENTS") > seen + 100, timeout=120)
 
-    pauses = [kill_a_replica(cluster, api, f) for f in ("hot.f0", "hot.f0.r1")]
+    pauses = [kill_a_replica(cluster, links, api, f) for f in ("hot.f0", "hot.f0.r1")]
+    pauses.append(cut_a_replica(links, api, cluster.nats_url, "hot.f0"))
 
     sent = feed.stop()
     assert_feed_exactly_once(cluster.nats_url, "CH_EVENTS", "CH_WINDOWS", sent)
-    assert max(pauses) <= MAX_GAP, f"output paused {pauses} s when a replica died"
+    assert max(pauses) <= MAX_GAP, f"output paused {pauses} s when a replica died or was cut"

@@ -156,3 +156,26 @@ def test_standby_is_zero_or_one() -> None:
     with pytest.raises(SpecError) as bad:
         load_pipeline_text(text, "p.yaml")
     assert "standby" in str(bad.value) and "p.yaml:2" in str(bad.value)
+
+
+def test_replicas_rows_are_counted_once_in_every_total(cluster: Cluster) -> None:
+    """Both replicas read the same rows: a pipeline's and the cluster's totals count the
+    replica furthest along, and the per-fragment figures keep both."""
+    from spanflow.control import views
+
+    cluster.register("c1", "cloud")
+    cluster.register("c2", "cloud")
+    submit_standby(cluster)
+    ahead = {"source_rows_in": 50, "source_rows_per_s": 10, "rows_in": 50}
+    behind = {"source_rows_in": 45, "source_rows_per_s": 9, "rows_in": 45}
+    for fid, figures in (("p1.f0", ahead), ("p1.f0.r1", behind)):
+        node = cluster.state.assignments[fid].node
+        cluster.beat(node, progress={fid: figures}, **{fid.replace(".", "__"): "running"})
+    c = cluster.c
+    at = views.reach(cluster.state, c.observed, c.clock.monotonic(), c.settings.heartbeat_interval)
+    status = views.pipeline_status(cluster.state, c.observed, "p1", at)
+    metrics = views.pipeline_metrics(cluster.state, c.observed, "p1", at)
+    totals = views.cluster_metrics(cluster.state, c.observed, 0.0, at)
+    assert (status.rows_in, metrics.rows_in, totals.throughput_rows_per_s) == (50, 50, 10.0)
+    assert sorted(metrics.fragments) == ["p1.f0", "p1.f0.r1"]
+    assert {f.id: f.replica for f in status.fragments} == {"p1.f0": 0, "p1.f0.r1": 1}

@@ -26,7 +26,7 @@ from spanflow.protocol.rest import (
     PipelineMetrics,
     PipelineStatus,
 )
-from spanflow.spec.cluster import NodeRecord, NodeState, PipelineState
+from spanflow.spec.cluster import Fragment, NodeRecord, NodeState, PipelineState
 
 UNREACHABLE: frozenset[NodeHealth] = frozenset({"suspect", "dead", "declared"})
 """Node healths whose reports cannot be believed now: silent, failed, or never came."""
@@ -133,7 +133,9 @@ def pipeline_status(
                 runtime=rt if current else None,
             )
         )
-    live = [rt for f in shown if (rt := live_runtime(state, observed, at, f.id)) is not None]
+    live = counted_once(
+        [(f, rt) for f in shown if (rt := live_runtime(state, observed, at, f.id)) is not None]
+    )
     batch_ms = [rt.last_batch_ms for rt in live]
     # Every fragment on the path waits up to a trigger interval and runs one batch;
     # the network adds the worst one-way latency into a global fragment.
@@ -175,11 +177,12 @@ def pipeline_metrics(
     are of the pipeline's own sources (a fragment reading another's output is not
     counted twice)."""
     record = pipelines.pipeline(state, name)
-    rts = [
-        rt
+    every = [
+        (f, rt)
         for f in pipelines.shown_fragments(state, record)
         if (rt := live_runtime(state, observed, at, f.id)) is not None
     ]
+    rts = counted_once(every)
     return PipelineMetrics(
         name=name,
         state=record.state,
@@ -192,8 +195,19 @@ def pipeline_metrics(
         dead_letters=sum(r.dead_letters for r in rts),
         restarts=sum(r.restarts for r in rts),
         last_batch_ms=max((r.last_batch_ms for r in rts), default=0),
-        fragments={r.fragment_id: r for r in rts},
+        fragments={rt.fragment_id: rt for _, rt in every},
     )
+
+
+def counted_once(runtimes: list[tuple[Fragment, FragmentRuntime]]) -> list[FragmentRuntime]:
+    """One runtime per planned fragment: of hot standby replicas, which read and write
+    the same rows, the one furthest along (the others would count its rows again)."""
+    best: dict[str, FragmentRuntime] = {}
+    for fragment, rt in runtimes:
+        held = best.get(fragment.base_id)
+        if held is None or rt.source_rows_in > held.source_rows_in:
+            best[fragment.base_id] = rt
+    return list(best.values())
 
 
 def node_health(
@@ -277,6 +291,13 @@ def cluster_metrics(
         for n in live
         if n.name in observed.heartbeats and at.reachable(n.name)
     ]
+    once = counted_once(
+        [
+            (a.fragment, rt)
+            for fid, rt in live_runtimes(state, observed, at).items()
+            if (a := state.assignments.get(fid)) is not None
+        ]
+    )
     by_pipeline_state: dict[str, int] = {s.value: 0 for s in PipelineState}
     for p in state.pipelines.values():
         by_pipeline_state[p.state.value] += 1
@@ -287,9 +308,7 @@ def cluster_metrics(
         slots_used=used,
         utilisation=round(used / slots, 3) if slots else 0.0,
         cpu_percent=round(sum(cpus) / len(cpus), 1) if cpus else 0.0,
-        throughput_rows_per_s=round(
-            sum(r.source_rows_per_s for r in live_runtimes(state, observed, at).values()), 1
-        ),
+        throughput_rows_per_s=round(sum(r.source_rows_per_s for r in once), 1),
         pipelines=by_pipeline_state,
         uptime_s=round(uptime_s, 1),
         leader=state.leader,

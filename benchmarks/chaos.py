@@ -36,7 +36,7 @@ Figures:
 Goal (issue 31): lost 0, duplicated 0, availability ≥ 99.9 %.
 
 Run: ``.venv/bin/python benchmarks/chaos.py [--seconds 300] [--every 25] [--rate 100]
-[--trigger 1]``. Figures go to ``benchmarks/results/chaos.json`` (``runs.single`` and
+[--trigger 1] [--keep DIR]``. Figures go to ``benchmarks/results/chaos.json`` (``runs.single`` and
 ``runs.standby``).
 """
 
@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import platform
@@ -429,12 +430,22 @@ def main() -> None:
     parser.add_argument("--budget", type=float, default=10.0)
     parser.add_argument("--trigger", type=float, default=1.0)
     parser.add_argument("--only", choices=("single", "standby"))
+    parser.add_argument(
+        "--keep", metavar="DIR", help="run each cluster under DIR/<variant> and keep its logs"
+    )
     args = parser.parse_args()
     runs: dict[str, Any] = {}
     for variant in ("single", "standby"):
         if args.only not in (None, variant):
             continue
-        with tempfile.TemporaryDirectory(prefix="spanflow-chaos-") as tmp:
+        keep = Path(args.keep) / variant if args.keep else None
+        if keep is not None:
+            keep.mkdir(parents=True, exist_ok=True)
+        with (
+            contextlib.nullcontext(str(keep))
+            if keep
+            else tempfile.TemporaryDirectory(prefix="spanflow-chaos-") as tmp
+        ):
             runs[variant] = run(
                 args.seconds,
                 args.every,

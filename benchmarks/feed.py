@@ -58,10 +58,13 @@ class SteadyFeed:
 
 
 async def publish_until_stored(js: Any, subject: str, data: bytes, msg_id: str) -> None:
-    """Publish until acknowledged, with ``msg_id`` so that a retry is stored once."""
+    """Publish until acknowledged, with ``msg_id`` so that a retry is stored once. Each
+    try waits a second for its ack, as a device that wants its readings through a NATS
+    server's death soon should (nats-py's default, 5 s, would add up to 5 s to the
+    stall after a stream's leader election)."""
     while True:
         try:
-            await js.publish(subject, data, headers={"Nats-Msg-Id": msg_id}, timeout=5)
+            await js.publish(subject, data, headers={"Nats-Msg-Id": msg_id}, timeout=1)
             return
         except Exception:
             await asyncio.sleep(0.2)

@@ -328,3 +328,19 @@ def assert_running_means(url: str, stream: str, values: dict[str, list[float]]) 
         ns = [n for n, _ in rows]
         assert ns == sorted(set(ns)), f"{key}: state lost or output repeated: {ns}"
         assert rows[-1][1] == pytest.approx(sum(values[key]) / len(values[key]))
+
+
+def stream_leader(url: str, stream: str) -> int | None:
+    """Index of the server (named ``<name>-<n>``, as :class:`NatsCluster` names them)
+    leading ``stream``'s Raft group (None: electing, or not answering)."""
+    from spanflow.nats.streams import SyncNats
+
+    client = SyncNats(url)
+    try:
+        info = client.run(lambda: client.js.stream_info(stream), timeout=5)
+    except Exception:
+        return None
+    finally:
+        client.close()
+    leader = info.cluster.leader if info.cluster is not None else None
+    return int(leader.rsplit("-", 1)[1]) - 1 if leader else None

@@ -14,8 +14,7 @@ from typing import Any
 import pytest
 
 from spanflow.local.cluster import Api, LocalCluster
-from spanflow.nats.streams import SyncNats
-from tests.helpers import Feed, assert_feed_exactly_once, stored, wait_for
+from tests.helpers import Feed, assert_feed_exactly_once, stored, stream_leader, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -74,19 +73,6 @@ def decisions(api: Api) -> list[tuple[str, Any]]:
     return [(r["kind"], r.get("seq")) for r in log if r["kind"] in kinds]
 
 
-def stream_leader(cluster: LocalCluster, stream: str) -> int | None:
-    """Index of the NATS server leading ``stream``'s Raft group (None: electing)."""
-    client = SyncNats(cluster.nats_url)
-    try:
-        info = client.run(lambda: client.js.stream_info(stream), timeout=5)
-    except Exception:
-        return None
-    finally:
-        client.close()
-    leader = info.cluster.leader if info.cluster is not None else None
-    return int(leader.rsplit("-", 1)[1]) - 1 if leader else None
-
-
 def kill_the_fragments_node(cluster: LocalCluster, api: Api) -> None:
     """SIGKILL the agent running the fragment; once it runs elsewhere, restart it."""
     before = fragment(api)["node"]
@@ -139,9 +125,9 @@ def test_kills_of_agents_leader_and_a_nats_server_lose_and_repeat_nothing(
     # 3. The NATS server leading the sink stream's Raft group: while it re-elects, no
     # node is failed and nothing moves (heartbeats never wait on the broker).
     before = decisions(api)
-    victim = stream_leader(cluster, "CH_EVENTS")
+    victim = stream_leader(cluster.nats_url, "CH_EVENTS")
     cluster._nats.servers[victim].kill()
-    wait_for(lambda: stream_leader(cluster, "CH_EVENTS") not in (None, victim), timeout=60)
+    wait_for(lambda: stream_leader(cluster.nats_url, "CH_EVENTS") not in (None, victim), timeout=60)
     some_progress()
     assert decisions(api) == before, "a NATS server kill failed a node or moved a fragment"
     cluster._nats.restart(victim)

@@ -70,3 +70,26 @@ def test_red_before_amber_with_their_reasons() -> None:
     # counters that stopped rising a minute ago are no concern any more
     later = concerns([], [q], history, now=175.0)
     assert [c.reason[:31] for c in later] == ["1 of 1 queries behind their tri"]
+
+
+def replica(fid: str, n: int, lag: int, rate: float = 100.0) -> FragmentStatus:
+    rt = FragmentRuntime(fragment_id=fid, epoch=1, status="running", lag=lag, input_rows_per_s=rate)
+    return FragmentStatus.model_construct(id=fid, replica=n, status="running", runtime=rt)
+
+
+def test_a_standby_replica_far_behind_its_peer_is_not_hot() -> None:
+    p = pipeline("p", "healthy", replica("p.f0", 0, lag=40), replica("p.f0.r1", 1, lag=940))
+    found = [(c.level, c.what, c.reason) for c in concerns([], [p], {}, now=0.0)]
+    assert found == [
+        (
+            "amber",
+            "fragment p.f0.r1",
+            "standby not hot: 900 messages (9 s of input) behind p.f0; were p.f0's node to "
+            "die, the output would stall while it caught up",
+        )
+    ]
+    # replicas a batch or two apart are hot; so is the original behind its replica
+    close = pipeline("p", "healthy", replica("p.f0", 0, lag=40), replica("p.f0.r1", 1, lag=240))
+    assert concerns([], [close], {}, now=0.0) == []
+    flipped = pipeline("p", "healthy", replica("p.f0", 0, lag=900), replica("p.f0.r1", 1, lag=0))
+    assert [c.what for c in concerns([], [flipped], {}, now=0.0)] == ["fragment p.f0"]

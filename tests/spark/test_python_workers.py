@@ -11,7 +11,10 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from spanflow.runtime.spark_host import keep_python_workers_warm
+from tests.helpers import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -63,3 +66,43 @@ def test_the_keeper_warms_until_its_node_stops(spark: Any) -> None:
     stop.set()
     keeper.join(timeout=60)
     assert not keeper.is_alive()
+
+
+def test_an_idle_node_rehearses_a_streaming_query_once(
+    spark: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pyspark.sql.streaming import StreamingQueryListener
+
+    from spanflow.runtime import spark_host
+
+    seen: list[str] = []
+
+    class Watch(StreamingQueryListener):  # notes each query's end
+        def onQueryStarted(self, event: Any) -> None:
+            pass
+
+        def onQueryProgress(self, event: Any) -> None:
+            pass
+
+        def onQueryIdle(self, event: Any) -> None:
+            pass
+
+        def onQueryTerminated(self, event: Any) -> None:
+            seen.append(str(event.id))
+
+    listener = Watch()
+    spark.streams.addListener(listener)
+    try:
+        stop = threading.Event()
+        rehearsals: list[Any] = []
+        with monkeypatch.context() as m:
+            m.setattr("spanflow.spark.session.rehearse_streaming", rehearsals.append)
+            busy = spark_host.rehearse_when_idle(spark, lambda: False, stop, after=0.01)
+            busy.join(timeout=60)
+        assert rehearsals == []  # a node running fragments is warm already
+        idle = spark_host.rehearse_when_idle(spark, lambda: True, stop, after=0.01)
+        idle.join(timeout=120)
+        assert not idle.is_alive()
+        wait_for(lambda: len(seen) == 1, timeout=30)  # the rehearsal ran to its end
+    finally:
+        spark.streams.removeListener(listener)

@@ -121,3 +121,40 @@ def test_a_batch_replayed_after_the_duplicate_window_is_published_once(
     ids = Counter(json.loads(data)["id"] for _, data, _ in read_all(nats_url, sink))
     assert ids == Counter(range(40))
     assert (ledger.skipped, ledger.checked) == ((1, 0) if replay == "skipped" else (0, 1))
+
+
+def test_a_first_check_cut_short_is_checked_again_when_retried(nats_url: str) -> None:
+    """A restart's first batch is checked against the stream; if that call is cut short
+    (its bucket elected a leader) and tried again, the retry must check too — not take
+    the batch for a new one and publish it twice."""
+
+    async def go() -> tuple[set[str], set[str]]:
+        nc = await connect(nats_url)
+        js = nc.jetstream()
+        await js.add_stream(StreamConfig(name="LEDGER_CUT", subjects=["ledgercut"]))
+        kv = await js.create_key_value(bucket="ledger_cut_fences")
+        ids = [f"p:s:5:driver:{n}:0" for n in range(4)]
+        for msg_id in ids[:2]:  # batch 5 was half published before the crash
+            await js.publish("ledgercut", b"{}", headers={"Nats-Msg-Id": msg_id})
+        first = SinkLedger(nc, kv, "LEDGER_CUT", "ledgercut", "/ckpt/cut")
+        await first._write(Mark(batch=4, end_seq=0))
+        restarted = SinkLedger(nc, kv, "LEDGER_CUT", "ledgercut", "/ckpt/cut")
+        calls = 0
+
+        def cut_once() -> list[str]:
+            nonlocal calls
+            calls += 1
+            if calls == 1:
+                raise TimeoutError("cut short")
+            return ids
+
+        with pytest.raises(TimeoutError):
+            await restarted.published_before(5, cut_once)
+        again = await restarted.published_before(5, cut_once)
+        fresh = SinkLedger(nc, kv, "LEDGER_CUT", "ledgercut", "/ckpt/cut")
+        expected = await fresh.published_before(5, lambda: ids)
+        await nc.close()
+        return again, expected
+
+    again, expected = asyncio.run(go())
+    assert again == expected == {"p:s:5:driver:0:0", "p:s:5:driver:1:0"}

@@ -9,7 +9,14 @@ import spanflow.spark.connectors.jetstream.source as jetstream
 from spanflow.spark.connectors import SourceContext
 from spanflow.spark.connectors.jetstream.source import JetStreamReader, source_options
 from spanflow.spark.runner import PipelineRunner
-from spanflow.spark.stagger import BatchSlots, phase_ms, van_der_corput, wait_for_slot
+from spanflow.spark.stagger import (
+    MAX_SPREAD,
+    BatchSlots,
+    SlotPacer,
+    phase_ms,
+    van_der_corput,
+    wait_for_slot,
+)
 from spanflow.spec.steps.io import SourceStep
 from tests.helpers import publish, read_all, supervising, wait_for
 
@@ -113,3 +120,40 @@ def test_queries_of_a_runner_take_different_slots_and_a_sink_its_own_trigger(
     assert status["slow"].last_batch_ms == max(
         0, last["triggerExecution"] - last.get("latestOffset", 0)
     )
+
+
+class _FakeClock:
+    def __init__(self, t: float) -> None:
+        self.t = t
+        self.slept: list[float] = []
+
+    def now(self) -> float:
+        return self.t
+
+    def sleep(self, s: float) -> None:
+        self.slept.append(round(s, 6))
+        self.t += s
+
+
+def test_slot_pacer_lets_one_batch_through_per_interval_at_its_slot() -> None:
+    clock = _FakeClock(100.25)
+    pacer = SlotPacer(500, 1000, now=clock.now, sleep=clock.sleep)
+    assert pacer.due() and clock.slept == []  # the 99.5 s slot passed: at once
+    assert pacer.due() and clock.slept == [0.25]  # waits for the 100.5 s slot
+    clock.t = 103.9  # a batch ran long: slots were missed, the next goes at once
+    assert pacer.due() and clock.slept == [0.25]
+
+
+def test_slot_pacer_waits_at_most_max_spread_then_lets_spark_ask_again() -> None:
+    clock = _FakeClock(10.0)
+    pacer = SlotPacer(0, 5000, now=clock.now, sleep=clock.sleep)
+    assert pacer.due()
+    assert not pacer.due() and clock.slept == [MAX_SPREAD]
+    assert not pacer.due()
+    assert pacer.due() and clock.t == pytest.approx(15.0)
+
+
+def test_slot_pacer_with_zero_interval_never_waits() -> None:
+    clock = _FakeClock(1.0)
+    pacer = SlotPacer(0, 0, now=clock.now, sleep=clock.sleep)
+    assert all(pacer.due() for _ in range(5)) and clock.slept == []

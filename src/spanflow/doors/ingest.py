@@ -37,7 +37,7 @@ import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from spanflow.nats.streams import connect
+from spanflow.nats.streams import NoStreamCaptures, connect, publish_patiently
 from spanflow.security.https import require_tls
 from spanflow.security.limits import RequestLimits, one_token
 from spanflow.security.policy import require_token
@@ -154,9 +154,14 @@ async def _store(nc: Any, subject: str, messages: list[bytes], key: str | None) 
             headers = None
             if key:
                 headers = {"Nats-Msg-Id": key if len(messages) == 1 else f"{key}:{n}"}
-            acks.append(await js.publish(subject, message, headers=headers, timeout=INGEST_TIMEOUT))
+            ack = await publish_patiently(
+                js, subject, message, headers=headers, timeout=INGEST_TIMEOUT
+            )
+            acks.append(ack)
+    except NoStreamCaptures as exc:
+        return _error(404, str(exc), stored=len(acks))
     except (NoRespondersError, NoStreamResponseError):
-        return _error(404, f"no stream captures subject {subject!r}", stored=len(acks))
+        return _error(503, "the stream elects a leader: retry", stored=len(acks))
     except NatsTimeout:
         return _error(503, "JetStream did not acknowledge in time: retry", stored=len(acks))
     except APIError as exc:

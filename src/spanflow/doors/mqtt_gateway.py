@@ -39,7 +39,7 @@ from nats.aio.client import Client
 from nats.errors import Error as NatsClientError
 
 from spanflow.errors import SecurityError, SpanflowError
-from spanflow.nats.streams import connect
+from spanflow.nats.streams import NoStreamCaptures, connect, publish_patiently
 from spanflow.protocol import mqtt
 from spanflow.protocol.subjects import covers
 from spanflow.security.secrets import NatsIdentity, Secrets
@@ -306,14 +306,20 @@ class MqttGateway:
         digest = hashlib.blake2b(packet.payload, digest_size=8).hexdigest()
         msg_id = f"mqtt:{session.client_id}:{packet.packet_id}:{digest}"
         js = session.nc.jetstream(timeout=PUBLISH_TIMEOUT)
-        try:
-            ack = await js.publish(subject, packet.payload, headers={"Nats-Msg-Id": msg_id})
+        try:  # through a leader election: the device is not disconnected for it
+            ack = await publish_patiently(
+                js,
+                subject,
+                packet.payload,
+                headers={"Nats-Msg-Id": msg_id},
+                timeout=PUBLISH_TIMEOUT,
+            )
             if ack.duplicate and not packet.dup:
                 # A new reading that repeats an old one's id (packet ids wrap): store it.
                 await js.publish(subject, packet.payload)
             elif ack.duplicate:
                 self.stats.duplicates += 1
-        except (TimeoutError, NatsClientError) as exc:
+        except (TimeoutError, NatsClientError, NoStreamCaptures) as exc:
             self._not_stored(session, subject, exc)
             return False
         self.stats.stored += 1

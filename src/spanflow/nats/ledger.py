@@ -106,21 +106,23 @@ class SinkLedger:
         """The ids of batch ``batch``'s messages the stream already holds: publish the
         rest. ``ids`` lists the batch's message ids; it is called only when the batch
         may have been published before (the first batch after a restart)."""
-        first, self._first = self._first, False
+        first = self._first  # cleared only once answered: a call cut short is tried again
         if first:
             self._mark = await self._read()
             if self._mark is None:  # a new sink: where its output will start
                 info = await self.js.stream_info(self.stream)
                 await self._write(Mark(batch=-1, end_seq=int(info.state.last_seq)))
         action = plan(self._mark, batch, first)
+        stored: set[str] = set()
         if action is Action.SKIP:
-            self.skipped += 1
-            return set(ids())
-        if action is Action.CHECK:
+            stored = set(ids())
+        elif action is Action.CHECK:
             assert self._mark is not None
-            self.checked += 1
-            return await self._stored_ids(self._mark.end_seq + 1, set(ids()))
-        return set()
+            stored = await self._stored_ids(self._mark.end_seq + 1, set(ids()))
+        self._first = False
+        self.skipped += action is Action.SKIP
+        self.checked += action is Action.CHECK
+        return stored
 
     async def mark(self) -> Mark | None:
         """The sink's last mark in the store (None: it never published)."""

@@ -7,6 +7,7 @@ import contextlib
 import logging
 import ssl
 import threading
+import time
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import replace
 from typing import Any, TypeVar
@@ -296,6 +297,120 @@ async def ensure_sourced(
                 raise NatsError(f"cannot source {name} from {api}: {exc.description}") from None
 
 
+ATTEMPT_TIMEOUT = 1.0
+"""Seconds one try of :meth:`SyncNats.run_patiently` waits for its answer."""
+ELECTION_PATIENCE = 30.0
+"""Seconds :meth:`SyncNats.run_patiently` keeps trying: longer than a leader election
+(4 to 9 s), short enough that a lost server is reported as an error."""
+RETRY_PAUSE = 0.2
+
+
+def unanswered(exc: BaseException) -> bool:
+    """Whether ``exc`` is how a call fails while a stream or bucket has no leader, or
+    the connection fails over to another server: no answer in time, no responders, a
+    503 "temporarily unavailable", a lost connection — worth trying again, unlike a
+    refusal or a missing stream."""
+    from nats.errors import ConnectionClosedError, NoRespondersError, StaleConnectionError
+    from nats.js.errors import NoStreamResponseError, ServiceUnavailableError
+
+    quiet = (
+        TimeoutError,
+        ConnectionError,
+        NoRespondersError,
+        NoStreamResponseError,
+        ServiceUnavailableError,
+        ConnectionClosedError,
+        StaleConnectionError,
+    )
+    return isinstance(exc, quiet) or (isinstance(exc, APIError) and (exc.code or 0) >= 500)
+
+
+def through_elections(
+    call: Callable[[], T],
+    what: str,
+    *,
+    permanent: tuple[type[BaseException], ...] = (),
+    patience: float = ELECTION_PATIENCE,
+) -> T:
+    """``call()`` again while it fails as a leader election makes calls fail
+    (:func:`unanswered`), for up to ``patience`` seconds; any other error, and those
+    of the ``permanent`` types, end it at once.
+
+    For the calls a micro-batch makes on its way to commit (reading its range, a fence
+    check, the sink's ledger): while the stream or bucket behind one elects a leader
+    after a NATS server died (4 to 9 s) the call goes unanswered, and failing it would
+    fail the query, whose restart costs seconds more than the election. Short tries
+    one after another answer within a fraction of a second of the election's end."""
+    deadline = time.monotonic() + patience
+    warned = False
+    while True:
+        try:
+            return call()
+        except Exception as exc:
+            if isinstance(exc, permanent) or not unanswered(exc):
+                raise
+            if time.monotonic() >= deadline:
+                raise
+            if not warned:
+                log.warning("%s: no answer yet (%s); trying again", what, type(exc).__name__)
+                warned = True
+            time.sleep(RETRY_PAUSE)
+
+
+class NoStreamCaptures(NatsError):
+    """No stream captures the subject published to (a permanent refusal)."""
+
+
+async def publish_patiently(
+    js: JetStreamContext,
+    subject: str,
+    data: bytes,
+    *,
+    headers: dict[str, str] | None = None,
+    timeout: float,
+) -> Any:
+    """Publish to a stream and return its ack, waiting out a leader election.
+
+    While the stream elects a leader (a NATS server died: 4 to 9 s) a publish gets "no
+    responders" at once or no answer. "No responders" stored nothing, so it is sent
+    again — unless no stream captures ``subject`` at all (:class:`NoStreamCaptures`,
+    asked of JetStream, which the caller reports as its own error). A publish left
+    unanswered may have been stored; it is sent again only with a ``Nats-Msg-Id``
+    (JetStream keeps one copy), each try cut at a second so the first one after the
+    election goes through. Past ``timeout`` the last error is raised."""
+    from nats.errors import NoRespondersError
+    from nats.errors import TimeoutError as NatsTimeout
+    from nats.js.errors import NoStreamResponseError
+
+    deadline = time.monotonic() + timeout
+    retry_unanswered = bool(headers and headers.get("Nats-Msg-Id"))
+    while True:
+        left = deadline - time.monotonic()
+        attempt = min(ATTEMPT_TIMEOUT, left) if retry_unanswered else left
+        try:
+            return await js.publish(subject, data, headers=headers, timeout=max(attempt, 0.05))
+        except (NoRespondersError, NoStreamResponseError):
+            if not await _captured(js, subject):
+                raise NoStreamCaptures(f"no stream captures subject {subject!r}") from None
+            if time.monotonic() + RETRY_PAUSE >= deadline:
+                raise
+        except NatsTimeout:
+            if not retry_unanswered or time.monotonic() + RETRY_PAUSE >= deadline:
+                raise
+        await asyncio.sleep(RETRY_PAUSE)
+
+
+async def _captured(js: JetStreamContext, subject: str) -> bool:
+    """Whether some stream captures ``subject`` (True when JetStream cannot say now)."""
+    try:
+        await asyncio.wait_for(js.find_stream_name_by_subject(subject), ATTEMPT_TIMEOUT)
+    except NotFoundError:
+        return False
+    except Exception:
+        return True
+    return True
+
+
 class SyncNats:
     """A NATS connection on a private event-loop thread, for synchronous callers.
 
@@ -319,6 +434,24 @@ class SyncNats:
 
         coro: Coroutine[Any, Any, T] = wrapper()
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+
+    def run_patiently(
+        self,
+        factory: Callable[[], Awaitable[T]],
+        what: str,
+        *,
+        permanent: tuple[type[BaseException], ...] = (),
+        attempt: float = ATTEMPT_TIMEOUT,
+        patience: float = ELECTION_PATIENCE,
+    ) -> T:
+        """:meth:`run` through a leader election (see :func:`through_elections`), each
+        try cut at ``attempt`` seconds."""
+        return through_elections(
+            lambda: self.run(lambda: asyncio.wait_for(factory(), attempt), attempt + 5),
+            what,
+            permanent=permanent,
+            patience=patience,
+        )
 
     def call_soon(self, callback: Callable[[], object]) -> None:
         """Run ``callback`` on the connection's loop (from any thread)."""

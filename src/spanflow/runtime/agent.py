@@ -39,7 +39,7 @@ from spanflow.runtime.gossip import AgentGossip
 from spanflow.runtime.last_known import LAST_ASSIGNMENTS_BUCKET, RegistrationCache
 from spanflow.runtime.reports import Reports
 from spanflow.runtime.shedding.policy import Shedder
-from spanflow.runtime.spark_host import SparkHost, keep_python_workers_warm
+from spanflow.runtime.spark_host import SparkHost, keep_python_workers_warm, rehearse_when_idle
 from spanflow.security.secrets import secrets_from_env
 from spanflow.spec.cluster import NodeRecord
 from spanflow.spec.retention import Retention
@@ -173,6 +173,7 @@ class NodeAgent:
         caps = answer.node.spec.capabilities
         spark = self.spark.session(caps)
         keep_python_workers_warm(spark, caps.cores, stop)
+        rehearse_when_idle(spark, lambda: not self.fragments.desired, stop)
         if after_spark is not None:
             after_spark()
         executor = self.fragments.executor = FragmentExecutor(

@@ -10,6 +10,7 @@ import contextlib
 import logging
 import os
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from spanflow.protocol.rest import Registered
@@ -19,6 +20,8 @@ from spanflow.spec.topology import Capabilities
 log = logging.getLogger(__name__)
 
 KEEP_WARM_EVERY = 45.0
+REHEARSE_AFTER = 5.0
+"""Seconds after its session starts that an idle node rehearses a streaming query."""
 """Seconds between two warm-ups of the Python workers: under Spark's one minute."""
 
 
@@ -132,5 +135,33 @@ def keep_python_workers_warm(
             stop.wait(every)
 
     thread = threading.Thread(target=run, name="python-workers-warm", daemon=True)
+    thread.start()
+    return thread
+
+
+def rehearse_when_idle(
+    spark: Any,
+    idle: Callable[[], bool],
+    stop: threading.Event,
+    after: float = REHEARSE_AFTER,
+) -> threading.Thread:
+    """Once, ``after`` seconds into the session, if the node runs nothing (``idle``):
+    a small stateful streaming query run to its end
+    (:func:`spanflow.spark.session.rehearse_streaming`), so that a fragment moved here
+    from a failed node does not pay for the session's first streaming batch (2 s of
+    its first output on this 2-core machine). A node with fragments of its own has
+    warmed all that already, and the rehearsal's CPU would go against them."""
+    from spanflow.spark.session import rehearse_streaming
+
+    def run() -> None:
+        if stop.wait(after) or not idle():
+            return
+        try:
+            rehearse_streaming(spark)
+            log.info("streaming rehearsed: a fragment moved here starts warm")
+        except Exception as exc:  # the session stopping: nothing to warm
+            log.debug("streaming not rehearsed: %s", exc)
+
+    thread = threading.Thread(target=run, name="streaming-rehearsal", daemon=True)
     thread.start()
     return thread

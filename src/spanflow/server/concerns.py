@@ -12,13 +12,22 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Literal
 
-from spanflow.protocol.rest import Concern, FragmentSample, NodeStatus, PipelineStatus
+from spanflow.protocol.metrics import FragmentRuntime
+from spanflow.protocol.rest import (
+    Concern,
+    FragmentSample,
+    NodeStatus,
+    PipelineStatus,
+)
 
 Level = Literal["red", "amber"]
 RECENT = 60.0
 """Seconds over which rising counters (dead letters, restarts) are judged."""
 BEHIND = 1.0
 """A query whose last batch took this many trigger intervals or more falls behind."""
+COLD_SECONDS = 5.0
+"""A hot standby replica further behind its peer than this many seconds of input is
+not hot: were the peer to die, the output would stall while it caught up."""
 
 NODE_LEVEL = {"dead": "red", "suspect": "red", "fenced": "red", "last-known": "amber",
               "draining": "amber"}  # fmt: skip
@@ -65,6 +74,35 @@ def _pipelines(pipelines: Sequence[PipelineStatus]) -> list[Concern]:
                 )
             )
         out += _behind(p)
+        out += _cold_standbys(p)
+    return out
+
+
+def _cold_standbys(p: PipelineStatus) -> list[Concern]:
+    """Running replicas of one fragment whose input lag exceeds their peer's by more
+    than :data:`COLD_SECONDS` of its input rate (docs/cluster.md#hot-standby)."""
+    groups: dict[str, list[FragmentRuntime]] = {}
+    for f in p.fragments:
+        if f.status == "running" and f.runtime is not None:
+            base = f.id.rsplit(".r", 1)[0] if f.replica else f.id
+            groups.setdefault(base, []).append(f.runtime.model_copy(update={"fragment_id": f.id}))
+    out = []
+    for replicas in groups.values():
+        ahead = min(replicas, key=lambda r: r.lag)
+        rate = ahead.input_rows_per_s
+        for r in replicas:
+            behind = r.lag - ahead.lag
+            if r is ahead or rate <= 0 or behind / rate < COLD_SECONDS:
+                continue
+            out.append(
+                Concern(
+                    level="amber",
+                    what=f"fragment {r.fragment_id}",
+                    reason=f"standby not hot: {behind} messages ({behind / rate:.0f} s of input) "
+                    f"behind {ahead.fragment_id}; were {ahead.fragment_id}'s node to die, the "
+                    "output would stall while it caught up",
+                )
+            )
     return out
 
 

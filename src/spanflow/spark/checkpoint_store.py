@@ -100,6 +100,12 @@ def _hadoop_location(location: str) -> str:
     return location if locations.is_url(location) else Path(location).resolve().as_uri()
 
 
+def file_system(spark: SparkSession, location: str) -> tuple[Any, Any]:
+    """(Hadoop ``Path``, ``FileSystem``) of ``location`` — a local path or any URL
+    Hadoop serves (``jetstream://``, ``s3a://``, ``hdfs://``)."""
+    return _file_system(spark, _hadoop_location(location))
+
+
 def _file_system(spark: SparkSession, location: str) -> tuple[Any, Any]:
     jvm: Any = spark._jvm
     path = jvm.org.apache.hadoop.fs.Path(location)

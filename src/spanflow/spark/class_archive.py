@@ -33,10 +33,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from pyspark.sql import DataFrame
 
 log = logging.getLogger(__name__)
 
@@ -171,7 +167,7 @@ def _warm_up(options: str) -> None:
     a stateful streaming query on RocksDB, Arrow and pandas), then a clean JVM exit."""
     from pyspark.sql import functions as F
 
-    from spanflow.spark.session import DEFAULTS, build_session
+    from spanflow.spark.session import DEFAULTS, build_session, rehearse_streaming
 
     base = DEFAULTS["spark.driver.extraJavaOptions"]
     spark = build_session(conf={"spark.driver.extraJavaOptions": f"{base} {options} {QUIET}"})
@@ -184,28 +180,9 @@ def _warm_up(options: str) -> None:
         spark.range(1000).groupBy((F.col("id") % 7).alias("g")).count().collect()
         df = spark.read.json(str(data))
         df.groupBy("k").applyInPandas(lambda pdf: pdf.head(1), df.schema).collect()
-        stream = (
-            spark.readStream.schema("k string, v long, ts long")
-            .json(str(data))
-            .withColumn("t", F.timestamp_seconds("ts"))
-            .withWatermark("t", "10 seconds")
-            .groupBy("k", F.window("t", "10 seconds"))
-            .count()
-        )
-        query = (
-            stream.writeStream.outputMode("update")
-            .option("checkpointLocation", str(Path(work) / "checkpoint"))
-            .trigger(availableNow=True)
-            .foreachBatch(_collect)
-            .start()
-        )
-        query.awaitTermination(120)
+    rehearse_streaming(spark)
     spark.stop()
     _exit_jvm()
-
-
-def _collect(batch: DataFrame, batch_id: int) -> None:
-    batch.collect()
 
 
 def _exit_jvm() -> None:

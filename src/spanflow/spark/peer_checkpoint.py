@@ -59,7 +59,7 @@ def catch_up_from_peer(spark: SparkSession, own: str, peer: str) -> list[str]:
 
 
 def _fs(spark: SparkSession, location: str) -> tuple[Any, Any]:
-    return store._file_system(spark, store._hadoop_location(location))
+    return store.file_system(spark, location)
 
 
 def _names(spark: SparkSession, location: str) -> list[tuple[str, bool]]:

@@ -224,7 +224,9 @@ class PipelineRunner:
         if fence is None or c is None or kv is None:
             return
         try:
-            c.run(lambda: check(kv, fence))
+            c.run_patiently(
+                lambda: check(kv, fence), f"{self.spec.instance}: fence check", permanent=(Fenced,)
+            )
         except Fenced as exc:
             self.fenced = str(exc)
             log.warning("%s: not writing: %s", self.spec.instance, exc)

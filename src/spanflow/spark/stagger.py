@@ -81,3 +81,44 @@ def wait_for_slot(
     wait = (phase - into) / 1000
     sleep(wait)
     return wait
+
+
+class SlotPacer:
+    """Paces a source whose query runs with a zero Spark trigger (a hot standby's agreed
+    batches): a new batch at most once per interval, at the query's slot.
+
+    Such a query must not wait on Spark's trigger — a replica behind its peer runs the
+    batches the peer already planned back to back — so the source keeps the pace of
+    new batches itself. :meth:`due` waits for the next slot up to :data:`MAX_SPREAD`
+    seconds (a longer wait would hold up ``stop``; Spark then asks again); waiting
+    rather than answering "nothing new" keeps ``processAllAvailable`` honest."""
+
+    def __init__(
+        self,
+        phase_ms: int,
+        interval_ms: int,
+        *,
+        now: Callable[[], float] = time.time,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.phase = phase_ms / 1000
+        self.interval = interval_ms / 1000
+        self._now, self._sleep = now, sleep
+        self._last = 0.0
+        """The slot instant of the last batch let through."""
+
+    def due(self) -> bool:
+        """Whether a new batch may be planned now (after waiting for its slot)."""
+        if self.interval <= 0:
+            return True
+        now = self._now()
+        latest = (now - self.phase) // self.interval * self.interval + self.phase
+        if latest <= self._last:
+            wait = latest + self.interval - now
+            if wait > MAX_SPREAD:
+                self._sleep(MAX_SPREAD)
+                return False
+            self._sleep(wait)
+            latest += self.interval
+        self._last = latest
+        return True

@@ -186,7 +186,9 @@ class JetStreamWriter(BatchWriter):
         client, ledger = self.ctx.nats, self.ledger
         assert client is not None
         self.ctx.check_fence()  # before the publish, and so before the checkpoint commit
-        stored = client.run(lambda: ledger.published_before(batch_id, encoded.ids))
+        stored = client.run_patiently(
+            lambda: ledger.published_before(batch_id, encoded.ids), f"{self.ctx.step.id}: ledger"
+        )
         if stored:
             log.info(
                 "%s: batch %d replayed: %d of its %d messages were published before",
@@ -196,7 +198,9 @@ class JetStreamWriter(BatchWriter):
                 encoded.size,
             )
         published = publish_batch(self.sink, encoded, stored)
-        client.run(lambda: ledger.after(batch_id, published.last_seq))
+        client.run_patiently(
+            lambda: ledger.after(batch_id, published.last_seq), f"{self.ctx.step.id}: ledger"
+        )
         self.ctx.output.count(encoded.size, encoded.born_seconds(), time.time())
 
     def close(self) -> None:

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 from nats.aio.client import Client
+from nats.js.errors import NotFoundError
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceStreamReader,
@@ -47,11 +48,11 @@ from pyspark.sql.types import StructType
 from spanflow.nats.batch_plan import BatchPlan, plan_key
 from spanflow.nats.fastread import read_range_fast
 from spanflow.nats.ranges import last_before
-from spanflow.nats.streams import SyncNats, connect
+from spanflow.nats.streams import SyncNats, connect, through_elections, unanswered
 from spanflow.spark.connectors import reads
 from spanflow.spark.deadletter import DeadLetter, publish_dead_letters
 from spanflow.spark.formats import AvroReader, Decoder, ProtobufReader
-from spanflow.spark.stagger import MAX_SPREAD, wait_for_slot
+from spanflow.spark.stagger import SlotPacer, wait_for_slot
 from spanflow.spec.schema import StreamFormat
 
 if TYPE_CHECKING:
@@ -64,6 +65,13 @@ log = logging.getLogger(__name__)
 
 FORMAT_NAME = "spanflow_jetstream"
 BATCH_ROWS = 65_536
+STATE_TIMEOUT = 1.0
+"""Seconds a stream's info may take before the source reads it as "nothing new yet"."""
+FIRST_STATE_TIMEOUT = 5.0
+"""The same for the query's first look, which has no earlier answer to fall back on."""
+STATE_TOLERANCE = 30.0
+"""Seconds a stream may stay silent before its query fails (and its runner restarts it):
+longer than any leader election, short enough that a lost stream is reported."""
 
 
 class JetStreamDataSource(DataSource):
@@ -144,6 +152,40 @@ class SeqRange(InputPartition):
     :meth:`JetStreamReader._heartbeat`)."""
 
 
+class Silence:
+    """Since when a stream (or the bucket of its batch plan) has not answered.
+
+    A NATS server's death leaves the streams it led without a leader for an election
+    (4 to 9 s). The source reads that silence as "nothing new yet" rather than failing
+    its query (a restart costs seconds more than the election), for up to
+    :data:`STATE_TOLERANCE` seconds; past that the error goes to Spark and the runner
+    restarts the query as for any failure."""
+
+    def __init__(self, what: str, tolerance: float = STATE_TOLERANCE) -> None:
+        self.what = what
+        self.tolerance = tolerance
+        self.since: float | None = None
+
+    def tolerate(self, exc: Exception, now: float | None = None) -> None:
+        """Note one unanswered call; raises ``exc`` once the silence lasts too long."""
+        now = time.monotonic() if now is None else now
+        if self.since is None:
+            self.since = now
+            log.warning(
+                "%s does not answer (%s); no new batch until it does (a leader election "
+                "takes 4 to 9 s)",
+                self.what,
+                type(exc).__name__,
+            )
+        if now - self.since > self.tolerance:
+            raise exc
+
+    def answered(self) -> None:
+        if self.since is not None:
+            log.info("%s answers again after %.1f s", self.what, time.monotonic() - self.since)
+            self.since = None
+
+
 class JetStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, options: dict[str, str]) -> None:
         self.url = options["url"]
@@ -170,9 +212,10 @@ class JetStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._catching_up = False
         self._fresh = True  # no offset planned since this query (re)started
         self._idle_since: tuple[str, float] | None = None
-        self._last_slot = 0.0
-        """The slot instant at which this replica last planned a batch (time.time)."""
         """The agreed batch after which this replica found nothing new, and since when."""
+        self._pace = SlotPacer(self.phase_ms, self.interval_ms)
+        """One new batch per interval, at this query's slot (plan queries run with a
+        zero Spark trigger)."""
         self.target: int | None = None  # Trigger.AvailableNow's end
         self._client: SyncNats | None = None
         self._consumer_ready = False
@@ -180,6 +223,9 @@ class JetStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """Key prefix of the batch ends this query agrees with its replicas (hot
         standby; :mod:`spanflow.nats.batch_plan`), None when it plans alone."""
         self._plan: BatchPlan | None = None
+        self._known_state: tuple[int, int] | None = None
+        """The stream's (first, last) at its last answer."""
+        self._silence = Silence(f"stream {self.stream}")
 
     # -- driver side -----------------------------------------------------------------
     @property
@@ -189,9 +235,25 @@ class JetStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return self._client
 
     def _state(self) -> tuple[int, int]:
+        """(first, last) sequence of the stream.
+
+        While the stream elects a leader (a NATS server died: 4 to 9 s) its info does
+        not come; failing here would fail the query, and restarting it costs seconds
+        more than the election. So an answer that does not come within
+        :data:`STATE_TIMEOUT` is read as "nothing new since the last answer" (see
+        :class:`Silence`). A stream that does not exist fails at once."""
         c = self.client
-        state = c.run(lambda: c.js.stream_info(self.stream)).state
-        return max(state.first_seq, 1), state.last_seq
+        try:
+            wait = STATE_TIMEOUT if self._known_state is not None else FIRST_STATE_TIMEOUT
+            info = c.run(lambda: asyncio.wait_for(c.js.stream_info(self.stream), wait))
+        except Exception as exc:
+            if self._known_state is None or not unanswered(exc):
+                raise
+            self._silence.tolerate(exc)
+            return self._known_state
+        self._silence.answered()
+        self._known_state = (max(info.state.first_seq, 1), info.state.last_seq)
+        return self._known_state
 
     def initialOffset(self) -> dict[str, int]:
         first, last = self._state()
@@ -223,7 +285,7 @@ class JetStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if agreed is not None:
             self._fresh = False
             return dict(agreed)
-        if not self._slot_due():
+        if not self._pace.due():
             return dict(start)  # not yet: Spark asks again in a moment
         _, _, end = self._available_end(start, limit)
         fresh, self._fresh = self._fresh, False
@@ -232,26 +294,6 @@ class JetStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if self.heartbeat and not start.get("idle") and (fresh or self._idle_long_enough(name)):
             return dict(plan.agree(name, {"seq": seq, "beat": beat + 1, "idle": 1}))
         return dict(start)
-
-    def _slot_due(self) -> bool:
-        """Whether this query's next slot has come since it last planned a batch, waiting
-        for it up to ``MAX_SPREAD`` seconds (a longer wait would hold up ``stop``;
-        Spark then asks again). Waiting here rather than answering "nothing new" keeps
-        ``processAllAvailable`` honest."""
-        if self.interval_ms <= 0:
-            return True
-        interval, phase = self.interval_ms / 1000, self.phase_ms / 1000
-        now = time.time()
-        latest = (now - phase) // interval * interval + phase  # the last slot instant
-        if latest <= self._last_slot:
-            wait = latest + interval - now
-            if wait > MAX_SPREAD:
-                time.sleep(MAX_SPREAD)
-                return False
-            time.sleep(wait)
-            latest += interval
-        self._last_slot = latest
-        return True
 
     def _idle_long_enough(self, name: str) -> bool:
         """Whether this replica has found nothing new after the batch ``name`` for a
@@ -285,7 +327,13 @@ class JetStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
         plan = self._shared_plan()
         if plan is not None:  # replicas run the same batches, idle ticks included
-            return self._planned_offset(plan, start, limit)
+            try:
+                return self._planned_offset(plan, start, limit)
+            except Exception as exc:  # the plan's bucket elects a leader: wait for it
+                if not unanswered(exc):
+                    raise
+                self._silence.tolerate(exc)
+                return dict(start)
         if self.target is None and not self._catching_up:
             wait_for_slot(self.phase_ms, self.interval_ms)  # see spanflow.spark.stagger
         first, _, end = self._available_end(start, limit)
@@ -313,7 +361,6 @@ class JetStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
         async def advance() -> None:
             from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
-            from nats.js.errors import NotFoundError
 
             if not self._consumer_ready:
                 # A reset of a missing consumer times out instead of failing: create it first.
@@ -389,7 +436,12 @@ class JetStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             finally:
                 await nc.close()
 
-        yield from asyncio.run(fetch())
+        # A range read while its stream elects a leader is tried again, not failed (a
+        # query restart costs more than the election); dead letters repeat by message id.
+        yield from through_elections(
+            lambda: asyncio.run(fetch()),
+            f"reading {self.stream} [{partition.start}, {partition.end})",
+        )
 
     async def _heartbeat(self, nc: Client, decoder: Decoder, start: int) -> list[Any]:
         """The last record before ``start`` again, marked ``_heartbeat`` (the compiled

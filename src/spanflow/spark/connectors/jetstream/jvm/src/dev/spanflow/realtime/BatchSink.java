@@ -134,41 +134,119 @@ public final class BatchSink implements AutoCloseable {
     return new Encoded(subjects, payloads, ids, Arrays.copyOf(bornMicros, borns));
   }
 
+  /** How long one publish waits for its ack before it is sent again. */
+  static final long ACK_WAIT_MS = 2_000;
+  /** Pause between two rounds of publishes the stream did not acknowledge. */
+  static final long RETRY_PAUSE_MS = 200;
+  /** How long a batch keeps trying before its failure goes to Spark. */
+  static final long PUBLISH_DEADLINE_MS = 60_000;
+
   /**
    * Publish the batch's messages but those whose ids are among {@code skipIds} (one per
    * line; "" for none), and wait for every ack. Returns "published duplicates lastSeq":
    * how many were sent, how many JetStream flagged duplicate, and the highest stream
    * sequence among the acks (0 when nothing was sent).
+   *
+   * <p>A message without an ack — the stream elects a leader after a NATS server died
+   * (4 to 9 s), the connection broke — is sent again, with its id, in rounds until
+   * {@link #PUBLISH_DEADLINE_MS}: JetStream stores it once. Failing the batch instead
+   * would restart the query, which costs seconds more than the election. A refusal
+   * (JetStream said no) fails at once.
    */
   public String publish(Encoded batch, String skipIds) throws IOException {
     Set<String> skip = skipIds.isEmpty() ? Set.of() : new HashSet<>(List.of(skipIds.split("\n")));
-    NatsClient client = connection();
-    ArrayDeque<CompletableFuture<NatsClient.Ack>> inFlight = new ArrayDeque<>();
-    long sent = 0;
-    long[] acked = {0, 0}; // duplicates, highest sequence
+    List<Integer> todo = new ArrayList<>(batch.size());
     for (int i = 0; i < batch.size(); i++) {
-      String id = batch.ids.get(i);
-      if (skip.contains(id)) {
-        continue;
+      if (!skip.contains(batch.ids.get(i))) {
+        todo.add(i);
       }
+    }
+    long sent = todo.size();
+    long[] acked = {0, 0}; // duplicates, highest sequence
+    long deadline = System.currentTimeMillis() + PUBLISH_DEADLINE_MS;
+    IOException[] last = {null};
+    while (true) {
+      todo = publishRound(batch, todo, acked, last);
+      if (todo.isEmpty()) {
+        return sent + " " + acked[0] + " " + acked[1];
+      }
+      if (System.currentTimeMillis() + RETRY_PAUSE_MS > deadline) {
+        throw new IOException("sink " + sink + ": " + todo.size() + " messages to " + subject
+            + " not acknowledged within " + PUBLISH_DEADLINE_MS / 1000 + " s: "
+            + last[0].getMessage(), last[0]);
+      }
+      sleep(RETRY_PAUSE_MS); // connection() replaces a broken connection
+    }
+  }
+
+  /** One pass over {@code todo} (indices into the batch); returns those without an ack
+   * (their last failure in {@code last}). */
+  private List<Integer> publishRound(Encoded batch, List<Integer> todo, long[] acked,
+      IOException[] last) throws IOException {
+    List<Integer> missing = new ArrayList<>();
+    NatsClient client;
+    try {
+      client = connection();
+    } catch (IOException exc) {
+      last[0] = exc;
+      return todo;
+    }
+    ArrayDeque<Integer> order = new ArrayDeque<>();
+    ArrayDeque<CompletableFuture<NatsClient.Ack>> inFlight = new ArrayDeque<>();
+    for (int k = 0; k < todo.size(); k++) {
+      int i = todo.get(k);
       Map<String, String> headers = new LinkedHashMap<>(4);
-      headers.put("Nats-Msg-Id", id);
+      headers.put("Nats-Msg-Id", batch.ids.get(i));
       if (!epoch.isEmpty()) {
         headers.put("Spanflow-Epoch", epoch);
       }
-      inFlight.add(client.publishToStream(batch.subjects.get(i), headers, batch.payloads.get(i)));
-      sent++;
+      try {
+        inFlight.add(client.publishToStream(batch.subjects.get(i), headers,
+            batch.payloads.get(i)));
+        order.add(i);
+      } catch (IOException exc) { // the connection is gone: the rest waits for the next round
+        last[0] = exc;
+        missing.addAll(todo.subList(k, todo.size()));
+        break;
+      }
       if (inFlight.size() >= maxInFlight) {
         while (inFlight.size() > maxInFlight / 2) {
-          settle(inFlight.poll(), 60_000, acked);
+          settle(inFlight.poll(), order.poll(), acked, missing, last);
         }
       }
     }
-    long deadline = System.currentTimeMillis() + 60_000;
     while (!inFlight.isEmpty()) {
-      settle(inFlight.poll(), Math.max(1, deadline - System.currentTimeMillis()), acked);
+      settle(inFlight.poll(), order.poll(), acked, missing, last);
     }
-    return sent + " " + acked[0] + " " + acked[1];
+    return missing;
+  }
+
+  private void settle(CompletableFuture<NatsClient.Ack> ack, int index, long[] acked,
+      List<Integer> missing, IOException[] last) throws IOException {
+    NatsClient.Ack answer;
+    try {
+      answer = JetStream.publishAck(ack, ACK_WAIT_MS, sink, subject);
+    } catch (IOException exc) {
+      if (exc.getCause() instanceof NatsClient.Refused) {
+        throw exc;
+      }
+      last[0] = exc;
+      missing.add(index);
+      return;
+    }
+    if (answer.duplicate) {
+      acked[0]++;
+    }
+    acked[1] = Math.max(acked[1], answer.seq);
+  }
+
+  private static void sleep(long ms) throws IOException {
+    try {
+      Thread.sleep(ms);
+    } catch (InterruptedException exc) {
+      Thread.currentThread().interrupt();
+      throw new IOException("interrupted while publishing", exc);
+    }
   }
 
   @Override
@@ -187,15 +265,6 @@ public final class BatchSink implements AutoCloseable {
       nc = NatsClient.connect(url, "spanflow-sink-" + pipeline + "-" + sink);
     }
     return nc;
-  }
-
-  private void settle(CompletableFuture<NatsClient.Ack> ack, long timeoutMs, long[] acked)
-      throws IOException {
-    NatsClient.Ack answer = JetStream.publishAck(ack, timeoutMs, sink, subject);
-    if (answer.duplicate) {
-      acked[0]++;
-    }
-    acked[1] = Math.max(acked[1], answer.seq);
   }
 
   @SuppressWarnings({"unchecked", "rawtypes"})

@@ -79,3 +79,35 @@ def test_fast_reader_leaves_no_consumers_behind(loaded):
     before = asyncio.run(consumers())
     _read(loaded, 1, 200, True)
     assert asyncio.run(consumers()) == before
+
+
+def test_a_consumer_stopping_short_of_its_range_is_told_by_the_leader(nats_url: str) -> None:
+    """After an election a range reader's consumer may sit on a follower still catching
+    up and report nothing pending before its range ends: the stream's leader says
+    whether a message of the range is still to come (an interior delete is no more)."""
+    import asyncio
+
+    from nats.js.api import StreamConfig
+
+    from spanflow.nats.fastread import _more_in_range, _RangeState
+    from spanflow.nats.streams import connect
+
+    async def go() -> tuple[bool, bool, bool, bool]:
+        nc = await connect(nats_url)
+        js = nc.jetstream()
+        await js.add_stream(StreamConfig(name="SHORT", subjects=["short.>"]))
+        for i in range(10):
+            await js.publish(f"short.{'a' if i < 8 else 'b'}", b"{}")  # seqs 1..10
+        state = _RangeState(11)
+        state.last_seen = 5
+        short = await _more_in_range(js, "SHORT", state, 1, ())
+        state.last_seen = 10
+        complete = await _more_in_range(js, "SHORT", state, 1, ())
+        await js.delete_msg("SHORT", 6)
+        state.last_seen = 5
+        gap = await _more_in_range(js, "SHORT", state, 1, ())
+        filtered = await _more_in_range(js, "SHORT", state, 1, ("short.b",))  # seq 9 to come
+        await nc.close()
+        return short, complete, gap, filtered
+
+    assert asyncio.run(go()) == (True, False, False, True)

@@ -198,11 +198,19 @@ class Feed:
             self.sent += 1
             await asyncio.sleep(self.pause)
         # One reading far ahead: the watermark passes every window of the run.
+        # Retried like every reading: a lost flush leaves the last windows open forever.
         last = {"device": "flush", "ts": (BASE + timedelta(days=1)).isoformat(), "id": -1}
-        with contextlib.suppress(Exception):
-            await js.publish(
-                f"{self.prefix}.flush", orjson.dumps(last), headers={"Nats-Msg-Id": "flush"}
-            )
+        for _ in range(100):
+            try:
+                await js.publish(
+                    f"{self.prefix}.flush",
+                    orjson.dumps(last),
+                    headers={"Nats-Msg-Id": "flush"},
+                    timeout=2,
+                )
+                break
+            except Exception:
+                await asyncio.sleep(0.2)
         await nc.close()
 
     def stop(self) -> int:

@@ -181,7 +181,14 @@ class Feed:
         nc = await connect(self.url)
         js = nc.jetstream()
         retention = Retention(replicas=self.replicas)
-        await ensure_stream(js, self.stream, [f"{self.prefix}.>"], retention=retention)
+        for attempt in range(150):  # a cluster just started may still elect its meta leader
+            try:
+                await ensure_stream(js, self.stream, [f"{self.prefix}.>"], retention=retention)
+                break
+            except Exception:
+                if attempt == 149:
+                    raise
+                await asyncio.sleep(0.2)
         while not self._stop.is_set():
             record = self.reading(self.sent)
             while True:

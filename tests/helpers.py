@@ -253,7 +253,9 @@ def assert_feed_exactly_once(url: str, events: str, windows: str, sent: int) -> 
     wait_for(lambda: len(written()) >= len(expected), timeout=120)
     got = written()
     assert {k: v for k, v in got.items() if len(v) > 1} == {}  # each window once
-    assert {k: v[0] for k, v in got.items()} == dict(expected)
+    wrong = {k: (v[0], expected.get(k)) for k, v in got.items() if v[0] != expected.get(k)}
+    missing = sorted(set(expected) - set(got))
+    assert not wrong and not missing, f"windows (got, expected): {wrong}; missing {missing[:5]}"
 
 
 def run_pipeline_process(

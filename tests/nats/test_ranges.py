@@ -84,30 +84,37 @@ def test_fast_reader_leaves_no_consumers_behind(loaded):
 def test_a_consumer_stopping_short_of_its_range_is_told_by_the_leader(nats_url: str) -> None:
     """After an election a range reader's consumer may sit on a follower still catching
     up and report nothing pending before its range ends: the stream's leader says
-    whether a message of the range is still to come (an interior delete is no more)."""
+    whether a message of the range is still to come; deleted messages are not."""
     import asyncio
 
     from nats.js.api import StreamConfig
 
-    from spanflow.nats.fastread import _more_in_range, _RangeState
+    from spanflow.nats.ranges import RangeCutShort, ensure_range_complete
     from spanflow.nats.streams import connect
 
-    async def go() -> tuple[bool, bool, bool, bool]:
+    async def cut_short(js: object, after: int, subject: str | None = None) -> bool:
+        try:
+            await ensure_range_complete(js, "SHORT", after, 11, subject)
+            return False
+        except RangeCutShort:
+            return True
+
+    async def go() -> list[bool]:
         nc = await connect(nats_url)
         js = nc.jetstream()
         await js.add_stream(StreamConfig(name="SHORT", subjects=["short.>"]))
         for i in range(10):
             await js.publish(f"short.{'a' if i < 8 else 'b'}", b"{}")  # seqs 1..10
-        state = _RangeState(11)
-        state.last_seen = 5
-        short = await _more_in_range(js, "SHORT", state, 1, ())
-        state.last_seen = 10
-        complete = await _more_in_range(js, "SHORT", state, 1, ())
-        await js.delete_msg("SHORT", 6)
-        state.last_seen = 5
-        gap = await _more_in_range(js, "SHORT", state, 1, ())
-        filtered = await _more_in_range(js, "SHORT", state, 1, ("short.b",))  # seq 9 to come
+        seen = [
+            await cut_short(js, 6),  # 6..10 still to come
+            await cut_short(js, 11),  # the whole range read
+            await cut_short(js, 9, "short.a"),  # only short.b is left
+            await cut_short(js, 6, "short.b"),  # 9 and 10 are short.b
+        ]
+        for seq in range(6, 11):
+            await js.delete_msg("SHORT", seq)
+        seen.append(await cut_short(js, 6))  # deleted: nothing to come
         await nc.close()
-        return short, complete, gap, filtered
+        return seen
 
-    assert asyncio.run(go()) == (True, False, False, True)
+    assert asyncio.run(go()) == [True, False, False, True, False]

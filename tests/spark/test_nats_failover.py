@@ -38,14 +38,21 @@ pytestmark = pytest.mark.slow
 @pytest.fixture
 def nats(tmp_path: Path) -> Iterator[NatsCluster]:
     with NatsCluster(tmp_path / "nats", 3) as cluster:
-        wait_for(lambda: _account_info(cluster.url), timeout=60)  # JetStream's meta leader
+        wait_for(lambda: _three_copies_possible(cluster.url), timeout=90)
         yield cluster
 
 
-def _account_info(url: str) -> bool:
+def _three_copies_possible(url: str) -> bool:
+    """True once the cluster can create (and delete) a stream with three replicas:
+    JetStream's meta leader elected and every peer known to it. Until then the
+    pipeline's own streams may fail to be created, which is not what this test tests."""
     client = SyncNats(url)
     try:
-        client.run(lambda: client.js.account_info(), timeout=5)
+        client.run(
+            lambda: client.js.add_stream(name="PROBE", subjects=["probe.x"], num_replicas=3),
+            timeout=5,
+        )
+        client.run(lambda: client.js.delete_stream("PROBE"), timeout=5)
         return True
     except Exception:
         return False

@@ -12,10 +12,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Sequence
+from typing import Any
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js.api import ConsumerConfig, DeliverPolicy
+from nats.js.errors import NotFoundError
 
 from spanflow.nats.streams import subject_covers
 from spanflow.protocol.raw import RawRecord
@@ -63,7 +65,7 @@ async def read_range(
         if not subjects or any(subject_covers(p, msg.subject) for p in subjects):
             out.append(RawRecord(seq, msg.subject, msg.data, ts_ns // 1000))
         if seq >= end - 1 or pending == 0:
-            done.set()
+            done.set()  # pending 0 may be a lagging server's word: checked below
 
     sub = await js.subscribe(
         ">",
@@ -89,7 +91,38 @@ async def read_range(
     finally:
         with contextlib.suppress(Exception):
             await sub.unsubscribe()
+    if last_seen < end - 1:
+        await ensure_range_complete(js, stream, max(start, last_seen + 1), end)
     return out
+
+
+class RangeCutShort(ConnectionError):
+    """A range read ended before a message its stream's leader holds: tried again."""
+
+
+async def ensure_range_complete(
+    js: Any, stream: str, after: int, end: int, subject: str | None = None
+) -> None:
+    """Raise :class:`RangeCutShort` if the stream's leader holds a message with
+    ``after <= seq < end`` (on ``subject`` when given).
+
+    A consumer with one replica lives on one server; after a leader election that
+    server may be a follower still catching up, and its consumer then reports nothing
+    pending before the range's end. Taking its word would lose readings silently (a
+    window counted short: ``tests/spark/test_nats_failover.py``); the stream's next
+    message, asked of the leader, tells."""
+    if after >= end:
+        return
+    try:
+        msg = await js.get_msg(stream, seq=after, subject=subject, next=True)
+    except NotFoundError:
+        return
+    if msg.seq is not None and msg.seq < end:
+        raise RangeCutShort(
+            f"the range reader's consumer on {stream} stopped before sequence {msg.seq} "
+            f"of [{after}, {end}): its server is behind the stream's leader (a leader "
+            "election); reading again"
+        )
 
 
 async def last_before(
@@ -97,8 +130,6 @@ async def last_before(
 ) -> RawRecord | None:
     """The newest stored message with a sequence below ``seq`` (on ``subjects`` when
     given), looking back at most ``look_back`` sequences; None if there is none."""
-    from nats.js.errors import NotFoundError
-
     js = nc.jetstream()
     for candidate in range(seq - 1, max(0, seq - 1 - look_back), -1):
         try:

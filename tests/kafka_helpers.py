@@ -73,3 +73,26 @@ def read_values(
     bootstrap: str, topic: str, isolation: str = "read_committed"
 ) -> list[dict[str, Any]]:
     return [orjson.loads(v) for _, _, _, v, _ in read_topic(bootstrap, topic, isolation=isolation)]
+
+
+def record_times(bootstrap: str, topic: str) -> list[float]:
+    """When each committed record of partition 0 was produced (Unix seconds), in order."""
+    consumer = Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": f"times-{time.monotonic_ns()}",
+         "enable.auto.commit": False, "isolation.level": "read_committed",
+         "enable.partition.eof": True}
+    )  # fmt: skip
+    consumer.assign([TopicPartition(topic, 0, 0)])
+    out: list[float] = []
+    deadline = time.monotonic() + 30
+    try:
+        while time.monotonic() < deadline:
+            for m in consumer.consume(1000, timeout=0.5):
+                if m.error():
+                    if m.error().code() == KafkaError._PARTITION_EOF:
+                        return out
+                    raise RuntimeError(str(m.error()))
+                out.append(m.timestamp()[1] / 1000)
+        raise AssertionError(f"{topic}: not read within 30 s")
+    finally:
+        consumer.close()

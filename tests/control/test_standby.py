@@ -134,6 +134,27 @@ def test_a_local_standby_stays_at_its_site(cluster: Cluster) -> None:
 
 
 def test_standby_refuses_a_connector_that_cannot_keep_one_copy() -> None:
+    """A Kafka source's batches are not agreed between replicas: refused, with its line."""
+    text = """\
+name: k
+standby: 1
+sources:
+  - id: src
+    type: kafka
+    options: {bootstrap: "kafka:9092", topic: t}
+    schema: {x: long}
+    to: [out]
+sinks:
+  - {id: out, type: jetstream, stream: OUT, subject: "out.x"}
+"""
+    with pytest.raises(SpecError) as bad:
+        load_pipeline_text(text, "k.yaml")
+    message = str(bad.value)
+    assert "k.yaml" in message and "src" in message
+    assert "cannot keep one copy of its batches under two replicas" in message
+
+
+def test_standby_takes_a_kafka_sink() -> None:
     text = """\
 name: k
 standby: 1
@@ -144,11 +165,7 @@ sinks:
     type: kafka
     options: {bootstrap: "kafka:9092", topic: t}
 """
-    with pytest.raises(SpecError) as bad:
-        load_pipeline_text(text, "k.yaml")
-    message = str(bad.value)
-    assert "k.yaml" in message and "out" in message
-    assert "cannot keep one copy of its output under two replicas" in message
+    assert load_pipeline_text(text, "k.yaml").standby == 1
 
 
 def test_standby_is_zero_or_one() -> None:

@@ -206,10 +206,9 @@ def test_two_standby_replicas_writing_at_once_write_each_batch_once(spark, postg
     """Hot standby: two replicas' writers of one sink write the same batches at the same
     moment (the first batch included, whose marker row does not exist yet). A table
     without a key shows a second copy of any row; the sink's lock keeps one."""
-    import threading
-
     from spanflow.spark.connectors import SinkContext
     from spanflow.spark.connectors.postgres import PostgresWriter, check_postgres
+    from tests.spark.sink_replica import write_in_step
 
     flow = (
         sf.Pipeline(f"pgsb-{uid}")
@@ -221,24 +220,59 @@ def test_two_standby_replicas_writing_at_once_write_each_batch_once(spark, postg
     check_postgres(step, frames[0].schema)
     ctx = SinkContext(pipeline=f"pgsb-{uid}", check_fence=lambda: None, step=step, spark=spark)
     writers = [PostgresWriter(ctx, step.id, step.options) for _ in range(2)]  # type: ignore[arg-type]
-    gate = threading.Barrier(2)
+    assert write_in_step(writers, frames) == []  # type: ignore[arg-type]
+    got = sorted(i for (i,) in rows(postgres, f"SELECT id FROM standby_{uid}"))
+    assert got == list(range(100 * batches))
+
+
+def test_a_replica_killed_inside_its_transaction_leaves_the_batch_to_its_peer(
+    postgres, uid, tmp_path
+):
+    """Hot standby: replica A is SIGKILLed with batch 2's transaction open (rows and
+    marker written, the sink's lock held) while replica B waits for that lock.
+    PostgreSQL rolls A's transaction back when its connection dies; B gets the lock,
+    finds batches 0 and 1 recorded and writes batch 2: every row once."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import threading
+    from pathlib import Path
+
+    from spanflow.spark.connectors.postgres import check_postgres
+    from tests.spark.sink_replica import ArrowBatch, flow, writer
+
+    table, pipeline = f"standby_kill_{uid}", f"pgk-{uid}"
+    check_postgres(flow("postgres", postgres, table, pipeline).spec().sinks()[0], ArrowBatch.schema)
+    faults = tmp_path / "faults"
+    faults.mkdir()
+    root = Path(__file__).resolve().parents[2]
+    a = subprocess.Popen(
+        [sys.executable, "-m", "tests.spark.sink_replica", "postgres", postgres, table,
+         pipeline, "3", str(faults)],
+        cwd=root, start_new_session=True,
+    )  # fmt: skip
+    b = writer("postgres", postgres, table, pipeline)
     errors: list[BaseException] = []
 
-    def replica(writer: PostgresWriter) -> None:
+    def replica_b() -> None:
         try:
-            for batch_id, frame in enumerate(frames):
-                gate.wait(timeout=30)
-                writer.write(frame, batch_id)
+            for batch_id in range(3):
+                b.write(ArrowBatch(batch_id), batch_id)  # type: ignore[arg-type]
         except BaseException as exc:
             errors.append(exc)
 
-    threads = [threading.Thread(target=replica, args=(w,)) for w in writers]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    for w in writers:
-        w.close()
-    assert errors == []
-    got = sorted(i for (i,) in rows(postgres, f"SELECT id FROM standby_{uid}"))
-    assert got == list(range(100 * batches))
+    waiting = "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+    thread = threading.Thread(target=replica_b)
+    try:
+        wait_for(lambda: (faults / "postgres-sink-open-transaction.reached").exists(), timeout=90)
+        thread.start()
+        wait_for(lambda: rows(postgres, waiting)[0][0] > 0, timeout=30)  # B waits for A's lock
+    finally:
+        os.killpg(a.pid, signal.SIGKILL)
+        a.wait(10)
+    thread.join(60)
+    b.close()
+    assert thread.ident is not None and not thread.is_alive() and errors == []
+    got = sorted(i for (i,) in rows(postgres, f"SELECT id FROM {table}"))
+    assert got == list(range(300))

@@ -411,6 +411,7 @@ class PipelineRunner:
             output=self.outputs.setdefault(sink.id, Output()),
             show_rows=self.on_rows,
             show_limit=self.console_limit,
+            replicated=self.batch_plan is not None,
         )
 
     def _fences_bucket(self) -> KeyValue:

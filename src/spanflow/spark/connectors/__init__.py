@@ -103,6 +103,8 @@ class SinkContext:
     show_rows: RowsCallback | None = None
     show_limit: int = 50
     """Console sinks: where rows go, and at most how many a batch."""
+    replicated: bool = False
+    """Hot standby: a peer replica writes the same agreed batches to the same sink."""
 
     @property
     def epoch(self) -> int | None:

@@ -27,6 +27,15 @@ Sink (:class:`KafkaWriter`)
     writer's ``init_transactions`` (same transactional id) aborts it. Consumers that
     read with ``isolation.level=read_committed`` see every row exactly once.
 
+    Under hot standby both replicas' writers share the transactional id, so only the
+    producer initialised last can commit: the other one's next transaction fails as
+    fenced, and it follows, skipping each batch once the marker topic shows it
+    committed. A follower that waits :data:`TAKEOVER_AFTER` seconds for a batch in
+    vain (the writer's node died, or lags) starts a producer of its own, which fences
+    the writer and aborts its open transaction, reads the marker again and writes the
+    batch unless it is there. Kafka's fencing alone keeps each batch once; the
+    waiting only keeps the two from taking the writing from each other every batch.
+
 Where each hook runs: offsets and commits on the driver, ``read`` on executors; the
 writer on the driver (``toArrow``, as the JetStream sink).
 """
@@ -490,6 +499,13 @@ def _text(value: bytes | str | None) -> str | None:
 
 
 # -- sink ----------------------------------------------------------------------------------
+TAKEOVER_AFTER = 1.0
+"""Hot standby: seconds a replica whose producer the peer fenced waits for the peer to
+commit a batch before it takes the writing over (the peer's node may have died)."""
+MAX_HANDOVERS = 4
+"""Times the replicas may take the writing from each other within one batch."""
+
+
 def marker_topic(pipeline: str, sink: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]", "_", f"_spanflow.{pipeline}.{sink}")[:249]
 
@@ -507,12 +523,20 @@ class KafkaWriter(BatchWriter):
         self._producer: Any = None
         self.committed: int | None = None
         """The last batch id committed to Kafka (read from the marker topic at start)."""
+        self.markers = MarkerLog(self.config, self.marker, f"{self.transactional_id}.markers")
+        self._following = False
+        """Hot standby: the peer replica's producer fenced this one's; wait for its
+        commits (and take over when one does not come)."""
 
     def _start(self) -> None:
+        """A new transactional producer. Its ``init_transactions`` fences every other
+        producer with this transactional id (a crashed writer's, or the peer replica's)
+        and aborts what it left open; the marker is read after that, so no batch can be
+        committed between the read and this producer's own writes."""
         from confluent_kafka import Producer
 
-        self._check_topics()
-        self.committed = self._last_marker()
+        if self.committed is None:
+            self._check_topics()
         producer = Producer(
             {
                 **self.config,
@@ -521,10 +545,14 @@ class KafkaWriter(BatchWriter):
                 # the Java client's partitioner: a key lands where Java producers put it
                 "partitioner": "murmur2_random",
                 "linger.ms": 5,
+                # a new producer waits for Kafka to abort the old one's open transaction,
+                # asking again after each "concurrent transactions": not 1 s apart
+                "retry.backoff.max.ms": 100,
                 **self.options.config,
             }
         )
-        producer.init_transactions(30)  # aborts what a crashed writer left open
+        producer.init_transactions(30)
+        self.committed = self.markers.last()
         self._producer = producer
 
     def _check_topics(self) -> None:
@@ -545,53 +573,49 @@ class KafkaWriter(BatchWriter):
         if self.marker not in topics:
             _create_topic(admin, self.marker, 1)
 
-    def _last_marker(self) -> int:
-        """The highest batch id committed on the marker topic (-1: none)."""
-        from confluent_kafka import Consumer, KafkaError, TopicPartition
-
-        consumer = Consumer(
-            {
-                **self.config,
-                "group.id": f"{self.transactional_id}.markers",
-                "enable.auto.commit": False,
-                "isolation.level": "read_committed",
-                "enable.partition.eof": True,
-            }
-        )
-        tp = TopicPartition(self.marker, 0)
-        try:
-            low, _ = consumer.get_watermark_offsets(tp, timeout=METADATA_TIMEOUT, cached=False)
-            consumer.assign([TopicPartition(self.marker, 0, max(low, 0))])
-            last, deadline = -1, time.monotonic() + 30
-            while time.monotonic() < deadline:
-                for record in consumer.consume(num_messages=1000, timeout=0.5):
-                    error = record.error()
-                    if error is not None:
-                        if error.code() == KafkaError._PARTITION_EOF:
-                            return last
-                        raise RuntimeError(f"kafka marker topic {self.marker}: {error}")
-                    last = max(last, int(orjson.loads(record.value() or b"{}").get("batch", -1)))
-            raise RuntimeError(f"kafka marker topic {self.marker}: not read within 30 s")
-        finally:
-            consumer.close()
-
     def write(self, batch: DataFrame, batch_id: int) -> None:
         rows = batch.toArrow().to_pylist()
-        if self._producer is None:
-            self._start()
-        assert self.committed is not None
-        if batch_id <= self.committed:
-            log.info(
-                "kafka sink %s: batch %d was committed before a restart", self.marker, batch_id
-            )
-            return
-        self.ctx.check_fence()
+        for _ in range(MAX_HANDOVERS):
+            if self._producer is None:
+                if self._following and self.markers.wait_for(batch_id, TAKEOVER_AFTER):
+                    log.info("kafka sink %s: batch %d written by the peer", self.marker, batch_id)
+                    return
+                if self._following:
+                    log.warning(
+                        "kafka sink %s: the peer replica did not commit batch %d within "
+                        "%.1f s; this replica writes from now on",
+                        self.marker, batch_id, TAKEOVER_AFTER,
+                    )  # fmt: skip
+                self._start()
+                self._following = False
+            assert self.committed is not None
+            if batch_id <= self.committed:
+                log.info("kafka sink %s: batch %d is already committed", self.marker, batch_id)
+                return
+            self.ctx.check_fence()
+            try:
+                self._transaction(rows, batch_id)
+                return
+            except Exception as exc:
+                if not (self.ctx.replicated and _fenced(exc)):
+                    raise
+                log.info(
+                    "kafka sink %s: the peer replica took the writing over (%s)", self.marker, exc
+                )
+                self._producer, self._following = None, True
+        raise RuntimeError(
+            f"kafka sink {self.marker}: the replicas took the writing from each other "
+            f"{MAX_HANDOVERS} times in batch {batch_id}"
+        )
+
+    def _transaction(self, rows: list[dict[str, Any]], batch_id: int) -> None:
+        """The batch's rows and its marker in one transaction."""
         producer = self._producer
         producer.begin_transaction()
         try:
             for row in rows:
                 self._produce(row)
-            producer.produce(self.marker, orjson.dumps({"batch": batch_id, "rows": len(rows)}))
+            producer.produce(self.marker, orjson.dumps(self._marker_record(batch_id, len(rows))))
             pause_here("kafka-sink-open-transaction", prepare=lambda: producer.flush(30))
             producer.commit_transaction(60)
         except Exception:
@@ -599,6 +623,15 @@ class KafkaWriter(BatchWriter):
             raise
         self.committed = batch_id
         pause_here("kafka-sink-committed")  # Kafka has the batch; Spark's log not yet
+
+    def _marker_record(self, batch_id: int, rows: int) -> dict[str, Any]:
+        """The batch's marker; a fenced fragment's also says which replica wrote it (on
+        which node), for whoever looks into a standby's handovers."""
+        record: dict[str, Any] = {"batch": batch_id, "rows": rows}
+        if self.ctx.fence is not None:
+            record["by"] = self.ctx.fence.fragment_id
+            record["node"] = self.ctx.fence.node
+        return record
 
     def _produce(self, row: dict[str, Any]) -> None:
         record = {k: v for k, v in row.items() if not k.startswith("_")}
@@ -624,6 +657,94 @@ class KafkaWriter(BatchWriter):
         if self._producer is not None:
             self._producer.flush(10)
             self._producer = None
+        self.markers.close()
+
+
+def _fenced(exc: BaseException) -> bool:
+    """Whether ``exc`` says another producer with this transactional id took over (or
+    left this one unusable: a fatal error, after which only a new producer writes)."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    if not isinstance(exc, KafkaException) or not exc.args:
+        return False
+    error = exc.args[0]
+    if not isinstance(error, KafkaError):
+        return False
+    fencing = {KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH}
+    return bool(error.fatal() or error.code() in fencing)
+
+
+class MarkerLog:
+    """The sink's marker topic, read ``read_committed`` from its start: the highest
+    batch id committed so far, and a wait for a given batch (the follower replica)."""
+
+    def __init__(self, config: dict[str, Any], topic: str, group: str) -> None:
+        self.config, self.topic, self.group = config, topic, group
+        self.highest = -1
+        self._consumer: Any = None
+
+    def _open(self) -> Any:
+        from confluent_kafka import Consumer, TopicPartition
+
+        if self._consumer is None:
+            consumer = Consumer(
+                {
+                    **self.config,
+                    "group.id": self.group,
+                    "enable.auto.commit": False,
+                    "isolation.level": "read_committed",
+                    "enable.partition.eof": True,
+                    # the broker answers a fetch at the end after this long, not 500 ms:
+                    # a takeover reads to the end at once, a follower sees a commit soon
+                    "fetch.wait.max.ms": 50,
+                }
+            )
+            tp = TopicPartition(self.topic, 0)
+            low, _ = consumer.get_watermark_offsets(tp, timeout=METADATA_TIMEOUT, cached=False)
+            consumer.assign([TopicPartition(self.topic, 0, max(low, 0))])
+            self._consumer = consumer
+        return self._consumer
+
+    def _read(self, timeout: float) -> bool:
+        """Read what is there; True at the end of the committed records. An end
+        reported earlier may come before records stored since: every record counts."""
+        from confluent_kafka import KafkaError
+
+        at_end = False
+        for record in self._open().consume(num_messages=1000, timeout=timeout):
+            error = record.error()
+            if error is not None:
+                if error.code() != KafkaError._PARTITION_EOF:
+                    raise RuntimeError(f"kafka marker topic {self.topic}: {error}")
+                at_end = True
+                continue
+            at_end = False
+            batch = int(orjson.loads(record.value() or b"{}").get("batch", -1))
+            self.highest = max(self.highest, batch)
+        return at_end
+
+    def last(self) -> int:
+        """The highest batch id committed (-1: none), reading to the end with a new
+        consumer: one that already reported the end reports it once only, so waiting
+        for that report again would wait for a record that may never come."""
+        self.close()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if self._read(0.05):  # consume() waits its whole timeout for 1000 records
+                return self.highest
+        raise RuntimeError(f"kafka marker topic {self.topic}: not read within 30 s")
+
+    def wait_for(self, batch_id: int, seconds: float) -> bool:
+        """Whether batch ``batch_id`` (or a later one) gets committed within ``seconds``."""
+        deadline = time.monotonic() + seconds
+        while self.highest < batch_id and time.monotonic() < deadline:
+            self._read(min(0.05, max(0.0, deadline - time.monotonic())))
+        return self.highest >= batch_id
+
+    def close(self) -> None:
+        if self._consumer is not None:
+            self._consumer.close()
+            self._consumer = None
 
 
 def _key_bytes(value: Any) -> bytes | None:

@@ -37,6 +37,7 @@ from pyspark.sql.types import (
 )
 
 from spanflow.errors import CompileError
+from spanflow.faults import pause_here
 from spanflow.spark.connectors import BatchWriter, SinkContext, checks, content_ids, writes
 from spanflow.spark.deadletter import DeadLetter, send_dead_letters
 from spanflow.spec.connectors.postgres import PostgresSinkOptions
@@ -244,6 +245,7 @@ class PostgresWriter(BatchWriter):
                     "rows = EXCLUDED.rows, written = now()",
                     (self.ctx.pipeline, self.sink_id, batch_id, len(rows) - len(refused)),
                 )
+                pause_here("postgres-sink-open-transaction")  # rows and marker, uncommitted
         except Exception:
             self.close()  # a broken connection is not reused
             raise

@@ -155,6 +155,10 @@ SINK = register(
         exactly_once="one Kafka transaction per micro-batch, which also writes the batch id "
         "to a marker topic; a replayed batch whose id is already committed is skipped "
         "(consumers read with isolation.level=read_committed)",
+        standby="the replicas' producers share the transactional id, so one writes and "
+        "the fenced one waits for each batch's marker; it takes the writing over (fencing "
+        "the writer, aborting its open transaction) when a batch is not committed within "
+        "1 s",
         external=True,
         address_option="bootstrap",
         extra="kafka",

@@ -361,3 +361,23 @@ def stream_leader(url: str, stream: str) -> int | None:
         client.close()
     leader = info.cluster.leader if info.cluster is not None else None
     return int(leader.rsplit("-", 1)[1]) - 1 if leader else None
+
+
+def all_copies_current(url: str, stream: str, copies: int = 3) -> bool:
+    """Whether ``stream`` has a leader and all its other ``copies`` - 1 replicas are
+    current (a restarted server caught up): killing a server before that would take a
+    quorum away, a two-server fault rather than one."""
+    from spanflow.nats.streams import SyncNats
+
+    client = SyncNats(url)
+    try:
+        info = client.run(lambda: client.js.stream_info(stream), timeout=5)
+    except Exception:
+        return False
+    finally:
+        client.close()
+    cluster = info.cluster
+    if cluster is None or not cluster.leader:
+        return False
+    followers = cluster.replicas or []
+    return len(followers) == copies - 1 and all(r.current and not r.offline for r in followers)

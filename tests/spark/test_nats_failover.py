@@ -25,6 +25,7 @@ from spanflow.spec.retention import Retention
 from tests.cluster.test_chaos import PIPELINE  # events and 2-s windows, streams CH_*
 from tests.helpers import (
     Feed,
+    all_copies_current,
     assert_feed_exactly_once,
     stored,
     stream_leader,
@@ -104,7 +105,10 @@ def _kill_each_leader(nats: NatsCluster, url: str) -> dict[str, float]:
     progress(0)
     stall: dict[str, float] = {}
     for led in ("CH_EVENTS", "CH_IN", "KV_spanflow_fences"):
-        wait_for(lambda s=led: stream_leader(url, s) is not None, timeout=60)  # type: ignore[misc]
+        # One server's death at a time: every copy of what the pipeline uses is current
+        # again (the server restarted last caught up) before the next kill.
+        for stream in ("CH_EVENTS", "CH_WINDOWS", "CH_IN", "KV_spanflow_fences"):
+            wait_for(lambda s=stream: all_copies_current(url, s), timeout=90)  # type: ignore[misc]
         victim = stream_leader(url, led)
         assert victim is not None
         before = stored(url, "CH_EVENTS")

@@ -350,15 +350,9 @@ def assert_running_means(url: str, stream: str, values: dict[str, list[float]]) 
 def stream_leader(url: str, stream: str) -> int | None:
     """Index of the server (named ``<name>-<n>``, as :class:`NatsCluster` names them)
     leading ``stream``'s Raft group (None: electing, or not answering)."""
-    from spanflow.nats.streams import SyncNats
-
-    client = SyncNats(url)
-    try:
-        info = client.run(lambda: client.js.stream_info(stream), timeout=5)
-    except Exception:
+    info = _stream_info(url, stream)
+    if info is None:
         return None
-    finally:
-        client.close()
     leader = info.cluster.leader if info.cluster is not None else None
     return int(leader.rsplit("-", 1)[1]) - 1 if leader else None
 
@@ -367,17 +361,22 @@ def all_copies_current(url: str, stream: str, copies: int = 3) -> bool:
     """Whether ``stream`` has a leader and all its other ``copies`` - 1 replicas are
     current (a restarted server caught up): killing a server before that would take a
     quorum away, a two-server fault rather than one."""
-    from spanflow.nats.streams import SyncNats
-
-    client = SyncNats(url)
-    try:
-        info = client.run(lambda: client.js.stream_info(stream), timeout=5)
-    except Exception:
-        return False
-    finally:
-        client.close()
-    cluster = info.cluster
+    info = _stream_info(url, stream)
+    cluster = info.cluster if info is not None else None
     if cluster is None or not cluster.leader:
         return False
     followers = cluster.replicas or []
     return len(followers) == copies - 1 and all(r.current and not r.offline for r in followers)
+
+
+def _stream_info(url: str, stream: str) -> Any:
+    """``stream``'s info, None when it does not answer within 5 s."""
+    from spanflow.nats.streams import SyncNats
+
+    client = SyncNats(url)
+    try:
+        return client.run(lambda: client.js.stream_info(stream), timeout=5)
+    except Exception:
+        return None
+    finally:
+        client.close()

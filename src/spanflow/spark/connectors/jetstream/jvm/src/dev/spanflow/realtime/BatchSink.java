@@ -193,6 +193,10 @@ public final class BatchSink implements AutoCloseable {
     }
     ArrayDeque<Integer> order = new ArrayDeque<>();
     ArrayDeque<CompletableFuture<NatsClient.Ack>> inFlight = new ArrayDeque<>();
+    // Each publish waits ACK_WAIT_MS from its send, not from when its turn to settle
+    // comes: waiting 2 s per missing ack in turn made a round with k lost acks (sent to
+    // a leader that died) last 2k s before the next round resent them.
+    ArrayDeque<Long> due = new ArrayDeque<>();
     for (int k = 0; k < todo.size(); k++) {
       int i = todo.get(k);
       Map<String, String> headers = new LinkedHashMap<>(4);
@@ -204,6 +208,7 @@ public final class BatchSink implements AutoCloseable {
         inFlight.add(client.publishToStream(batch.subjects.get(i), headers,
             batch.payloads.get(i)));
         order.add(i);
+        due.add(System.currentTimeMillis() + ACK_WAIT_MS);
       } catch (IOException exc) { // the connection is gone: the rest waits for the next round
         last[0] = exc;
         missing.addAll(todo.subList(k, todo.size()));
@@ -211,21 +216,22 @@ public final class BatchSink implements AutoCloseable {
       }
       if (inFlight.size() >= maxInFlight) {
         while (inFlight.size() > maxInFlight / 2) {
-          settle(inFlight.poll(), order.poll(), acked, missing, last);
+          settle(inFlight.poll(), order.poll(), due.poll(), acked, missing, last);
         }
       }
     }
     while (!inFlight.isEmpty()) {
-      settle(inFlight.poll(), order.poll(), acked, missing, last);
+      settle(inFlight.poll(), order.poll(), due.poll(), acked, missing, last);
     }
     return missing;
   }
 
-  private void settle(CompletableFuture<NatsClient.Ack> ack, int index, long[] acked,
-      List<Integer> missing, IOException[] last) throws IOException {
+  private void settle(CompletableFuture<NatsClient.Ack> ack, int index, long dueAt,
+      long[] acked, List<Integer> missing, IOException[] last) throws IOException {
     NatsClient.Ack answer;
     try {
-      answer = JetStream.publishAck(ack, ACK_WAIT_MS, sink, subject);
+      long left = Math.max(1, dueAt - System.currentTimeMillis());
+      answer = JetStream.publishAck(ack, left, sink, subject);
     } catch (IOException exc) {
       if (exc.getCause() instanceof NatsClient.Refused) {
         throw exc;

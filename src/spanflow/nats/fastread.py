@@ -118,7 +118,7 @@ async def read_range_fast(
             ),
         )
         consumer = info.name
-        if not (subjects and not info.num_pending):  # else nothing on them from ``start`` on
+        if info.num_pending or not subjects:  # else nothing on them from ``start`` on
             await _pump(reader, writer, state, nc, stream, consumer, start, idle_check)
         if state.last_seen < end - 1 and len(subjects) <= 1:
             # The consumer's "nothing pending" may be a lagging server's word. Reads

@@ -104,14 +104,25 @@ sinks:
 """
 
 
+DEVICES = 10
+
+
 class Feed:
-    """``rate`` readings a second, each published until JetStream acknowledges it (a
-    NATS server kill makes publishes fail for a while: they are retried with the same
-    message id, so each reading is stored once). Remembers when each was due."""
+    """``rate`` readings a second from :data:`DEVICES` devices, each device publishing its
+    own readings in order, each until JetStream acknowledges it (a NATS server kill
+    makes publishes fail for a while: they are retried with the same message id, so
+    each reading is stored once). Remembers when each reading was due and which were
+    acknowledged.
+
+    Each device publishes on its own, as a fleet does: one publisher for all ten, each
+    reading waiting for the last one's ack, took seconds after an election to work
+    off the backlog it had built (900 readings one round trip at a time), which a
+    pipeline could not win back."""
 
     def __init__(self, url: str, rate: float) -> None:
         self.url, self.rate = url, rate
-        self.sent_at: list[float] = []
+        self.due: dict[int, float] = {}
+        """reading id → when it was due (its timestamp), for the acknowledged ones."""
         self._stop = threading.Event()
         self._thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
 
@@ -124,22 +135,28 @@ class Feed:
         js = nc.jetstream()
         await ensure_stream(js, "CB_IN", ["cbin.>"])
         started = time.time()
-        while not self._stop.is_set():
-            due = int((time.time() - started) * self.rate)
-            while len(self.sent_at) < due:
-                i = len(self.sent_at)
-                at = started + i / self.rate
-                ts = datetime.fromtimestamp(at, UTC).isoformat()
-                record = {"device": f"d{i % 10}", "ts": ts, "id": i}
-                await publish_until_stored(js, f"cbin.d{i % 10}", orjson.dumps(record), str(i))
-                self.sent_at.append(at)
-            await asyncio.sleep(0.02)
+        await asyncio.gather(*(self._device(js, d, started) for d in range(DEVICES)))
         await nc.close()
 
-    def stop(self) -> int:
+    async def _device(self, js: Any, device: int, started: float) -> None:
+        """Readings ``device``, ``device + DEVICES``, … each when it is due."""
+        i = device
+        while not self._stop.is_set():
+            due = int((time.time() - started) * self.rate)
+            while i < due and not self._stop.is_set():
+                at = started + i / self.rate
+                ts = datetime.fromtimestamp(at, UTC).isoformat()
+                record = {"device": f"d{device}", "ts": ts, "id": i}
+                await publish_until_stored(js, f"cbin.d{device}", orjson.dumps(record), str(i))
+                self.due[i] = at
+                i += DEVICES
+            await asyncio.sleep(0.02)
+
+    def stop(self) -> dict[int, float]:
+        """Stop publishing; the acknowledged readings with their due times."""
         self._stop.set()
         self._thread.join(60)
-        return len(self.sent_at)
+        return dict(self.due)
 
 
 class Links:
@@ -276,12 +293,12 @@ class Chaos:
 
 
 def availability(
-    sent_at: list[float], stored_at: dict[int, float], budget: float, start: float, end: float
+    due: dict[int, float], stored_at: dict[int, float], budget: float, start: float, end: float
 ) -> tuple[float, dict[int, float]]:
     """The share of seconds in [start, end) whose readings were all stored within
     ``budget``; and each second's worst latency (inf when one is missing)."""
     worst: dict[int, float] = defaultdict(float)
-    for i, at in enumerate(sent_at):
+    for i, at in due.items():
         if not start <= at < end:
             continue
         latency = stored_at.get(i, float("inf")) - at
@@ -293,8 +310,16 @@ def availability(
 
 
 def per_fault(
-    log: list[dict[str, Any]], worst: dict[int, float], start: float, end: float, budget: float
+    log: list[dict[str, Any]],
+    worst: dict[int, float],
+    start: float,
+    end: float,
+    budget: float,
+    worst_in: dict[int, float] | None = None,
 ) -> dict[str, dict[str, float]]:
+    """Per fault type: the longest stall, the time to recover, and (``worst_in``: each
+    second's worst wait from a reading's due time to its storing in the input stream)
+    how much of the stall the devices' publishing alone took."""
     out: dict[str, dict[str, float]] = {}
     for n, fault in enumerate(log):
         first = int(fault["at"] - start)
@@ -309,6 +334,11 @@ def per_fault(
         entry["faults"] += 1
         entry["longest_stall_s"] = round(max(entry["longest_stall_s"], stall), 2)
         entry["recover_s"] = round(max(entry["recover_s"], float(recover)), 2)
+        if worst_in is not None:
+            waited = max((worst_in.get(s, 0.0) for s in range(first, last)), default=0.0)
+            entry["longest_input_wait_s"] = round(
+                max(entry.get("longest_input_wait_s", 0.0), waited), 2
+            )
     return out
 
 
@@ -353,26 +383,29 @@ def run(
             time.sleep(0.2)
         end = time.time()
         chaos.settle()
-        sent = feed.stop()
-        feed_times = feed.sent_at
+        due = feed.stop()
         feed = None
-        wait(lambda: len(stored(cluster.nats_url, "CB_EVENTS")) >= sent, 300, "all stored")
+        wait(
+            lambda: set(due) <= set(first_times(stored(cluster.nats_url, "CB_EVENTS"))),
+            300,
+            "all stored",
+        )
         events = stored(cluster.nats_url, "CB_EVENTS")
         ids = Counter(json.loads(data)["id"] for data, _ in events)
-        first_stored: dict[int, float] = {}
-        for data, at in events:
-            i = json.loads(data)["id"]
-            first_stored[i] = min(first_stored.get(i, at), at)
-        lost = sum(1 for i in range(sent) if i not in ids)
+        first_stored = first_times(events)
+        lost = sum(1 for i in due if i not in ids)
         duplicated = sum(n - 1 for n in ids.values() if n > 1)
-        share, worst = availability(feed_times, first_stored, budget, start, end)
+        share, worst = availability(due, first_stored, budget, start, end)
+        _, worst_in = availability(
+            due, first_times(stored(cluster.nats_url, "CB_IN")), budget, start, end
+        )
         first_fault = chaos.log[0]["at"] if chaos.log else end
         baseline = [  # readings stored before the first fault: the undisturbed latency
             first_stored[i] - at
-            for i, at in enumerate(feed_times)
+            for i, at in due.items()
             if start <= at and i in first_stored and first_stored[i] < first_fault
         ]
-        windows_wrong = check_windows(cluster.nats_url, feed_times, sent)
+        windows_wrong = check_windows(cluster.nats_url, due)
         nodes = api.call("GET", "/api/v1/nodes")
         return {
             "when": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -383,12 +416,13 @@ def run(
             "standby": standby,
             "trigger_s": trigger,
             "budget_s": budget,
-            "sent": sent,
+            "sent": len(due),
+            "devices": DEVICES,
             "lost": lost,
             "duplicated": duplicated,
             "windows_wrong": windows_wrong,
             "availability": round(share, 5),
-            "per_fault": per_fault(chaos.log, worst, start, end, budget),
+            "per_fault": per_fault(chaos.log, worst, start, end, budget, worst_in),
             "faults": [{**f, "at": round(f["at"] - start, 1)} for f in chaos.log],
             "baseline_latency_s": {
                 "p50": round(pct(baseline, 50), 3),
@@ -405,13 +439,22 @@ def run(
         cluster.stop()
 
 
-def check_windows(url: str, sent_at: list[float], sent: int) -> int:
+def first_times(messages: list[tuple[bytes, float]]) -> dict[int, float]:
+    """reading id → when its first copy was stored."""
+    first: dict[int, float] = {}
+    for data, at in messages:
+        i = json.loads(data)["id"]
+        first[i] = min(first.get(i, at), at)
+    return first
+
+
+def check_windows(url: str, due: dict[int, float]) -> int:
     """Windows whose count differs from what was published in them (each stored once)."""
     expected: Counter[tuple[str, str]] = Counter()
-    for i in range(sent):
-        at = datetime.fromtimestamp(sent_at[i], UTC)
+    for i, when in due.items():
+        at = datetime.fromtimestamp(when, UTC)
         start = at - timedelta(seconds=at.second % 2, microseconds=at.microsecond)
-        expected[(f"d{i % 10}", start.isoformat())] += 1
+        expected[(f"d{i % DEVICES}", start.isoformat())] += 1
     got: dict[tuple[str, str], list[int]] = defaultdict(list)
     for data, _ in stored(url, "CB_WINDOWS"):
         w = json.loads(data)
@@ -460,6 +503,8 @@ def main() -> None:
     RESULTS.mkdir(exist_ok=True)
     result = {"when": datetime.now(UTC).isoformat(timespec="seconds"), "runs": runs}
     (RESULTS / "chaos.json").write_text(json.dumps(result, indent=2) + "\n")
+    if args.keep:  # beside the kept logs, which it explains
+        (Path(args.keep) / "chaos.json").write_text(json.dumps(result, indent=2) + "\n")
 
 
 if __name__ == "__main__":

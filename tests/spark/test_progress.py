@@ -81,3 +81,40 @@ def test_histogram_buckets_are_cumulative_for_prometheus() -> None:
     buckets = dict(h.cumulative())
     assert buckets["0.005"] == 1 and buckets["0.5"] == 3 and buckets["10.0"] == 4
     assert buckets["60.0"] == 4 and buckets["+Inf"] == 5 == h.count
+
+
+def _batch(batch_id: int, began: str, took_ms: int, **parts: int) -> dict:
+    return {
+        "batchId": batch_id,
+        "timestamp": f"2026-11-29T{began}Z",
+        "numInputRows": 10,
+        "durationMs": {"triggerExecution": took_ms, **parts},
+    }
+
+
+def test_a_batch_on_time_after_a_short_pause_is_not_told():
+    before = _batch(1, "14:00:00.000", 400, addBatch=300)
+    after = _batch(2, "14:00:01.000", 500, addBatch=400)
+    assert progress.slow_batch_note(after, trigger=1.0, previous=before) is None
+
+
+def test_a_long_quiet_before_a_batch_is_told_with_its_length():
+    before = _batch(1, "14:00:00.000", 500, addBatch=400)
+    after = _batch(2, "14:00:08.500", 600, addBatch=500)
+    note = progress.slow_batch_note(after, trigger=1.0, previous=before)
+    assert note is not None and "no batch for 8.0 s before it" in note
+
+
+def test_a_slow_batch_names_its_slowest_part_first():
+    slow = _batch(3, "14:00:00.000", 7000, walCommit=500, addBatch=6000, latestOffset=200)
+    note = progress.slow_batch_note(slow, trigger=1.0)
+    assert note is not None
+    assert note.index("addBatch 6.0 s") < note.index("walCommit 0.5 s")
+    assert "took 6.8 s" in note  # the wait in latestOffset is the start slot's, not the batch's
+
+
+def test_the_first_batch_of_a_query_is_always_told():
+    quick = _batch(0, "14:00:00.000", 300, addBatch=200)
+    assert progress.slow_batch_note(quick, trigger=1.0) is None
+    note = progress.slow_batch_note(quick, trigger=1.0, first=True)
+    assert note is not None and note.startswith("first batch here 0")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import logging
 import ssl
@@ -452,6 +453,14 @@ class SyncNats:
             permanent=permanent,
             patience=patience,
         )
+
+    def submit(self, factory: Callable[[], Awaitable[T]]) -> concurrent.futures.Future[T]:
+        """Start ``factory()`` on the connection's loop without waiting for it."""
+
+        async def wrapper() -> T:
+            return await factory()
+
+        return asyncio.run_coroutine_threadsafe(wrapper(), self._loop)
 
     def call_soon(self, callback: Callable[[], object]) -> None:
         """Run ``callback`` on the connection's loop (from any thread)."""

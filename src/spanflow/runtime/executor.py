@@ -45,6 +45,8 @@ class RunningFragment:
     dead_letters: int = 0
     dead_letters_at: float = 0.0
     offsets: dict[str, Any] = field(default_factory=dict)
+    last_progress: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """sink → its query's last batch seen (for the gap before the next one)."""
 
 
 class FragmentExecutor:
@@ -72,6 +74,8 @@ class FragmentExecutor:
     def start(self, assignment: Assignment) -> RunningFragment:
         """Start a fragment from its checkpoint (or a savepoint). Raises if it cannot compile."""
         fid = assignment.fragment.id
+        began = time.monotonic()
+        log.info("fragment %s (epoch %d) starting", fid, assignment.epoch)
         if fid in self.fragments:
             self.stop(fid)
         checkpoint = assignment.checkpoint_dir
@@ -107,7 +111,12 @@ class FragmentExecutor:
             raise
         running = RunningFragment(assignment, runner)
         self.fragments[fid] = running
-        log.info("fragment %s (epoch %d) started", fid, assignment.epoch)
+        log.info(
+            "fragment %s (epoch %d) started in %.1f s",
+            fid,
+            assignment.epoch,
+            time.monotonic() - began,
+        )
         return running
 
     def _catch_up_from_peers(self, assignment: Assignment) -> None:
@@ -166,6 +175,7 @@ class FragmentExecutor:
             metrics = running.metrics.setdefault(sink, QueryMetrics())
             for progress in spark_progress.batches_since(q, running.last_batch.get(sink, -1)):
                 spark_progress.fold(metrics, progress)
+                self._tell_slow(running, sink, progress)
                 running.last_batch[sink] = int(progress["batchId"])
                 ends = [s.get("endOffset") for s in progress.get("sources", [])]
                 running.offsets[sink] = [_offset(e) for e in ends]
@@ -200,6 +210,21 @@ class FragmentExecutor:
             error=runner.fenced or next((st.error for st in failing if st.error), None),
             metrics={k: m.model_copy(deep=True) for k, m in running.metrics.items()},
         )
+
+    def _tell_slow(self, running: RunningFragment, sink: str, progress: dict[str, Any]) -> None:
+        """Log a batch that ran long or ended a long quiet, with where its time went, and
+        the first batch of every query started here (a moved fragment's recovery)."""
+        spec = running.runner.spec
+        step = next((s for s in spec.sinks() if s.id == sink), None)
+        note = spark_progress.slow_batch_note(
+            progress,
+            trigger=spec.trigger if step is None else spec.trigger_of(step),
+            previous=running.last_progress.get(sink),
+            first=sink not in running.last_progress,
+        )
+        running.last_progress[sink] = progress
+        if note:
+            log.info("%s %s: %s", running.assignment.fragment.id, sink, note)
 
     def _complete_metrics(self, running: RunningFragment, statuses: list[QueryStatus]) -> None:
         """What batch progress does not tell: records written (the runner counts them),

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from datetime import datetime
 from typing import Any
 
 from spanflow.protocol.metrics import QueryMetrics
@@ -57,6 +58,72 @@ def fold(metrics: QueryMetrics, progress: Mapping[str, Any]) -> None:
         )
         for op in ops
     )
+
+
+SLOW_BATCH_SECONDS = 2.0
+"""A batch that runs longer than this (or than twice its trigger) is logged with where its
+time went: a stall in the output is otherwise a guess between the source, the plan,
+the sink and the checkpoint."""
+
+QUIET_SECONDS = 3.0
+"""A gap this long between two batches is logged with the batch that ends it: the source
+had nothing new (or did not answer) all that time."""
+
+_PARTS = ("latestOffset", "getBatch", "queryPlanning", "addBatch", "walCommit", "commitOffsets")
+
+
+def slow_batch_note(
+    progress: Mapping[str, Any],
+    *,
+    trigger: float,
+    previous: Mapping[str, Any] | None = None,
+    first: bool = False,
+) -> str | None:
+    """One line saying where a slow batch's time went, or ``None`` for a batch on time.
+
+    ``previous``: the query's batch before this one (for the gap between them);
+    ``first``: the first batch of a query started here (always told: it is the one a
+    moved fragment's recovery waits for).
+
+    >>> slow_batch_note({"batchId": 7, "timestamp": "2026-11-29T14:04:29.100Z",
+    ...     "numInputRows": 812, "durationMs": {"triggerExecution": 5800, "addBatch": 4200,
+    ...     "queryPlanning": 900, "latestOffset": 20}}, trigger=1.0)
+    'batch 7 (began 14:04:29.100) took 5.8 s, 812 rows: addBatch 4.2 s, queryPlanning 0.9 s'
+    >>> slow_batch_note({"batchId": 8, "durationMs": {"triggerExecution": 300}}, trigger=1.0)
+    """
+    took = batch_seconds(progress)
+    gap = _gap(previous, progress)
+    if not first and took <= max(SLOW_BATCH_SECONDS, 2 * trigger) and gap < QUIET_SECONDS:
+        return None
+    durations = progress.get("durationMs") or {}
+    parts = sorted(((n, _ms(durations, n)) for n in _PARTS), key=lambda p: -p[1])
+    shown = ", ".join(f"{n} {s:.1f} s" for n, s in parts if s >= 0.1) or "nothing over 0.1 s"
+    began = str(progress.get("timestamp") or "")[11:23]
+    line = (
+        f"{'first batch here' if first else 'batch'} {progress.get('batchId')} "
+        f"(began {began}) took {took:.1f} s, {int(progress.get('numInputRows') or 0)} rows: "
+        f"{shown}"
+    )
+    if gap >= QUIET_SECONDS:
+        line += f"; no batch for {gap:.1f} s before it"
+    return line
+
+
+def _gap(previous: Mapping[str, Any] | None, progress: Mapping[str, Any]) -> float:
+    """Seconds from the end of ``previous`` to the start of ``progress`` (0 if unknown)."""
+    if previous is None:
+        return 0.0
+    try:
+        before = _instant(str(previous["timestamp"]))
+        now = _instant(str(progress["timestamp"]))
+    except (KeyError, ValueError):
+        return 0.0
+    ran_for = _ms(previous.get("durationMs") or {}, "triggerExecution")
+    return max(0.0, now - before - ran_for)
+
+
+def _instant(stamp: str) -> float:
+    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
 
 
 def lag(progress: Mapping[str, Any]) -> int:

@@ -26,6 +26,7 @@ import json
 import logging
 import time
 from collections.abc import Iterator
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -49,6 +50,7 @@ from spanflow.nats.batch_plan import BatchPlan, plan_key
 from spanflow.nats.fastread import read_range_fast
 from spanflow.nats.ranges import last_before
 from spanflow.nats.streams import SyncNats, connect, through_elections, unanswered
+from spanflow.spark import worker_logs
 from spanflow.spark.connectors import reads
 from spanflow.spark.deadletter import DeadLetter, publish_dead_letters
 from spanflow.spark.formats import AvroReader, Decoder, ProtobufReader
@@ -188,6 +190,7 @@ class Silence:
 
 class JetStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, options: dict[str, str]) -> None:
+        worker_logs.ensure()
         self.url = options["url"]
         self.stream = options["stream"]
         self.pipeline = options["pipeline"]
@@ -219,6 +222,9 @@ class JetStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.target: int | None = None  # Trigger.AvailableNow's end
         self._client: SyncNats | None = None
         self._consumer_ready = False
+        self._progress_to = 0
+        self._advancing: Future[None] | None = None
+        """The progress consumer's move in the background (see :meth:`commit`)."""
         self.batch_plan = options.get("batch_plan") or None
         """Key prefix of the batch ends this query agrees with its replicas (hot
         standby; :mod:`spanflow.nats.batch_plan`), None when it plans alone."""
@@ -357,33 +363,53 @@ class JetStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return [SeqRange(lo, min(lo + step, e)) for lo in range(s, e, step)] or [SeqRange(s, e)]
 
     def commit(self, end: dict[str, int]) -> None:
+        """Move the progress consumer (what ``nats consumer info`` and lag dashboards
+        show; Spark's checkpoint holds the offsets that count) to ``end``, in the
+        background: Spark starts no batch while ``commit`` runs, and through a leader
+        election the consumer does not answer for seconds — a blocking move held the
+        next batch that long. One move runs at a time and always ends at the newest
+        position."""
+        self._progress_to = int(end["seq"])
+        if self._advancing is None or self._advancing.done():
+            self._advancing = self.client.submit(self._advance_progress)
+
+    async def _advance_progress(self) -> None:
         c = self.client
+        done = None
+        while done != self._progress_to:
+            target = self._progress_to
+            try:
+                await self._ensure_progress_consumer()
+                await c.js.reset_consumer(self.stream, self.consumer, seq=target, timeout=2)
+            except Exception as exc:
+                self._consumer_ready = False
+                log.warning(
+                    "could not advance consumer %s on %s: %s", self.consumer, self.stream, exc
+                )
+                return  # the next commit tries again
+            done = target
 
-        async def advance() -> None:
-            from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+    async def _ensure_progress_consumer(self) -> None:
+        from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
-            if not self._consumer_ready:
-                # A reset of a missing consumer times out instead of failing: create it first.
-                try:
-                    await c.js.consumer_info(self.stream, self.consumer)
-                except NotFoundError:
-                    await c.js.add_consumer(
-                        self.stream,
-                        ConsumerConfig(
-                            durable_name=self.consumer,
-                            deliver_policy=DeliverPolicy.ALL,
-                            ack_policy=AckPolicy.ALL,
-                            description=f"spanflow progress of {self.pipeline}/{self.step}",
-                        ),
-                    )
-                self._consumer_ready = True
-            await c.js.reset_consumer(self.stream, self.consumer, seq=end["seq"], timeout=2)
-
+        if self._consumer_ready:
+            return
+        c = self.client
+        # A reset of a missing consumer times out instead of failing: create it first.
         try:
-            c.run(advance, timeout=10)
-        except Exception as exc:
-            self._consumer_ready = False
-            log.warning("could not advance consumer %s on %s: %s", self.consumer, self.stream, exc)
+            await c.js.consumer_info(self.stream, self.consumer, timeout=2)
+        except NotFoundError:
+            await c.js.add_consumer(
+                self.stream,
+                ConsumerConfig(
+                    durable_name=self.consumer,
+                    deliver_policy=DeliverPolicy.ALL,
+                    ack_policy=AckPolicy.ALL,
+                    description=f"spanflow progress of {self.pipeline}/{self.step}",
+                ),
+                timeout=2,
+            )
+        self._consumer_ready = True
 
     def stop(self) -> None:
         if self._client is not None:
@@ -392,6 +418,7 @@ class JetStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     # -- executor side ---------------------------------------------------------------
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        worker_logs.ensure()
         assert isinstance(partition, SeqRange)
         decoder = Decoder(
             self.format,

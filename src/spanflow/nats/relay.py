@@ -31,6 +31,9 @@ class WanRelay:
         self.bytes_up = 0  # client → target (edge → hub)
         self.bytes_down = 0
         self.is_cut = False
+        self.is_silent = False
+        """The cable pulled (:meth:`silence`): bytes held, nothing closed."""
+        self._flowing: asyncio.Event | None = None
         self.tally: dict[str, int] | None = None
         """Set to ``{}`` to count bytes per subject prefix of leaf-node messages (debug)."""
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -49,6 +52,8 @@ class WanRelay:
             self._server = self._loop.run_until_complete(
                 asyncio.start_server(self._accept, "127.0.0.1", 0)
             )
+            self._flowing = asyncio.Event()
+            self._flowing.set()
             self.port = int(self._server.sockets[0].getsockname()[1])
             ready.set()
             self._loop.run_forever()
@@ -78,8 +83,23 @@ class WanRelay:
         self.is_cut = True
         self._call(self._close_all())
 
+    def silence(self) -> None:
+        """Pull the cable without telling anyone: no connection is closed, nothing is
+        refused, but no byte gets through (each is held, as TCP retransmits) until
+        :meth:`restore` — what a dead host or a dropped route does, unlike :meth:`cut`,
+        whose closed connections the clients notice at once."""
+        self.is_silent = True
+        self._set_flowing(False)
+
     def restore(self) -> None:
         self.is_cut = False
+        self.is_silent = False
+        self._set_flowing(True)
+
+    def _set_flowing(self, flowing: bool) -> None:
+        loop, event = self._loop, self._flowing
+        if loop is not None and event is not None:
+            loop.call_soon_threadsafe(event.set if flowing else event.clear)
 
     def _call(self, coro: Coroutine[Any, Any, None]) -> None:
         if self._loop is None:
@@ -91,6 +111,8 @@ class WanRelay:
         """Close the listener and every connection, then let the piping tasks see the
         end of their streams, so the loop stops with nothing pending ("Task was
         destroyed but it is pending")."""
+        if self._flowing is not None:
+            self._flowing.set()  # held bytes go nowhere now, but their senders must end
         if self._server is not None:
             self._server.close()
         await self._close_all()
@@ -110,6 +132,8 @@ class WanRelay:
         if self.is_cut:
             writer.close()
             return
+        assert self._flowing is not None
+        await self._flowing.wait()  # a silent cable: the connection hangs, unanswered
         try:
             up_reader, up_writer = await asyncio.open_connection(*self.target)
         except OSError:
@@ -152,6 +176,8 @@ class WanRelay:
                 wait = due - time.monotonic()
                 if wait > 0:
                     await asyncio.sleep(wait)
+                assert self._flowing is not None
+                await self._flowing.wait()
                 writer.write(chunk)
                 await writer.drain()
             writer.close()

@@ -86,6 +86,19 @@ def refusal(exc: BaseException) -> str | None:
     return None
 
 
+PING_INTERVAL = 2.0
+"""Seconds between a client's pings to its server. A server whose host died, or a link
+that went silent, closes nothing: the client learns of it only from pings left
+unanswered (nats-py's default, one every 2 minutes, left a node writing into a dead
+link for minutes, its peers told its data path was up)."""
+MAX_OUTSTANDING_PINGS = 3
+"""Unanswered pings after which the connection is stale and the client moves to
+another server: a silent link is left within 6 to 8 s (and :data:`CONNECT_TIMEOUT` more
+when the next try is the same silent server)."""
+CONNECT_TIMEOUT = 5.0
+"""Seconds one connection attempt may take (TCP, TLS and NATS's greeting)."""
+
+
 async def connect(url: str, *, identity: NatsIdentity | None = None, **options: Any) -> Client:
     """Connect with settings suited to a long-lived data-path client. ``url`` may list
     the servers of a cluster, comma-separated: the client fails over between them.
@@ -115,9 +128,11 @@ async def connect(url: str, *, identity: NatsIdentity | None = None, **options: 
     connecting = asyncio.ensure_future(
         nats.connect(
             server_list(url),
-            connect_timeout=5,
+            connect_timeout=CONNECT_TIMEOUT,
             max_reconnect_attempts=-1,
             reconnect_time_wait=0.5,
+            ping_interval=PING_INTERVAL,
+            max_outstanding_pings=MAX_OUTSTANDING_PINGS,
             pending_size=64 * 1024 * 1024,
             error_cb=on_error,
             **options,

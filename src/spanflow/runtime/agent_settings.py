@@ -42,10 +42,15 @@ class AgentTimings:
     """The same for an agent that can run without it: started from its saved
     registration (the uplink is likely down) or with its site's copy of its last-known
     assignments; those are not held up for long, and it keeps trying in the background."""
-    reconnect_grace: float = 20.0
+    reconnect_grace: float = 3.0
     """Seconds a node whose NATS connection is re-establishing still reports its data
-    path up: longer than JetStream's failover (about 11 s, see control.leadership), so
-    losing one NATS server never fails the nodes that were connected to it."""
+    path up: a client moves to another server of its site's cluster within a second of
+    losing one (0.2 s measured in benchmarks/chaos.py), so losing a NATS server fails no
+    node; a node whose own links are down fails within seconds and its fragments move.
+    A site whose every server is down fails no node early either: its nodes' peers are
+    cut off too, and only a peer the coordinator hears can say a node is disconnected.
+    (It was 20 s, sized from JetStream's failover, which a reconnection does not wait
+    for.)"""
     rejoin_every: float = 10.0
     """Longest wait between attempts to reach the control plane after starting without it."""
     register_timeout: float = 10.0
@@ -68,7 +73,7 @@ class AgentTimings:
         """An uplink with long round trips and short outages: twice the patience."""
         return cls(
             control_patience=30.0,
-            reconnect_grace=40.0,
+            reconnect_grace=6.0,
             register_timeout=20.0,
             shed_timeout=20.0,
             report_timeout=20.0,

@@ -213,6 +213,10 @@ class JetStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.phase_ms = int(options["phase_ms"])
         self.interval_ms = int(options["interval_ms"])
         self._catching_up = False
+        self._planned_before = False
+        """Whether this query planned a batch since it (re)started: the first one never
+        waits for its slot — a query started on a failed node's behalf has that node's
+        backlog to work off, and its output is already late."""
         self._fresh = True  # no offset planned since this query (re)started
         self._idle_since: tuple[str, float] | None = None
         """The agreed batch after which this replica found nothing new, and since when."""
@@ -340,8 +344,9 @@ class JetStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     raise
                 self._silence.tolerate(exc)
                 return dict(start)
-        if self.target is None and not self._catching_up:
+        if self.target is None and not self._catching_up and self._planned_before:
             wait_for_slot(self.phase_ms, self.interval_ms)  # see spanflow.spark.stagger
+        self._planned_before = True
         first, _, end = self._available_end(start, limit)
         if not self.heartbeat:
             return {"seq": end}

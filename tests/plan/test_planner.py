@@ -125,7 +125,7 @@ def test_accelerator_pins_choose_a_node_that_has_one_locally_and_globally():
     tpu = source.map(w="v", id="m").on(accelerators="tpu").sink_console(id="out")
     with pytest.raises(PlacementError, match=r"no node at site a has accelerators \['tpu'\]"):
         plan_pipeline(compile_fragments(tpu.spec(), topo), offline_view(topo))
-    with pytest.raises(SpecError, match="at least one tag or accelerator"):
+    with pytest.raises(SpecError, match="at least one tag, accelerator, cores or memory"):
         source.on()
 
 

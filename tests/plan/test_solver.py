@@ -3,12 +3,13 @@ solved exactly (HiGHS) and greedily, with the same costs."""
 
 from __future__ import annotations
 
+import contextlib
 import random
 
 import pytest
 
 from spanflow.plan.placement import PlacementError
-from spanflow.plan.solver import GroupDemand, NodeOffer, solve_exact, solve_greedy
+from spanflow.plan.solver import Flow, GroupDemand, NodeOffer, solve_exact, solve_greedy
 
 LINKS = {
     frozenset({"a", "cloud"}): 0.030,
@@ -132,3 +133,67 @@ def test_many_distinct_tags_are_matched_exactly() -> None:
         assert solve(groups, nodes, latency).placement == {"g1": "high", "g2": "low"}
     with pytest.raises(PlacementError, match="no node has tags"):
         solve_greedy([GroupDemand("g3", ("a",), tags=frozenset({"t3", "t65"}))], nodes, latency)
+
+
+def test_no_solver_places_a_group_where_memory_cores_or_a_link_fall_short() -> None:
+    """Random instances: every placement has the cores and memory the group asks for,
+    and no link it crosses carries less than what surely flows over it; the exact
+    solver is never worse than the greedy one with bandwidth in the cost."""
+    rng = random.Random(11)
+    placed = 0
+    for _ in range(40):
+        sites = [f"s{i}" for i in range(rng.randint(2, 5))]
+        lat_table = {frozenset({x, y}): rng.uniform(0.005, 0.1) for x in sites for y in sites}
+        bw_table = {frozenset({x, y}): rng.choice([1.0, 10.0, 100.0]) for x in sites for y in sites}
+
+        def lat(x: str, y: str, t: dict[frozenset[str], float] = lat_table) -> float | None:
+            return 0.0 if x == y else t[frozenset({x, y})]
+
+        def bw(x: str, y: str, t: dict[frozenset[str], float] = bw_table) -> float | None:
+            return None if x == y else t[frozenset({x, y})]
+
+        nodes = [
+            NodeOffer(
+                f"n{i}",
+                rng.choice(sites),
+                free_slots=rng.randint(1, 3),
+                cores=rng.choice([2, 4, 16]),
+                memory_mb=rng.choice([2048, 8192, 65536]),
+            )
+            for i in range(rng.randint(3, 10))
+        ]
+        groups = []
+        for i in range(rng.randint(1, 4)):
+            inputs = tuple(rng.sample(sites, rng.randint(1, len(sites))))
+            flows = tuple(
+                Flow(s, rng.choice([0.5, 5.0, 50.0]), at_most=rng.random() < 0.3) for s in inputs
+            )
+            groups.append(
+                GroupDemand(
+                    f"g{i}",
+                    inputs,
+                    cores=rng.choice([0, 4, 8]),
+                    memory_mb=rng.choice([0, 4096, 16384]),
+                    flows=flows,
+                    batch_seconds=1.0,
+                )
+            )
+        try:
+            exact = solve_exact(groups, nodes, lat, bw)
+        except PlacementError:
+            continue
+        greedy = None
+        with contextlib.suppress(PlacementError):  # greedy may paint itself into a corner
+            greedy = solve_greedy(groups, nodes, lat, bw)
+        by_name = {n.name: n for n in nodes}
+        for solution in (s for s in (exact, greedy) if s is not None):
+            for group in groups:
+                node = by_name[solution.placement[group.id]]
+                assert node.cores >= group.cores and node.memory_mb >= group.memory_mb
+                for flow in group.flows:
+                    link = bw(flow.site, node.site)
+                    assert flow.at_most or link is None or flow.mbps <= link
+            placed += 1
+        if greedy is not None:
+            assert exact.cost <= greedy.cost + 1e-9
+    assert placed > 10  # the instances are not all infeasible

@@ -23,7 +23,7 @@ nodes:
     capabilities: {cores: 4, memory_mb: 8g, accelerators: [tpu], tags: [camera], slots: 3}
     streams:
       - {name: CAMS, subjects: ["cams.>"], format: json, schema: {id: string}, key: id}
-    sinks: [ALERTS]
+    local: true
   - {name: c1, site: cloud}
 links:
   - {between: [edge-a, cloud], latency: 25ms, bandwidth_mbps: 40}

@@ -609,20 +609,46 @@ class Stream:
         """Run the last step, and everything after it, on a cloud node."""
         return self._pin(at="cloud")
 
-    def on(self, *, tags: Sequence[str] = (), accelerators: Sequence[str] = ()) -> Stream:
+    def on(
+        self,
+        *,
+        tags: Sequence[str] = (),
+        accelerators: Sequence[str] = (),
+        cores: int | None = None,
+        memory: str | int | None = None,
+    ) -> Stream:
         """Run the last step on a node that has all of ``tags`` (e.g. ``["line-a"]``) and
-        all of ``accelerators`` (e.g. ``["gpu"]``), as the topology declares them."""
+        all of ``accelerators`` (e.g. ``["gpu"]``), and offers at least ``cores`` cores
+        and ``memory`` (``"8g"``, or MiB), as the topology declares them.
+
+        >>> p = Pipeline("p")
+        >>> s = p.source("S", schema={"x": "double"}).map(y="x * 2").on(memory="8g")
+        >>> s.spec_step().node_memory_mb
+        8192
+        """
         if isinstance(tags, str):
             tags = [tags]
         if isinstance(accelerators, str):
             accelerators = [accelerators]
-        if not tags and not accelerators:
-            raise SpecError("on(): name at least one tag or accelerator")
-        step = next(s for s in self._steps if s.id == self.head)
-        return self._pin(
-            node_tags=tuple(dict.fromkeys((*step.node_tags, *tags))),
-            node_accelerators=tuple(dict.fromkeys((*step.node_accelerators, *accelerators))),
-        )
+        if not tags and not accelerators and cores is None and memory is None:
+            raise SpecError("on(): name at least one tag, accelerator, cores or memory")
+        step = self.spec_step()
+        update: dict[str, Any] = {
+            "node_tags": tuple(dict.fromkeys((*step.node_tags, *tags))),
+            "node_accelerators": tuple(dict.fromkeys((*step.node_accelerators, *accelerators))),
+        }
+        if cores is not None:
+            update["node_cores"] = cores
+        if memory is not None:
+            update["node_memory_mb"] = memory
+        try:
+            return self._pin(**update)
+        except ValidationError as exc:
+            raise SpecError(f"on(): {exc.errors()[0]['msg']}") from None
+
+    def spec_step(self) -> Step:
+        """The spec of the last step (what ``on()``, ``at_edge()``... pin)."""
+        return next(s for s in self._steps if s.id == self.head)
 
     def _pin(self, **update: Any) -> Stream:
         steps = tuple(

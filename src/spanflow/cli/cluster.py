@@ -366,17 +366,20 @@ def node(
     secrets = use_secrets(state_dir, "agent")
     if not token and secrets is not None:
         token = secrets.credentials().api_token(name)
+    told_memory = memory
     if master and master.startswith("spark://") and cores is None:
         cores, memory = _spark_cluster_offer(master, master_ui, memory)
     if shed_low >= shed_high:
         raise fail(SpanflowError("--shed-low must be below --shed-high (hysteresis)"))
     _check_gossip_profile(gossip_profile)
+    offered = _offered(cores, memory, slots, tag, realtime_slots)
     settings = AgentSettings(
         name=name,
         site=site,
         coordinator_url=coordinator_url,
         token=token or None,
-        capabilities=_offered(cores, memory, slots, tag, realtime_slots),
+        capabilities=offered,
+        spark_conf=_driver_memory(offered, told_memory, master),
         master=master,
         batch_offset=batch_offset,
         state_dir=state_dir,
@@ -395,6 +398,18 @@ def node(
         NodeAgent(settings).run(stop.event, after_spark=stop.install)
     except SpanflowError as exc:
         raise fail(exc) from None
+
+
+def _driver_memory(
+    offered: Capabilities | None, told: str | None, master: str | None
+) -> dict[str, str]:
+    """``--memory`` sizes the Spark driver of a node in local mode (detected memory
+    does not: a machine's total is not what a node may take)."""
+    from spanflow.runtime.spark_host import driver_memory_conf
+
+    if offered is None or told is None:
+        return {}
+    return driver_memory_conf(offered.memory_mb, master or "local")
 
 
 def _offered(

@@ -71,7 +71,6 @@ def register(tx: Draft, reg: Registration) -> NodeRecord:
             site=reg.site,
             capabilities=caps or Capabilities(),
             streams=reg.streams if reg.streams is not None else (base.streams if base else ()),
-            sinks=reg.sinks if reg.sinks is not None else (base.sinks if base else ()),
             local=base.local if base else False,
         )
     except ValidationError as exc:

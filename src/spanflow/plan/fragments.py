@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from spanflow.errors import SpecError
+from spanflow.plan.traffic import pulled, step_traffic
 from spanflow.protocol.names import CUT_SUBJECT_PREFIX as CUT_SUBJECT_PREFIX
 from spanflow.spec.cluster import Fragment
 from spanflow.spec.pipeline import PipelineSpec
@@ -109,12 +110,41 @@ def compile_fragments(
     local_sites = sorted({s for f in facts.values() if f.scope == "local" for s in f.sites})
     has_global = any(f.scope == "global" for f in facts.values())
     if len(local_sites) + has_global <= 1:
-        fragment = _whole(spec, plan, facts, local_sites, topology)
-        return CompiledPipeline(spec, plan, [fragment], reasons, scopes)
-    fragments = [_local(plan, facts, site, topology) for site in local_sites]
-    if has_global:
-        fragments.append(_global(plan, facts, topology))
-    return CompiledPipeline(spec, plan, fragments, reasons, scopes)
+        fragments = [_whole(spec, plan, facts, local_sites, topology)]
+    else:
+        fragments = [_local(plan, facts, site, topology) for site in local_sites]
+        if has_global:
+            fragments.append(_global(plan, facts, topology))
+    needs = _NodeNeeds(plan, facts, topology)
+    return CompiledPipeline(spec, plan, [needs.of(f) for f in fragments], reasons, scopes)
+
+
+class _NodeNeeds:
+    """What a fragment asks of its node besides tags and accelerators: the most cores
+    and memory any of its steps is pinned to, and what it pulls from each input site
+    (what a link would carry if it ran at another site)."""
+
+    def __init__(self, plan: PipelineSpec, facts: dict[str, _Facts], topology: Topology) -> None:
+        self.sites = {step_id: f.sites for step_id, f in facts.items()}
+        self.traffic = step_traffic(plan, self.sites, topology)
+        self.cuts = _cuts(plan, facts)
+        self.sources = {s.id for s in plan.sources()}
+
+    def of(self, fragment: Fragment) -> Fragment:
+        steps = fragment.spec.steps
+        boundary = [s for s in fragment.steps if s in self.sources]
+        if fragment.kind == "global":
+            boundary += self.cuts  # none when the pipeline is one fragment
+        traffic = pulled(boundary, self.sites, self.traffic)
+        if fragment.kind == "local" and fragment.site is not None:
+            traffic = {s: t for s, t in traffic.items() if s == fragment.site}
+        return fragment.model_copy(
+            update={
+                "node_cores": max((s.node_cores or 0 for s in steps), default=0),
+                "node_memory_mb": max((s.node_memory_mb or 0 for s in steps), default=0),
+                "traffic": traffic,
+            }
+        )
 
 
 # -- analysis -----------------------------------------------------------------------------

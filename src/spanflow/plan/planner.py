@@ -13,12 +13,21 @@ assumed up and idle).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from spanflow.plan.fragments import CompiledPipeline
 from spanflow.plan.placement import ClusterView, PlacementError, realtime_need, slot_need
-from spanflow.plan.solver import GroupDemand, NodeOffer, Solution, solve_exact, solve_greedy
+from spanflow.plan.solver import (
+    Flow,
+    GroupDemand,
+    NodeOffer,
+    Solution,
+    overfull_links,
+    path_seconds,
+    solve_exact,
+    solve_greedy,
+)
 from spanflow.spec.cluster import Fragment, NodeRecord, NodeState, PipelineRecord
 from spanflow.spec.topology import SiteKind, Topology
 
@@ -217,8 +226,9 @@ def _place_local(fragment: Fragment, view: ClusterView, skip: set[str]) -> Decis
             )
         best, latency = _nearest_elsewhere(fragment, view, skip, problem)
         why = f"fallback: {problem}; nearest capable node is {_ms(latency)} from {site}"
+        why += _link_notes(view.topology, fragment, best.spec.site)
     view.take(fragment, best.name)
-    if fragment.node_tags or fragment.node_accelerators:
+    if _pinned(fragment):
         why += f" ({_needs(fragment)})"
     return Decision(fragment, best.name, why, slots=view.need(fragment, best.name))
 
@@ -251,13 +261,26 @@ def _usage(view: ClusterView, fragment: Fragment, n: NodeRecord) -> str:
 
 
 def _fits(fragment: Fragment, n: NodeRecord) -> bool:
-    """Has the node every tag and accelerator the fragment's steps are pinned to, and
-    is it at a site that reaches the external systems the fragment uses?"""
+    """Has the node every tag and accelerator, and the cores and memory, the fragment's
+    steps are pinned to, and is it at a site that reaches the external systems the
+    fragment uses?"""
     caps = n.spec.capabilities
     if fragment.reach_sites is not None and n.spec.site not in fragment.reach_sites:
         return False
-    return set(fragment.node_tags) <= set(caps.tags) and set(fragment.node_accelerators) <= set(
-        caps.accelerators
+    return (
+        set(fragment.node_tags) <= set(caps.tags)
+        and set(fragment.node_accelerators) <= set(caps.accelerators)
+        and caps.cores >= fragment.node_cores
+        and caps.memory_mb >= fragment.node_memory_mb
+    )
+
+
+def _pinned(fragment: Fragment) -> bool:
+    return bool(
+        fragment.node_tags
+        or fragment.node_accelerators
+        or fragment.node_cores
+        or fragment.node_memory_mb
     )
 
 
@@ -267,12 +290,20 @@ def _needs(fragment: Fragment) -> str:
         parts.append(f"tags {sorted(fragment.node_tags)}")
     if fragment.node_accelerators:
         parts.append(f"accelerators {sorted(fragment.node_accelerators)}")
+    if fragment.node_cores:
+        parts.append(f"{fragment.node_cores} cores")
+    if fragment.node_memory_mb:
+        parts.append(f"{_memory(fragment.node_memory_mb)} of memory")
     return " and ".join(parts)
+
+
+def _memory(mb: int) -> str:
+    return f"{mb / 1024:g} GiB" if mb >= 1024 and mb % 128 == 0 else f"{mb} MiB"
 
 
 def _has(n: NodeRecord) -> str:
     caps = n.spec.capabilities
-    have = f"tags {list(caps.tags)}"
+    have = f"{caps.cores} cores, {_memory(caps.memory_mb)}, tags {list(caps.tags)}"
     if caps.accelerators:
         have += f", accelerators {list(caps.accelerators)}"
     return have
@@ -288,16 +319,25 @@ def _nearest_elsewhere(
     site = fragment.site
     assert site is not None
     options: list[tuple[float, tuple[float, int, str], NodeRecord]] = []
+    demand = _demand(fragment, view)
+    too_thin: set[str] = set()
     for n in view.schedulable(skip):
         if n.spec.site == site or not _fits(fragment, n):
             continue
-        latency = view.topology.latency(site, n.spec.site)
+        latency = path_seconds(demand, n.spec.site, view.topology.latency, _bandwidth(view))
         if latency is None or not view.fits(fragment, n.name):
+            continue
+        if _cannot_carry(demand, n.spec.site, view):
+            too_thin.add(n.spec.site)
             continue
         options.append((latency, _load_key(view, n), n))
     if not options:
+        thin = ""
+        if too_thin:
+            notes = [_link_notes(view.topology, fragment, t) for t in sorted(too_thin)]
+            thin = " (" + "; ".join(n.removeprefix("; ") for n in notes) + ")"
         raise PlacementError(
-            f"fragment {fragment.id}: {problem}, and no other linked site can take it"
+            f"fragment {fragment.id}: {problem}, and no other linked site can take it{thin}"
         )
     latency, _, best = min(options, key=lambda o: (o[0], o[1]))
     return best, latency
@@ -319,15 +359,13 @@ def _place_global(
     need = max(realtime_need(f) for f in fragments)
     offers = _offers(view, skip, need)
     demands = [
-        GroupDemand(
-            id=f.id,
-            input_sites=f.input_sites,
+        _demand(
+            f,
+            view,
             priority=priority,
-            slots=slot_need(f),
-            tags=frozenset(f.node_tags),
-            accelerators=frozenset(f.node_accelerators),
             latency_budget=budget,
             sites=_allowed_sites(f, cloud_sites),
+            batch_seconds=plan.trigger,
         )
         for f in fragments
     ]
@@ -341,12 +379,12 @@ def _place_global(
         raise PlacementError(
             f"fragment {fragments[0].id}: every live node is full (slots used: {usage})"
         )
-    solution = _solve(plan, demands, offers, topo, budget, exact_limit)
+    solution = _solve(plan, demands, offers, view, budget, exact_limit)
     for fragment, demand in zip(fragments, demands, strict=True):
         node = solution.placement[fragment.id]
         view.take(fragment, node)
         worst = solution.worst_latency[fragment.id]
-        alternatives = _alternatives(topo, offers, demand, node)
+        alternatives = _alternatives(view, offers, demand, node)
         plan.decisions.append(
             Decision(
                 fragment,
@@ -357,6 +395,61 @@ def _place_global(
                 slots=view.need(fragment, node),
             )
         )
+
+
+def _demand(
+    fragment: Fragment,
+    view: ClusterView,
+    *,
+    priority: int = 0,
+    latency_budget: float | None = None,
+    sites: frozenset[str] | None = None,
+    batch_seconds: float | None = None,
+) -> GroupDemand:
+    """What ``fragment`` asks of a node, in the solver's terms."""
+    return GroupDemand(
+        id=fragment.id,
+        input_sites=fragment.input_sites,
+        priority=priority,
+        slots=slot_need(fragment),
+        cores=fragment.node_cores,
+        memory_mb=fragment.node_memory_mb,
+        tags=frozenset(fragment.node_tags),
+        accelerators=frozenset(fragment.node_accelerators),
+        latency_budget=latency_budget,
+        sites=sites,
+        flows=tuple(Flow(site, t.mbps, t.at_most) for site, t in sorted(fragment.traffic.items())),
+        batch_seconds=fragment.spec.trigger if batch_seconds is None else batch_seconds,
+    )
+
+
+def _bandwidth(view: ClusterView) -> Callable[[str, str], float | None]:
+    return view.topology.bandwidth_mbps
+
+
+def _cannot_carry(demand: GroupDemand, site: str, view: ClusterView) -> bool:
+    """Would a link into ``site`` carry less than what ``demand`` surely pulls over it?"""
+    return any(not f.at_most for f, _ in overfull_links(demand, site, _bandwidth(view)))
+
+
+def _link_notes(topo: Topology, fragment: Fragment, site: str) -> str:
+    """What the fragment would ship into ``site`` over each link, and whether the link
+    carries it ('' when nothing crosses or no rate is declared)."""
+    notes = []
+    for source, traffic in sorted(fragment.traffic.items()):
+        mbps = topo.bandwidth_mbps(source, site)
+        if source == site or mbps is None:
+            continue
+        bound = "up to " if traffic.at_most else ""
+        note = f"ships {bound}{traffic.mbps:.1f} Mbit/s from {source} over a {mbps:g} Mbit/s link"
+        if traffic.mbps > mbps:
+            note += (
+                " — more than it carries (a filter on the way decides how much)"
+                if traffic.at_most
+                else " — more than it carries"
+            )
+        notes.append(note)
+    return "".join(f"; {n}" for n in notes)
 
 
 def _offers(view: ClusterView, skip: set[str], realtime: int) -> list[NodeOffer]:
@@ -382,20 +475,21 @@ def _solve(
     plan: Plan,
     demands: list[GroupDemand],
     offers: list[NodeOffer],
-    topo: Topology,
+    view: ClusterView,
     budget: float | None,
     exact_limit: int,
 ) -> Solution:
     """Exactly (HiGHS) when the problem is small enough, else greedily; the plan notes
     which, and both costs when it solved exactly. A refusal says what the budget left."""
+    latency, bandwidth = view.topology.latency, _bandwidth(view)
     try:
         if len(offers) * len(demands) <= exact_limit:
-            solution = solve_exact(demands, offers, topo.latency)
+            solution = solve_exact(demands, offers, latency, bandwidth)
             plan.exact_cost = solution.cost
-            plan.greedy_cost = solve_greedy(demands, offers, topo.latency).cost
+            plan.greedy_cost = solve_greedy(demands, offers, latency, bandwidth).cost
             plan.solver = "exact (HiGHS)"
         else:
-            solution = solve_greedy(demands, offers, topo.latency)
+            solution = solve_greedy(demands, offers, latency, bandwidth)
             plan.greedy_cost = solution.cost
             plan.solver = "greedy"
     except PlacementError as exc:
@@ -411,15 +505,8 @@ def _solve(
     return solution
 
 
-def _worst(topo: Topology, site: str, inputs: tuple[str, ...]) -> float | None:
-    values = [topo.latency(site, s) for s in inputs]
-    if any(v is None for v in values):
-        return None
-    return max((v for v in values if v is not None), default=0.0)
-
-
 def _alternatives(
-    topo: Topology, offers: list[NodeOffer], demand: GroupDemand, chosen: str, limit: int = 2
+    view: ClusterView, offers: list[NodeOffer], demand: GroupDemand, chosen: str, limit: int = 2
 ) -> list[tuple[str, float]]:
     out: list[tuple[float, str]] = []
     for o in offers:
@@ -427,7 +514,11 @@ def _alternatives(
             continue
         if not (demand.tags <= o.tags and demand.accelerators <= o.accelerators):
             continue
-        worst = _worst(topo, o.site, demand.input_sites)
+        if o.cores < demand.cores or o.memory_mb < demand.memory_mb:
+            continue
+        if _cannot_carry(demand, o.site, view):
+            continue
+        worst = path_seconds(demand, o.site, view.topology.latency, _bandwidth(view))
         if worst is not None:
             out.append((worst, o.name))
     return [(name, worst) for worst, name in sorted(out)[:limit]]
@@ -449,9 +540,9 @@ def _global_why(
     )
     if fragment.cloud:
         why += "; pinned to the cloud"
-    if fragment.node_tags or fragment.node_accelerators:
+    if _pinned(fragment):
         why += f"; {_needs(fragment)}"
-    return why + reach
+    return why + reach + _link_notes(topo, fragment, site)
 
 
 def offline_view(topology: Topology) -> ClusterView:

@@ -4,12 +4,16 @@ A *global group* needs data from several sites (the merge of partial aggregates,
 global model). SpanEdge's rule: put it where its worst-case latency to the sites of
 its inputs is least (MinMax), subject to capabilities, free slots and the latency
 budget. With ``cost[g, n]`` = that worst-case latency from node ``n``, placing groups
-is a generalised assignment problem:
+(plus the time one batch of its input takes to cross each link, where the
+topology's stream rates and link bandwidths tell) is a generalised assignment
+problem:
 
     minimise    Σ_g Σ_n  w_g · (cost[g, n] + ε · load[n]) · x[g, n]
     subject to  Σ_n x[g, n] = 1               every group placed once
                 Σ_g slots_g · x[g, n] ≤ free_n  capacity
-                x[g, n] = 0 where n lacks g's capabilities or breaks its budget
+                x[g, n] = 0 where n lacks g's capabilities (tags, accelerators,
+                            cores, memory), breaks its budget, or sits behind
+                            a link that cannot carry g's input
 
 ``w_g`` grows with priority, so when capacity is short the higher-priority group gets
 the better node. :func:`solve_exact` hands this to HiGHS; :func:`solve_greedy`
@@ -34,6 +38,16 @@ LOAD_WEIGHT = 1e-3
 
 
 @dataclass(frozen=True)
+class Flow:
+    """What a group pulls from one input site (megabits per second), estimated from the
+    declared stream rates; ``at_most`` when a filter on the way may drop records."""
+
+    site: str
+    mbps: float
+    at_most: bool = False
+
+
+@dataclass(frozen=True)
 class GroupDemand:
     id: str
     input_sites: tuple[str, ...]
@@ -47,6 +61,11 @@ class GroupDemand:
     """Seconds the worst input path may take (None: no limit)."""
     sites: frozenset[str] | None = None
     """Sites it may run in (None: any), e.g. the cloud sites for a cloud pin."""
+    flows: tuple[Flow, ...] = ()
+    """What it pulls from its input sites, where the topology's stream rates tell."""
+    batch_seconds: float = 0.0
+    """How much data one of its batches ships (its trigger): a batch's transfer time
+    over a link is ``batch_seconds × flow / bandwidth``."""
 
 
 @dataclass(frozen=True)
@@ -67,6 +86,50 @@ class NodeOffer:
 
 Latency = Callable[[str, str], float | None]
 """One-way latency between two sites in seconds; None when they are not connected."""
+
+Bandwidth = Callable[[str, str], float | None]
+"""Megabits per second between two sites; None within a site or for no limit."""
+
+
+def no_limit(a: str, b: str) -> float | None:
+    return None
+
+
+def transfer_seconds(demand: GroupDemand, source: str, site: str, bandwidth: Bandwidth) -> float:
+    """Seconds one batch of what ``demand`` pulls from ``source`` takes to cross to
+    ``site`` (0 within a site, over an unlimited link or when nothing is estimated)."""
+    mbps = bandwidth(source, site)
+    flow = sum(f.mbps for f in demand.flows if f.site == source)
+    if source == site or mbps is None or not flow:
+        return 0.0
+    return demand.batch_seconds * flow / mbps
+
+
+def overfull_links(
+    demand: GroupDemand, site: str, bandwidth: Bandwidth
+) -> list[tuple[Flow, float]]:
+    """The flows that would ship more than their link to ``site`` carries, with that
+    link's megabits per second."""
+    out = []
+    for flow in demand.flows:
+        mbps = bandwidth(flow.site, site)
+        if flow.site != site and mbps is not None and flow.mbps > mbps:
+            out.append((flow, mbps))
+    return out
+
+
+def path_seconds(
+    demand: GroupDemand, site: str, latency: Latency, bandwidth: Bandwidth
+) -> float | None:
+    """Worst seconds from ``demand``'s input sites to ``site``: one-way latency plus a
+    batch's transfer time (None when an input site is not linked)."""
+    worst = 0.0
+    for source in demand.input_sites:
+        one_way = latency(site, source)
+        if one_way is None:
+            return None
+        worst = max(worst, one_way + transfer_seconds(demand, source, site, bandwidth))
+    return worst
 
 
 @dataclass
@@ -91,26 +154,40 @@ class _Costs:
     """Feasibility and cost of every (group, node) pair, computed per site."""
 
     def __init__(
-        self, groups: Sequence[GroupDemand], nodes: Sequence[NodeOffer], latency: Latency
+        self,
+        groups: Sequence[GroupDemand],
+        nodes: Sequence[NodeOffer],
+        latency: Latency,
+        bandwidth: Bandwidth = no_limit,
     ) -> None:
         self.groups, self.nodes = list(groups), list(nodes)
+        self.bandwidth = bandwidth
         sites = sorted({n.site for n in nodes})
         site_index = {s: i for i, s in enumerate(sites)}
         node_site = np.array([site_index[n.site] for n in nodes], dtype=np.int64)
-        # worst[g, s]: worst latency from site s to g's input sites (inf if unreachable)
+        # worst[g, s]: worst latency (+ a batch's transfer) from site s to g's input
+        # sites (inf if unreachable); carried[g, s]: every link to s carries g's flows
         worst = np.zeros((len(groups), len(sites)))
+        carried = np.ones((len(groups), len(sites)), dtype=bool)
         for gi, g in enumerate(groups):
             for si, s in enumerate(sites):
-                values = [latency(s, src) for src in g.input_sites]
-                worst[gi, si] = max((np.inf if v is None else v for v in values), default=0.0)
-        self.worst = worst[:, node_site] if len(nodes) else np.zeros((len(groups), 0))
+                path = path_seconds(g, s, latency, bandwidth)
+                worst[gi, si] = np.inf if path is None else path
+                if g.flows:
+                    over = overfull_links(g, s, bandwidth)
+                    carried[gi, si] = not any(not flow.at_most for flow, _ in over)
+        empty = np.zeros((len(groups), 0))
+        self.worst = worst[:, node_site] if len(nodes) else empty
+        self.carried = carried[:, node_site] if len(nodes) else empty.astype(bool)
         capable = self._capable(groups, nodes)
         budget = np.array(
             [np.inf if g.latency_budget is None else g.latency_budget for g in groups]
         )
         self.capable = capable
         self.capacity = np.array([_capacity(n) for n in nodes], dtype=np.int64)
-        self.feasible = capable & np.isfinite(self.worst) & (self.worst <= budget[:, None])
+        self.feasible = (
+            capable & self.carried & np.isfinite(self.worst) & (self.worst <= budget[:, None])
+        )
         load = np.array([n.load for n in nodes])
         weights = np.array([_weight(g.priority) for g in groups])
         self.cost = weights[:, None] * (self.worst + LOAD_WEIGHT * load[None, :])
@@ -187,11 +264,27 @@ class _Costs:
         best = float(reachable.min())
         if not np.isfinite(best):
             return f"group {g.id}: no capable node is linked to all of {list(g.input_sites)}"
+        if not self.carried[gi][self.capable[gi]].any():
+            return f"group {g.id}: {self._overfull(gi)}"
+        reachable = self.worst[gi][self.capable[gi] & self.carried[gi]]
+        best = float(reachable.min())
         assert g.latency_budget is not None
         return (
             f"group {g.id}: latency budget {g.latency_budget * 1000:.0f} ms is "
             f"{(best - g.latency_budget) * 1000:.0f} ms short: the best capable node is "
             f"{best * 1000:.0f} ms from its farthest input"
+        )
+
+    def _overfull(self, gi: int) -> str:
+        """Why no link can carry group ``gi``'s input, for the nearest capable node."""
+        g = self.groups[gi]
+        capable = np.flatnonzero(self.capable[gi])
+        node = self.nodes[int(capable[np.argmin(self.worst[gi][capable])])]
+        return "; ".join(
+            f"the link {flow.site}–{node.site} carries {mbps:g} Mbit/s, but what it pulls "
+            f"from {flow.site} is {flow.mbps:.1f} Mbit/s at the declared stream rates"
+            for flow, mbps in overfull_links(g, node.site, self.bandwidth)
+            if not flow.at_most
         )
 
     def check(self) -> None:
@@ -215,12 +308,15 @@ class _Costs:
 
 
 def solve_greedy(
-    groups: Sequence[GroupDemand], nodes: Sequence[NodeOffer], latency: Latency
+    groups: Sequence[GroupDemand],
+    nodes: Sequence[NodeOffer],
+    latency: Latency,
+    bandwidth: Bandwidth = no_limit,
 ) -> Solution:
     """Highest priority first (then the most constrained); each on its cheapest feasible
     node that still has room."""
     started = time.perf_counter()
-    c = _Costs(groups, nodes, latency)
+    c = _Costs(groups, nodes, latency, bandwidth)
     c.check()
     free = np.array([n.free_slots for n in nodes], dtype=np.int64)
     order = sorted(
@@ -246,6 +342,7 @@ def solve_exact(
     groups: Sequence[GroupDemand],
     nodes: Sequence[NodeOffer],
     latency: Latency,
+    bandwidth: Bandwidth = no_limit,
     *,
     time_limit: float = 30.0,
 ) -> Solution:
@@ -254,7 +351,7 @@ def solve_exact(
     from scipy.sparse import coo_matrix
 
     started = time.perf_counter()
-    c = _Costs(groups, nodes, latency)
+    c = _Costs(groups, nodes, latency, bandwidth)
     c.check()
     pairs = np.argwhere(c.feasible)  # one variable per feasible (group, node)
     nvar = len(pairs)

@@ -116,7 +116,6 @@ class Registration(BaseModel):
         default=None, description="What the agent measured; used when nothing else is known."
     )
     streams: tuple[HostedStream, ...] | None = None
-    sinks: tuple[str, ...] | None = None
 
 
 class Connection(_Answer):

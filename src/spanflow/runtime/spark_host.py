@@ -35,6 +35,30 @@ def spark_master(settings: AgentSettings, caps: Capabilities) -> str:
     )
 
 
+MIN_DRIVER_HEAP_MB = 512
+"""The smallest JVM heap a node's Spark driver gets: below it a stateful query's first
+batch ran out of heap in local mode."""
+
+
+def driver_memory_conf(memory_mb: int, master: str) -> dict[str, str]:
+    """Spark settings for a node told to offer ``memory_mb`` (``--memory``): in local
+    mode the driver JVM is the whole of Spark, and half the memory goes to its heap —
+    the other half is for what lives outside it: a Python worker per task (100-300 MB
+    each), RocksDB's native memory and the operating system. On a Spark cluster the
+    workers' own ``--memory`` bounds the executors; the driver keeps its default.
+
+    >>> driver_memory_conf(4096, "local[4,3]")
+    {'spark.driver.memory': '2048m'}
+    >>> driver_memory_conf(600, "local[2]")
+    {'spark.driver.memory': '512m'}
+    >>> driver_memory_conf(8192, "spark://10.0.0.5:7077")
+    {}
+    """
+    if not master.startswith("local"):
+        return {}
+    return {"spark.driver.memory": f"{max(MIN_DRIVER_HEAP_MB, memory_mb // 2)}m"}
+
+
 class SparkWarmUp:
     """A SparkSession built on a background thread while the agent does other work."""
 

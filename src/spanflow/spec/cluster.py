@@ -91,6 +91,26 @@ class Transition(BaseModel):
     reason: str = ""
 
 
+class Traffic(BaseModel):
+    """What a fragment pulls from one site, estimated from the topology's declared
+    stream rates (``nodes[].streams[].rate``): the planner checks it against the link's
+    bandwidth when the fragment runs at another site."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    bytes_per_s: float = Field(ge=0)
+    at_most: bool = Field(
+        default=False,
+        description="An upper bound: a filter on the way may drop records (the planner "
+        "then explains an overfull link instead of refusing it).",
+    )
+    streams: tuple[str, ...] = Field(default=(), description="The declared streams it comes from.")
+
+    @property
+    def mbps(self) -> float:
+        return self.bytes_per_s * 8 / 1e6
+
+
 class Fragment(BaseModel):
     """A piece of a pipeline that runs on one node as Spark queries.
 
@@ -118,6 +138,15 @@ class Fragment(BaseModel):
     node_tags: tuple[str, ...] = Field(default=(), description="Tags its node must have.")
     node_accelerators: tuple[str, ...] = Field(
         default=(), description="Accelerators its node must have."
+    )
+    node_cores: int = Field(default=0, ge=0, description="Cores its node must offer (0: any).")
+    node_memory_mb: int = Field(
+        default=0, ge=0, description="Memory (MiB) its node must offer (0: any)."
+    )
+    traffic: dict[str, Traffic] = Field(
+        default_factory=dict,
+        description="Input site → what it pulls from there, where the topology's declared "
+        "stream rates tell (the planner checks it against the links' bandwidth).",
     )
     reach_sites: tuple[str, ...] | None = Field(
         default=None,

@@ -69,6 +69,24 @@ def field_type(declared: str) -> tuple[str, bool]:
     return declared.rstrip("?"), declared.endswith("?")
 
 
+_JSON_VALUE_BYTES = {"string": 16, "long": 8, "double": 12, "boolean": 5, "timestamp": 26,
+                     "binary": 24}  # fmt: skip
+"""A typical value's length in JSON (a timestamp as ISO 8601 text, binary as base64)."""
+
+
+def estimated_json_bytes(schema: dict[str, str]) -> int:
+    """Roughly how many bytes one record of ``schema`` takes as a JSON object: each
+    field's quoted name, a colon, a typical value and a comma, plus the braces. An
+    estimate for planning (link bandwidth), not a limit.
+
+    >>> estimated_json_bytes({"device": "string", "ts": "timestamp", "t": "double"})
+    77
+    """
+    fields = sum(len(name) + 4 + _JSON_VALUE_BYTES.get(field_type(t)[0], 16)
+                 for name, t in schema.items())  # fmt: skip
+    return 2 + fields
+
+
 SPARK_TYPES_BY_NAME = {
     "string": "string",
     "long": "bigint",

@@ -25,13 +25,37 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from spanflow.spec.durations import Duration
 from spanflow.spec.retention import DEFAULT_RETENTION, Retention
-from spanflow.spec.schema import Schema, StreamFormat
+from spanflow.spec.schema import Schema, StreamFormat, estimated_json_bytes
 
 NAME = r"^[A-Za-z0-9][A-Za-z0-9_-]*$"
 """Site and node names: they become NATS subject tokens and KV keys, so no dots."""
 
 _MEMORY = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$", re.IGNORECASE)
 _MEMORY_UNITS = {"": 1 / (1024 * 1024), "k": 1 / 1024, "m": 1, "g": 1024, "t": 1024 * 1024}
+
+
+DEFAULT_RECORD_BYTES = 200
+"""Bytes per record assumed for a stream with a rate but no schema or record_bytes."""
+
+MESSAGE_OVERHEAD_BYTES = 100
+"""What a JetStream message adds to its payload on a link: the subject, the
+``Nats-Msg-Id`` header and the protocol line (measured ≈90 bytes for spanflow's cut
+subjects and ids)."""
+
+
+def memory_mb(value: Any) -> Any:
+    """MiB from a size like ``"512m"`` or ``"4g"``; anything else as given (a number is
+    MiB already; pydantic checks the rest).
+
+    >>> memory_mb("4g"), memory_mb("512m"), memory_mb(100)
+    (4096, 512, 100)
+    """
+    if isinstance(value, str):
+        match = _MEMORY.match(value)
+        if not match:
+            raise ValueError(f"memory {value!r} is not a size like 512m or 4g")
+        return int(float(match.group(1)) * _MEMORY_UNITS[match.group(2).lower()])
+    return value
 
 
 class SiteKind(StrEnum):
@@ -90,6 +114,29 @@ class HostedStream(BaseModel):
     retention: Retention | None = Field(
         default=None, description="This stream's limits; default: its site's."
     )
+    rate: float | None = Field(
+        default=None,
+        gt=0,
+        description="Records per second published here at the busiest (optional): the "
+        "planner checks what a fragment would ship across a site link against the "
+        "link's bandwidth_mbps.",
+    )
+    record_bytes: int | None = Field(
+        default=None,
+        ge=1,
+        description="Bytes per record on the wire; default: estimated from the schema as "
+        "JSON (spanflow.spec.schema.estimated_json_bytes), 200 without a schema.",
+    )
+
+    def bytes_per_second(self) -> float | None:
+        """What this stream carries at its declared rate, message overhead included
+        (None: no rate declared)."""
+        if self.rate is None:
+            return None
+        size = self.record_bytes
+        if size is None:
+            size = estimated_json_bytes(self.schema_) if self.schema_ else DEFAULT_RECORD_BYTES
+        return self.rate * (size + MESSAGE_OVERHEAD_BYTES)
 
 
 class Capabilities(BaseModel):
@@ -113,12 +160,7 @@ class Capabilities(BaseModel):
     @field_validator("memory_mb", mode="before")
     @classmethod
     def _memory(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            match = _MEMORY.match(value)
-            if not match:
-                raise ValueError(f"memory {value!r} is not a size like 512m or 4g")
-            return int(float(match.group(1)) * _MEMORY_UNITS[match.group(2).lower()])
-        return value
+        return memory_mb(value)
 
     @property
     def fragment_slots(self) -> int:
@@ -140,8 +182,22 @@ class NodeSpec(BaseModel):
     site: str = Field(pattern=NAME, max_length=64)
     capabilities: Capabilities = Field(default_factory=Capabilities)
     streams: tuple[HostedStream, ...] = Field(default=(), description="Streams born here.")
-    sinks: tuple[str, ...] = Field(default=(), description="Sinks this node can reach.")
     local: bool = Field(default=False, description="`spanflow up` starts this node here.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_sinks(cls, data: Any) -> Any:
+        """``sinks`` was accepted and never used: the systems a site reaches are
+        ``externals[]``. An empty list (as older records store it) is dropped."""
+        if isinstance(data, dict) and "sinks" in data:
+            data = dict(data)
+            if data.pop("sinks"):
+                raise ValueError(
+                    "'sinks' is no longer a node field (it was never used): declare the "
+                    "systems a site's nodes can write to under externals: with the sites "
+                    "that reach them (docs/topology.md#sections)"
+                )
+        return data
 
     def hosts(self, stream: str) -> bool:
         return any(s.name == stream for s in self.streams)
@@ -275,6 +331,16 @@ class Topology(BaseModel):
         for link in self.links:
             if link.key() == {a, b}:
                 return link.latency
+        return None
+
+    def bandwidth_mbps(self, a: str, b: str) -> float | None:
+        """Megabits per second between two sites (None within a site: no link to fill,
+        or when they are not linked)."""
+        if a == b:
+            return None
+        for link in self.links:
+            if link.key() == {a, b}:
+                return link.bandwidth_mbps
         return None
 
     def hosts_of(self, stream: str) -> list[NodeSpec]:

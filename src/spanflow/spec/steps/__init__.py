@@ -15,6 +15,7 @@ from pydantic import Field
 from spanflow.plugins import import_all
 from spanflow.spec.steps.base import (
     Placement,
+    Rate,
     Split,
     StepBase,
     StreamFacts,
@@ -51,6 +52,7 @@ __all__ = [
     "STEP_CLASSES",
     "STEP_TYPES",
     "Placement",
+    "Rate",
     "Split",
     "Step",
     "StepBase",

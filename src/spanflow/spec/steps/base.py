@@ -28,7 +28,9 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from spanflow.spec.topology import memory_mb
 
 STEP_ID = r"^[A-Za-z_][A-Za-z0-9_-]*$"
 FUNCTION_REF = r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.<>]*$"
@@ -51,6 +53,20 @@ class Placement(StrEnum):
     KEYED = "keyed"
     """Keeps state per key: runs at each site when its key is born at one site, else
     where every site's data meets (or split into partial + merge, see ``split``)."""
+
+
+class Rate(StrEnum):
+    """What a step does to the number of records per second it is given: how the planner
+    carries a stream's declared rate to what a fragment ships across a site link."""
+
+    KEEPS = "keeps"
+    """One record out per record in (select, map, key_by, event time, score, enrich)."""
+    AT_MOST = "at_most"
+    """At most one record out per record in (filter): the rate is an upper bound."""
+    SUMS = "sums"
+    """Its inputs' rates added (union)."""
+    UNKNOWN = "unknown"
+    """Anything else (windows, keyed state, patterns): not estimated."""
 
 
 @dataclass(frozen=True)
@@ -79,6 +95,14 @@ class Split:
 
 _REGISTRY: dict[str, type[StepBase]] = {}
 
+NO_NODE_PINS: dict[str, Any] = {
+    "node_tags": (),
+    "node_accelerators": (),
+    "node_cores": None,
+    "node_memory_mb": None,
+}
+"""The node pins of a step that may run on any node."""
+
 
 class StepBase(BaseModel):
     """Fields and traits common to every step type."""
@@ -90,6 +114,8 @@ class StepBase(BaseModel):
     placement: ClassVar[Placement] = Placement.RECORD
     local_reason: ClassVar[str] = "record by record, where its data is"
     """Why a RECORD step runs where it does (the planner adds the sites)."""
+    rate: ClassVar[Rate] = Rate.UNKNOWN
+    """How it changes its input's records per second (link bandwidth estimates)."""
 
     id: str = Field(pattern=STEP_ID, max_length=64, description="Unique, readable step id.")
     inputs: tuple[str, ...] = Field(default=(), description="Ids of the upstream steps.")
@@ -105,6 +131,24 @@ class StepBase(BaseModel):
         default=(),
         description="Pin: the step runs on a node with all of these accelerators (e.g. gpu).",
     )
+    node_cores: int | None = Field(
+        default=None,
+        ge=1,
+        le=4096,
+        description="Pin: the step runs on a node that offers at least this many cores "
+        "(its capabilities.cores).",
+    )
+    node_memory_mb: int | None = Field(
+        default=None,
+        ge=1,
+        description="Pin: the step runs on a node that offers at least this much memory "
+        "(its capabilities.memory_mb); '8g' and '512m' accepted.",
+    )
+
+    @field_validator("node_memory_mb", mode="before")
+    @classmethod
+    def _memory_size(cls, value: Any) -> Any:
+        return memory_mb(value)
 
     @classmethod
     def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
@@ -124,7 +168,13 @@ class StepBase(BaseModel):
             "at": self.at,
             "node_tags": self.node_tags,
             "node_accelerators": self.node_accelerators,
+            "node_cores": self.node_cores,
+            "node_memory_mb": self.node_memory_mb,
         }
+
+    def node_pins(self) -> dict[str, Any]:
+        """The pins on the node a step runs on (tags, accelerators, cores, memory)."""
+        return {k: v for k, v in self.pins().items() if k != "at"}
 
     @property
     def type_name(self) -> str:

@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from spanflow.spec.durations import Duration, SignedDuration
 from spanflow.spec.schema import Schema
-from spanflow.spec.steps.base import Placement, StepBase, StreamFacts, one_or_many
+from spanflow.spec.steps.base import Placement, Rate, StepBase, StreamFacts, one_or_many
 
 
 class JoinStep(StepBase):
@@ -149,6 +149,7 @@ class EnrichStep(StepBase):
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
 
     local_reason: ClassVar[str] = "looks each record up in the table, where its data is"
+    rate: ClassVar[Rate] = Rate.AT_MOST  # how: inner drops records without a row
 
     def keeps_python_state(self) -> bool:
         return self.path is None  # a live table is kept per key in Python

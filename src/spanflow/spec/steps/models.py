@@ -12,7 +12,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field, field_validator, model_validator
 
 from spanflow.spec.durations import Duration, parse_duration
-from spanflow.spec.steps.base import Placement, StepBase, StreamFacts, one_or_many
+from spanflow.spec.steps.base import Placement, Rate, StepBase, StreamFacts, one_or_many
 
 METHOD = r"^(likelihood|multivariate|robust|hst|river:[A-Za-z_][\w]*(\.[A-Za-z_]\w*)+)$"
 _CALL = re.compile(r"^\s*(quantile|adaptive)\s*\(\s*([0-9.eE+-]+)\s*\)\s*$")
@@ -276,6 +276,8 @@ class ScoreStep(StepBase):
     stream's key) instead of production. ``model_version`` names the version that
     made each ``prediction``.
     """
+
+    rate: ClassVar[Rate] = Rate.KEEPS
 
     type: Literal["score"] = "score"
     model: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$", description="Registry model name.")

@@ -13,11 +13,13 @@ from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from spanflow.spec.durations import Duration
 from spanflow.spec.schema import Schema
-from spanflow.spec.steps.base import FunctionRef, StepBase, StreamFacts, one_or_many
+from spanflow.spec.steps.base import FunctionRef, Rate, StepBase, StreamFacts, one_or_many
 
 
 class FilterStep(StepBase):
     """Keeps the records for which a SQL predicate (or a Python function) is true."""
+
+    rate: ClassVar[Rate] = Rate.AT_MOST
 
     type: Literal["filter"] = "filter"
     where: str | None = Field(default=None, description="Spark SQL predicate, e.g. 'temp > 30'.")
@@ -37,6 +39,8 @@ class FilterStep(StepBase):
 
 class SelectStep(StepBase):
     """Projects records with Spark SQL expressions ('temp * 1.8 + 32 AS temp_f')."""
+
+    rate: ClassVar[Rate] = Rate.KEEPS
 
     type: Literal["select"] = "select"
     columns: tuple[str, ...] = Field(min_length=1)
@@ -59,6 +63,8 @@ class SelectStep(StepBase):
 
 class MapStep(StepBase):
     """Adds or replaces columns with SQL expressions, or maps each record with Python."""
+
+    rate: ClassVar[Rate] = Rate.KEEPS
 
     type: Literal["map"] = "map"
     columns: dict[str, str] | None = Field(
@@ -109,6 +115,8 @@ class FlatMapStep(StepBase):
 class KeyByStep(StepBase):
     """Sets the key that windows, counts, processors and de-duplication group by."""
 
+    rate: ClassVar[Rate] = Rate.KEEPS
+
     type: Literal["key_by"] = "key_by"
     key: tuple[str, ...] = Field(min_length=1)
 
@@ -127,6 +135,8 @@ class KeyByStep(StepBase):
 class EventTimeStep(StepBase):
     """Declares the event-time field and how out of order events may arrive."""
 
+    rate: ClassVar[Rate] = Rate.KEEPS
+
     type: Literal["event_time"] = "event_time"
     field: str
     max_out_of_orderness: Duration = Field(default=0.0, le=86400)
@@ -140,6 +150,8 @@ class EventTimeStep(StepBase):
 
 class UnionStep(StepBase):
     """Records of all inputs in one stream; the inputs must have the same columns."""
+
+    rate: ClassVar[Rate] = Rate.SUMS
 
     arity: ClassVar[tuple[int, int | None]] = (2, None)
 

@@ -11,6 +11,7 @@ from pydantic import Field, model_validator
 from spanflow.spec.aggregates import check_aggregates
 from spanflow.spec.durations import Duration
 from spanflow.spec.steps.base import (
+    NO_NODE_PINS,
     FunctionRef,
     Placement,
     Split,
@@ -132,8 +133,7 @@ class WindowStep(StepBase):
                 "id": partial_id,
                 "partial": True,
                 "at": None,
-                "node_tags": (),
-                "node_accelerators": (),
+                **NO_NODE_PINS,
             }
         )
         merge = MergeStep(
@@ -141,8 +141,7 @@ class WindowStep(StepBase):
             inputs=(partial_id,),
             key=inputs[0].key,
             aggregates=dict(self.aggregates),
-            node_tags=self.node_tags,
-            node_accelerators=self.node_accelerators,
+            **self.node_pins(),
         )
         return Split(partial=partial, merge=merge)
 

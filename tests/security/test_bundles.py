@@ -166,6 +166,38 @@ def test_a_node_token_registers_and_sheds_as_its_node_and_does_nothing_else(
     assert api.get("/api/v1/nodes", headers=operator).status_code == 200
 
 
+def test_a_node_token_reports_its_own_executor_allocation_only(
+    api: TestClient, full: Secrets, tmp_path: Path
+) -> None:
+    full.export(tmp_path / "agent", "agent", node="a1")
+    token = Secrets(tmp_path / "agent").credentials().api_token("a1")
+    mine = {"Authorization": f"Bearer {token}"}
+    body = {"name": "a1", "site": "edge-a", "agent_id": "agent-a1"}
+    assert api.post("/api/v1/nodes", json=body, headers=mine).status_code == 201
+    report = {
+        "executors_before": 1,
+        "executors": 2,
+        "min_executors": 1,
+        "max_executors": 3,
+        "cores": 2,
+        "memory_mb": 2048,
+        "pressure": 1.8,
+        "reason": "batch pressure 1.80 above 1 for 10 s",
+    }
+    answer = api.post("/api/v1/nodes/a1/scaled", json=report, headers=mine)
+    assert answer.status_code == 200 and answer.json()["executors"] == 2, answer.text
+    assert api.post("/api/v1/nodes/a2/scaled", json=report, headers=mine).status_code == 403
+    outside = api.post("/api/v1/nodes/a1/scaled", json={**report, "executors": 4}, headers=mine)
+    assert outside.status_code == 422 and "outside 1:3" in outside.text
+    extra = api.post("/api/v1/nodes/a1/scaled", json={**report, "why": 1}, headers=mine)
+    assert extra.status_code == 422
+    operator = {"Authorization": f"Bearer {full.credentials().rest_token}"}
+    log = api.get("/api/v1/cluster/log?limit=100", headers=operator).json()
+    scaled = [r["detail"] for r in log if r["kind"] == "node-scaled"]
+    bounds = ("min_executors", "max_executors")
+    assert scaled == [{"node": "a1", **{k: v for k, v in report.items() if k not in bounds}}]
+
+
 def test_a_revoked_device_is_cut_off_at_the_reload(full: Secrets, tmp_path: Path) -> None:
     with EmbeddedNats(tmp_path / "nats", secrets=full) as server:
 

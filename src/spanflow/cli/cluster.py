@@ -17,6 +17,7 @@ from rich.console import Group
 from rich.live import Live
 from rich.table import Table
 
+from spanflow.cli import scaling
 from spanflow.cli.common import (
     Interrupted,
     _quiet_spark,
@@ -353,6 +354,12 @@ def node(
     shed_low: ShedLowOption = 0.6,
     shed_sustain: Annotated[float, typer.Option(help="Seconds overloaded before shedding.")] = 10.0,
     shed_cooldown: Annotated[float, typer.Option(help="Seconds between two shed requests.")] = 30.0,
+    executors: scaling.ExecutorsOption = None,
+    executor_cores: scaling.ExecutorCoresOption = 1,
+    executor_memory: scaling.ExecutorMemoryOption = "1g",
+    scale_out_after: scaling.ScaleOutAfterOption = 10.0,
+    scale_in_after: scaling.ScaleInAfterOption = 60.0,
+    scale_cooldown: scaling.ScaleCooldownOption = 30.0,
 ) -> None:
     """Run a node agent: register (retrying for as long as it takes), heartbeat, run
     assigned fragments as Spark queries. A node that registered before starts from its
@@ -372,6 +379,18 @@ def node(
     if shed_low >= shed_high:
         raise fail(SpanflowError("--shed-low must be below --shed-high (hysteresis)"))
     _check_gossip_profile(gossip_profile)
+    try:
+        scale = scaling.scaling_config(
+            executors,
+            master,
+            executor_cores,
+            executor_memory,
+            scale_out_after,
+            scale_in_after,
+            scale_cooldown,
+        )
+    except SpanflowError as exc:
+        raise fail(exc) from None
     offered = _offered(cores, memory, slots, tag, realtime_slots)
     settings = AgentSettings(
         name=name,
@@ -379,7 +398,8 @@ def node(
         coordinator_url=coordinator_url,
         token=token or None,
         capabilities=offered,
-        spark_conf=_driver_memory(offered, told_memory, master),
+        spark_conf={**_driver_memory(offered, told_memory, master), **scaling.spark_conf(scale)},
+        scaling=scale,
         master=master,
         batch_offset=batch_offset,
         state_dir=state_dir,

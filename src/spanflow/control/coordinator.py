@@ -60,7 +60,7 @@ from spanflow.nats.cluster import (
 from spanflow.nats.streams import connect
 from spanflow.plan import Placer
 from spanflow.plan.planner import GeoPlacer
-from spanflow.protocol.messages import Activity, Heartbeat, ShedRequest
+from spanflow.protocol.messages import Activity, Heartbeat, ScaleReport, ShedRequest
 from spanflow.protocol.metrics import FragmentRuntime
 from spanflow.protocol.rest import (
     ClusterInfo,
@@ -480,6 +480,12 @@ class Coordinator:
         return ShedAnswer.model_validate(
             {"fragment": a.fragment.id, "from": node, "to": moving.move_to, "epoch": a.epoch}
         )
+
+    async def node_scaled(self, name: str, report: ScaleReport) -> NodeRecord:
+        """A node on a Spark cluster changed its executor allocation: the control log
+        (and the dashboard's control events) say so, with the pressure that made it."""
+        await self._decide(lambda tx: registry.scaled(tx, name, report))
+        return self.node(name)
 
     async def update_capabilities(self, name: str, caps: Capabilities) -> NodeRecord:
         def decide(tx: Draft) -> None:

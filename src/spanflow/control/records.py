@@ -95,6 +95,21 @@ class NodeCapabilitiesChanged(_Record):
     capabilities: Capabilities
 
 
+class NodeScaled(_Record):
+    """A node on a Spark cluster asked for more executors, or gave some back: its
+    allocation within its declared bounds (its capabilities, which the planner places
+    by, stay what it can grow to)."""
+
+    kind: Literal["node-scaled"] = "node-scaled"
+    node: str
+    executors_before: int
+    executors: int
+    cores: int
+    memory_mb: int
+    pressure: float
+    reason: str
+
+
 class NodeRemoved(_Record):
     kind: Literal["node-removed"] = "node-removed"
     node: str
@@ -252,6 +267,7 @@ RECORD_CLASSES: tuple[type[_Record], ...] = (
     NodeRecovered,
     NodeDrained,
     NodeCapabilitiesChanged,
+    NodeScaled,
     NodeRemoved,
     PipelineSubmitted,
     PipelineStateChanged,
@@ -280,6 +296,7 @@ Record = Annotated[
     | NodeRecovered
     | NodeDrained
     | NodeCapabilitiesChanged
+    | NodeScaled
     | NodeRemoved
     | PipelineSubmitted
     | PipelineStateChanged

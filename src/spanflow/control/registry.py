@@ -13,6 +13,7 @@ from spanflow.control import records as r
 from spanflow.control.errors import Conflict, Invalid, NotFound
 from spanflow.control.requests import Registration
 from spanflow.control.state import ClusterState, Draft
+from spanflow.protocol.messages import ScaleReport
 from spanflow.protocol.rest import Connection
 from spanflow.spec.cluster import NodeRecord, NodeState
 from spanflow.spec.retention import DEFAULT_RETENTION
@@ -103,6 +104,30 @@ def remove(tx: Draft, name: str) -> None:
 def update_capabilities(tx: Draft, name: str, caps: Capabilities) -> None:
     node(tx.state, name)
     tx.add(r.NodeCapabilitiesChanged, node=name, capabilities=caps)
+
+
+def scaled(tx: Draft, name: str, report: ScaleReport) -> None:
+    """Record a node's new executor allocation (refused for a node that does not run,
+    or a total outside the bounds it reports)."""
+    record = node(tx.state, name)
+    if record.state != NodeState.ALIVE:
+        raise Conflict("node_not_alive", f"node {name!r} is {record.state.value}, not alive")
+    if not report.min_executors <= report.executors <= report.max_executors:
+        raise Invalid(
+            "executors_out_of_bounds",
+            f"{report.executors} executors is outside {report.min_executors}:"
+            f"{report.max_executors}",
+        )
+    tx.add(
+        r.NodeScaled,
+        node=name,
+        executors_before=report.executors_before,
+        executors=report.executors,
+        cores=report.cores,
+        memory_mb=report.memory_mb,
+        pressure=report.pressure,
+        reason=report.reason,
+    )
 
 
 def put_site(tx: Draft, site: Site) -> None:

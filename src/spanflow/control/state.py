@@ -151,6 +151,9 @@ def apply(state: ClusterState, record: r.Record) -> None:
             old = state.nodes[name]
             spec = old.spec.model_copy(update={"capabilities": caps})
             state.nodes[name] = old.model_copy(update={"spec": spec})
+        case r.NodeScaled(node=name, executors=executors):
+            if name in state.nodes:
+                state.nodes[name] = state.nodes[name].model_copy(update={"executors": executors})
         case r.NodeRemoved(node=name):
             state.nodes.pop(name, None)
         case r.PipelineSubmitted(pipeline=record_):

@@ -268,6 +268,7 @@ def node_status(state: ClusterState, observed: Observed, name: str, at: Reach) -
         gossip_addr=record.gossip,
         gossip_rejected=hb.gossip_rejected if hb else 0,
         gossip=dict(sorted(hb.peers.items())) if hb else {},
+        executors=record.executors,
     )
 
 

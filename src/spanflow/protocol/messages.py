@@ -25,6 +25,24 @@ class ShedRequest(BaseModel):
     reason: str = Field(default="", max_length=500)
 
 
+class ScaleReport(BaseModel):
+    """A node on a Spark cluster changed how many executors it holds
+    (``POST /api/v1/nodes/{name}/scaled``; see docs/cluster.md#scaling-with-load)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    executors_before: int = Field(ge=0)
+    executors: int = Field(ge=0, description="The total it now asks the cluster for.")
+    min_executors: int = Field(ge=1)
+    max_executors: int = Field(ge=1)
+    cores: int = Field(ge=0, description="Cores those executors hold.")
+    memory_mb: int = Field(ge=0, description="Memory those executors hold.")
+    pressure: float = Field(
+        ge=0, description="What made it: the fragments' pressure (1: at the limit)."
+    )
+    reason: str = Field(default="", max_length=500)
+
+
 class PeerView(BaseModel):
     """How a node's membership (gossip) sees one peer of its partition."""
 

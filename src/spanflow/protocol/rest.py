@@ -186,6 +186,11 @@ class NodeStatus(_Answer):
     gossip_addr: str | None = Field(description="host:port of its membership endpoint.")
     gossip_rejected: int
     gossip: dict[str, PeerView] = Field(description="Its membership view of its peers.")
+    executors: int | None = Field(
+        default=None,
+        description="Executors it holds on its Spark cluster when it scales with load "
+        "(None: it does not).",
+    )
 
 
 # -- pipelines ------------------------------------------------------------------------

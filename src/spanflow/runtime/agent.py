@@ -38,6 +38,7 @@ from spanflow.runtime.fragments import LocalFragments
 from spanflow.runtime.gossip import AgentGossip
 from spanflow.runtime.last_known import LAST_ASSIGNMENTS_BUCKET, RegistrationCache
 from spanflow.runtime.reports import Reports
+from spanflow.runtime.scaling.autoscaler import Autoscaler
 from spanflow.runtime.shedding.policy import Shedder
 from spanflow.runtime.spark_host import SparkHost, keep_python_workers_warm, rehearse_when_idle
 from spanflow.security.secrets import secrets_from_env
@@ -184,6 +185,7 @@ class NodeAgent:
             retention=self.retention,
             node=self.settings.name,
         )
+        autoscaler = self._autoscaler(spark)
         self.ready.set()
         try:
             while not stop.is_set():
@@ -191,11 +193,25 @@ class NodeAgent:
                 self.fragments.reconcile()
                 executor.supervise()
                 self.fragments.observe()
+                if autoscaler is not None:
+                    autoscaler.tick([f.load for f in self.fragments.running() if f.load])
         finally:
             executor.stop_all()
             if self.gossip is not None:
                 self.gossip.close(leave=True)
             client.close()
+
+    def _autoscaler(self, spark: object) -> Autoscaler | None:
+        """The executors of a node on a Spark cluster, scaled with its load (``--executors``),
+        brought to their minimum now."""
+        config = self.settings.scaling
+        if config is None or not config.enabled:
+            return None
+        from spanflow.spark.executors import ExecutorControl  # Spark only once it runs
+
+        scaler = Autoscaler(config, ExecutorControl(spark), self.clock, self.link.report_scaled)  # type: ignore[arg-type]
+        scaler.start()
+        return scaler
 
     def _start_reaching(self, client: SyncNats, node: NodeRecord) -> None:
         """The site's copy of the assignments, the streams born here, then the control

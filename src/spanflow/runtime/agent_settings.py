@@ -21,6 +21,7 @@ from pathlib import Path
 
 import psutil
 
+from spanflow.runtime.scaling.policy import ScalingConfig
 from spanflow.runtime.shedding.policy import SheddingConfig
 from spanflow.spec.topology import Capabilities
 
@@ -127,6 +128,9 @@ class AgentSettings:
     """``lan``, ``wan`` or ``local_test``; None: the coordinator's choice."""
     shedding: SheddingConfig = field(default_factory=SheddingConfig)
     """When this node asks a peer to take one of its fragments (docs/balancing.md)."""
+    scaling: ScalingConfig | None = None
+    """On a Spark cluster: the executors it holds and when it asks for more or gives
+    some back (docs/cluster.md#scaling-with-load); None: what the cluster gives."""
     timings: AgentTimings = field(default_factory=AgentTimings.lan)
     """Periods and time-outs of the agent (above)."""
 

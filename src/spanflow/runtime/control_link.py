@@ -29,7 +29,7 @@ import httpx
 from spanflow.clock import Clock
 from spanflow.errors import SpanflowError
 from spanflow.protocol.client import CoordinatorClient, CoordinatorUnreachable
-from spanflow.protocol.messages import ShedRequest
+from spanflow.protocol.messages import ScaleReport, ShedRequest
 from spanflow.protocol.rest import Registered
 from spanflow.runtime.agent_settings import AgentSettings
 from spanflow.runtime.last_known import RegistrationCache
@@ -170,6 +170,12 @@ class ControlLink:
         :class:`CoordinatorUnreachable` when none answered)."""
         path = f"/api/v1/nodes/{self.settings.name}/shed"
         return self._shedding.request("POST", path, request.model_dump())
+
+    def report_scaled(self, report: ScaleReport) -> httpx.Response:
+        """Tell the coordinators this node's new executor allocation (blocking;
+        :class:`CoordinatorUnreachable` when none answered)."""
+        path = f"/api/v1/nodes/{self.settings.name}/scaled"
+        return self._shedding.request("POST", path, report.model_dump())
 
 
 def detail(r: httpx.Response) -> str:

@@ -2,7 +2,8 @@
 
 The operator's token (``credentials.json``'s ``rest_token``, or ``--token``) may do
 everything. A node's token (:func:`spanflow.security.secrets.node_token`, in its
-agent's bundle) may register that node and ask to shed one of its fragments, and
+agent's bundle) may register that node, ask to shed one of its fragments and report
+its executor allocation (a node scaling on a Spark cluster), and
 nothing else: an edge host taken holds no token that submits pipelines, drains other
 nodes or reads the cluster.
 """
@@ -42,8 +43,13 @@ def authenticator(token: str | None, node_key: str | None) -> Callable[[str], st
 
 
 def permits(principal: str, method: str, path: str) -> bool:
-    """A node may register and ask to shed a fragment, as itself, and nothing else."""
+    """A node may register, ask to shed a fragment and report its executor allocation,
+    as itself, and nothing else."""
     if principal == OPERATOR:
         return True
     node = principal.removeprefix(NODE_PREFIX)
-    return method == "POST" and path in ("/api/v1/nodes", f"/api/v1/nodes/{node}/shed")
+    return method == "POST" and path in (
+        "/api/v1/nodes",
+        f"/api/v1/nodes/{node}/shed",
+        f"/api/v1/nodes/{node}/scaled",
+    )

@@ -44,6 +44,11 @@ class NodeRecord(BaseModel):
     gossip: str | None = Field(
         default=None, description="host:port of the agent's membership (SWIM) endpoint."
     )
+    executors: int | None = Field(
+        default=None,
+        description="Executors it holds on its Spark cluster, when it scales with load "
+        "(None: it does not).",
+    )
 
     @property
     def name(self) -> str:

@@ -8,7 +8,7 @@ from fastapi import FastAPI, Request, Response
 
 from spanflow.control.coordinator import Coordinator
 from spanflow.control.requests import Registration
-from spanflow.protocol.messages import ShedRequest
+from spanflow.protocol.messages import ScaleReport, ShedRequest
 from spanflow.protocol.rest import NodeStatus, Registered, ShedAnswer
 from spanflow.server.errors import RequestError
 from spanflow.server.principals import node_of
@@ -42,6 +42,13 @@ def add_node_routes(app: FastAPI, coordinator: Coordinator, guarded: list[Any]) 
         """An overloaded node asks for one of its fragments to move to a peer (the
         agent's shedding policy sends it; an operator may too)."""
         return await coordinator.shed(name, request)
+
+    @app.post(f"{API}/{{name}}/scaled", tags=["nodes"], dependencies=guarded)
+    async def scaled(name: str, report: ScaleReport) -> NodeStatus:
+        """A node on a Spark cluster asked for more executors or gave some back (its
+        agent's scaling policy sends it): recorded in the control log."""
+        await coordinator.node_scaled(name, report)
+        return coordinator.node_status(name)
 
     @app.get(f"{API}/{{name}}", tags=["nodes"], dependencies=guarded)
     async def get_node(name: str) -> NodeStatus:

@@ -265,6 +265,7 @@ def run_pipeline_process(
     log: Path,
     checkpoints: str | None = None,
     master: str | None = None,
+    spark_conf: dict[str, str] | None = None,
 ) -> subprocess.Popen[bytes]:
     """``spanflow run PIPELINE`` in its own process group (so a test can SIGKILL the whole
     tree at once, as a power cut would), output appended to ``log``."""
@@ -281,6 +282,7 @@ def run_pipeline_process(
             str(data_dir),
             *(["--checkpoints", checkpoints] if checkpoints else []),
             *(["--master", master] if master else []),
+            *(arg for k, v in (spark_conf or {}).items() for arg in ("--spark-conf", f"{k}={v}")),
         ],
         stdout=log.open("ab"),
         stderr=subprocess.STDOUT,

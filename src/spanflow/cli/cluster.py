@@ -20,12 +20,14 @@ from rich.table import Table
 from spanflow.cli import scaling
 from spanflow.cli.common import (
     Interrupted,
+    SparkConfOption,
     _quiet_spark,
     app,
     console,
     data_dir_or_default,
     err,
     fail,
+    spark_settings,
     use_secrets,
 )
 from spanflow.errors import SpanflowError
@@ -360,6 +362,7 @@ def node(
     scale_out_after: scaling.ScaleOutAfterOption = 10.0,
     scale_in_after: scaling.ScaleInAfterOption = 60.0,
     scale_cooldown: scaling.ScaleCooldownOption = 30.0,
+    spark_conf: SparkConfOption = None,
 ) -> None:
     """Run a node agent: register (retrying for as long as it takes), heartbeat, run
     assigned fragments as Spark queries. A node that registered before starts from its
@@ -389,6 +392,7 @@ def node(
             scale_in_after,
             scale_cooldown,
         )
+        conf = spark_settings(spark_conf)
     except SpanflowError as exc:
         raise fail(exc) from None
     offered = _offered(cores, memory, slots, tag, realtime_slots)
@@ -398,7 +402,11 @@ def node(
         coordinator_url=coordinator_url,
         token=token or None,
         capabilities=offered,
-        spark_conf={**_driver_memory(offered, told_memory, master), **scaling.spark_conf(scale)},
+        spark_conf={
+            **_driver_memory(offered, told_memory, master),
+            **scaling.spark_conf(scale),
+            **conf,
+        },
         scaling=scale,
         master=master,
         batch_offset=batch_offset,

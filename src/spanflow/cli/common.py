@@ -218,3 +218,24 @@ def fail(exc: Exception, code: int = 2) -> typer.Exit:
     """Print an error and return the Exit to raise."""
     _error(exc)
     return typer.Exit(code)
+
+
+SparkConfOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        help="A Spark setting KEY=VALUE for this process's session (repeatable), e.g. "
+        "spark.ui.enabled=true or Spark's Kubernetes settings; wins over spanflow's "
+        "defaults.",
+    ),
+]
+
+
+def spark_settings(given: list[str] | None) -> dict[str, str]:
+    """``--spark-conf KEY=VALUE`` pairs as a dict (a malformed one is a clear error)."""
+    out: dict[str, str] = {}
+    for item in given or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip().startswith("spark."):
+            raise SpanflowError(f"--spark-conf {item!r}: give KEY=VALUE with a spark.* key")
+        out[key.strip()] = value.strip()
+    return out

@@ -23,6 +23,7 @@ from spanflow.cli.common import (
     NatsOption,
     SinkStreamOption,
     SourceStreamOption,
+    SparkConfOption,
     _error,
     _quiet_spark,
     app,
@@ -31,6 +32,7 @@ from spanflow.cli.common import (
     err,
     load_target,
     nats_url,
+    spark_settings,
 )
 from spanflow.errors import SpanflowError
 from spanflow.protocol.metrics import StreamUsage
@@ -134,6 +136,7 @@ def run(
     ] = None,
     feed: FeedOption = None,
     checkpoints: CheckpointsOption = None,
+    spark_conf: SparkConfOption = None,
 ) -> None:
     """Run a pipeline on this machine until Ctrl-C, with live status."""
     try:
@@ -141,6 +144,7 @@ def run(
             target, source_stream=source_stream, sink_stream=sink_stream, kafka=kafka
         )
         feeds = [_feed(spec, given) for given in feed or []]
+        conf = spark_settings(spark_conf)
     except SpanflowError as exc:
         _error(exc)
         raise typer.Exit(2) from None
@@ -163,7 +167,10 @@ def run(
     ):
         err.print(f"starting Spark for pipeline [bold]{spec.name}[/bold] …")
         spark = build_session(
-            master=master, app_name=f"spanflow-{spec.name}", realtime_slots=spec.realtime_slots()
+            master=master,
+            app_name=f"spanflow-{spec.name}",
+            conf=conf,
+            realtime_slots=spec.realtime_slots(),
         )
         stop.install()
         runner = PipelineRunner(

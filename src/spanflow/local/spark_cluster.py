@@ -11,10 +11,12 @@ cores and memory: what a node on the cluster offers the planner
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -90,6 +92,9 @@ class LocalSparkCluster:
         self._own_dir = work_dir is None
         self.work_dir = work_dir or Path(tempfile.mkdtemp(prefix="spanflow-spark-"))
         self._procs: list[subprocess.Popen[bytes]] = []
+        self._workers: dict[int, subprocess.Popen[bytes]] = {}
+        self.worker_ui_ports: list[int] = []
+        """Each worker's web UI port, by index (how its executors' log links name it)."""
 
     @property
     def master_url(self) -> str:
@@ -112,23 +117,46 @@ class LocalSparkCluster:
         )
         self._wait(deadline, lambda: self._capacity() is not None, "the master")
         for i in range(self.workers):
-            worker_dir = self.work_dir / f"worker-{i}"
-            worker_dir.mkdir(exist_ok=True)
-            self._spawn(
-                f"worker-{i}",
-                [
-                    *(WORKER_CLASS, "--host", self.host, "--cores", str(self.cores)),
-                    *("--memory", self.memory, "--work-dir", str(worker_dir)),
-                    *("--webui-port", str(free_port(self.host)), self.master_url),
-                ],
-            )
-
-        def all_alive() -> bool:
-            capacity = self._capacity()
-            return capacity is not None and capacity.workers >= self.workers
-
-        self._wait(deadline, all_alive, f"{self.workers} worker(s)")
+            self._spawn_worker(i)
+        self._wait(deadline, lambda: self._alive(self.workers), f"{self.workers} worker(s)")
         return self
+
+    def add_worker(self, timeout: float = 120.0) -> int:
+        """One more worker (a machine joining the site's cluster); its index, once the
+        master counts it alive."""
+        index = len(self.worker_ui_ports)
+        self._spawn_worker(index)
+        alive = self._capacity()
+        expected = (alive.workers if alive else 0) + 1
+        self._wait(time.monotonic() + timeout, lambda: self._alive(expected), "the new worker")
+        return index
+
+    def kill_worker(self, index: int) -> None:
+        """SIGKILL a worker and the executors it launched (its process group), as a
+        machine's death would."""
+        proc = self._workers[index]
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(30)
+
+    def _spawn_worker(self, index: int) -> None:
+        worker_dir = self.work_dir / f"worker-{index}"
+        worker_dir.mkdir(exist_ok=True)
+        ui_port = free_port(self.host)
+        self.worker_ui_ports.append(ui_port)
+        self._spawn(
+            f"worker-{index}",
+            [
+                *(WORKER_CLASS, "--host", self.host, "--cores", str(self.cores)),
+                *("--memory", self.memory, "--work-dir", str(worker_dir)),
+                *("--webui-port", str(ui_port), self.master_url),
+            ],
+        )
+        self._workers[index] = self._procs[-1]
+
+    def _alive(self, workers: int) -> bool:
+        capacity = self._capacity()
+        return capacity is not None and capacity.workers >= workers
 
     def _capacity(self) -> Capacity | None:
         try:
@@ -153,8 +181,9 @@ class LocalSparkCluster:
         )
 
     def _wait(self, deadline: float, ready: Callable[[], bool], what: str) -> None:
+        killed = {id(p) for i, p in self._workers.items() if p.poll() is not None}
         while time.monotonic() < deadline:
-            if any(p.poll() is not None for p in self._procs):
+            if any(p.poll() is not None and id(p) not in killed for p in self._procs):
                 self._terminate()  # the logs stay, for the error to point at
                 raise SparkClusterError(f"{what} exited at start-up (logs in {self.work_dir})")
             if ready():

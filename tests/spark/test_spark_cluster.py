@@ -112,3 +112,32 @@ def test_a_node_on_the_cluster_offers_the_clusters_capacity(spark_cluster):
     # no UI there: the machine's own capacity (None: detected), and the memory given kept
     nowhere = f"http://127.0.0.1:{free_port()}"
     assert _spark_cluster_offer(spark_cluster.master_url, nowhere, "2g") == (None, "2g")
+
+
+def test_another_machine_joins_the_sites_master_with_spark_cluster_join(spark_cluster, tmp_path):
+    """`spanflow spark-cluster --join` starts only workers, for a master elsewhere: the
+    master counts them, and forgets them when they stop."""
+    import subprocess
+    import sys
+
+    from tests.helpers import wait_for
+
+    log = tmp_path / "join.log"
+    proc = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "spanflow.cli", "spark-cluster"),
+            *("--join", spark_cluster.master_url, "--master-ui", spark_cluster.ui_url),
+            *("--cores", "1", "--memory", "512m"),
+        ],
+        stdout=log.open("ab"),
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+    )
+    try:
+        wait_for(lambda: cluster_capacity(spark_cluster.ui_url).workers == 2, 120)
+        assert cluster_capacity(spark_cluster.ui_url).memory_mb == 1024 + 512
+        assert f"joining {spark_cluster.master_url}" in log.read_text()
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(60)
+    wait_for(lambda: cluster_capacity(spark_cluster.ui_url).workers == 1, 120)

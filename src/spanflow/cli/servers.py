@@ -173,16 +173,36 @@ def spark_cluster(
     ui_port: Annotated[
         int, typer.Option(help="The master's web UI (its /json/ tells nodes the capacity).")
     ] = 8080,
+    join: Annotated[
+        str | None,
+        typer.Option(
+            help="A site's running master, spark://HOST:PORT: start only the workers here "
+            "(each other machine of the site runs this)."
+        ),
+    ] = None,
+    master_ui: Annotated[
+        str | None,
+        typer.Option(help="With --join: the master's web UI (default http://HOST:8080)."),
+    ] = None,
 ) -> None:
     """A Spark standalone cluster from the pyspark wheel (a master and its workers), for
-    `spanflow node --master spark://HOST:PORT`. Runs until Ctrl-C."""
+    `spanflow node --master spark://HOST:PORT`; with --join, workers for a master on
+    another machine of the site. Runs until Ctrl-C."""
     from spanflow.local.spark_cluster import LocalSparkCluster, cluster_capacity
 
     cluster = LocalSparkCluster(
-        workers=workers, cores=cores, memory=memory, host=host, port=port, ui_port=ui_port
+        workers=workers,
+        cores=cores,
+        memory=memory,
+        host=host,
+        port=port,
+        ui_port=ui_port,
+        join=join,
+        join_ui=master_ui,
     )
     stop = Interrupted()
-    err.print(f"starting a Spark master and {workers} worker(s) …")
+    what = f"joining {join} with" if join else "starting a Spark master and"
+    err.print(f"{what} {workers} worker(s) …")
     try:
         cluster.start()
     except SpanflowError as exc:

@@ -24,6 +24,7 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlparse
 
 from spanflow.errors import SpanflowError
 from spanflow.local.server import free_port
@@ -72,8 +73,16 @@ def cluster_capacity(ui_url: str, timeout: float = 5.0) -> Capacity:
     )
 
 
+def master_ui_of(master: str) -> str:
+    """The web UI of a standalone master by convention: its host, port 8080."""
+    host = urlparse(master.replace("spark://", "http://", 1)).hostname or "127.0.0.1"
+    return f"http://{host}:8080"
+
+
 class LocalSparkCluster:
-    """A master and ``workers`` workers on this machine (``with`` starts and stops them)."""
+    """A master and ``workers`` workers on this machine (``with`` starts and stops them);
+    with ``join``, only workers, for a master that runs elsewhere (another machine of
+    the site)."""
 
     def __init__(
         self,
@@ -85,10 +94,15 @@ class LocalSparkCluster:
         port: int | None = None,
         ui_port: int | None = None,
         work_dir: Path | None = None,
+        join: str | None = None,
+        join_ui: str | None = None,
     ) -> None:
         self.workers, self.cores, self.memory, self.host = workers, cores, memory, host
+        self.join = join
+        """A running master's ``spark://HOST:PORT``: start only workers here, for it."""
         self.port = port or free_port(host)
         self.ui_port = ui_port or free_port(host)
+        self._join_ui = join_ui
         self._own_dir = work_dir is None
         self.work_dir = work_dir or Path(tempfile.mkdtemp(prefix="spanflow-spark-"))
         self._procs: list[subprocess.Popen[bytes]] = []
@@ -98,27 +112,32 @@ class LocalSparkCluster:
 
     @property
     def master_url(self) -> str:
-        return f"spark://{self.host}:{self.port}"
+        return self.join or f"spark://{self.host}:{self.port}"
 
     @property
     def ui_url(self) -> str:
+        if self.join:
+            return self._join_ui or master_ui_of(self.join)
         return f"http://{self.host}:{self.ui_port}"
 
     def start(self, timeout: float = 120.0) -> LocalSparkCluster:
         ensure_java_home()
         self.work_dir.mkdir(parents=True, exist_ok=True)
         deadline = time.monotonic() + timeout
-        self._spawn(
-            "master",
-            [
-                *(MASTER_CLASS, "--host", self.host, "--port", str(self.port)),
-                *("--webui-port", str(self.ui_port)),
-            ],
-        )
+        if self.join is None:
+            self._spawn(
+                "master",
+                [
+                    *(MASTER_CLASS, "--host", self.host, "--port", str(self.port)),
+                    *("--webui-port", str(self.ui_port)),
+                ],
+            )
         self._wait(deadline, lambda: self._capacity() is not None, "the master")
+        before = self._capacity()
+        expected = (before.workers if before and self.join else 0) + self.workers
         for i in range(self.workers):
             self._spawn_worker(i)
-        self._wait(deadline, lambda: self._alive(self.workers), f"{self.workers} worker(s)")
+        self._wait(deadline, lambda: self._alive(expected), f"{self.workers} worker(s)")
         return self
 
     def add_worker(self, timeout: float = 120.0) -> int:

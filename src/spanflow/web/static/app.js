@@ -599,7 +599,7 @@ async function renderEvents(first) {
       <label>contains <input id="data-filter" placeholder="device, site, pipeline…"></label><span id="data-count" class="muted"></span></div>
       <div id="action-result"></div><div id="detections"></div>
       <h2>Control decisions</h2>
-      <p class="muted">Every decision of the control plane, newest first, as it is taken: registrations, placements, moves, sheds, failures, elections.</p>
+      <p class="muted">Every decision of the control plane, newest first, as it is taken: registrations, placements, moves, sheds, executor scaling, failures, elections.</p>
       <div class="toolbar"><label>kind <select id="kind"><option value="">all</option></select></label>
       <label>contains <input id="filter" placeholder="node, fragment, reason…"></label>
       <span id="event-count" class="muted"></span></div><div id="events"></div>`;

@@ -19,7 +19,7 @@ real machines. A master and three one-core workers are started from the pyspark 
    scales with): the time from ``requestTotalExecutors`` to the new executor
    registered, and from ``killExecutors`` to it gone.
 
-Run: ``.venv/bin/python benchmarks/site_cluster.py [--records 120000]``
+Run: ``.venv/bin/python benchmarks/site_cluster.py [--records 200000]``
 Figures go to ``benchmarks/results/site_cluster.json``.
 """
 
@@ -122,26 +122,24 @@ def executors(ui: str) -> list[dict[str, Any]]:
         return []
 
 
-def state_partitions(ui: str) -> dict[str, int]:
-    """Tasks of the stateful stages per executor (each task is one state partition of
-    one batch): which executors hold state."""
+def state_partitions(ui: str, partitions: int = 6) -> dict[str, int]:
+    """Tasks of the stateful stages per executor: stages of ``partitions`` tasks (the
+    shuffle partitions, one state partition per task and batch) — which executors hold
+    state."""
     try:
         with urllib.request.urlopen(f"{ui}/api/v1/applications", timeout=15) as answer:
             app = json.loads(answer.read())[0]["id"]
         url = f"{ui}/api/v1/applications/{app}/stages?status=complete&details=true"
-        with urllib.request.urlopen(url, timeout=30) as answer:
+        with urllib.request.urlopen(url, timeout=60) as answer:
             stages = json.loads(answer.read())
     except (OSError, ValueError, IndexError):
         return {}
     out: Counter[str] = Counter()
     for stage in stages:
-        if (
-            "StateStore" not in stage.get("details", "")
-            and "stateful" not in stage.get("description", "").lower()
-        ):
+        if stage.get("numTasks") != partitions:
             continue
         for task in (stage.get("tasks") or {}).values():
-            out[task.get("executorId", "?")] += 1
+            out[str(task.get("executorId", "?"))] += 1
     return dict(out)
 
 
@@ -239,7 +237,7 @@ def executor_churn(cluster: LocalSparkCluster, rounds: int) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--records", type=int, default=120_000)
+    parser.add_argument("--records", type=int, default=200_000)
     parser.add_argument("--rate", type=float, default=200.0)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()

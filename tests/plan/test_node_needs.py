@@ -96,17 +96,23 @@ sinks: [{id: out, type: console}]
         sf.Pipeline("p").source("S", schema=SCHEMA).on(cores=0)
 
 
-def test_a_split_window_pins_its_merge_not_the_partial():
+def _overall_window(**on: object) -> sf.Flow:
+    """A 10 s count over every site's readings: split into partials and a merge."""
     p = sf.Pipeline("p", trigger="1s")
-    flow = (
+    overall = (
         p.source("S", schema=SCHEMA, key="device", event_time="ts", id="in")
         .map(scope="'all'", id="tag")
         .key_by("scope", id="by_scope")
         .window(tumbling="10s")
         .aggregate(n="count", id="overall")
-        .on(memory="8g")
-        .sink_jetstream("OUT", subject="out", id="out")
     )
+    if on:
+        overall = overall.on(**on)  # type: ignore[arg-type]
+    return overall.sink_jetstream("OUT", subject="out", id="out")
+
+
+def test_a_split_window_pins_its_merge_not_the_partial():
+    flow = _overall_window(memory="8g")
     two_sites = """
 sites: [{name: a}, {name: b}, {name: cloud, kind: cloud}]
 nodes:
@@ -166,6 +172,7 @@ def test_what_a_cut_ships_is_estimated_from_the_declared_rates():
     # a batch of 1 s at 8 Mbit/s over 100 Mbit/s adds 80 ms to the 30 ms from b
     assert plan.decisions[-1].worst_latency == pytest.approx(0.03 + 0.08)
     assert "ships 8.0 Mbit/s from a over a 100 Mbit/s link" in plan.decisions[-1].why
+    assert "(30 ms away, 80 ms to ship a batch)" in plan.decisions[-1].why
 
 
 def test_a_link_too_thin_for_the_cut_moves_the_global_fragment_elsewhere():
@@ -202,15 +209,7 @@ def test_a_filter_before_the_cut_makes_the_estimate_an_upper_bound_that_is_expla
 
 
 def test_split_windows_ship_an_unknown_amount_and_are_not_held_to_the_rates():
-    p = sf.Pipeline("p", trigger="1s")
-    flow = (
-        p.source("S", schema=SCHEMA, key="device", event_time="ts", id="in")
-        .map(scope="'all'", id="tag")
-        .key_by("scope", id="by_scope")
-        .window(tumbling="10s")
-        .aggregate(n="count", id="overall")
-        .sink_jetstream("OUT", subject="out", id="out")
-    )
+    flow = _overall_window()
     compiled, plan = _plan(flow, RATES.replace("BW_A", "1"))
     glob = next(f for f in compiled.fragments if f.kind == "global")
     assert glob.traffic == {}

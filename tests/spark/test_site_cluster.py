@@ -5,7 +5,9 @@ read in three partitions — gives on the cluster exactly what it gives on
 ``local[...]``; a worker SIGKILLed mid-stream loses and duplicates nothing (Spark runs
 its tasks again elsewhere and loads their state partitions from the checkpoint); a
 fourth worker started mid-stream gets an executor that runs tasks, as the driver's own
-status API (``/api/v1/applications/<app>/executors``) shows."""
+status API (``/api/v1/applications/<app>/executors``) shows. That run keeps its
+checkpoints (offsets, state) in the site's NATS (``jetstream://``), where the executor
+that takes a lost one's state partitions finds them."""
 
 from __future__ import annotations
 
@@ -176,6 +178,7 @@ def test_a_worker_killed_mid_stream_loses_nothing_and_a_new_worker_takes_tasks(
         nats_url,
         tmp_path / "node",
         log,
+        checkpoints=f"jetstream://wk{uid}/{name}",  # the site's NATS: every executor reaches it
         master=spark_cluster.master_url,
         spark_conf={"spark.ui.enabled": "true", "spark.ui.port": str(ui_port)},
     )

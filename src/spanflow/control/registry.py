@@ -118,16 +118,8 @@ def scaled(tx: Draft, name: str, report: ScaleReport) -> None:
             f"{report.executors} executors is outside {report.min_executors}:"
             f"{report.max_executors}",
         )
-    tx.add(
-        r.NodeScaled,
-        node=name,
-        executors_before=report.executors_before,
-        executors=report.executors,
-        cores=report.cores,
-        memory_mb=report.memory_mb,
-        pressure=report.pressure,
-        reason=report.reason,
-    )
+    bounds = {"min_executors", "max_executors"}
+    tx.add(r.NodeScaled, node=name, **report.model_dump(exclude=bounds))
 
 
 def put_site(tx: Draft, site: Site) -> None:

@@ -27,6 +27,7 @@ from spanflow.plan.solver import (
     path_seconds,
     solve_exact,
     solve_greedy,
+    transfer_seconds,
 )
 from spanflow.spec.cluster import Fragment, NodeRecord, NodeState, PipelineRecord
 from spanflow.spec.topology import SiteKind, Topology
@@ -533,11 +534,20 @@ def _global_why(
         reach = f"; its external systems are reachable from {', '.join(fragment.reach_sites)}"
     if not fragment.input_sites:
         return f"least-loaded live node ({site}); its input is not tied to a site{reach}"
-    far = max(fragment.input_sites, key=lambda s: topo.latency(site, s) or 0.0)
+    demand = _demand(fragment, view)
+    bandwidth = _bandwidth(view)
+
+    def path(s: str) -> float:
+        return (topo.latency(site, s) or 0.0) + transfer_seconds(demand, s, site, bandwidth)
+
+    far = max(fragment.input_sites, key=path)
+    shipping = transfer_seconds(demand, far, site, bandwidth)
     why = (
         f"MinMax: {_ms(worst)} from its farthest input site ({far}) of "
         f"{', '.join(fragment.input_sites)}"
     )
+    if shipping:
+        why += f" ({_ms(worst - shipping)} away, {_ms(shipping)} to ship a batch)"
     if fragment.cloud:
         why += "; pinned to the cloud"
     if _pinned(fragment):

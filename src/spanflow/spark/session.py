@@ -67,6 +67,9 @@ DEFAULTS: dict[str, str] = {
 CORES = 2
 """Task slots for micro-batch work: an edge node's cores."""
 
+EXECUTOR_JIT = DEFAULTS["spark.driver.extraJavaOptions"]
+"""C1 only with a 240 MB code cache, as the driver: what the executors of a cluster run."""
+
 
 def build_session(
     *,
@@ -126,7 +129,12 @@ def _cluster_conf(master: str) -> dict[str, str]:
     every worker (the same virtual environment, or an image built with it)."""
     if master.startswith("local"):
         return {}
-    return {"spark.executorEnv.PYTHONPATH": os.environ.get("PYTHONPATH", "")}
+    return {
+        "spark.executorEnv.PYTHONPATH": os.environ.get("PYTHONPATH", ""),
+        # The driver's JIT settings (see DEFAULTS) for the executors too: they compile the
+        # same classes generated every micro-batch.
+        "spark.executor.extraJavaOptions": EXECUTOR_JIT,
+    }
 
 
 WARM_MODULES = ("pyarrow", "spanflow.spark.connectors.jetstream.source")

@@ -122,6 +122,12 @@ SYSTEM_PACKAGES = {
     "Ceph RGW (s3a:// checkpoint tests)": ("/usr/bin/radosgw", "ceph-mon ceph-osd radosgw"),
     # Fetches the Kafka broker's and Spark's extra jars from Maven Central.
     "Maven (jars from Maven Central)": ("/usr/bin/mvn", "maven"),
+    # The container image and its Compose test (docs/deploy.md): podman with runc, the
+    # Debian base made by debootstrap.
+    "podman (image and Compose tests)": (
+        "/usr/bin/podman-compose",
+        "podman runc debootstrap podman-compose uidmap slirp4netns fuse-overlayfs",
+    ),
 }
 
 

@@ -114,3 +114,22 @@ def test_a_locked_site_server_admits_a_new_device_on_sighup(tmp_path: Path) -> N
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
+
+
+def test_a_site_server_refuses_a_cluster_it_cannot_form(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from spanflow.cli import app
+
+    runner = CliRunner()
+    base = ["site-server", "--site", "s1", "--data-dir", str(tmp_path)]
+    cases = {
+        ("--route", "127.0.0.1:6222"): "--route needs --cluster-listen",
+        ("--cluster-listen", "127.0.0.1:6222", "--route", "127.0.0.1:0"): "needs the server's port",
+        ("--cluster-listen", "127.0.0.1:0"): "port 0 needs --server-name",
+        ("--hub", "hub:7422"): "is not nats-leaf://HOST:PORT",
+    }
+    for args, said in cases.items():
+        result = runner.invoke(app, [*base, *args])
+        assert result.exit_code != 0 and said in result.output, (args, result.output)
+    assert not list(tmp_path.glob("nats-*")), "a refused server left a data directory"

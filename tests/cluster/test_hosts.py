@@ -10,16 +10,11 @@ its windows count each once."""
 from __future__ import annotations
 
 import asyncio
-import re
 import sys
 import time
 from collections import Counter
-from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
-import httpx
-import orjson
 import pytest
 from nats.js.api import ExternalStream, StreamConfig, StreamSource
 
@@ -28,54 +23,25 @@ from spanflow.local.hosts import Host, Hosts, can_make_hosts
 from spanflow.nats.streams import connect
 from spanflow.security.https import client_context
 from spanflow.security.secrets import SECRETS_ENV, Secrets
+from tests.cluster.host_kit import (
+    TOPOLOGY,
+    Api,
+    ids,
+    plant_windows,
+    rows,
+    status,
+    wait_line,
+    window_counts,
+    window_of,
+)
 from tests.helpers import wait_for
 
 pytestmark = pytest.mark.slow
 
 DEVICE = Path(__file__).with_name("mqtt_device.py")
-TOPOLOGY = """\
-sites: [{name: cloud, kind: cloud}]
-nodes:
-  - {name: n1, site: cloud, capabilities: {cores: 2, slots: 4}}
-"""
-WINDOWS = """\
-name: plant-windows
-trigger: 1s
-sources:
-  - id: readings
-    stream: PLANT_AT_HUB
-    schema: {id: long, device: string, ts: timestamp, temp: double}
-    event_time: ts
-    max_out_of_orderness: 5s
-    to: [by_device]
-processors:
-  - {id: by_device, type: key_by, key: device, to: [per_10s]}
-  - id: per_10s
-    type: window
-    tumbling: 10s
-    aggregates: {readings: count}
-    to: [out]
-sinks:
-  - {id: out, type: jetstream, stream: PLANT_WINDOWS, subject: "plantwindows.{device}"}
-"""
+WINDOWS = plant_windows("PLANT_AT_HUB")
 READINGS = 200
 INTERVAL = 0.25  # 50 s of readings: before, during and after a 30 s cut
-
-
-def _wait_line(log: Path, pattern: str, timeout: float = 60.0) -> re.Match[str]:
-    found: list[re.Match[str]] = []
-
-    def seen() -> bool:
-        match = re.search(pattern, log.read_text(errors="replace")) if log.exists() else None
-        if match:
-            found.append(match)
-        return match is not None
-
-    try:
-        wait_for(seen, timeout=timeout, interval=0.2)
-    except AssertionError:
-        raise AssertionError(f"no {pattern!r} in {log}:\n{log.read_text()[-3000:]}") from None
-    return found[0]
 
 
 async def _setup_streams(hub: str, factory: str, secrets: Secrets) -> None:
@@ -87,23 +53,6 @@ async def _setup_streams(hub: str, factory: str, secrets: Secrets) -> None:
     source = StreamSource(name="PLANT", external=ExternalStream(api="$JS.factory-a.API"))
     await cloud.jetstream().add_stream(StreamConfig(name="PLANT_AT_HUB", sources=[source]))
     await cloud.close()
-
-
-async def _ids(url: str, stream: str, secrets: Secrets) -> Counter[int]:
-    nc = await connect(url, identity=secrets.identity("reader"))
-    try:
-        js = nc.jetstream()
-        total = (await js.stream_info(stream)).state.messages
-        seen: Counter[int] = Counter()
-        if total:
-            sub = await js.subscribe(">", ordered_consumer=True, stream=stream)
-            for _ in range(total):
-                msg = await sub.next_msg(timeout=5)
-                seen[orjson.loads(msg.data)["id"]] += 1
-            await sub.unsubscribe()
-        return seen
-    finally:
-        await nc.close()
 
 
 def _rest_needs_the_token_from_another_host(
@@ -141,84 +90,18 @@ def _rest_needs_the_token_from_another_host(
         log=log,
         env=env,
     )
-    assert "token required" in _wait_line(log, r"coordinator on \S+ .*").group(0)
+    assert "token required" in wait_line(log, r"coordinator on \S+ .*").group(0)
     base = f"https://{cloud.address}:7070"  # beyond loopback, locked: HTTPS only
     ca = client_context(secrets)
-    wait_for(lambda: _status(f"{base}/healthz", verify=ca) == 200, timeout=60)
-    assert _status(f"http://{cloud.address}:7070/healthz") == 0  # no plain HTTP
-    assert _status(f"{base}/healthz") == 0  # a client that does not trust our CA
-    assert _status(f"{base}/api/v1/nodes", verify=ca) == 401
-    assert _status(f"{base}/api/v1/nodes", wrong="not-the-token", verify=ca) == 401
+    wait_for(lambda: status(f"{base}/healthz", verify=ca) == 200, timeout=60)
+    assert status(f"http://{cloud.address}:7070/healthz") == 0  # no plain HTTP
+    assert status(f"{base}/healthz") == 0  # a client that does not trust our CA
+    assert status(f"{base}/api/v1/nodes", verify=ca) == 401
+    assert status(f"{base}/api/v1/nodes", wrong="not-the-token", verify=ca) == 401
     token = secrets.credentials().rest_token or ""
-    assert _status(f"{base}/api/v1/nodes", token=token, verify=ca) == 200
+    assert status(f"{base}/api/v1/nodes", token=token, verify=ca) == 200
     assert token not in log.read_text()
     return base
-
-
-class _Api:
-    def __init__(self, base: str, token: str, verify: Any) -> None:
-        self.base, self.headers = base, {"Authorization": f"Bearer {token}"}
-        self.verify = verify
-
-    def node_state(self, name: str) -> str | None:
-        r = httpx.get(
-            f"{self.base}/api/v1/nodes", headers=self.headers, timeout=5, verify=self.verify
-        )
-        return next((n["state"] for n in r.json() if n["name"] == name), None)
-
-    def submit(self, text: str) -> None:
-        r = httpx.post(
-            f"{self.base}/api/v1/pipelines",
-            json={"yaml": text},
-            headers=self.headers,
-            timeout=30,
-            verify=self.verify,
-        )
-        assert r.status_code < 300, r.text
-
-
-def _window_of(ts: str) -> str:
-    moment = datetime.fromisoformat(ts)
-    start = moment.replace(second=moment.second - moment.second % 10, microsecond=0)
-    return start.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S")
-
-
-async def _rows(url: str, stream: str, secrets: Secrets) -> list[dict[str, Any]]:
-    nc = await connect(url, identity=secrets.identity("reader"))
-    try:
-        js = nc.jetstream()
-        total = (await js.stream_info(stream)).state.messages
-        out = []
-        if total:
-            sub = await js.subscribe(">", ordered_consumer=True, stream=stream)
-            for _ in range(total):
-                out.append(orjson.loads((await sub.next_msg(timeout=5)).data))
-            await sub.unsubscribe()
-        return out
-    finally:
-        await nc.close()
-
-
-def _window_counts(url: str, secrets: Secrets) -> Counter[str]:
-    try:
-        rows = asyncio.run(_rows(url, "PLANT_WINDOWS", secrets))
-    except Exception:  # the sink stream does not exist before the first window
-        return Counter()
-    out: Counter[str] = Counter()
-    for row in rows:
-        out[str(row["window_start"])[:19]] += int(row["readings"])
-    return out
-
-
-def _status(
-    url: str, token: str | None = None, wrong: str | None = None, verify: Any = True
-) -> int:
-    bearer = token or wrong
-    headers = {"Authorization": f"Bearer {bearer}"} if bearer else {}
-    try:
-        return httpx.get(url, headers=headers, timeout=5, verify=verify).status_code
-    except httpx.HTTPError:
-        return 0
 
 
 def test_a_locked_factory_survives_a_cut_across_namespaced_hosts(tmp_path: Path) -> None:
@@ -238,7 +121,7 @@ def test_a_locked_factory_survives_a_cut_across_namespaced_hosts(tmp_path: Path)
             log=hub_log,
             env=env,
         )
-        hub_url = _wait_line(hub_log, r"site hub: NATS (\S+)").group(1)
+        hub_url = wait_line(hub_log, r"site hub: NATS (\S+)").group(1)
         net.run(
             factory,
             [
@@ -257,8 +140,8 @@ def test_a_locked_factory_survives_a_cut_across_namespaced_hosts(tmp_path: Path)
             log=site_log,
             env=env,
         )
-        site_url = _wait_line(site_log, r"site factory-a: NATS (\S+)").group(1)
-        _wait_line(site_log, r"MQTT listener on")
+        site_url = wait_line(site_log, r"site factory-a: NATS (\S+)").group(1)
+        wait_line(site_log, r"MQTT listener on")
         assert hub_url.startswith("tls://10.") and site_url.startswith("tls://10.")
         asyncio.run(_setup_streams(hub_url, site_url, secrets))
         topology = tmp_path / "topology.yaml"
@@ -266,7 +149,7 @@ def test_a_locked_factory_survives_a_cut_across_namespaced_hosts(tmp_path: Path)
         base = _rest_needs_the_token_from_another_host(
             net, cloud, hub_url, secrets, env, tmp_path, topology
         )
-        api = _Api(base, secrets.credentials().rest_token or "", client_context(secrets))
+        api = Api(base, secrets.credentials().rest_token or "", client_context(secrets))
         net.run(
             cloud,
             [
@@ -306,7 +189,7 @@ def test_a_locked_factory_survives_a_cut_across_namespaced_hosts(tmp_path: Path)
             log=device_log,
         )
         wait_for(
-            lambda: sum(asyncio.run(_ids(hub_url, "PLANT_AT_HUB", secrets)).values()) >= 20,
+            lambda: sum(asyncio.run(ids(hub_url, "PLANT_AT_HUB", secrets)).values()) >= 20,
             timeout=60,
         )
         net.cut(factory)
@@ -315,20 +198,20 @@ def test_a_locked_factory_survives_a_cut_across_namespaced_hosts(tmp_path: Path)
         net.heal(factory)
         print(f"link cut for {time.monotonic() - cut_at:.1f} s")
         assert device.wait(timeout=120) == 0
-        assert _wait_line(device_log, r"acked (\d+)").group(1) == str(READINGS)
+        assert wait_line(device_log, r"acked (\d+)").group(1) == str(READINGS)
         expected = Counter([*range(READINGS), -1])  # -1 closes the windows
-        assert asyncio.run(_ids(site_url, "PLANT", secrets)) == expected  # all stored at the edge
+        assert asyncio.run(ids(site_url, "PLANT", secrets)) == expected  # all stored at the edge
         wait_for(
-            lambda: sum(asyncio.run(_ids(hub_url, "PLANT_AT_HUB", secrets)).values()) >= READINGS,
+            lambda: sum(asyncio.run(ids(hub_url, "PLANT_AT_HUB", secrets)).values()) >= READINGS,
             timeout=180,
         )
-        assert asyncio.run(_ids(hub_url, "PLANT_AT_HUB", secrets)) == expected
+        assert asyncio.run(ids(hub_url, "PLANT_AT_HUB", secrets)) == expected
         # The cloud's windows count every reading exactly once.
-        readings = asyncio.run(_rows(site_url, "PLANT", secrets))
-        want = Counter(_window_of(r["ts"]) for r in readings if r["id"] >= 0)
-        wait_for(lambda: _window_counts(hub_url, secrets) == want, timeout=240)
-        rows = asyncio.run(_rows(hub_url, "PLANT_WINDOWS", secrets))
-        assert len(rows) == len(want), "a window was emitted twice"
+        readings = asyncio.run(rows(site_url, "PLANT", secrets))
+        want = Counter(window_of(r["ts"]) for r in readings if r["id"] >= 0)
+        wait_for(lambda: window_counts(hub_url, secrets) == want, timeout=240)
+        emitted = asyncio.run(rows(hub_url, "PLANT_WINDOWS", secrets))
+        assert len(emitted) == len(want), "a window was emitted twice"
         for log in (hub_log, site_log):
             text = log.read_text()
             assert password not in text and secrets.credentials().passwords["leaf"] not in text

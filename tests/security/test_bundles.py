@@ -215,3 +215,62 @@ def test_a_revoked_device_is_cut_off_at_the_reload(full: Secrets, tmp_path: Path
             await device.close()
 
         asyncio.run(scenario())
+
+
+def _routes(monitor: str) -> int:
+    import httpx
+
+    try:
+        return int(httpx.get(f"http://{monitor}/routez", timeout=2).json()["num_routes"])
+    except (httpx.HTTPError, ValueError, KeyError):
+        return -1
+
+
+def _refused_a_route(server: EmbeddedNats) -> bool:
+    text = (server.data_dir / "nats.log").read_text(errors="replace")
+    return "Authorization Violation" in text or "authentication error" in text.lower()
+
+
+def test_a_site_bundle_routes_its_own_sites_servers_and_nothing_else(
+    full: Secrets, tmp_path: Path
+) -> None:
+    """A clustered edge site's servers route to each other with their site's password;
+    the same bundle cannot route into the hub's cluster or another site's."""
+    from spanflow.local.server import free_port
+    from tests.helpers import wait_for
+
+    for name, site in (("a1", "factory-a"), ("a2", "factory-a"), ("b", "factory-b")):
+        full.export(tmp_path / name, "site", site=site)
+    a1, a2, b = (Secrets(tmp_path / n) for n in ("a1", "a2", "b"))
+    assert a1.credentials().site_route == a2.credentials().site_route
+    assert b.credentials().site_route not in (a1.credentials().site_route, None)
+    assert full.credentials().passwords["route"] not in _every_secret_text(tmp_path / "a1")
+
+    ports = {name: free_port() for name in ("hub-1", "hub-2", "factory-a-1", "factory-a-2")}
+
+    def server(name: str, cluster: str, secrets: Secrets, site: str | None, peer: str):  # type: ignore[no-untyped-def]
+        # (a clustered JetStream server needs a route to start: the peer may be away)
+        monitor = f"127.0.0.1:{free_port()}"
+        made = EmbeddedNats(
+            tmp_path / f"nats-{name}", name=name, cluster_name=cluster,
+            cluster_port=ports.get(name) or free_port(),
+            routes=(f"nats-route://127.0.0.1:{ports[peer]}",), secrets=secrets,
+            route_site=site, monitor_listen=monitor,
+        )  # fmt: skip
+        return made, monitor
+
+    hub, hub_monitor = server("hub-1", "hub", full, None, "hub-2")
+    first, first_monitor = server("factory-a-1", "factory-a", a1, "factory-a", "factory-a-2")
+    with hub, first:
+        second, _ = server("factory-a-2", "factory-a", a2, "factory-a", "factory-a-1")
+        with second:
+            wait_for(lambda: _routes(first_monitor) >= 1, timeout=30)  # its own site: routed
+        wait_for(lambda: _routes(first_monitor) == 0, timeout=30)
+        intruder, _ = server("factory-a-9", "hub", a1, "factory-a", "hub-1")
+        with intruder:  # an edge host's bundle dialling the hub's routes
+            wait_for(lambda: _refused_a_route(hub), timeout=30)
+            assert _routes(hub_monitor) == 0
+        stranger, _ = server("factory-b-1", "factory-a", b, "factory-b", "factory-a-1")
+        with stranger:  # another site's bundle dialling this site's routes
+            wait_for(lambda: _refused_a_route(first), timeout=30)
+            assert _routes(first_monitor) == 0

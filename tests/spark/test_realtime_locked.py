@@ -79,3 +79,26 @@ def test_the_jvm_client_refuses_foreign_or_wrong_secrets_naming_the_door(
     assert "guess" not in message
     monkeypatch.delenv(SECRETS_ENV)
     assert "requires TLS" in _jvm_connect(spark, url)
+
+
+def test_the_jvm_client_checks_the_name_it_was_given_not_the_address(spark, tmp_path, monkeypatch):
+    """A server whose certificate names a host, not its address (a container's): the
+    JVM client dials the name and checks the certificate against it (jnats would resolve
+    it to an address first, and the check would fail)."""
+    from spanflow.security import pki
+
+    secrets = Secrets(tmp_path / "secrets")
+    secrets.init()
+    named = pki.issue(
+        secrets._ca(), "spanflow server", hosts=("localhost",), server=True, client=True
+    )
+    secrets.server_cert.write_bytes(named.cert_pem)
+    secrets.server_key.write_bytes(named.key_pem)
+    assert "127.0.0.1" not in pki.describe(secrets.server_cert).hosts
+    monkeypatch.setenv(SECRETS_ENV, str(secrets.root))
+    monkeypatch.setenv(ROLE_ENV, "agent")
+    with EmbeddedNats(tmp_path / "nats", secrets=secrets) as server:
+        port = server.url.rpartition(":")[2]
+        assert _jvm_connect(spark, f"tls://localhost:{port}") == "connected"
+        refused = _jvm_connect(spark, f"tls://127.0.0.1:{port}")  # not the name it has
+        assert "refused TLS" in refused, refused

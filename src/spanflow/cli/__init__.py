@@ -8,6 +8,7 @@ from spanflow.cli import (  # noqa: F401  (registers the commands)
     local,
     models,
     plan,
+    probe,
     rules,
     secrets,
     servers,

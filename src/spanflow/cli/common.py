@@ -30,6 +30,27 @@ app = typer.Typer(
 console = Console(soft_wrap=True)
 err = Console(stderr=True, soft_wrap=True)
 
+
+def _say_version(asked: bool) -> None:
+    if asked:
+        from importlib.metadata import version
+
+        console.print(f"spanflow {version('spanflow')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", is_eager=True, callback=_say_version, help="Print the version and exit."
+        ),
+    ] = False,
+) -> None:
+    """spanflow: stream processing for the edge-cloud continuum (Spark + NATS JetStream)."""
+
+
 NatsOption = Annotated[
     str | None, typer.Option("--nats", help="NATS URL; default: start an embedded server.")
 ]

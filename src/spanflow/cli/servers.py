@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import signal
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -36,7 +37,29 @@ def _listen(value: str, option: str) -> tuple[str, int]:
 HubOption = Annotated[
     str | None,
     typer.Option(
-        help="The hub's leaf URL (nats-leaf://HOST:7422); without it this server is the hub."
+        help="The hub's leaf URL (nats-leaf://HOST:7422; comma-separated for every server "
+        "of a clustered hub); without it this server is the hub."
+    ),
+]
+ClusterListenOption = Annotated[
+    str | None,
+    typer.Option(
+        help="Join this site's other servers in a NATS cluster: the route listener, "
+        "HOST:PORT (the site's streams get three copies)."
+    ),
+]
+RouteOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--route",
+        help="Another server of this site's cluster, HOST:PORT of its --cluster-listen (repeat).",
+    ),
+]
+ServerNameOption = Annotated[
+    str | None,
+    typer.Option(
+        help="This server's name, unique in the site (default: the site's, or "
+        "SITE-HOST-PORT of --cluster-listen in a cluster)."
     ),
 ]
 HttpListenOption = Annotated[
@@ -72,6 +95,16 @@ def site_server(
         list[str] | None,
         typer.Option(help="A subject that stays on this site (repeat), e.g. local.>"),
     ] = None,
+    cluster_listen: ClusterListenOption = None,
+    route: RouteOption = None,
+    server_name: ServerNameOption = None,
+    monitor_listen: Annotated[
+        str | None,
+        typer.Option(
+            help="NATS's monitoring endpoint, HOST:PORT (its /healthz is a container's "
+            "health check; keep it on loopback)."
+        ),
+    ] = None,
     data_dir: Annotated[Path | None, typer.Option(help="Default ./spanflow-data.")] = None,
     open_: Annotated[
         bool,
@@ -80,17 +113,21 @@ def site_server(
 ) -> None:
     """Run one site's NATS server with JetStream (domain = the site) and, with
     ``--mqtt-listen``, the MQTT gateway (a PUBACK means stored). With ``--hub`` it joins
-    the hub as a leaf node; locked when the data directory has secrets. SIGHUP reloads
-    the server's users and certificates (after `spanflow secrets device`)."""
-    from spanflow.nats.server import EmbeddedNats
+    the hub as a leaf node; with ``--cluster-listen`` and ``--route`` it joins the site's
+    other servers in a NATS cluster (routes over TLS when locked), so what the site
+    buffers survives the loss of one host. Locked when the data directory has secrets.
+    SIGHUP reloads the server's users and certificates (after `spanflow secrets device`)."""
+    from spanflow.nats.server import EmbeddedNats, leaf_urls
     from spanflow.security.policy import is_loopback
 
     directory = data_dir_or_default(data_dir)
     secrets = use_secrets(directory, "coordinator")
     host, port = _listen(listen, "--listen")
     leaf_host, leaf_port = _listen(leaf_listen, "--leaf-listen")
+    cluster = _cluster(site, host, cluster_listen, route or [], server_name)
     doors = [host] if hub else [host, leaf_host]
-    doors += [_listen(given, flag)[0] for given, flag in ((mqtt_listen, "--mqtt-listen"),) if given]
+    given = ((mqtt_listen, "--mqtt-listen"), (cluster_listen, "--cluster-listen"))
+    doors += [_listen(value, flag)[0] for value, flag in given if value]
     exposed = not all(is_loopback(door) for door in doors)
     if secrets is None and exposed and not open_:
         raise fail(
@@ -99,11 +136,16 @@ def site_server(
                 "run `spanflow secrets init` (then copy the secrets here) or pass --open"
             )
         )
+    if hub:
+        try:
+            leaf_urls(hub)
+        except ValueError as exc:
+            raise fail(SpanflowError(f"--hub: {exc}")) from None
     if secrets is None:
         err.print(f"[yellow]OPEN MODE: site server {site} has no TLS and no users[/yellow]")
     server = EmbeddedNats(
-        directory / f"nats-{site}",
-        name=site,
+        directory / f"nats-{cluster.name}",
+        name=cluster.name,
         domain=site,
         host=host,
         port=port or None,
@@ -112,7 +154,13 @@ def site_server(
         leaf_host=leaf_host,
         leaf_remote=hub,
         deny_exports=tuple(deny_export or ()),
+        cluster_name=site if cluster.routes is not None else None,
+        cluster_host=cluster.host,
+        cluster_port=cluster.port,
+        routes=cluster.routes or (),
         secrets=secrets,
+        monitor_listen=_checked(monitor_listen, "--monitor-listen"),
+        route_site=site if hub else None,  # an edge site's routes: its own password
     )
     stop = Interrupted()
     try:
@@ -124,6 +172,12 @@ def site_server(
         http_token = secrets.credentials().ingest_token_for(site)
     try:
         err.print(f"site {site}: NATS {server.url} (JetStream domain {site})")
+        if cluster.routes is not None:
+            err.print(
+                f"site {site}: server {cluster.name} in the site's cluster, routes on "
+                f"{cluster.host}:{server.cluster_port} to {len(cluster.routes)} other(s)"
+            )
+            threading.Thread(target=_say_when_ready, args=(server, site), daemon=True).start()
         if hub is None:
             err.print(f"hub leaf listener: {server.leaf_url}")
         if mqtt_listen:
@@ -134,6 +188,54 @@ def site_server(
         if gateway is not None:
             gateway.stop()
         server.stop()
+
+
+@dataclass(frozen=True)
+class _ClusterPlace:
+    """Where one server of a site's NATS cluster listens for routes, and its peers
+    (``routes`` None: not clustered)."""
+
+    name: str
+    host: str | None = None
+    port: int | None = None
+    routes: tuple[str, ...] | None = None
+
+
+def _cluster(
+    site: str, host: str, listen: str | None, routes: list[str], name: str | None
+) -> _ClusterPlace:
+    if listen is None:
+        if routes:
+            raise fail(SpanflowError("--route needs --cluster-listen (this server's routes)"))
+        return _ClusterPlace(name or site)
+    route_host, route_port = _listen(listen, "--cluster-listen")
+    peers = tuple(_route_url(given) for given in routes)
+    if name is None and route_port == 0:
+        raise fail(SpanflowError("--cluster-listen with port 0 needs --server-name"))
+    where = f"{route_host}-{route_port}".replace(".", "-").replace(":", "-")
+    return _ClusterPlace(name or f"{site}-{where}", route_host, route_port or None, peers)
+
+
+def _say_when_ready(server: Any, site: str) -> None:
+    """Tell once the site's cluster can store (a metadata leader is elected: most of
+    its servers are up and routed); until then streams cannot be created."""
+    leader = server.cluster_leader(timeout=3600.0)
+    if leader is not None:
+        err.print(f"site {site}: JetStream cluster ready (metadata leader {leader})")
+
+
+def _route_url(given: str) -> str:
+    """``HOST:PORT`` (or ``nats-route://HOST:PORT``) of another server's routes."""
+    bare = given.removeprefix("nats-route://")
+    host, port = _listen(bare, "--route")
+    if port == 0:
+        raise fail(SpanflowError(f"--route {given}: a route needs the server's port"))
+    return f"nats-route://{host}:{port}"
+
+
+def _checked(listen: str | None, option: str) -> str | None:
+    """``listen`` once it is a valid HOST:PORT (None stays None)."""
+    return None if listen is None else "{}:{}".format(*_listen(listen, option))
 
 
 def _mqtt_gateway(nats_url: str, listen: str, secrets: Any) -> Any:

@@ -17,6 +17,7 @@ import os
 import secrets as _random
 import signal
 import subprocess
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Self
@@ -126,6 +127,29 @@ class Hosts:
 
     def heal(self, host: Host) -> None:
         _ip("link", "set", host.veth, "up")
+
+    def cut_between(self, side: Iterable[Host], other: Iterable[Host]) -> None:
+        """A WAN cut between two sites: nothing crosses between a host of ``side`` and
+        a host of ``other`` (blackhole routes both ways) while each site's own hosts
+        still reach each other, until :meth:`heal_between`."""
+        self._routes("add", list(side), list(other))
+
+    def heal_between(self, side: Iterable[Host], other: Iterable[Host]) -> None:
+        self._routes("del", list(side), list(other))
+
+    def _routes(self, verb: str, side: list[Host], other: list[Host]) -> None:
+        for a, b in [(a, b) for a in side for b in other] + [(b, a) for a in side for b in other]:
+            _ip("-n", a.namespace, "route", verb, "blackhole", f"{b.address}/32")
+
+    def kill(self, host: Host) -> None:
+        """The host is lost: every process on it SIGKILLed, its link down (its disk —
+        the files its processes wrote — stays, as a dead machine's would)."""
+        self.cut(host)
+        for proc in host.procs:
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
 
     def close(self) -> None:
         """Kill every process started here and remove every namespace and link."""

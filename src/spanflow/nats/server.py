@@ -14,6 +14,7 @@ import ctypes
 import json
 import logging
 import os
+import re
 import shutil
 import signal
 import socket
@@ -37,6 +38,10 @@ from spanflow.security.nats_config import (
 from spanflow.security.secrets import Credentials, Secrets
 
 log = logging.getLogger(__name__)
+
+_LEADER = re.compile(
+    r"JetStream cluster new metadata leader: ([^/\s]+)|(Self is new JetStream cluster metadata)"
+)
 
 
 def nats_server_binary() -> str:
@@ -95,6 +100,27 @@ def split_listen(value: str) -> tuple[str, int]:
     return host, int(port)
 
 
+def leaf_urls(given: str) -> list[str]:
+    """The hub's leaf URLs in ``given`` (comma-separated: every server of a clustered
+    hub, so a site's link moves to another when one is lost).
+
+    >>> leaf_urls("nats-leaf://h1:7422, nats-leaf://h2:7422")
+    ['nats-leaf://h1:7422', 'nats-leaf://h2:7422']
+    >>> leaf_urls("h1:7422")
+    Traceback (most recent call last):
+    ...
+    ValueError: hub URL 'h1:7422' is not nats-leaf://HOST:PORT
+    """
+    urls = [url.strip() for url in given.split(",") if url.strip()]
+    for url in urls:
+        scheme, sep, rest = url.partition("://")
+        if not sep or scheme not in ("nats-leaf", "nats", "tls") or ":" not in rest:
+            raise ValueError(f"hub URL {url!r} is not nats-leaf://HOST:PORT")
+    if not urls:
+        raise ValueError("no hub URL given")
+    return urls
+
+
 class Managed:
     """``with Server() as s:`` starts it and stops it, whatever happens inside."""
 
@@ -138,12 +164,15 @@ class EmbeddedNats(Managed):
         deny_exports: tuple[str, ...] = (),
         cluster_name: str | None = None,
         cluster_port: int | None = None,
+        cluster_host: str | None = None,
         routes: tuple[str, ...] = (),
         port: int | None = None,
         host: str = "127.0.0.1",
         secrets: Secrets | None = None,
         leaf_port: int = 0,
         leaf_host: str | None = None,
+        monitor_listen: str | None = None,
+        route_site: str | None = None,
     ) -> None:
         self._own_dir = data_dir is None
         self.data_dir = Path(data_dir or tempfile.mkdtemp(prefix="spanflow-nats-"))
@@ -161,7 +190,10 @@ class EmbeddedNats(Managed):
         self.deny_exports = deny_exports
         self.cluster_name = cluster_name
         self.cluster_port = cluster_port
+        self.cluster_host = cluster_host or host
+        """Address the route listener binds (default: ``host``)."""
         self.routes = routes
+        """``nats-route://host:port`` of the cluster's other servers."""
         self.port = port
         """Client port; None: one the server picks (a restart may get another)."""
         self.host = host
@@ -169,14 +201,20 @@ class EmbeddedNats(Managed):
         self.secrets = secrets
         """Locked mode: TLS on every listener, users per role, authenticated leaf links
         and routes (docs/security.md). None: open, for a laptop demo."""
-        """``nats-route://host:port`` of the cluster's other servers."""
         self.leaf_url = ""
         """``nats-leaf://...`` that other sites' servers connect to (when ``leaf_listen``)."""
         self.url = ""
         self.mqtt_port: int | None = None
         self._proc: subprocess.Popen[bytes] | None = None
+        self._log_start = 0
         self._leaf_port = leaf_port
         self.leaf_host = leaf_host or host
+        self.route_site = route_site
+        """Locked: the edge site whose own route password this cluster's routes take
+        (None: the hub's, the ``route`` role's)."""
+        self.monitor_listen = monitor_listen
+        """``host:port`` of NATS's monitoring endpoint (``/healthz``, ``/varz``): a
+        container's health check; keep it on loopback (it tells about connections)."""
 
     def _config(self, ports_dir: Path) -> str:
         store = json.dumps(str(self.data_dir / "jetstream"))
@@ -190,6 +228,7 @@ class EmbeddedNats(Managed):
             f"listen: {self.host}:{self.port or -1}",
             f"ports_file_dir: {json.dumps(str(ports_dir))}",
             "max_payload: 8MB",
+            *([f"http: {json.dumps(self.monitor_listen)}"] if self.monitor_listen else []),
             "jetstream {\n  " + "\n  ".join(js) + "\n}",
         ]
         creds = self.secrets.credentials() if self.secrets else None
@@ -208,9 +247,12 @@ class EmbeddedNats(Managed):
                 leaf.append("authorization " + json.dumps(auth))
             lines.append("leafnodes {\n  " + "\n  ".join(leaf) + "\n}")
         if self.leaf_remote:
-            remote: dict[str, object] = {"url": self.leaf_remote}
+            urls = leaf_urls(self.leaf_remote)
             if self.secrets is not None and creds is not None:
-                remote["url"] = with_userinfo(self.leaf_remote, "leaf", creds.passwords["leaf"])
+                urls = [with_userinfo(url, "leaf", creds.passwords["leaf"]) for url in urls]
+            # Several URLs: a clustered hub; the link moves to another when one is lost.
+            remote: dict[str, object] = {"urls": urls}
+            if self.secrets is not None and creds is not None:
                 remote["account"] = APP_ACCOUNT  # the control account never crosses a link
                 remote["tls"] = {
                     "ca_file": str(self.secrets.ca_cert),
@@ -235,14 +277,14 @@ class EmbeddedNats(Managed):
         return "\n".join(lines) + "\n"
 
     def _cluster_block(self, creds: Credentials | None) -> str:
-        self.cluster_port = self.cluster_port or _free_port(self.host)
+        self.cluster_port = self.cluster_port or _free_port(self.cluster_host)
         routes = list(self.routes)
         block = [
             f"name: {json.dumps(self.cluster_name)}",
-            f"listen: {self.host}:{self.cluster_port}",
+            f"listen: {self.cluster_host}:{self.cluster_port}",
         ]
         if self.secrets is not None and creds is not None:
-            password = creds.passwords["route"]
+            password = creds.route_password_for(self.route_site)
             routes = [with_userinfo(r, "route", password) for r in routes]
             block.append(tls_block(self.secrets))
             block.append(f"authorization {{ user: route, password: {json.dumps(password)} }}")
@@ -262,6 +304,7 @@ class EmbeddedNats(Managed):
         with os.fdopen(fd, "w") as out:
             out.write(self._config(ports_dir))
         log_path = self.data_dir / "nats.log"
+        self._log_start = _size(log_path)
         with open(log_path, "ab") as log_file:
             self._proc = subprocess.Popen(
                 [nats_server_binary(), "-c", str(conf)],
@@ -325,6 +368,19 @@ class EmbeddedNats(Managed):
             if time.monotonic() > deadline or self._proc.poll() is not None:
                 raise NatsError(f"nats-server did not reload within {timeout:.0f} s")
             time.sleep(0.02)
+
+    def cluster_leader(self, timeout: float = 60.0) -> str | None:
+        """The JetStream cluster's metadata leader once this server knows one (None if it
+        does not within ``timeout`` s): until then the cluster cannot create streams. A
+        clustered server is ready for its clients only from here on."""
+        log_path = self.data_dir / "nats.log"
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and self._proc is not None:
+            found = _LEADER.findall(_read_from(log_path, self._log_start))
+            if found:
+                return found[-1][0] or self.name
+            time.sleep(0.1)
+        return None
 
     @property
     def pid(self) -> int | None:

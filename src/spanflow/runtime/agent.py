@@ -37,6 +37,7 @@ from spanflow.runtime.executor import FragmentExecutor
 from spanflow.runtime.fragments import LocalFragments
 from spanflow.runtime.gossip import AgentGossip
 from spanflow.runtime.last_known import LAST_ASSIGNMENTS_BUCKET, RegistrationCache
+from spanflow.runtime.liveness import Liveness
 from spanflow.runtime.reports import Reports
 from spanflow.runtime.scaling.autoscaler import Autoscaler
 from spanflow.runtime.shedding.policy import Shedder
@@ -62,6 +63,8 @@ class NodeAgent:
         self.site_domain: str | None = None
         directory = settings.state_dir or default_data_dir() / "agents"
         self.link = ControlLink(settings, RegistrationCache(directory, settings.name), self.clock)
+        self.liveness = Liveness(directory / f"{settings.name}.alive")
+        """Renewed each turn of the main loop: a container's health check (docs/deploy.md)."""
         self.watch = AssignmentWatch(settings.name)
         report = lambda *a, **k: self.reports.report(*a, **k)  # noqa: E731 - reports come next
         self.fragments = LocalFragments(report, self.clock, settings.timings.progress_every)
@@ -189,6 +192,7 @@ class NodeAgent:
         self.ready.set()
         try:
             while not stop.is_set():
+                self.liveness.beat()
                 self.watch.drain(self.fragments.desired, timeout=self.reports.interval / 2)
                 self.fragments.reconcile()
                 executor.supervise()

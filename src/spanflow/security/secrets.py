@@ -126,6 +126,9 @@ class Credentials:
     """An agent bundle: its node's REST token (register and shed as that node only)."""
     ingest_token: str | None = None
     """A site bundle: the token its HTTP ingest takes."""
+    site_route: str | None = None
+    """A site bundle: the password its clustered servers' routes take (that site's
+    alone, so an edge host's bundle cannot route into the hub or another site)."""
 
     def to_json(self) -> str:
         raw: dict[str, Any] = {
@@ -146,6 +149,8 @@ class Credentials:
             raw["node_tokens"] = self.node_tokens
         if self.ingest_token:
             raw["ingest_token"] = self.ingest_token
+        if self.site_route:
+            raw["site_route"] = self.site_route
         return json.dumps(raw, indent=2)
 
     @classmethod
@@ -168,6 +173,7 @@ class Credentials:
                 agent_key=raw.get("agent_key"),
                 node_tokens={str(k): str(v) for k, v in (raw.get("node_tokens") or {}).items()},
                 ingest_token=raw.get("ingest_token"),
+                site_route=raw.get("site_route"),
             )
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise SecurityError(f"{source} is not a spanflow credentials file: {exc!r}") from exc
@@ -179,6 +185,23 @@ class Credentials:
         if node is not None:
             return self.node_tokens.get(node)
         return next(iter(self.node_tokens.values()), None)
+
+    def route_password_for(self, site: str | None) -> str:
+        """The password of the routes between a site's servers: the hub's (``site``
+        None) is the ``route`` role's; an edge site's is its own, from its bundle or
+        derived on a full directory. SecurityError when this directory has neither."""
+        if site is None:
+            found = self.passwords.get("route")
+        else:
+            derived = site_route_password(self.agent_key, site) if self.agent_key else None
+            found = self.site_route or derived
+        if found is None:
+            which = "the hub's routes" if site is None else f"site {site}'s routes"
+            raise SecurityError(
+                f"these secrets have no password for {which}: export a site bundle for "
+                "it (`spanflow secrets export --role site`) from the full secrets"
+            )
+        return found
 
     def ingest_token_for(self, site: str) -> str | None:
         """The token a site's HTTP ingest takes: a site bundle's own, else (on a full
@@ -220,6 +243,10 @@ def node_of_token(agent_key: str, token: str) -> str | None:
 
 def ingest_token(agent_key: str, site: str) -> str:
     return f"ingest.{site}.{_mac(agent_key, 'ingest:' + site)}"
+
+
+def site_route_password(agent_key: str, site: str) -> str:
+    return f"route.{site}.{_mac(agent_key, 'route:' + site)}"
 
 
 BUNDLE_ROLES = ("coordinator", "agent", "site", "device", "reader")
@@ -453,7 +480,8 @@ class Secrets:
         - ``agent`` (``node``): the agent's password and certificate, its node's REST
           token, the gossip keyring;
         - ``site`` (``site``): a site server's certificate, the leaf link's, the
-          passwords of the users it admits (agents, devices), its ingest token;
+          passwords of the users it admits (agents, devices), its ingest token, the
+          password of routes between that site's servers (a clustered site);
         - ``device`` (``device``): that device's password and the device certificate;
         - ``reader``: the reader's password and certificate.
         """
@@ -522,6 +550,7 @@ class Secrets:
                 None,
                 creds.devices,
                 ingest_token=ingest_token(creds.agent_key, site),
+                site_route=site_route_password(creds.agent_key, site),
             )
             return files, bundle
         if role == "device":

@@ -86,8 +86,15 @@ def archive_dir() -> Path:
 
 
 def archive_path() -> Path | None:
+    """Where this JVM's and Spark's archive is (or goes): one made beside the
+    installation is used even where this user cannot write there (an image's, made at
+    build time by root, run by an unprivileged user)."""
     key = archive_key()
-    return None if key is None else archive_dir() / f"{PREFIX}{key}.jsa"
+    if key is None:
+        return None
+    name = f"{PREFIX}{key}.jsa"
+    installed = Path(sys.prefix) / "share" / "spanflow" / name
+    return installed if installed.exists() else archive_dir() / name
 
 
 def _note(path: Path) -> Path:

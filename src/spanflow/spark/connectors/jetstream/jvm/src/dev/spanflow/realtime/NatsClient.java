@@ -163,6 +163,11 @@ public final class NatsClient implements AutoCloseable {
         .servers(servers.toArray(new String[0]))
         .connectionName(name)
         .noRandomize()
+        // Keep the names given for TLS: resolved to an address first (jnats' default,
+        // and what its noResolveHostnames() still does), a locked server's certificate,
+        // which names hosts (a container's), would not match; Unresolved does not
+        // connect at all. HappyEyeballs resolves at connect time and checks the name.
+        .hostnameResolveMode(Options.HostnameResolveMode.HappyEyeballs)
         .noReconnect()
         .connectionTimeout(CONNECT_TIMEOUT)
         .reportNoResponders()

@@ -5,6 +5,8 @@ device's password, once, to the operator who asked for it."""
 from __future__ import annotations
 
 import hashlib
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
@@ -153,7 +155,10 @@ def device(
 @secrets_app.command("export")
 def export(
     role: Annotated[str, typer.Option(help=f"One of {', '.join(BUNDLE_ROLES)}.")],
-    out: Annotated[Path, typer.Option(help="A new directory for the bundle.")],
+    out: Annotated[
+        Path,
+        typer.Option(help="A new directory for the bundle (with --kube-secret: a YAML file)."),
+    ],
     node: Annotated[str | None, typer.Option(help="The node (role agent).")] = None,
     site: Annotated[str | None, typer.Option(help="The site (role site).")] = None,
     device_name: Annotated[
@@ -168,6 +173,14 @@ def export(
             "only these (and localhost).",
         ),
     ] = None,
+    kube_secret: Annotated[
+        str | None,
+        typer.Option(
+            help="Write the bundle as a Kubernetes Secret of this name to --out instead "
+            "(deploy/k8s/, docs/deploy.md)."
+        ),
+    ] = None,
+    namespace: Annotated[str, typer.Option(help="The Secret's namespace.")] = "spanflow",
     secrets_dir: SecretsDirOption = None,
     data_dir: DataDir = None,
 ) -> None:
@@ -176,8 +189,15 @@ def export(
     bundle to the host as its secrets directory."""
     secrets = secrets_at(secrets_dir, data_dir)
     hosts = tuple(host or ())
+
+    def bundle(dest: Path) -> list[Path]:
+        return secrets.export(dest, role, node=node, site=site, device=device_name, hosts=hosts)
+
     try:
-        written = secrets.export(out, role, node=node, site=site, device=device_name, hosts=hosts)
+        if kube_secret is not None:
+            _export_kube_secret(bundle, out, kube_secret, namespace)
+            return
+        written = bundle(out)
     except SecurityError as exc:
         raise fail(exc) from None
     for path in written:
@@ -188,6 +208,19 @@ def export(
             "to issue this host one of its own[/yellow]"
         )
     console.print(f"copy {out} to the host as its secrets directory (owner-only)")
+
+
+def _export_kube_secret(
+    make: Callable[[Path], list[Path]], out: Path, name: str, namespace: str
+) -> None:
+    """The bundle made in a private temporary directory, written to ``out`` as a Secret."""
+    from spanflow.local.kube import secret_manifest, write_private
+
+    with tempfile.TemporaryDirectory() as tmp:
+        bundle = Path(tmp) / "bundle"
+        make(bundle)
+        write_private(out, secret_manifest(bundle, name, namespace))
+    console.print(f"wrote Secret {namespace}/{name} to {out} (owner-only; apply, then delete it)")
 
 
 gossip_app = typer.Typer(

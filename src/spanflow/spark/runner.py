@@ -35,6 +35,7 @@ from spanflow.spark.connectors.jetstream import realtime
 from spanflow.spark.connectors.jetstream.source import register_isolated
 from spanflow.spark.deadletter import DLQ_SUBJECT_PREFIX, EPOCH_PROPERTY, dlq_subject
 from spanflow.spark.stagger import BatchSlots, phase_ms
+from spanflow.spark.watermark_beats import SiteBeats
 from spanflow.spec import locations
 from spanflow.spec.durations import spark_interval
 from spanflow.spec.pipeline import PipelineSpec
@@ -149,6 +150,8 @@ class PipelineRunner:
         """Threads copying postgres: lookup tables into their buckets."""
         self._client: SyncNats | None = None
         self._stopped = False
+        self.beats = SiteBeats()
+        """Watermark beats of the queries that hand output on to a global fragment."""
 
     # -- lifecycle -------------------------------------------------------------------
     def start(self) -> PipelineRunner:
@@ -423,8 +426,9 @@ class PipelineRunner:
 
     def supervise(self) -> None:
         """Restart failed queries from their checkpoints, and stop real-time queries
-        whose fence a newer epoch took (call periodically)."""
+        whose fence a newer epoch took, and send watermark beats (call periodically)."""
         self._watch_realtime_fence()
+        self._beat()
         for sup in self._queries.values():
             q = sup.query
             if self._stopped or q is None or q.isActive:
@@ -456,6 +460,18 @@ class PipelineRunner:
                         sup.error,
                         delay,
                     )
+
+    def _beat(self) -> None:
+        """Tell global fragments how far this one's event time has gone
+        (:mod:`spanflow.spark.watermark_beats`)."""
+        if self._client is None or self._stopped or self.fenced:
+            return
+        queries = [
+            (self._sink(sup.sink_id), sup.query)
+            for sup in self._queries.values()
+            if sup.query is not None and not self._realtime(sup.sink_id)
+        ]
+        self.beats.tick(self._client, queries)
 
     def stop(self) -> None:
         """Stop every query (idempotent). The last committed batch is kept in the checkpoint."""

@@ -28,8 +28,10 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+import orjson
 import pyarrow as pa
 from nats.aio.client import Client
 from nats.js.errors import NotFoundError
@@ -50,11 +52,13 @@ from spanflow.nats.batch_plan import BatchPlan, plan_key
 from spanflow.nats.fastread import read_range_fast
 from spanflow.nats.ranges import last_before
 from spanflow.nats.streams import SyncNats, connect, through_elections, unanswered
+from spanflow.protocol.raw import RawRecord
 from spanflow.spark import worker_logs
 from spanflow.spark.connectors import reads
 from spanflow.spark.deadletter import DeadLetter, publish_dead_letters
 from spanflow.spark.formats import AvroReader, Decoder, ProtobufReader
 from spanflow.spark.stagger import SlotPacer, wait_for_slot
+from spanflow.spark.watermark_beats import beat_time, is_beat
 from spanflow.spec.schema import StreamFormat
 
 if TYPE_CHECKING:
@@ -448,7 +452,10 @@ class JetStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     partition.end,
                     subjects=self.filter_subjects,
                 )
-                batches = []
+                beats = [m for m in messages if is_beat(m.data)]
+                if beats:  # a site's watermark beats: none is a record
+                    messages = [m for m in messages if not is_beat(m.data)]
+                batches = self._watermark_beat(decoder, beats)
                 for lo in range(0, len(messages), BATCH_ROWS):
                     batch, rejects = decoder.decode(messages[lo : lo + BATCH_ROWS])
                     batches.append(batch)
@@ -490,7 +497,28 @@ class JetStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         last = await last_before(nc, self.stream, start, subjects=self.filter_subjects)
         if last is None:
             return []
-        batch, _ = decoder.decode([last])  # a malformed last record gives no heartbeat
+        if is_beat(last.data):
+            return self._watermark_beat(decoder, [last])
+        return self._as_heartbeat(decoder, last)
+
+    def _watermark_beat(self, decoder: Decoder, beats: list[RawRecord]) -> list[Any]:
+        """The latest of a site's watermark beats as one heartbeat row with that event
+        time (:mod:`spanflow.spark.watermark_beats`); nothing for a source without event
+        time, which has no use for them."""
+        times = [t for t in (beat_time(m.data) for m in beats) if t]
+        if not self.heartbeat or not times:
+            return []
+        latest = max(times, key=lambda t: datetime.fromisoformat(t))
+        last = beats[-1]
+        body = orjson.dumps({self.heartbeat: latest})
+        return self._as_heartbeat(
+            decoder, RawRecord(last.seq, last.subject, body, last.published_us)
+        )
+
+    def _as_heartbeat(self, decoder: Decoder, record: RawRecord) -> list[Any]:
+        """``record`` decoded and marked ``_heartbeat`` (nothing if it lacks event time)."""
+        assert self.heartbeat is not None
+        batch, _ = decoder.decode([record])  # a malformed record gives no heartbeat
         if batch.num_rows != 1 or batch.column(self.heartbeat)[0].as_py() is None:
             return []
         index = batch.schema.get_field_index("_heartbeat")

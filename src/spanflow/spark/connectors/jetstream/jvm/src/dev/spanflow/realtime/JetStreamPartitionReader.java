@@ -1,6 +1,7 @@
 package dev.spanflow.realtime;
 
 import java.io.IOException;
+import java.nio.charset.StandardCharsets;
 import org.apache.spark.TaskContext;
 import org.apache.spark.sql.catalyst.InternalRow;
 import org.apache.spark.sql.connector.read.streaming.PartitionOffset;
@@ -112,8 +113,26 @@ final class JetStreamPartitionReader implements SupportsRealTimeRead<InternalRow
     }
   }
 
+  /** A site's watermark beat (spanflow.spark.watermark_beats): never a record here. */
+  private static final byte[] BEAT = "{\"_watermark\":".getBytes(StandardCharsets.UTF_8);
+
+  static boolean isBeat(byte[] data) {
+    if (data == null || data.length < BEAT.length) {
+      return false;
+    }
+    for (int i = 0; i < BEAT.length; i++) {
+      if (data[i] != BEAT[i]) {
+        return false;
+      }
+    }
+    return true;
+  }
+
   /** Decode into {@link #current}; dead-letter and return false when it does not fit. */
   private boolean accept(OrderedReader.Record r) throws IOException {
+    if (isBeat(r.msg.data)) {
+      return false;
+    }
     try {
       current = decoder.decode(r.msg.data, r.msg.subject, r.seq, r.publishedNanos);
       return true;

@@ -41,10 +41,13 @@ def test_a_query_that_never_saw_event_time_beats_the_wall_clock_once_idle() -> N
     assert policy.beat(70.0, wall, None, caught_up=True) == wall - timedelta(seconds=30)
 
 
-def test_a_beat_is_told_apart_from_a_record() -> None:
+def test_a_beat_is_told_apart_from_a_record_and_only_counts_on_a_cut_subject() -> None:
     body = beat_body(T0)
-    assert is_beat(body) and beat_time(body) == T0.isoformat()
-    assert not is_beat(b'{"device": "d1", "_watermark": "x"}')
+    cut = "spanflow.cut.p.per_10s.edge-a"
+    assert is_beat(cut, body) and beat_time(body) == T0.isoformat()
+    assert not is_beat(cut, b'{"device": "d1", "_watermark": "x"}')
+    # a device forging a beat on its own subject sends a record: no watermark moves
+    assert not is_beat("plant.edge-a.press-7.temp", beat_body(T0 + timedelta(days=3650)))
     assert beat_time(b"not json") is None
 
 

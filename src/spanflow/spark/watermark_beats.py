@@ -54,8 +54,11 @@ def beat_body(at: datetime) -> bytes:
     return orjson.dumps({"_watermark": at.astimezone(UTC).isoformat()})
 
 
-def is_beat(data: bytes) -> bool:
-    return data.startswith(PREFIX)
+def is_beat(subject: str, data: bytes) -> bool:
+    """Whether a stored message is a beat: only on a cut subject, where agents alone
+    publish (a device that sends the same bytes on its own subject sends a record, which
+    decodes or is dead-lettered as any other, and moves no watermark)."""
+    return subject.startswith(f"{CUT_SUBJECT_PREFIX}.") and data.startswith(PREFIX)
 
 
 def beat_time(data: bytes) -> str | None:

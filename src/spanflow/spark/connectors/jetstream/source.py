@@ -452,9 +452,9 @@ class JetStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     partition.end,
                     subjects=self.filter_subjects,
                 )
-                beats = [m for m in messages if is_beat(m.data)]
+                beats = [m for m in messages if is_beat(m.subject, m.data)]
                 if beats:  # a site's watermark beats: none is a record
-                    messages = [m for m in messages if not is_beat(m.data)]
+                    messages = [m for m in messages if not is_beat(m.subject, m.data)]
                 batches = self._watermark_beat(decoder, beats)
                 for lo in range(0, len(messages), BATCH_ROWS):
                     batch, rejects = decoder.decode(messages[lo : lo + BATCH_ROWS])
@@ -497,7 +497,7 @@ class JetStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         last = await last_before(nc, self.stream, start, subjects=self.filter_subjects)
         if last is None:
             return []
-        if is_beat(last.data):
+        if is_beat(last.subject, last.data):
             return self._watermark_beat(decoder, [last])
         return self._as_heartbeat(decoder, last)
 

@@ -113,10 +113,18 @@ final class JetStreamPartitionReader implements SupportsRealTimeRead<InternalRow
     }
   }
 
-  /** A site's watermark beat (spanflow.spark.watermark_beats): never a record here. */
+  /**
+   * A site's watermark beat (spanflow.spark.watermark_beats): never a record here. Only on
+   * a cut subject, where agents alone publish; the same bytes elsewhere are a record.
+   */
   private static final byte[] BEAT = "{\"_watermark\":".getBytes(StandardCharsets.UTF_8);
 
-  static boolean isBeat(byte[] data) {
+  private static final String CUT_PREFIX = "spanflow.cut.";
+
+  static boolean isBeat(String subject, byte[] data) {
+    if (subject == null || !subject.startsWith(CUT_PREFIX)) {
+      return false;
+    }
     if (data == null || data.length < BEAT.length) {
       return false;
     }
@@ -130,7 +138,7 @@ final class JetStreamPartitionReader implements SupportsRealTimeRead<InternalRow
 
   /** Decode into {@link #current}; dead-letter and return false when it does not fit. */
   private boolean accept(OrderedReader.Record r) throws IOException {
-    if (isBeat(r.msg.data)) {
+    if (isBeat(r.msg.subject, r.msg.data)) {
       return false;
     }
     try {

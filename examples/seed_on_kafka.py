@@ -4,9 +4,12 @@
 
 It starts a Kafka-wire broker (Tansu, in memory) and an embedded NATS server (where
 dead letters go), runs examples/seed_kafka.yaml on Spark with its topics on that
-broker (created with the file's parallelism, 3 partitions), produces numbers from
-three sensors keyed by sensor, and prints what reaches the output topic, read as a
-read_committed consumer would. Against your own brokers, run the file itself:
+broker (created with the file's parallelism, 3 partitions), produces a reading a second
+from three sensors keyed by sensor (their own ``time``), and prints what reaches the
+output topic, read as a read_committed consumer would: each reading plus 1 (``sum``),
+and per sensor and 10-second window the average of its running count (``count`` then
+``average``). A last reading 60 s later moves event time on, which closes the windows.
+Against your own brokers, run the file itself:
 ``spanflow run examples/seed_kafka.yaml --kafka broker-1:9092``.
 """
 
@@ -22,15 +25,19 @@ import orjson
 
 HERE = Path(__file__).resolve().parent
 SENSORS = ("sensor-1", "sensor-2", "sensor-3")
+START = 1_767_225_600.0
+"""2026-01-01T00:00:00Z: the readings' first second (on a window boundary)."""
 
 
 def numbers(n: int = 30) -> list[tuple[str, bytes]]:
-    """(key, value): numbers and {"value": n} records, and one that is neither."""
+    """(key, value): a reading a second, sensor by sensor, then one that is not a
+    number and one 60 s after the others (it closes their windows)."""
     out = []
     for i in range(n):
-        value = orjson.dumps(i + 0.5 if i % 2 else {"value": i})
-        out.append((SENSORS[i % 3], value))
+        reading = {"value": i + 0.5, "time": START + i}
+        out.append((SENSORS[i % 3], orjson.dumps(reading)))
     out.append((SENSORS[0], b'"not a number"'))
+    out.append((SENSORS[0], orjson.dumps({"value": 0, "time": START + n + 60})))
     return out
 
 
@@ -78,29 +85,30 @@ def run_on(
     bootstrap: str,
     checkpoints: Path,
     records: list[tuple[str, bytes]],
+    expect: int,
     timeout: float = 180.0,
 ) -> list[tuple[str, dict[str, Any]]]:
-    """Run the seed file against running servers; the output topic's (key, record)."""
+    """Run the seed file against running servers until ``expect`` records are on the
+    output topic; the output topic's (key, record)."""
     from spanflow.api import load_pipeline
     from spanflow.spark.runner import PipelineRunner
 
-    good = sum(1 for _, v in records if isinstance(orjson.loads(v), int | float | dict))
     spec = load_pipeline(HERE / "seed_kafka.yaml", bootstrap=bootstrap)
     # start() creates both topics with the file's parallelism (3 partitions)
     runner = PipelineRunner(spark, spec, nats_url=nats_url, checkpoint_dir=checkpoints).start()
     try:
         produce(bootstrap, "numbers", records)
         deadline = time.monotonic() + timeout
-        while len(out := consume(bootstrap, "results")) < 2 * good:
+        while len(out := consume(bootstrap, "results")) < expect:
             if time.monotonic() > deadline:
-                raise TimeoutError(f"{len(out)} of {2 * good} results in {timeout:g} s")
+                raise TimeoutError(f"{len(out)} of {expect} results in {timeout:g} s")
             time.sleep(1)
     finally:
         runner.stop()
     return out
 
 
-def run(records: list[tuple[str, bytes]]) -> list[tuple[str, dict[str, Any]]]:
+def run(records: list[tuple[str, bytes]], expect: int) -> list[tuple[str, dict[str, Any]]]:
     """Start a broker, NATS and Spark on this machine, run, stop them."""
     from spanflow.local.kafka_broker import LocalKafka
     from spanflow.nats import EmbeddedNats
@@ -112,7 +120,8 @@ def run(records: list[tuple[str, bytes]]) -> list[tuple[str, dict[str, Any]]]:
         try:
             spark = build_session(app_name="seed-on-kafka")
             try:
-                return run_on(spark, nats.url, kafka.bootstrap, Path(tmp) / "cp", records)
+                cp = Path(tmp) / "cp"
+                return run_on(spark, nats.url, kafka.bootstrap, cp, records, expect)
             finally:
                 spark.stop()
         finally:
@@ -120,9 +129,11 @@ def run(records: list[tuple[str, bytes]]) -> list[tuple[str, dict[str, Any]]]:
 
 
 def main() -> None:
-    out = run(numbers())
-    print(f"{len(out)} records on the topic 'results' (a running sum and a running "
-          "average per record; the non-number went to the dead-letter stream):")  # fmt: skip
+    # 31 readings plus 1; 3 sensors by 3 closed windows (the last reading's stays open)
+    out = run(numbers(), expect=31 + 9)
+    print(f"{len(out)} records on the topic 'results' (each reading plus 1, and the "
+          "average count per sensor and window; the non-number went to the dead-letter "
+          "stream):")  # fmt: skip
     for key, record in out:
         print(f"  {key:9} {record}")
     sys.exit(0)

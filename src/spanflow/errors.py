@@ -35,6 +35,11 @@ class PipelineFileError(SpecError):
         super().__init__("\n".join(lines))
 
 
+class MeaningChanged(UserWarning):
+    """A pipeline file uses a step whose meaning changed between releases (the message
+    names the file, line and step, the new meaning and how to keep the old one)."""
+
+
 class TopologyFileError(PipelineFileError):
     """A topology file is invalid; the message names the file, line and field."""
 

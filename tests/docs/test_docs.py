@@ -59,7 +59,10 @@ def test_processor_and_seed_pipeline_examples_load() -> None:
     assert spec.step("track").type_name == "process"
     (seed,) = blocks("pipelines.md", "yaml seed")
     spec = load_pipeline_text(seed, "pipelines.md", source_stream="NUMBERS", sink_stream="RESULTS")
-    assert [s.type_name for s in spec.steps].count("running") == 3
+    types = {s.id: s.type_name for s in spec.steps}
+    assert [types[i] for i in ("total", "how_many", "avg")] == ["sum", "count", "average"]
+    expanded = [s.type_name for s in spec.step("avg").expand()]
+    assert expanded == ["key_by", "event_time", "window"]
 
 
 @pytest.fixture

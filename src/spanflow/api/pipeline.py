@@ -22,7 +22,7 @@ from __future__ import annotations
 import itertools
 import re
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import ValidationError
 
@@ -522,21 +522,50 @@ class Stream:
             params["rule_set"] = rule_set
         return self._then(PatternStep, "match", id, **params)
 
-    def count(self, *, key: str | None = None, id: str | None = None) -> Stream:
-        """Running count per key (the classic 'count' processor); emits updates."""
-        return self._then(CountStep, "count", id, key=key)
+    def count(
+        self,
+        *,
+        key: str | None = None,
+        emit: Literal["updates", "records"] = "updates",
+        output: str = "count",
+        id: str | None = None,
+    ) -> Stream:
+        """Count per key (the classic 'count' processor): each changed key's count after
+        every micro-batch, or (``emit="records"``) every record with its key's count so
+        far in ``output``."""
+        return self._then(CountStep, "count", id, key=key, emit=emit, output=output)
 
     def average(
-        self, field: str, *, window: str | float, key: str | None = None, id: str | None = None
+        self,
+        field: str,
+        *,
+        window: str | float,
+        key: str | None = None,
+        output: str = "average",
+        time: str | None = None,
+        lateness: str | float = 0.0,
+        id: str | None = None,
     ) -> Stream:
-        """Average of ``field`` per tumbling window (the classic 'average' processor)."""
-        return self._then(AverageStep, "average", id, field=field, window=window, key=key)
+        """Average of ``field`` per key and tumbling window (the classic 'average'
+        processor); ``time``/``lateness`` set the event time here, for an input without."""
+        return self._then(
+            AverageStep,
+            "average",
+            id,
+            field=field,
+            window=window,
+            key=key,
+            output=output,
+            time=time,
+            lateness=lateness,
+        )
 
-    def union(self, *others: Stream, id: str | None = None) -> Stream:
-        """Records of this stream and the others in one stream (same columns)."""
+    def union(self, *others: Stream, allow_missing: bool = False, id: str | None = None) -> Stream:
+        """Records of this stream and the others in one stream: same columns, or with
+        ``allow_missing`` a column some streams lack is null in their records."""
         if not others:
             raise SpecError("union(): give at least one other stream")
-        return self._combine("union", others, UnionStep, id)
+        return self._combine("union", others, UnionStep, id, allow_missing=allow_missing)
 
     def join(
         self,

@@ -21,29 +21,36 @@ entries reads their union. The input and output are JetStream streams given when
 the file is loaded (``spanflow run pipeline.yaml --source-stream S --sink-stream T``);
 the input's messages are numbers (``42``) or records with a numeric ``value``.
 
-The classic processors work on ``value`` and pass one record on per record:
-``forward`` as is; ``sum``, ``count`` and ``average`` with ``value`` set to the
-running sum, count or average so far (:class:`~spanflow.spec.steps.keyed.RunningStep`).
-Given spanflow's parameters they are spanflow's classic steps instead (``sum`` with
-``value:`` adds a constant, ``count`` with ``key:`` counts per key, ``average`` with
-``window:`` averages per window), and any other spanflow step type may appear too.
+The classic processors work on the fields ``value``, ``key`` and ``time`` (the
+record's own, else when its source stored it), as the format describes them:
+``forward`` passes records on; ``sum`` adds a constant (``value:``, default 1);
+``count`` passes each record on with ``value`` set to the count of its key's records
+so far; ``average`` writes the average ``value`` per key and tumbling window of
+event time (``window:``, default :data:`DEFAULT_AVERAGE_WINDOW`). The running
+aggregates of the whole stream that spanflow 0.1 ran for them are ``running_sum``,
+``running_count`` and ``running_average``; a file using a bare classic processor
+loads with a :class:`~spanflow.errors.MeaningChanged` warning that says so. Any other
+spanflow step type may appear too, and spanflow's parameters override the defaults.
 Errors name the file, line and field, as for spanflow's own format.
 """
 
 from __future__ import annotations
 
 import re
+import warnings
 from pathlib import PurePath
 from typing import Any
 
 from spanflow.api.yaml_source import Path_, field_text
+from spanflow.errors import MeaningChanged
 from spanflow.spec.steps import derived_id
+from spanflow.spec.steps.classic import DEFAULT_AVERAGE_WINDOW
 
 Problems = list[tuple[int | None, str, str]]
 
 SINK = "sink"
 SOURCE = "source"
-SEED_SCHEMA = {"value": "double"}
+SEED_SCHEMA = {"value": "double", "key": "string?", "time": "timestamp?"}
 _MAPPING_KEYS = {
     "name",
     "processors",
@@ -53,9 +60,15 @@ _MAPPING_KEYS = {
     *("source_topic", "sink_topic", "bootstrap", "parallelism"),
 }
 _KAFKA_KEYS = ("source_topic", "sink_topic", "bootstrap", "parallelism")
-KEYED = "source__key"
-"""The step that copies a Kafka record's key into the field ``key`` (kept per record
-through the classic processors, and the output record's Kafka key)."""
+TIME = "time"
+"""The field that carries each record's event time through the classic processors:
+the record's own ``time`` where it has one, else when its source stored it."""
+
+
+FIELDS = "source__fields"
+"""The step after the source that sets ``time`` (the record's own, else when it was
+stored) and, from Kafka, ``key`` (the record's Kafka key; the output record's key)."""
+STORED_TIME = "coalesce(`time`, `_published`)"
 
 
 def is_seed_format(data: Any) -> bool:
@@ -96,11 +109,12 @@ def seed_document(
         )
     document.setdefault("name", _name_from(path))
     steps, origin, targets_of, where = _processors(items, base, lines, problems)
+    _warn_changed_meaning(items, base, lines, path)
     inputs = _inputs(targets_of, where, lines, problems)
     if SINK not in inputs and not problems:
         problems.append((1, "", "no processor sends its output to 'sink'"))
     unions: list[tuple[dict[str, Any], Path_ | None]] = []
-    first = KEYED if on_kafka else SOURCE
+    first = FIELDS
     for step, step_at in zip(steps, origin, strict=True):
         feeds = inputs.get(step["id"]) or [first]
         step["inputs"], union = _joined(step["id"], feeds, step.get("type") == "union")
@@ -212,10 +226,11 @@ def _stream_ends(
         "scalar_field": "value",
     }
     out = sink_stream or "SINK"
+    fields = {"id": FIELDS, "type": "map", "columns": {TIME: STORED_TIME}, "inputs": [SOURCE]}
     return (
         source,
         {"id": SINK, "type": "sink", "connector": "jetstream", "stream": out, "subject": out},
-        [],
+        [fields],
     )
 
 
@@ -251,7 +266,8 @@ def _kafka_ends(kafka: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], 
         "schema": dict(SEED_SCHEMA),
         "scalar_field": "value",
     }
-    keyed = {"id": KEYED, "type": "map", "columns": {"key": "_key"}, "inputs": [SOURCE]}
+    columns = {"key": "_key", TIME: STORED_TIME}
+    keyed = {"id": FIELDS, "type": "map", "columns": columns, "inputs": [SOURCE]}
     sink = {
         "id": SINK,
         "type": "sink",
@@ -261,16 +277,73 @@ def _kafka_ends(kafka: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], 
     return source, sink, [keyed]
 
 
+RUNNING = {"running_sum": "sum", "running_count": "count", "running_average": "avg"}
+"""The running aggregates of ``value`` over the whole stream, by the names the seed
+format leaves free (spanflow before 0.2 ran these for a bare sum, count and average)."""
+
+_OLD_MEANING = {
+    "sum": ("adds 1 (or its value:) to value, record by record", "running_sum"),
+    "count": ("counts each key's records (the field key)", "running_count"),
+    "average": (
+        f"averages value per key and {DEFAULT_AVERAGE_WINDOW:g}-second window "
+        "(or its window:), one record per window",
+        "running_average",
+    ),
+}
+
+
+def _warn_changed_meaning(
+    items: list[Any], base: Path_, lines: dict[Path_, int], path: str
+) -> None:
+    """One warning naming each bare classic processor, whose meaning changed: spanflow
+    0.1 ran running aggregates over the whole stream for them."""
+    found = []
+    for i, item in enumerate(items):
+        kind = item.get("type") if isinstance(item, dict) else None
+        if (
+            not isinstance(kind, str)
+            or kind not in _OLD_MEANING
+            or set(item) - {"id", "type", "to"}
+        ):
+            continue
+        meaning, running = _OLD_MEANING[kind]
+        line = lines.get((*base, i, "type")) or lines.get((*base, i))
+        found.append(
+            f"{path}:{line}: {item.get('id')}: {kind} {meaning}, as the seed format says; "
+            f"spanflow 0.1 gave the running {kind} of the whole stream here: "
+            f"write type: {running} for that"
+        )
+    if found:
+        found.append(
+            "(a processor given a parameter — sum value:, count key:, average window: — "
+            "means the new meaning, and is not warned about)"
+        )
+        warnings.warn("\n".join(found), MeaningChanged, stacklevel=4)
+
+
 def _translate(item: dict[str, Any]) -> dict[str, Any]:
-    """A seed entry as a spanflow step: the classic processors without spanflow's
-    parameters become running aggregates of ``value``."""
+    """A seed entry as a spanflow step: the classic processors as the format describes
+    them, on the fields ``value``, ``key`` and ``time``; spanflow's own parameters
+    (``field``, ``key``, ``window`` …) override these defaults."""
     step = {k: v for k, v in item.items() if k != "to"}
     kind = step.get("type")
-    running = {"sum": "sum", "count": "count", "average": "avg"}
-    own_params = {"sum": "value", "count": "key", "average": "window"}
-    if isinstance(kind, str) and kind in running and own_params[kind] not in step:
+    if not isinstance(kind, str):
+        return step
+    if kind in RUNNING:
         step["type"] = "running"
-        step["fn"] = running[kind]
+        step["fn"] = RUNNING[str(kind)]
+    elif kind == "count" and "key" not in step:
+        step.update(key="key", emit="records", output="value")
+        step.update({k: v for k, v in item.items() if k in ("emit", "output")})
+    elif kind == "average":
+        defaults = {
+            "field": "value",
+            "key": "key",
+            "window": DEFAULT_AVERAGE_WINDOW,
+            "output": "value",
+            "time": TIME,
+        }
+        step = {**defaults, **step}
     return step
 
 
@@ -281,7 +354,8 @@ def _joined(
     if len(feeds) <= 1 or is_union:
         return feeds, None
     union_id = derived_id(step_id, "union")
-    return [union_id], {"id": union_id, "type": "union", "inputs": feeds}
+    union = {"id": union_id, "type": "union", "inputs": feeds, "allow_missing": True}
+    return [union_id], union
 
 
 def _name_from(path: str) -> str:

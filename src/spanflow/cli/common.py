@@ -9,6 +9,7 @@ import os
 import signal
 import sys
 import threading
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Annotated, Any
@@ -17,7 +18,7 @@ import typer
 from rich.console import Console
 
 from spanflow.api import Flow, load_pipeline
-from spanflow.errors import SpanflowError
+from spanflow.errors import MeaningChanged, SpanflowError
 from spanflow.local.api import find_secrets as find_secrets
 from spanflow.spec import PipelineSpec
 from spanflow.spec.topology import Topology
@@ -101,13 +102,21 @@ def load_target(
     the brokers of one that runs between Kafka topics."""
     path = Path(target)
     if path.suffix in (".yaml", ".yml", ".json") or path.exists():
-        spec = load_pipeline(
-            path,
-            source_stream=source_stream,
-            sink_stream=sink_stream,
-            bootstrap=kafka,
-            topology=topology,
-        )
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", MeaningChanged)
+            spec = load_pipeline(
+                path,
+                source_stream=source_stream,
+                sink_stream=sink_stream,
+                bootstrap=kafka,
+                topology=topology,
+            )
+        for w in caught:
+            if not issubclass(w.category, MeaningChanged):
+                warnings.showwarning(w.message, w.category, w.filename, w.lineno)
+                continue
+            err.print("[yellow]warning:[/yellow] ", end="")
+            err.print(str(w.message), markup=False, highlight=False)
         return spec, {}
     if source_stream or sink_stream:
         raise SpanflowError("--source-stream/--sink-stream apply to seed-format pipeline files")

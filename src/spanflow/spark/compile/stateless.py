@@ -104,13 +104,13 @@ def compile_union(
     first = inputs[0]
     df = first.df
     for other in inputs[1:]:
-        if sorted(other.df.columns) != sorted(df.columns):
+        if sorted(other.df.columns) != sorted(df.columns) and not step.allow_missing:
             raise CompileError(
                 step.id,
                 f"inputs have different columns: {sorted(df.columns)} and "
                 f"{sorted(other.df.columns)}",
             )
-        df = df.unionByName(other.df)
+        df = df.unionByName(other.df, allowMissingColumns=step.allow_missing)
     if any(f.mode != "append" for f in inputs):
         raise CompileError(step.id, "a union needs append inputs (final windows, not updates)")
     keys = {f.key for f in inputs}

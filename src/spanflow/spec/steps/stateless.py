@@ -149,13 +149,15 @@ class EventTimeStep(StepBase):
 
 
 class UnionStep(StepBase):
-    """Records of all inputs in one stream; the inputs must have the same columns."""
+    """Records of all inputs in one stream; the inputs must have the same columns,
+    unless ``allow_missing``: then a column some inputs lack is null in their records."""
 
     rate: ClassVar[Rate] = Rate.SUMS
 
     arity: ClassVar[tuple[int, int | None]] = (2, None)
 
     type: Literal["union"] = "union"
+    allow_missing: bool = False
 
     def realtime_problem(self) -> str | None:
         return None

@@ -312,10 +312,12 @@ class Stream:
         slide: str | float | int | None = None,
         session: str | float | None = None,
         count: int | None = None,
+        allowed_lateness: str | float | None = None,
     ) -> WindowedStream:
         """Start a window: ``tumbling=``, ``sliding=`` (with ``slide=``) or ``session=``
         for event-time windows; ``count=`` (with an optional ``slide=`` in records) for
-        windows of a number of records per key."""
+        windows of a number of records per key. ``allowed_lateness``: how much longer
+        an event-time window waits for late records (they go to the dead letters after)."""
         given = [
             k
             for k, v in (
@@ -335,8 +337,12 @@ class Stream:
         elif given[0] == "session":
             shape = {"kind": "session", "gap": session}
         else:
+            if allowed_lateness is not None:
+                raise SpecError("window(): allowed_lateness is for event-time windows")
             shape = {"size": count, "slide": slide}
             return WindowedStream(self, shape, CountWindowStep)
+        if allowed_lateness is not None:
+            shape["allowed_lateness"] = allowed_lateness
         return WindowedStream(self, shape, WindowStep)
 
     def deduplicate(self, *key: str, within: str | float, id: str | None = None) -> Stream:

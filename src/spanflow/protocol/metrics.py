@@ -113,6 +113,9 @@ class FragmentRuntime(BaseModel):
     watermark: str | None = None
     restarts: int = 0
     dead_letters: int = 0
+    late_records: int = Field(
+        default=0, description="Of dead_letters, records too late for their windows (reason late)."
+    )
     offsets: dict[str, Any] = Field(default_factory=dict, description="sink → committed offsets")
     error: str | None = None
     metrics: dict[str, QueryMetrics] = Field(

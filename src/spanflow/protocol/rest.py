@@ -329,6 +329,7 @@ class FragmentSample(_Answer):
     last_batch_ms: int
     lag: int
     dead_letters: int
+    late_records: int = 0
     rows_in: int
     restarts: int
     latency_p50_s: float | None = Field(

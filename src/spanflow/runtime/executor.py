@@ -43,6 +43,7 @@ class RunningFragment:
     metrics: dict[str, QueryMetrics] = field(default_factory=dict)
     """sink → its query's counters and histograms since the fragment started here."""
     dead_letters: int = 0
+    late_records: int = 0
     dead_letters_at: float = 0.0
     offsets: dict[str, Any] = field(default_factory=dict)
     last_progress: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -184,6 +185,7 @@ class FragmentExecutor:
         now = time.monotonic()
         if now - running.dead_letters_at > DEAD_LETTER_POLL:
             running.dead_letters = runner.dead_letters()
+            running.late_records = runner.late_records()
             running.dead_letters_at = now
         failing = [st for st in statuses if not st.active]
         self._complete_metrics(running, statuses)
@@ -206,6 +208,7 @@ class FragmentExecutor:
             watermark=max((st.watermark for st in statuses if st.watermark), default=None),
             restarts=sum(st.restarts for st in statuses),
             dead_letters=running.dead_letters,
+            late_records=running.late_records,
             offsets=dict(running.offsets),
             error=runner.fenced or next((st.error for st in failing if st.error), None),
             metrics={k: m.model_copy(deep=True) for k, m in running.metrics.items()},

@@ -72,6 +72,7 @@ def sample_of(rt: FragmentRuntime, at: float, before: list[int] | None = None) -
         last_batch_ms=rt.last_batch_ms,
         lag=rt.lag,
         dead_letters=rt.dead_letters,
+        late_records=rt.late_records,
         rows_in=rt.rows_in,
         restarts=rt.restarts,
         latency_p50_s=quantile(0.5, recent),

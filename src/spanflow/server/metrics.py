@@ -226,6 +226,11 @@ class _ClusterCollector(Collector):
         dead = CounterMetricFamily(
             "spanflow_fragment_dead_letters", "Messages it dead-lettered", labels=FRAGMENT
         )
+        late = CounterMetricFamily(
+            "spanflow_fragment_late_records",
+            "Of its dead letters, records too late for their windows",
+            labels=FRAGMENT,
+        )
         restarts = CounterMetricFamily(
             "spanflow_fragment_restarts", "Query restarts after failures", labels=FRAGMENT
         )
@@ -243,13 +248,14 @@ class _ClusterCollector(Collector):
             rows.add_metric(values, rt.rows_in)
             own.add_metric(values, rt.source_rows_in)
             dead.add_metric(values, rt.dead_letters)
+            late.add_metric(values, rt.late_records)
             restarts.add_metric(values, rt.restarts)
             lag.add_metric(values, rt.lag)
             batch.add_metric(values, rt.last_batch_ms / 1000.0)
             behind = _watermark_lag(rt.watermark, now)
             if behind is not None:
                 watermark.add_metric(values, behind)
-        yield from (up, rows, own, dead, restarts, lag, batch, watermark)
+        yield from (up, rows, own, dead, late, restarts, lag, batch, watermark)
 
     def _queries(self) -> Iterator[Metric]:
         def counter(name: str, text: str) -> CounterMetricFamily:

@@ -38,8 +38,14 @@ def task_epoch() -> int | None:
     return int(value) if value and value.isdigit() else None
 
 
-def dlq_subject(pipeline: str, step: str) -> str:
-    return f"{DLQ_SUBJECT_PREFIX}.{pipeline}.{step}"
+LATE = "late"
+"""The kind of dead letter a late record is: its subject ends ``.<step>.late``, its
+reason starts ``late:``."""
+
+
+def dlq_subject(pipeline: str, step: str, kind: str = "") -> str:
+    """``spanflow.dlq.<pipeline>.<step>``, and ``.<kind>`` for a kind (late records)."""
+    return f"{DLQ_SUBJECT_PREFIX}.{pipeline}.{step}" + (f".{kind}" if kind else "")
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,14 +65,16 @@ async def publish_dead_letters(
     letters: Sequence[DeadLetter],
     timeout: float = 30.0,
     epoch: int | None = None,
+    kind: str = "",
 ) -> None:
-    """Publish ``letters`` (``epoch``: the writer's, else the running task's)."""
+    """Publish ``letters`` (``epoch``: the writer's, else the running task's; ``kind``:
+    their subject's last token, as :data:`LATE`)."""
     if not letters:
         return
     epoch = epoch if epoch is not None else task_epoch()
     extra = {EPOCH_HEADER: str(epoch)} if epoch is not None else {}
     js = nc.jetstream()
-    subject = dlq_subject(pipeline, step)
+    subject = dlq_subject(pipeline, step, kind)
     now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     futures = []
     for letter in letters:

@@ -33,7 +33,7 @@ from spanflow.spark.compile.udf import UserFunction
 from spanflow.spark.connectors import BatchWriter, Output, RowsCallback, SinkContext
 from spanflow.spark.connectors.jetstream import realtime
 from spanflow.spark.connectors.jetstream.source import register_isolated
-from spanflow.spark.deadletter import DLQ_SUBJECT_PREFIX, EPOCH_PROPERTY, dlq_subject
+from spanflow.spark.deadletter import DLQ_SUBJECT_PREFIX, EPOCH_PROPERTY, LATE, dlq_subject
 from spanflow.spark.stagger import BatchSlots, phase_ms
 from spanflow.spark.watermark_beats import SiteBeats
 from spanflow.spec import locations
@@ -333,6 +333,7 @@ class PipelineRunner:
             slot=(phase_ms(sup.slot, interval), round(interval * 1000)),
             sinks=[sup.sink_id],
             batch_plan=plan_key(self.batch_plan, sup.sink_id) if self.batch_plan else None,
+            checkpoint=locations.join(self.checkpoint_dir, sup.sink_id),
         )
         return next(c for c in plans if c.sink.id == sup.sink_id)
 
@@ -568,11 +569,17 @@ class PipelineRunner:
             output.records, output.latency = written
 
     def dead_letters(self) -> int:
-        """Messages this pipeline has dead-lettered so far."""
+        """Messages this pipeline has dead-lettered so far (late records too)."""
+        return self._dead_letters_on(dlq_subject(self.spec.instance, ">"))
+
+    def late_records(self) -> int:
+        """Late records this pipeline has dead-lettered so far (reason ``late``)."""
+        return self._dead_letters_on(dlq_subject(self.spec.instance, "*", LATE))
+
+    def _dead_letters_on(self, subject: str) -> int:
         c = self._client
         if c is None:
             return 0
-        subject = dlq_subject(self.spec.instance, "*")
         try:
             info = c.run(
                 lambda: c.js.stream_info(self.spec.dead_letter_stream, subjects_filter=subject)

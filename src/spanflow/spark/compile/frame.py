@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -15,6 +15,7 @@ from spanflow.errors import CompileError
 from spanflow.spark.compile.udf import UserFunction, arrow_udf, resolve
 from spanflow.spark.connectors.jetstream.source import FORMAT_NAME
 from spanflow.spec.durations import spark_interval
+from spanflow.spec.lateness import LateRule
 from spanflow.spec.pipeline import PipelineSpec
 from spanflow.spec.schema import SPARK_TYPES_BY_NAME, field_type
 
@@ -51,6 +52,11 @@ class CompileContext:
     batch_plan: str | None = None
     """The key prefix under which sources agree their batches with the query's replicas
     (:mod:`spanflow.nats.batch_plan`); None: each plans alone."""
+    checkpoint: str | None = None
+    """The query's checkpoint location: sources read the watermark of the batch before
+    there, to dead-letter late records (:mod:`spanflow.spec.lateness`)."""
+    late_rules: Mapping[str, tuple[LateRule, ...]] = field(default_factory=dict)
+    """Source id → the windows its records reach (:func:`spanflow.spec.lateness.late_rules`)."""
 
 
 REALTIME_ID_COLUMNS = ("_seq", "_updates")
@@ -67,11 +73,13 @@ def updates_column() -> Column:
 def with_watermark(frame: Frame, spec: PipelineSpec, field: str, delay: float) -> Frame:
     """Watermark where event time is declared, as Flink does at the source.
 
-    Records filtered out later still advance event time. The delay also covers the
-    longest state horizon of the pipeline's steps (``deduplicate(within=...)``, whose
-    state Spark keeps for the watermark delay).
+    Records filtered out later still advance event time. The delay grows by the
+    longest ``allowed_lateness`` of the pipeline's windows, and covers the longest
+    state horizon of its steps (``deduplicate(within=...)``, whose state Spark keeps
+    for the watermark delay).
     """
-    delay = max([delay, *(s.state_horizon() for s in spec.steps)])
+    lateness = max((s.state_lateness() for s in spec.steps), default=0.0)
+    delay = max([delay + lateness, *(s.state_horizon() for s in spec.steps)])
     df = frame.df.withWatermark(field, spark_interval(delay))
     return replace(frame, df=df, event_time=field, watermarked=True)
 

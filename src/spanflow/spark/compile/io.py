@@ -42,6 +42,8 @@ def compile_source(
         data_source=ctx.source_format,
         slot=ctx.slot,
         batch_plan=ctx.batch_plan,
+        checkpoint=ctx.checkpoint,
+        late_rules=ctx.late_rules.get(step.id, ()),
     )
     df = connectors.reader(step)(source, step)
     frame = Frame(df, key=(step.key,) if step.key else ())

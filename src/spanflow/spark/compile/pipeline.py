@@ -22,6 +22,7 @@ from spanflow.spark.compile.frame import CompileContext, Frame, OutputMode, span
 from spanflow.spark.compile.registry import compiler_for
 from spanflow.spark.compile.udf import UserFunction
 from spanflow.spark.connectors.jetstream.source import FORMAT_NAME
+from spanflow.spec.lateness import late_rules
 from spanflow.spec.pipeline import PipelineSpec
 from spanflow.spec.steps import Step
 from spanflow.spec.steps.io import SinkStep
@@ -46,6 +47,7 @@ def compile_pipeline(
     realtime: bool = False,
     sinks: Collection[str] | None = None,
     batch_plan: str | None = None,
+    checkpoint: str | None = None,
 ) -> list[CompiledSink]:
     """One streaming DataFrame per sink (each becomes its own query).
 
@@ -53,16 +55,27 @@ def compile_pipeline(
     :func:`spanflow.spark.connectors.jetstream.source.register_isolated`). ``sinks``:
     only these sinks, and only the steps on their paths (a query compiles what it runs,
     no more). ``batch_plan``: where the sources agree their batches with the query's
-    replicas (:mod:`spanflow.nats.batch_plan`).
+    replicas (:mod:`spanflow.nats.batch_plan`). ``checkpoint``: the query's, where its
+    sources read the watermark that makes a record late (one sink's query only).
     """
-    ctx = CompileContext(
-        spark, nats_url, functions or {}, source_format, plan, slot, realtime, batch_plan
-    )
     core = spec.expanded()
     steps = list(core.topological())
+    wanted: set[str] | None = None
     if sinks is not None:
         wanted = {s.id for sink in sinks for s in core.path_to(sink)}
         steps = [s for s in steps if s.id in wanted]
+    ctx = CompileContext(
+        spark,
+        nats_url,
+        functions or {},
+        source_format,
+        plan,
+        slot,
+        realtime,
+        batch_plan,
+        checkpoint,
+        late_rules(core, wanted) if checkpoint and not realtime else {},
+    )
     frames = _compile_frames(ctx, core, steps)
     out: list[CompiledSink] = []
     for step in core.sinks():

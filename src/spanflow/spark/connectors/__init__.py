@@ -20,6 +20,7 @@ from pyspark.sql.types import StructType
 from spanflow.errors import CompileError
 from spanflow.plugins import import_all
 from spanflow.protocol.metrics import LATENCY_BUCKETS, Histogram
+from spanflow.spec.lateness import LateRule
 from spanflow.spec.retention import DEFAULT_RETENTION, Retention
 
 if TYPE_CHECKING:
@@ -52,6 +53,11 @@ class SourceContext:
     batch_plan: str | None = None
     """Where this query's batch ends are agreed with its replicas (hot standby; see
     :mod:`spanflow.nats.batch_plan`), None when it plans alone."""
+    checkpoint: str | None = None
+    """The query's checkpoint location (where the batch before's watermark is)."""
+    late_rules: tuple[LateRule, ...] = ()
+    """The windows this source's records reach, when a record late for all of them is
+    dead-lettered (:mod:`spanflow.spec.lateness`); empty: Spark drops late records."""
 
 
 @dataclass

@@ -217,6 +217,12 @@ class StepBase(BaseModel):
         of work beside the JVM's, so the planner counts it as one more fragment slot."""
         return False
 
+    def state_lateness(self) -> float:
+        """Seconds this step waits for late records beyond the stream's own
+        ``max_out_of_orderness`` (a window's ``allowed_lateness``): added to the delay
+        of the watermark its stream declares."""
+        return 0.0
+
     def state_horizon(self) -> float:
         """Seconds of event time this step remembers records for; the watermark delay of
         the stream covers it (e.g. a de-duplication within 10 minutes)."""

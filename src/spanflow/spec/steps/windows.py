@@ -57,6 +57,13 @@ class WindowStep(StepBase):
     aggregates: dict[str, str] | None = None
     reduce: FunctionRef | None = None
     emit: Literal["final", "updates"] = "final"
+    allowed_lateness: Duration = Field(
+        default=0.0,
+        ge=0,
+        le=86400,
+        description="How much longer than the stream's max_out_of_orderness a window "
+        "waits for late records before it is written (its query's watermark waits as long).",
+    )
     partial: bool = Field(
         default=False,
         description="Set by the planner: emit mergeable partial aggregates "
@@ -98,6 +105,9 @@ class WindowStep(StepBase):
             raise ValueError("give exactly one of 'aggregates' or 'reduce'")
         check_aggregates(self.aggregates or {})
         return self
+
+    def state_lateness(self) -> float:
+        return float(self.allowed_lateness)
 
     def keeps_python_state(self) -> bool:
         # a Python reduce over tumbling or sliding windows folds records in keyed state;

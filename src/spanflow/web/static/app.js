@@ -365,6 +365,7 @@ const CHARTS = [
   ["backlog (messages behind)", "lag"],
   ["state (rows)", "state_rows"],
   ["dead letters (total)", "dead_letters"],
+  ["late records (total, of the dead letters)", "late_records"],
   ["restarts (total)", "restarts"],
 ];
 
@@ -486,7 +487,7 @@ function fragmentTable(p) {
       <td class="mono">${esc(f.id)}</td><td>${esc(f.kind)}</td><td>${esc(f.site || "–")}</td>
       <td data-field="node">${esc(f.node || "–")}</td><td><span data-field="status">${stateTag(f.status)}</span>${heard}</td><td class="num">${f.epoch}</td>
       <td class="num" data-field="rows_in">${num(rt.rows_in)}</td><td class="num">${num(rt.input_rows_per_s, 1)}</td>
-      <td class="num">${num(rt.last_batch_ms)}</td><td class="num">${num(rt.lag)}</td><td class="num" data-field="dead_letters">${num(rt.dead_letters)}</td>
+      <td class="num">${num(rt.last_batch_ms)}</td><td class="num">${num(rt.lag)}</td><td class="num" data-field="dead_letters">${num(rt.dead_letters)}${rt.late_records ? ` (${num(rt.late_records)} late)` : ""}</td>
       <td class="num">${num(rt.restarts)}</td><td class="mono">${esc(f.steps.join(", "))}</td>
     </tr>`;
   }).join("");

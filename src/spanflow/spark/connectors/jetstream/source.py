@@ -28,9 +28,10 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import orjson
 import pyarrow as pa
 from nats.aio.client import Client
@@ -55,10 +56,12 @@ from spanflow.nats.streams import SyncNats, connect, through_elections, unanswer
 from spanflow.protocol.raw import RawRecord
 from spanflow.spark import worker_logs
 from spanflow.spark.connectors import reads
-from spanflow.spark.deadletter import DeadLetter, publish_dead_letters
+from spanflow.spark.deadletter import LATE, DeadLetter, publish_dead_letters
 from spanflow.spark.formats import AvroReader, Decoder, ProtobufReader
+from spanflow.spark.late_records import late_rows, late_watermark_us
 from spanflow.spark.stagger import SlotPacer, wait_for_slot
 from spanflow.spark.watermark_beats import beat_time, is_beat
+from spanflow.spec.lateness import LateRule
 from spanflow.spec.schema import StreamFormat
 
 if TYPE_CHECKING:
@@ -146,6 +149,8 @@ def source_options(ctx: SourceContext, step: SourceStep) -> dict[str, str]:
         "avro_schema": json.dumps(step.avro_schema) if step.avro_schema else "",
         "avro_framing": step.avro_framing,
         "protobuf": step.protobuf.model_dump_json() if step.protobuf else "",
+        "checkpoint": ctx.checkpoint or "",
+        "late_rules": json.dumps([r.to_json() for r in ctx.late_rules]),
     }
 
 
@@ -156,6 +161,9 @@ class SeqRange(InputPartition):
     heartbeat: bool = False
     """Read the record before ``start`` again, marked ``_heartbeat`` (see
     :meth:`JetStreamReader._heartbeat`)."""
+    late_before_us: int | None = None
+    """The watermark Spark drops late records by in this batch (µs), None: unknown or
+    nothing to drop (:mod:`spanflow.spark.late_records`)."""
 
 
 class Silence:
@@ -240,6 +248,12 @@ class JetStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._known_state: tuple[int, int] | None = None
         """The stream's (first, last) at its last answer."""
         self._silence = Silence(f"stream {self.stream}")
+        self.checkpoint = options.get("checkpoint") or None
+        self.late_rules = tuple(
+            LateRule.from_json(r) for r in json.loads(options.get("late_rules") or "[]")
+        )
+        """The windows this source's records reach: a record late for all of them is
+        dead-lettered here (reason ``late``) rather than dropped by Spark."""
 
     # -- driver side -----------------------------------------------------------------
     @property
@@ -369,7 +383,16 @@ class JetStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return [SeqRange(s, s, heartbeat=int(end.get("beat", 0)) > int(start.get("beat", 0)))]
         n = max(1, min(self.partitions_per_batch, e - s))
         step = -(-(e - s) // n)
-        return [SeqRange(lo, min(lo + step, e)) for lo in range(s, e, step)] or [SeqRange(s, e)]
+        late = self._late_watermark()
+        ranges: list[InputPartition] = [
+            SeqRange(lo, min(lo + step, e), late_before_us=late) for lo in range(s, e, step)
+        ]
+        return ranges or [SeqRange(s, e, late_before_us=late)]
+
+    def _late_watermark(self) -> int | None:
+        if not self.late_rules or not self.heartbeat or not self.checkpoint:
+            return None
+        return late_watermark_us(self.checkpoint)
 
     def commit(self, end: dict[str, int]) -> None:
         """Move the progress consumer (what ``nats consumer info`` and lag dashboards
@@ -458,6 +481,9 @@ class JetStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 batches = self._watermark_beat(decoder, beats)
                 for lo in range(0, len(messages), BATCH_ROWS):
                     batch, rejects = decoder.decode(messages[lo : lo + BATCH_ROWS])
+                    if partition.late_before_us is not None:
+                        chunk = messages[lo : lo + BATCH_ROWS]
+                        batch = await self._without_late(nc, batch, chunk, partition.late_before_us)
                     batches.append(batch)
                     letters = [
                         DeadLetter(
@@ -481,6 +507,37 @@ class JetStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             lambda: asyncio.run(fetch()),
             f"reading {self.stream} [{partition.start}, {partition.end})",
         )
+
+    async def _without_late(
+        self, nc: Client, batch: pa.RecordBatch, messages: list[RawRecord], watermark_us: int
+    ) -> pa.RecordBatch:
+        """``batch`` less its records late for every window they reach, which go to the
+        dead letters (subject ``….<step>.late``, reason ``late: …``)."""
+        assert self.heartbeat is not None
+        late = late_rows(batch, self.heartbeat, self.late_rules, watermark_us)
+        if not len(late):
+            return batch
+        seqs = batch.column("_seq").to_pylist()
+        subjects = batch.column("_subject").to_pylist()
+        times = batch.column(self.heartbeat).to_pylist()
+        by_seq = {m.seq: m.data for m in messages}
+        windows = ", ".join(r.window for r in self.late_rules)
+        mark = datetime.fromtimestamp(watermark_us / 1e6, UTC).isoformat()
+        letters = [
+            DeadLetter(
+                msg_id=f"{self.pipeline}:{self.step}:{seqs[i]}",
+                data=by_seq[seqs[i]],
+                reason=f"late: event time {times[i].isoformat()} is at or before the "
+                f"watermark {mark}; {windows} wrote its windows already",
+                stream=self.stream,
+                subject=subjects[i] or "",
+                seq=seqs[i],
+            )
+            for i in late
+        ]
+        await publish_dead_letters(nc, self.pipeline, self.step, letters, kind=LATE)
+        keep = np.setdiff1d(np.arange(batch.num_rows), late)
+        return batch.take(pa.array(keep))
 
     async def _heartbeat(self, nc: Client, decoder: Decoder, start: int) -> list[Any]:
         """The last record before ``start`` again, marked ``_heartbeat`` (the compiled

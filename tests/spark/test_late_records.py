@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
+import orjson
+
 import spanflow as sf
 from spanflow.spark.runner import PipelineRunner
 from tests.helpers import publish, read_all, read_records, wait_for
@@ -84,3 +86,37 @@ def test_a_late_record_is_dead_lettered_and_its_window_unchanged(spark, nats_url
     assert subject_of == f"spanflow.dlq.{spec.instance}.{spec.sources()[0].id}.late"
     assert b'"id":32' in data.replace(b" ", b"")
     assert dead == 1 and late_count == 1
+
+
+def test_late_kafka_records_are_dead_lettered_by_the_python_reader(
+    spark, nats_url, kafka, checkpoints, uid
+):
+    from tests.kafka_helpers import create_topic, produce
+
+    name, topic = f"klate-{uid}", f"late-{uid}"
+    create_topic(kafka, topic, partitions=2)
+    flow = (
+        sf.Pipeline(name, trigger=0)
+        .source_kafka(topic, bootstrap=kafka, schema=SCHEMA, event_time="ts")  # Python reader
+        .window(tumbling="10s")
+        .aggregate(n="count", ids="sum(id)")
+        .sink_jetstream(f"OUT_{uid}", subject=f"out{uid}")
+    )
+    runner = PipelineRunner(spark, flow.spec(), nats_url=nats_url, checkpoint_dir=checkpoints)
+    runner.start()
+    try:
+        produce(kafka, topic, [{"id": 1, "ts": _at(1)}, {"id": 2, "ts": _at(25)}], key="id")
+        wait_for(lambda: 0.0 in _windows(nats_url, f"OUT_{uid}"))
+        produce(kafka, topic, [{"id": 4, "ts": _at(5)}, {"id": 8, "ts": _at(40)}], key="id")
+        wait_for(lambda: 20.0 in _windows(nats_url, f"OUT_{uid}"))
+        wait_for(lambda: _late_letters(nats_url, name))
+        runner.await_idle()
+    finally:
+        runner.stop()
+    ids = {
+        datetime.fromisoformat(r["window_start"].replace("Z", "+00:00")).timestamp() - T0: r["ids"]
+        for r in read_records(nats_url, f"OUT_{uid}")
+    }
+    assert ids == {0.0: 1, 20.0: 2}
+    ((data, subject),) = _late_letters(nats_url, name)
+    assert subject.endswith(".late") and orjson.loads(data)["id"] == 4

@@ -99,6 +99,7 @@ def send_dead_letters(
     step: str,
     letters: Sequence[DeadLetter],
     epoch: int | None = None,
+    kind: str = "",
 ) -> None:
     """Publish dead letters over a connection of their own (from a Spark worker)."""
     if not letters:
@@ -108,7 +109,7 @@ def send_dead_letters(
     async def go() -> None:
         nc = await connect(url)
         try:
-            await publish_dead_letters(nc, pipeline, step, letters, epoch=epoch)
+            await publish_dead_letters(nc, pipeline, step, letters, epoch=epoch, kind=kind)
         finally:
             await nc.close()
 

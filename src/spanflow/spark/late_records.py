@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import re
+from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
@@ -53,6 +54,13 @@ def late_watermark_us(checkpoint: str) -> int | None:
         log.warning("cannot read the watermark in %s: %s", offsets, exc)
         return None
     return int(millis) * 1000
+
+
+def late_reason(rules: tuple[LateRule, ...], watermark_us: int) -> str:
+    """What a late record's reason says after its event time."""
+    mark = datetime.fromtimestamp(watermark_us / 1e6, UTC).isoformat()
+    windows = ", ".join(r.window for r in rules)
+    return f"is at or before the watermark {mark}; {windows} wrote its windows already"
 
 
 def late_rows(

@@ -52,6 +52,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+import numpy as np
 import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -71,9 +72,11 @@ from spanflow.spark.connectors import (
     reads,
     writes,
 )
-from spanflow.spark.deadletter import DeadLetter, send_dead_letters
+from spanflow.spark.deadletter import LATE, DeadLetter, send_dead_letters
 from spanflow.spark.formats import AvroReader, Decoder, ProtobufReader
+from spanflow.spark.late_records import late_reason, late_rows, late_watermark_us
 from spanflow.spec.connectors.kafka import KafkaSinkOptions, KafkaSourceOptions
+from spanflow.spec.lateness import LateRule
 from spanflow.spec.schema import StreamFormat
 from spanflow.spec.steps.io import SinkStep, SourceStep
 
@@ -168,6 +171,9 @@ def _reader_options(
         "url": ctx.nats_url,
         "pipeline": ctx.pipeline,
         "step": step.id,
+        "event_time": step.event_time or "",
+        "checkpoint": ctx.checkpoint or "",
+        "late_rules": json.dumps([r.to_json() for r in ctx.late_rules]),
     }
 
 
@@ -232,8 +238,17 @@ class RecordDecoder:
         self.url = options["url"]
         self.pipeline = options["pipeline"]
         self.step = options["step"]
+        self.event_time = options.get("event_time") or None
+        self.late_rules = tuple(
+            LateRule.from_json(r) for r in json.loads(options.get("late_rules") or "[]")
+        )
+        """The windows this source's records reach (see :mod:`spanflow.spark.late_records`)."""
 
-    def decode(self, records: list[KafkaRecord]) -> pa.RecordBatch:
+    def decode(
+        self, records: list[KafkaRecord], late_before_us: int | None = None
+    ) -> pa.RecordBatch:
+        """The records as the pipeline's columns; malformed ones, and (given the
+        watermark Spark drops late records by) late ones, to the dead letters."""
         decoder = Decoder(self.format, self.schema_fields, self.csv_delimiter,
                           self.scalar_field, avro=self.avro, protobuf=self.protobuf)  # fmt: skip
         messages = [
@@ -254,7 +269,31 @@ class RecordDecoder:
             pa.array([r.headers for r in kept], pa.map_(pa.string(), pa.string())),
         ]
         names = [*batch.schema.names, "_key", "_partition", "_headers"]
-        return pa.RecordBatch.from_arrays([*batch.columns, *extra], names=names)
+        out = pa.RecordBatch.from_arrays([*batch.columns, *extra], names=names)
+        if late_before_us is None or not self.late_rules or self.event_time is None:
+            return out
+        return self._without_late(out, kept, late_before_us)
+
+    def _without_late(
+        self, batch: pa.RecordBatch, records: list[KafkaRecord], watermark_us: int
+    ) -> pa.RecordBatch:
+        """``batch`` (one row per record of ``records``) less its late rows, which go
+        to the dead letters (subject ``….<step>.late``, reason ``late: …``)."""
+        assert self.event_time is not None
+        late = late_rows(batch, self.event_time, self.late_rules, watermark_us)
+        if not len(late):
+            return batch
+        times = batch.column(self.event_time).to_pylist()
+        reason = late_reason(self.late_rules, watermark_us)
+        letters = []
+        for i in late:
+            record = records[i]
+            message = RawRecord(record.offset, self.topic, record.value or b"", 0)
+            why = f"late: event time {times[i].isoformat()} {reason}"
+            letters.append(self._letter(record, message, why))
+        send_dead_letters(self.url, self.pipeline, self.step, letters, kind=LATE)
+        keep = np.setdiff1d(np.arange(batch.num_rows), late)
+        return batch.take(pa.array(keep))
 
     def _letter(self, record: KafkaRecord, message: RawRecord, reason: str) -> DeadLetter:
         where = f"{record.partition}:{record.offset}"
@@ -310,6 +349,8 @@ class OffsetRange(InputPartition):
     partition: int
     start: int
     end: int
+    late_before_us: int | None = None
+    """The watermark Spark drops late records by in this batch (µs; None: unknown)."""
 
 
 class KafkaReader(DataSourceStreamReader):
@@ -324,6 +365,7 @@ class KafkaReader(DataSourceStreamReader):
         self.read_timeout = float(options.get("read_timeout", "30"))
         self.max_rows = int(options.get("max_rows", "200000"))
         self.decoder = RecordDecoder(options)
+        self.checkpoint = options.get("checkpoint") or None
         self._consumer: Any = None
 
     # -- driver side -----------------------------------------------------------------
@@ -421,10 +463,13 @@ class KafkaReader(DataSourceStreamReader):
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:
         ranges: list[InputPartition] = []
+        late = None
+        if self.decoder.late_rules and self.decoder.event_time and self.checkpoint:
+            late = late_watermark_us(self.checkpoint)
         for p, stop in sorted(end["p"].items(), key=lambda kv: int(kv[0])):
             begin = int(start["p"].get(p, stop))
             if int(stop) > begin:
-                ranges.append(OffsetRange(int(p), begin, int(stop)))
+                ranges.append(OffsetRange(int(p), begin, int(stop), late_before_us=late))
         return ranges
 
     def commit(self, end: dict[str, Any]) -> None:
@@ -450,7 +495,7 @@ class KafkaReader(DataSourceStreamReader):
                         headers=[(k, _text(v) or "") for k, v in (r.headers() or [])])
             for r in self._fetch(partition)
         ]  # fmt: skip
-        yield self.decoder.decode(records)
+        yield self.decoder.decode(records, partition.late_before_us)
 
     def _fetch(self, part: OffsetRange) -> list[Any]:
         """The records at offsets [start, end) of one partition, in offset order (fewer

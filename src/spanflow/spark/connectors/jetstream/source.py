@@ -28,7 +28,7 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -58,7 +58,7 @@ from spanflow.spark import worker_logs
 from spanflow.spark.connectors import reads
 from spanflow.spark.deadletter import LATE, DeadLetter, publish_dead_letters
 from spanflow.spark.formats import AvroReader, Decoder, ProtobufReader
-from spanflow.spark.late_records import late_rows, late_watermark_us
+from spanflow.spark.late_records import late_reason, late_rows, late_watermark_us
 from spanflow.spark.stagger import SlotPacer, wait_for_slot
 from spanflow.spark.watermark_beats import beat_time, is_beat
 from spanflow.spec.lateness import LateRule
@@ -521,14 +521,12 @@ class JetStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         subjects = batch.column("_subject").to_pylist()
         times = batch.column(self.heartbeat).to_pylist()
         by_seq = {m.seq: m.data for m in messages}
-        windows = ", ".join(r.window for r in self.late_rules)
-        mark = datetime.fromtimestamp(watermark_us / 1e6, UTC).isoformat()
+        reason = late_reason(self.late_rules, watermark_us)
         letters = [
             DeadLetter(
                 msg_id=f"{self.pipeline}:{self.step}:{seqs[i]}",
                 data=by_seq[seqs[i]],
-                reason=f"late: event time {times[i].isoformat()} is at or before the "
-                f"watermark {mark}; {windows} wrote its windows already",
+                reason=f"late: event time {times[i].isoformat()} {reason}",
                 stream=self.stream,
                 subject=subjects[i] or "",
                 seq=seqs[i],

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import time
 from pathlib import Path
 
@@ -24,7 +25,8 @@ def test_a_renewed_file_is_healthy_and_a_stale_or_missing_one_is_not(tmp_path: P
     old = time.time() - 120
     os.utime(alive, (old, old))  # a loop stuck for two minutes
     stale = runner.invoke(app, ["probe", f"file:{alive}", "--max-age", "30"])
-    assert stale.exit_code == 1 and "not renewed for 120 s" in stale.output
+    # 120 s, or a second or two more on a busy machine
+    assert stale.exit_code == 1 and re.search(r"not renewed for 12[0-9] s", stale.output)
 
 
 def test_a_url_that_does_not_answer_is_unhealthy_and_nothing_to_probe_says_so() -> None:

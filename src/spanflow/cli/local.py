@@ -77,6 +77,8 @@ def status_table(runner: Any, title: str, usage: list[StreamUsage] | None = None
             str(st.restarts),
         )
     caption = f"dead letters: {runner.dead_letters():,}"
+    late = runner.late_records()
+    caption += f" ({late:,} late for their windows)" if late else ""
     for u in usage or ():
         caption += f"\n[yellow]⚠ {u.warning}[/]" if u.warning else ""
     table.caption = caption

@@ -92,7 +92,7 @@ def test_the_pipeline_pages_show_state_placement_and_live_figures(
     assert set(listed) == queries and len(listed) == len(queries) == 2
     checkpoints = lambda: p.locator("#query-table [data-field=checkpoint]").all_inner_texts()  # noqa: E731
     wait_for(lambda: all(c.strip().endswith("ms") for c in checkpoints()), timeout=60)
-    assert p.locator("#charts .chart canvas").count() == 9  # uPlot: one per figure
+    assert p.locator("#charts .chart canvas").count() == 10  # uPlot: one per figure
     assert p.locator("#dag canvas").count() > 0
     # the job graph: the fragment's box holds its steps, as the planner cut them
     steps = p.evaluate(

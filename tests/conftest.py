@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import fcntl
+import functools
 import itertools
 import os
+import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -113,13 +118,79 @@ def mongodb() -> Iterator[str]:
     server.stop()
 
 
+SLOW_MARK = "pytest.mark.slow"
+
+CLUSTER_DIRS = ("tests/cli/", "tests/cluster/", "tests/deploy/", "tests/web/")
+"""Where the slow tests start whole clusters (several processes with their own Spark)."""
+
+
+@functools.cache
+def _is_slow_module(path: str) -> bool:
+    """Whether a test module holds slow tests: read from its text, as the scheduler in
+    pytest-xdist's controller sees node ids only, never the collected items."""
+    file = Path(__file__).parent.parent / path
+    return file.suffix == ".py" and SLOW_MARK in file.read_text(encoding="utf-8")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Run the modules holding slow (multi-process, SIGKILL) tests first: pytest-xdist
-    hands whole modules to workers in this order, so the long ones start at once and
-    the short ones fill the gaps instead of one long module finishing last, alone."""
+    """Run the modules holding slow (multi-process, SIGKILL) tests first, those that
+    start clusters before the others (the worker that takes them is busy the longest)."""
 
     def module(item: pytest.Item) -> str:
         return item.nodeid.split("::")[0]
 
     slow_modules = {module(item) for item in items if item.get_closest_marker("slow")}
-    items.sort(key=lambda item: module(item) not in slow_modules)
+
+    def rank(item: pytest.Item) -> int:
+        if module(item) not in slow_modules:
+            return 2
+        return 0 if module(item).startswith(CLUSTER_DIRS) else 1
+
+    items.sort(key=rank)
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadgroup`` (what ``./dev test`` runs): every slow module that starts
+    clusters on one worker, one after another; each other module a unit of its own. On
+    two cores two clusters at once starve each other (and their timing bounds), while
+    one cluster beside one single-process test leaves neither waiting. (pytest-xdist's
+    own loadgroup names groups by rewriting node ids, which pytest 9 no longer reads.)"""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ClustersTogether(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::")[0]
+            clusters = module.startswith(CLUSTER_DIRS) and _is_slow_module(module)
+            return "clusters" if clusters else module
+
+    return ClustersTogether(config, log)
+
+
+@pytest.fixture(autouse=True)
+def _share_of_the_machine(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[None]:
+    """On parallel workers, a test marked ``solo`` (a timing bound that holds on a quiet
+    machine only) has the machine to itself: it takes the workers' shared lock file
+    exclusively, every other test takes it shared."""
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        yield
+        return
+    solo = request.node.get_closest_marker("solo") is not None
+    lock = tmp_path_factory.getbasetemp().parent / "machine.lock"
+    with lock.open("a") as handle:
+        asked = time.monotonic()
+        fcntl.flock(handle, fcntl.LOCK_EX if solo else fcntl.LOCK_SH)
+        _give_back_to_the_time_limit(time.monotonic() - asked)
+        yield
+
+
+def _give_back_to_the_time_limit(waited: float) -> None:
+    """The wait for the machine (a solo test on the other worker, up to ten minutes) is
+    not the test's own time: pytest-timeout's alarm (its signal method, armed for the
+    whole item) is pushed back by as much."""
+    remaining, interval = signal.getitimer(signal.ITIMER_REAL)
+    if remaining > 0 and waited > 0.5:
+        signal.setitimer(signal.ITIMER_REAL, remaining + waited, interval)

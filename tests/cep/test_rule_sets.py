@@ -148,14 +148,74 @@ def test_a_new_version_keeps_the_partial_matches_of_unchanged_rules_only():
     list(v1.process("a", first, _Ctx(None)))  # type: ignore[arg-type]
     assert list(v1.on_timer("a", _at(2), _Ctx(_at(2)))) == []  # type: ignore[arg-type]
 
-    stuck2 = STUCK.model_copy(update={"select": {"n": "count(a)"}})
+    stuck2 = (
+        Pattern.begin("a").where("temperature = 50").next("b").where("temperature >= 40")
+    ).rule("stuck")
     v2 = PatternMatcher(event_time="ts", rules=[OVERHEAT, stuck2], version=2)
     v2.state = state  # type: ignore[assignment]
     later = [{"device": "a", "ts": _at(3), "temperature": 50.0, "pressure": 1.0}]
     list(v2.process("a", later, _Ctx(_at(2))))  # type: ignore[arg-type]
     rows = list(v2.on_timer("a", _at(3), _Ctx(_at(3))))  # type: ignore[arg-type]
     got = sorted((r["rule"], r["version"], r["match_start"]) for r in rows)
-    # overheat: hot at 1 s (kept from v1) then the drop at 3 s; stuck (changed) lost its
-    # 2 s partial match, so 2 s + 3 s is no match, and 3 s alone is not two events.
+    # overheat: hot at 1 s (kept from v1) then the drop at 3 s; stuck (its second stage
+    # changed) lost its 2 s partial match, so 2 s + 3 s is no match, and 3 s alone is
+    # not two events.
     assert got == [("overheat", 2, _at(1))]
     assert '"peak"' not in rows[0]["values"] and "hot_count" in rows[0]["values"]
+
+
+def _upgraded(old_rule, new_rule, first: list[dict], later: list[dict]) -> list[tuple]:
+    """Matches of ``new_rule`` after ``old_rule`` took ``first`` (fixed rules, as in a
+    pipeline upgraded on its checkpoint): (match_start, match_end) per match."""
+    state = _Value()
+    v1 = PatternMatcher(event_time="ts", rules=[old_rule])
+    v1.state = state  # type: ignore[assignment]
+    list(v1.process("a", first, _Ctx(None)))  # type: ignore[arg-type]
+    end = first[-1]["ts"]
+    list(v1.on_timer("a", end, _Ctx(end)))  # type: ignore[arg-type]
+    v2 = PatternMatcher(event_time="ts", rules=[new_rule])
+    v2.state = state  # type: ignore[assignment]
+    list(v2.process("a", later, _Ctx(end)))  # type: ignore[arg-type]
+    last = later[-1]["ts"]
+    rows = list(v2.on_timer("a", last, _Ctx(last)))  # type: ignore[arg-type]
+    return sorted((r["match_start"], r["match_end"]) for r in rows)
+
+
+def _reading(second: int, temperature: float, pressure: float = 5.0) -> dict:
+    return {"device": "a", "ts": _at(second), "temperature": temperature, "pressure": pressure}
+
+
+def test_a_stage_appended_to_a_rule_carries_its_partial_matches_on():
+    """v1 took the hot reading at 1 s and waits for a drop; v2 appends a calm stage:
+    the match begun under v1 completes under v2 (hot 1 s, drop 3 s, calm 4 s)."""
+    hot_drop = HOT.followed_by("drop").where("pressure < 2").within("60s")
+    longer = hot_drop.followed_by("calm").where("temperature < 40")
+    later = [_reading(3, 50.0, 1.0), _reading(4, 30.0)]
+    got = _upgraded(hot_drop.rule("r"), longer.rule("r"), [_reading(1, 90.0)], later)
+    assert got == [(_at(1), _at(4))]
+    # new selections keep the partial matches too
+    selected = hot_drop.rule("r", select={"peak": "max(hot.temperature)"})
+    assert _upgraded(hot_drop.rule("r"), selected, [_reading(1, 90.0)], later[:1]) == [
+        (_at(1), _at(3))
+    ]
+
+
+@pytest.mark.parametrize(
+    "changed",
+    [
+        HOT.followed_by("drop").where("pressure < 3").within("60s").followed_by("calm"),
+        HOT.followed_by("drop").where("pressure < 2").within("30s").followed_by("calm"),
+    ],
+)
+def test_a_rule_whose_old_stages_or_bounds_changed_starts_again(changed):
+    hot_drop = HOT.followed_by("drop").where("pressure < 2").within("60s")
+    later = [_reading(3, 50.0, 1.0), _reading(4, 30.0)]
+    assert _upgraded(hot_drop.rule("r"), changed.rule("r"), [_reading(1, 90.0)], later) == []
+
+
+def test_stages_appended_after_a_looping_stage_start_again():
+    """A partial match in a loop means another thing once stages follow the loop."""
+    loop = HOT.followed_by("drop").where("pressure < 2").one_or_more().within("60s")
+    first = [_reading(1, 90.0), _reading(2, 50.0, 1.0)]
+    got = _upgraded(loop.rule("r"), loop.followed_by("calm").rule("r"), first, [_reading(4, 30.0)])
+    assert got == []

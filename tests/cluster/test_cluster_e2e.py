@@ -23,6 +23,7 @@ from typing import Any
 import psutil
 import pytest
 
+from spanflow.errors import SpanflowError
 from spanflow.local.cluster import Api, LocalCluster
 from spanflow.security.secrets import ROLE_ENV, SECRETS_ENV
 from tests.helpers import publish, read_records, wait_for
@@ -40,6 +41,7 @@ nodes:
       - {name: E2E_IN, subjects: ["e2ein.>"]}
       - {name: E2E_IN2, subjects: ["e2ein2.>"]}
       - {name: E2E_IN3, subjects: ["e2ein3.>"]}
+      - {name: E2E_UP, subjects: ["e2eup.>"]}
   - name: n2
     site: cloud
     local: true
@@ -270,6 +272,87 @@ def test_savepoint_and_resume_continue_exactly_once(cluster: LocalCluster) -> No
     denied = CliRunner().invoke(app, ["status", "--coordinator", cluster.url, "--token", "bad"])
     assert denied.exit_code == 2 and "401" in denied.output
     api.call("POST", "/api/v1/pipelines/steady/cancel")
+
+
+def windowed(size: str, *, copy: bool = False) -> str:
+    """A pipeline of 10-second windows over event time; ``copy``: one more sink, the
+    records as they come."""
+    to = "[per_10s, raw]" if copy else "[per_10s]"
+    raw = '\n  - {id: raw, type: filter, where: "id >= 0", to: [copy]}' if copy else ""
+    sink = '\n  - {id: copy, type: jetstream, stream: E2E_UPC, subject: "e2eupc.x"}' if copy else ""
+    return f"""\
+name: upgraded
+trigger: 0.5s
+sources:
+  - id: src
+    stream: E2E_UP
+    schema: {{id: long, ts: timestamp}}
+    event_time: ts
+    to: {to}
+processors:
+  - id: per_10s
+    type: window
+    tumbling: {size}
+    aggregates: {{n: count, ids: "sum(id)"}}
+    to: [out]{raw}
+sinks:
+  - {{id: out, type: jetstream, stream: E2E_UPW, subject: "e2eupw.x"}}{sink}
+"""
+
+
+def test_an_upgrade_keeps_window_state_and_survives_a_coordinator_kill(
+    cluster: LocalCluster,
+) -> None:
+    """A window open across the upgrade counts the records of both versions; a version
+    that would change the window is refused while the old one runs on; the coordinator
+    killed with SIGKILL while the old version takes its savepoint finishes the upgrade
+    from the control log when it is back."""
+    from datetime import UTC, datetime
+
+    api, url = cluster.api(), cluster.nats_url
+
+    def at(second: float) -> str:
+        return datetime.fromtimestamp(1_800_000_000 + second, UTC).isoformat()
+
+    publish(url, "E2E_UP", "e2eup.x", [{"id": i, "ts": at(i * 0.1)} for i in range(50)])
+    submit(api, windowed("10s"))
+    wait_for(lambda: pipeline(api, "upgraded")["state"] == "running", timeout=120)
+    metrics = "/api/v1/pipelines/upgraded/metrics"
+    wait_for(lambda: api.call("GET", metrics)["rows_in"] >= 50, timeout=120)
+
+    with pytest.raises(
+        SpanflowError, match=r"(?s)409: .*step 'per_10s': refused .*size '10s' → '1m'"
+    ):
+        api.call("POST", "/api/v1/pipelines/upgraded/upgrade", {"yaml": windowed("1m")})
+    assert pipeline(api, "upgraded")["state"] == "running"
+
+    answer = api.call(
+        "POST", "/api/v1/pipelines/upgraded/upgrade", {"yaml": windowed("10s", copy=True)}
+    )
+    assert answer["pipeline"]["state"] == "stopping"
+    verdicts = {(s["sink"], s["step"]): s["verdict"] for s in answer["steps"]}
+    assert verdicts == {("out", "per_10s"): "kept"}
+    cluster.kill("coordinator")  # while the savepoint is being taken
+    cluster.start_coordinator()
+    api = cluster.api()
+
+    def upgraded() -> bool:
+        p = pipeline(api, "upgraded")
+        return p["state"] == "running" and [f["epoch"] for f in p["fragments"]] == [2]
+
+    wait_for(upgraded, timeout=180)
+    assert "copy" in {s["id"] for s in api.call("GET", "/api/v1/pipelines/upgraded/spec")["steps"]}
+    more = [{"id": i, "ts": at(5 + (i - 50) * 0.1)} for i in range(50, 60)]
+    publish(url, "E2E_UP", "e2eup.x", [*more, {"id": 1000, "ts": at(25)}])
+    wait_for(lambda: read_records(url, "E2E_UPW"), timeout=120)
+    (window,) = read_records(url, "E2E_UPW")
+    assert (window["n"], window["ids"]) == (60, sum(range(60)))  # both versions' records
+    # the added sink started empty, and read the stream from its start
+    wait_for(lambda: sum(ids(url, "E2E_UPC").values()) >= 61, timeout=120)
+    assert ids(url, "E2E_UPC") == Counter([*range(60), 1000])
+    kinds = [r["kind"] for r in api.call("GET", "/api/v1/cluster/log?limit=1000")]
+    assert kinds.count("pipeline-upgrade") == 1 and kinds.count("pipeline-upgraded") == 1
+    api.call("POST", "/api/v1/pipelines/upgraded/cancel")
 
 
 def agent_runtime_running(api: Api, node: str, fragment: str) -> bool:

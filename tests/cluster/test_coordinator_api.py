@@ -496,3 +496,44 @@ def test_the_plan_lists_each_fragment_with_its_node_and_steps(api: TestClient) -
     openapi = api.get("/openapi.json").json()
     answer_schema = openapi["paths"]["/api/v1/pipelines/{name}/plan"]["get"]["responses"]["200"]
     assert "FragmentPlan" in str(answer_schema)  # typed in the REST reference
+
+
+WINDOWED = """\
+name: {name}
+sources:
+  - {{id: src, stream: IN_A, schema: {{x: long, ts: timestamp}}, event_time: ts, to: [w]}}
+processors:
+  - {{id: w, type: window, tumbling: {size}, aggregates: {{n: count}}, to: [out]}}
+sinks:
+  - {{id: out, type: jetstream, stream: OUT_UP, subject: "out.up"}}
+"""
+
+
+def test_an_upgrade_is_checked_step_by_step_before_anything_stops(api: TestClient) -> None:
+    register(api, "a1", "edge-a")
+    body = {"yaml": WINDOWED.format(name="up", size="10s")}
+    assert api.post("/api/v1/pipelines", json=body, headers=AUTH).status_code == 201
+    url = "/api/v1/pipelines/up/upgrade"
+
+    r = api.post(url, json={"yaml": WINDOWED.format(name="other", size="10s")}, headers=AUTH)
+    assert (r.status_code, r.json()["code"]) == (422, "name_mismatch")
+    r = api.post(url, json={"yaml": "name: up\nsources: [{id: src}]\n"}, headers=AUTH)
+    assert (r.status_code, r.json()["code"]) == (422, "invalid_pipeline_file")
+    assert r.json()["detail"].startswith("pipeline.yaml:2: sources[0]")  # located
+    r = api.post(url, json={"yaml": WINDOWED.format(name="up", size="1m")}, headers=AUTH)
+    assert (r.status_code, r.json()["code"]) == (409, "upgrade_refused")
+    assert "sink 'out', step 'w': refused (size '10s' → '1m'" in r.json()["detail"]
+    status = api.get("/api/v1/pipelines/up", headers=AUTH).json()
+    assert status["state"] == "planned"  # untouched
+    r = api.post("/api/v1/pipelines/nobody/upgrade", json=body, headers=AUTH)
+    assert r.status_code in (404, 422)
+
+    r = api.post(url, json=body, headers=AUTH)  # the same version: every step kept
+    assert r.status_code == 200, r.text
+    answer = r.json()
+    assert answer["pipeline"]["state"] == "stopping"
+    assert answer["steps"] == [{"sink": "out", "step": "w", "verdict": "kept", "detail": ""}]
+    r = api.post(url, json=body, headers=AUTH)
+    assert (r.status_code, r.json()["code"]) == (409, "upgrade_pending")
+    kinds = [e["kind"] for e in api.get("/api/v1/cluster/log", headers=AUTH).json()]
+    assert kinds[-2:] == ["pipeline-savepoint", "pipeline-upgrade"]

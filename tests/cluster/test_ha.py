@@ -182,6 +182,7 @@ def test_a_model_promote_at_a_standby_is_redirected_to_the_leader_and_logged(
     assert one.exit_code == 0 and "ha-rules" in one.output and "yes" in one.output, one.output
 
 
+@pytest.mark.solo  # a bound on the election after the kill
 def test_killed_leader_is_replaced_and_nothing_is_lost(cluster: LocalCluster) -> None:
     api = cluster.api()
     before = view(api)

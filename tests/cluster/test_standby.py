@@ -1,8 +1,8 @@
 """Hot standby on a real cluster (embedded NATS, the coordinator, two agents with their
 own Spark, each reaching NATS through a relay the test can cut): a pipeline with
-``standby: 1`` runs on both nodes; SIGKILL of either replica's machine (agent, JVM and
-Python workers at once), then a 15 s cut of one replica's link, during a steady stream
-must leave no gap in the output longer than 2 s, and every reading and every window
+``standby: 1`` runs on both nodes; SIGKILL of one replica's machine (agent, JVM and
+Python workers at once), then a 15 s cut of the other replica's link, during a steady
+stream must leave no gap in the output longer than 2 s, and every reading and every window
 must come out exactly once."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from spanflow.nats.streams import connect
 from tests.cluster import test_chaos as chaos
 from tests.helpers import Feed, assert_feed_exactly_once, stored, wait_for
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.solo]  # output-pause and takeover bounds
 
 PIPELINE = chaos.PIPELINE.replace(
     "name: chaos\ntrigger: 0.5s", "name: hot\ntrigger: 1s\nstandby: 1"
@@ -191,8 +191,8 @@ def cut_a_replica(links: dict[str, WanRelay], api: Api, url: str, fragment: str)
     return pause
 
 
-@pytest.mark.timeout(1500)  # three catch-ups of up to CATCH_UP on a busy machine
-def test_either_replicas_death_or_cut_leaves_no_gap_and_nothing_twice(
+@pytest.mark.timeout(1200)  # two catch-ups of up to CATCH_UP on a busy machine
+def test_one_replicas_death_and_the_others_cut_leave_no_gap_and_nothing_twice(
     cluster: LocalCluster, links: dict[str, WanRelay]
 ) -> None:
     for name in links:
@@ -207,8 +207,11 @@ def test_either_replicas_death_or_cut_leaves_no_gap_and_nothing_twice(
     seen = stored(cluster.nats_url, "CH_EVENTS")
     wait_for(lambda: stored(cluster.nats_url, "CH_EVENTS") > seen + 100, timeout=120)
 
-    pauses = [kill_a_replica(cluster, links, api, f) for f in ("hot.f0", "hot.f0.r1")]
-    pauses.append(cut_a_replica(links, api, cluster.nats_url, "hot.f0"))
+    # one replica's machine dies, then the other's link is cut: each replica is the one
+    # left alone once (a kill of each as well cost CI a third catch-up, minutes;
+    # tests/cluster/test_standby_kafka.py kills either replica)
+    pauses = [kill_a_replica(cluster, links, api, "hot.f0")]
+    pauses.append(cut_a_replica(links, api, cluster.nats_url, "hot.f0.r1"))
 
     sent = feed.stop()
     assert_feed_exactly_once(cluster.nats_url, "CH_EVENTS", "CH_WINDOWS", sent)

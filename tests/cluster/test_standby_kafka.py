@@ -28,7 +28,7 @@ from tests.cluster.test_standby import (
 from tests.helpers import Feed, wait_for
 from tests.kafka_helpers import create_topic, read_topic, record_times
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.solo]  # output-pause and takeover bounds
 
 PIPELINE = """\
 name: hot

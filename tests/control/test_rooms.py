@@ -799,3 +799,33 @@ def test_a_sites_state_holds_its_fragments_checkpoints_and_a_move_changes_it(
     assert moved.checkpoint_dir == "/sp/checkpoints/p1/run-p1/p1.f0"
     assert moved.restore_from == moving.savepoint_dir
     cluster.assert_replay_matches()
+
+
+def test_a_node_that_dies_during_a_savepoint_has_its_checkpoint_saved_by_another(
+    cluster: Cluster,
+) -> None:
+    """The stopping pipeline's fragment on the dead node is not left unsaved: a live
+    node copies its last checkpoint to the savepoint, and only then is it stopped."""
+    cluster.register("c1", "cloud")
+    cluster.register("c2", "cloud")
+    cluster.submit("p1", stream="SHARED")
+    first = cluster.state.assignments["p1.f0"]
+    other = "c2" if first.node == "c1" else "c1"
+    cluster.beat(first.node, p1__f0="running")
+    cluster.c.decide(lambda tx: pipelines.savepoint(tx, "p1", "/sp/savepoints"))
+    saving = cluster.state.assignments["p1.f0"]
+    assert saving.action == "savepoint" and saving.savepoint_dir is not None
+
+    cluster.c.clock.advance(cluster.c.settings.failure_seconds + 0.1)
+    cluster.beat(other)
+    cluster.check()
+    assert cluster.state.nodes[first.node].state == NodeState.FAILED
+    record = cluster.state.pipelines["p1"]
+    assert record.state == PipelineState.STOPPING  # not stopped without that savepoint
+    taken = cluster.state.assignments["p1.f0"]
+    assert (taken.node, taken.epoch, taken.action) == (other, 2, "savepoint")
+    assert taken.savepoint_dir == saving.savepoint_dir
+    assert taken.checkpoint_dir == first.checkpoint_dir  # where the dead node's data is
+    cluster.report(other, "p1.f0", "savepointed", "stopped", savepoint_dir=taken.savepoint_dir)
+    assert cluster.state.pipelines["p1"].state == PipelineState.STOPPED
+    cluster.assert_replay_matches()

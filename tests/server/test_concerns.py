@@ -3,7 +3,13 @@
 from __future__ import annotations
 
 from spanflow.protocol.metrics import FragmentRuntime, QueryMetrics
-from spanflow.protocol.rest import FragmentSample, FragmentStatus, NodeStatus, PipelineStatus
+from spanflow.protocol.rest import (
+    FragmentSample,
+    FragmentStatus,
+    NodeStatus,
+    PipelineStatus,
+    SitesBehind,
+)
 from spanflow.server.concerns import concerns
 from spanflow.spec.cluster import PipelineState
 
@@ -93,3 +99,13 @@ def test_a_standby_replica_far_behind_its_peer_is_not_hot() -> None:
     assert concerns([], [close], {}, now=0.0) == []
     flipped = pipeline("p", "healthy", replica("p.f0", 0, lag=900), replica("p.f0.r1", 1, lag=0))
     assert [c.what for c in concerns([], [flipped], {}, now=0.0)] == ["fragment p.f0"]
+
+
+def test_sites_a_pipelines_plan_does_not_follow_are_amber() -> None:
+    p = pipeline("p", "healthy", fragment("p.f0", "running"))
+    p.sites_behind = SitesBehind(joined=["edge-c"], left=["edge-b"])
+    found = [(c.level, c.what, c.reason) for c in concerns([], [p], {}, now=1.0)]
+    assert found == [
+        ("amber", "pipeline p", "site edge-c joined after it was placed: not read"),
+        ("amber", "pipeline p", "site edge-b was removed: still in its plan"),
+    ]

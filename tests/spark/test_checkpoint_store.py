@@ -121,6 +121,20 @@ def test_savepoint_copies_between_local_disk_and_the_store(spark, store, uid, tm
     assert checkpoint_store.exists(spark, f"jetstream://s{uid}/checkpoints/p/f2")
 
 
+def test_small_files_and_directories_are_seen_through_every_scheme(spark, store, uid, tmp_path):
+    """What a checkpoint's version file needs (spanflow.spark.versions): a directory's
+    existence, and a small file written, replaced and read back."""
+    for root in (f"jetstream://s{uid}/versions", str(tmp_path / "versions")):
+        file = f"{root}/q/spanflow-version.json"
+        assert checkpoint_store.read_text(spark, file) is None
+        assert not checkpoint_store.exists(spark, f"{root}/q")
+        checkpoint_store.write_text(spark, file, '{"name": "é"}')
+        checkpoint_store.write_text(spark, f"{root}/q/offsets/0", "v1")
+        assert checkpoint_store.exists(spark, f"{root}/q/offsets")  # a directory
+        checkpoint_store.write_text(spark, file, '{"name": "ü"}')  # replaced
+        assert checkpoint_store.read_text(spark, file) == '{"name": "ü"}'
+
+
 def _stream_messages(url: str, stream: str) -> dict[str, int]:
     """Last sequence of each subject of a store's stream."""
 

@@ -24,7 +24,7 @@ from tests.helpers import wait_for
 from tests.kafka_helpers import create_topic, read_topic
 from tests.spark.sink_replica import ArrowBatch, write_in_step, writer
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.solo]  # output-pause and takeover bounds
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -18,7 +18,7 @@ from tests.spark.test_exactly_once import _crash, _start
 pytestmark = pytest.mark.slow
 
 BASE = 1_800_000_000
-N = 3000
+N = 1800
 DEVICES = ("a", "b", "c")
 
 
@@ -91,7 +91,7 @@ def _records() -> list[dict]:
     out = []
     for i in range(N):
         device = DEVICES[i % 3]
-        if device == "c" and i >= 1500:
+        if device == "c" and i >= N // 2:
             continue  # c falls silent half way
         out.append({"id": i, "device": device, "v": float((i * 37) % 101), "ts": BASE + i * 0.1})
     return out
@@ -116,7 +116,12 @@ def test_keyed_state_timers_and_count_windows_exact_across_sigkill_restarts(
     # The table changes between chunks of readings: each reading is enriched with the
     # entry as it was when the reading was stored, however the run is cut.
     levels: dict[int, int | None] = {}
-    chunks = [(0, 1000, {"a": 1, "b": 1}), (1000, 2000, {"a": 2}), (2000, N + 1, {"b": None})]
+    third = N // 3
+    chunks = [
+        (0, third, {"a": 1, "b": 1}),
+        (third, 2 * third, {"a": 2}),
+        (2 * third, N + 1, {"b": None}),
+    ]
     table: dict[str, int | None] = {}
     for lo, hi, changes in chunks:
         # History keeps every change, so each reading's entry can be checked exactly.
@@ -132,7 +137,7 @@ def test_keyed_state_timers_and_count_windows_exact_across_sigkill_restarts(
         levels.update({r["id"]: table.get(r["device"]) for r in chunk})
     events = [
         {"device": d, "ts": BASE + 10 * k + 0.5, "kind": "check"}
-        for k in range(30)
+        for k in range(N // 100)  # one check every 10 s of the readings
         for d in DEVICES
     ] + [{"device": "a", "ts": BASE + 100_000, "kind": "flush"}]
     publish(nats_url, f"EV_{uid}", f"ev{uid}.r", events)

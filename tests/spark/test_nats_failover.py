@@ -33,7 +33,7 @@ from tests.helpers import (
     wait_for,
 )
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.solo]  # output-pause and takeover bounds
 
 
 @pytest.fixture

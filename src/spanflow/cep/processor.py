@@ -13,9 +13,12 @@ watermark when it arrives is dead-lettered with the reason.
 **Rules that change.** With a rule set (:mod:`spanflow.cep.rule_store`) the rules are
 the version pinned for the micro-batch; rows then carry ``version`` and the
 selections as a JSON object in ``values``. When a key meets a new version, rules
-whose definition is unchanged keep their partial matches; changed or removed rules
-lose theirs, new rules start empty; buffered events not yet matched go to the new
-rules. Events are then kept whole (a new rule may read any field).
+whose definition is unchanged keep their partial matches, and so do rules whose
+stages only grew at the end (after a plain last stage, with the same ``within`` and
+skip strategy) or whose selections changed; other changed or removed rules lose
+theirs, new rules start empty; buffered events not yet matched go to the new rules.
+The same holds for a pipeline upgraded on its checkpoint (:mod:`spanflow.spec.upgrade`).
+Events are then kept whole (a new rule may read any field).
 """
 
 from __future__ import annotations
@@ -72,6 +75,9 @@ class CompiledRule:
     """What an event must meet to start a match (None: any event may)."""
     fields: frozenset[str]
     """The event fields its conditions and selections read."""
+    prints: dict[str, Any]
+    """Saved with its partial matches: the rule's, its stages' and its frame's
+    fingerprints, and whether appended stages may carry them on (:func:`_carried`)."""
 
     @staticmethod
     def of(spec: RuleSpec) -> CompiledRule:
@@ -90,7 +96,15 @@ class CompiledRule:
         for compiled in select.values():
             fields |= compiled.fields
         nfa = NFA(spec.pattern)
-        return CompiledRule(spec, nfa, select, spec.fingerprint(), gate_fn, frozenset(fields))
+        prints = {
+            "fp": spec.fingerprint(),
+            "stages": list(spec.pattern.stage_prints()),
+            "frame": spec.pattern.frame_print(),
+            "extendable": spec.pattern.extendable,
+        }
+        return CompiledRule(
+            spec, nfa, select, spec.fingerprint(), gate_fn, frozenset(fields), prints
+        )
 
 
 _compiled: dict[str, CompiledRule] = {}
@@ -165,12 +179,12 @@ class PatternMatcher(KeyedProcessor):
         states: dict[str, NFAState] = {}
         for rule in self.rules:
             saved = data["rules"].get(rule.spec.name)
-            if saved is not None and saved["fp"] == rule.fingerprint:
-                st = NFAState.from_json(saved["nfa"])
+            st = _carried(saved, rule) if saved is not None else None
+            if st is None:
+                st = rule.nfa.initial_state()
+            else:
                 for _, event in st.events.values():
                     self._restore_times(event)
-            else:
-                st = rule.nfa.initial_state()
             states[rule.spec.name] = st
         buffer = data["buffer"]
         for entry in buffer:
@@ -185,7 +199,7 @@ class PatternMatcher(KeyedProcessor):
 
     def _save(self, states: dict[str, NFAState], buffer: list[list[Any]], arrivals: int) -> None:
         live = {
-            rule.spec.name: {"fp": rule.fingerprint, "nfa": states[rule.spec.name].to_json()}
+            rule.spec.name: {**rule.prints, "nfa": states[rule.spec.name].to_json()}
             for rule in self.rules
             if _busy(states[rule.spec.name])
         }
@@ -323,6 +337,28 @@ class PatternMatcher(KeyedProcessor):
         else:
             row.update(values)
         return row
+
+
+def _carried(saved: Mapping[str, Any], rule: CompiledRule) -> NFAState | None:
+    """The rule's saved NFA state, if it still means the same: the rule is unchanged,
+    or only its selections changed or stages were appended after a plain last stage
+    (with the same ``within`` and skip strategy), and no completed match waits to be
+    emitted under the old definition. None: the rule starts again."""
+    st = NFAState.from_json(saved["nfa"])
+    if saved["fp"] == rule.fingerprint:
+        return st
+    old = tuple(saved.get("stages") or ())
+    new = tuple(rule.prints["stages"])
+    if not old or saved.get("frame") != rule.prints["frame"] or new[: len(old)] != old:
+        return None
+    if len(old) < len(new) and not saved.get("extendable"):
+        return None
+    states = rule.nfa.states
+    if st.completed or any(states.get(p.state) is None for p in st.partials):
+        return None
+    if any(states[p.state].kind == "final" for p in st.partials):
+        return None
+    return st
 
 
 def _idle(st: NFAState) -> bool:

@@ -76,7 +76,9 @@ from spanflow.protocol.rest import (
 from spanflow.security.secrets import assignment_signer, control_identity_from_env
 from spanflow.spec import locations
 from spanflow.spec.cluster import Assignment, NodeRecord, PipelineRecord, PipelineState
+from spanflow.spec.pipeline import PipelineSpec
 from spanflow.spec.topology import Capabilities, Link, Site, Topology
+from spanflow.spec.upgrade import UpgradeReport
 
 __all__ = ["Coordinator", "CoordinatorSettings", "Registration", "Submission"]
 
@@ -540,6 +542,16 @@ class Coordinator:
         root = self.settings.savepoint_root
         await self._decide(lambda tx: pipelines.savepoint(tx, name, root))
         return self.pipeline(name)
+
+    async def upgrade(self, spec: PipelineSpec) -> UpgradeReport:
+        """Replace a running pipeline by a new version that keeps its state
+        (:func:`spanflow.control.pipelines.upgrade`): refused with the reason per step,
+        nothing stopped, when the state cannot be kept."""
+        pinned = await with_model_needs(self.nc, spec)
+        root = self.settings.savepoint_root
+        reports: list[UpgradeReport] = []
+        await self._decide(lambda tx: reports.append(pipelines.upgrade(tx, pinned, root)))
+        return reports[-1]
 
     async def resume(self, name: str, savepoint: str | None = None) -> PipelineRecord:
         source = savepoint or self.pipeline(name).savepoint

@@ -22,6 +22,14 @@ from spanflow.spec import locations
 from spanflow.spec.cluster import TRANSITIONS, Fragment, PipelineRecord, PipelineState
 from spanflow.spec.pipeline import PipelineSpec
 from spanflow.spec.steps.models import DetectAnomaliesStep
+from spanflow.spec.upgrade import (
+    StepUpgrade,
+    UpgradeRefused,
+    UpgradeReport,
+    Verdict,
+    check_upgrade,
+    stateful_steps,
+)
 
 MAX_KEY_TEXT = 256
 
@@ -137,6 +145,79 @@ def savepoint(tx: Draft, name: str, savepoint_root: str) -> None:
         a.fragment.id: locations.join(target, a.fragment.id) for a in tx.state.assignments_of(name)
     }
     tx.add(r.SavepointStarted, pipeline=name, savepoint=target, fragment_dirs=dirs)
+
+
+def upgrade(tx: Draft, spec: PipelineSpec, savepoint_root: str) -> UpgradeReport:
+    """Start a new version of a running pipeline from the old one's state: check it
+    step by step (:func:`spanflow.spec.upgrade.check_upgrade`, for the pipeline and for
+    each fragment the old one runs), then take a savepoint; once every fragment has
+    stopped at it, the new version starts from it (:func:`finish_upgrade`). A version
+    that cannot keep the state is refused with the reason per step, and nothing stops."""
+    name = spec.name
+    record = pipeline(tx.state, name)
+    if record.upgrade is not None:
+        raise Conflict("upgrade_pending", f"pipeline {name!r} is being upgraded already")
+    secrets = spec.inline_secrets()
+    if secrets:
+        raise Invalid("inline_secret", f"pipeline {name!r} holds secrets in its spec: {secrets}")
+    report = check_upgrade(record.spec, spec)
+    refused = list(dict.fromkeys(report.refused + _refused_fragments(tx.state, record, spec)))
+    if refused:
+        raise Conflict("upgrade_refused", str(UpgradeRefused(name, refused)))
+    check_plannable(tx.state, record.model_copy(update={"spec": spec, "fragments": []}))
+    savepoint(tx, name, savepoint_root)
+    tx.add(r.UpgradeRequested, pipeline=name, spec=spec, steps=report.to_json())
+    return report
+
+
+def _refused_fragments(
+    state: ClusterState, record: PipelineRecord, spec: PipelineSpec
+) -> list[StepUpgrade]:
+    """Each running fragment against the one the new version plans under its id (the
+    planner's own steps included: a site's partial aggregate, a bridge)."""
+    try:
+        planned = compile_fragments(spec, state.full_topology(), record.parallelism).fragments
+    except PlanError as exc:
+        raise Invalid("unplaceable", f"pipeline {spec.name!r} cannot be placed: {exc}") from None
+    old = {f.id: f for f in record.fragments if not f.replica}
+    out = []
+    for fragment in planned:
+        before = old.get(fragment.id)
+        if before is not None:
+            out += check_upgrade(before.spec, fragment.spec).refused
+        out += _moved_queries(old, fragment)
+    return out
+
+
+def _moved_queries(old: Mapping[str, Fragment], fragment: Fragment) -> list[StepUpgrade]:
+    """Sinks whose stateful query another fragment of the old version ran: its state is
+    in that fragment's checkpoint, which this one does not start from."""
+    out = []
+    for sink in fragment.spec.sinks():
+        for was in old.values():
+            if was.id == fragment.id or sink.id not in {s.id for s in was.spec.sinks()}:
+                continue
+            out += [
+                StepUpgrade(
+                    sink.id,
+                    step,
+                    Verdict.REFUSED,
+                    f"its query would move from fragment {was.id!r} to {fragment.id!r}, "
+                    "whose checkpoint does not hold its state",
+                )
+                for step in stateful_steps(was.spec, sink.id)
+            ]
+    return out
+
+
+def finish_upgrade(tx: Draft, name: str) -> None:
+    """The old version stopped at its savepoint: the new one replaces it and starts
+    from there."""
+    record = pipeline(tx.state, name)
+    if record.upgrade is None or record.state != PipelineState.STOPPED or not record.savepoint:
+        return
+    held = [f.id for f in record.fragments]  # the plan, standby replicas included
+    tx.add(r.PipelineUpgraded, pipeline=name, savepoint=record.savepoint, fragments=held)
 
 
 def resume(tx: Draft, name: str, source: str | None, exists: bool) -> None:

@@ -138,6 +138,7 @@ def stop_if_savepointed(tx: Draft, observed: Observed, pipeline: str) -> None:
     record = tx.state.pipelines[pipeline]
     if record.state == PipelineState.STOPPING and savepoint_complete(tx.state, observed, pipeline):
         pipelines.end(tx, pipeline, PipelineState.STOPPED, f"savepoint {record.savepoint}")
+        pipelines.finish_upgrade(tx, pipeline)
 
 
 def catch_up_savepoints(

@@ -177,6 +177,28 @@ class PipelineResumed(_Record):
     savepoint: str
 
 
+class UpgradeRequested(_Record):
+    """A new version of a running pipeline, checked against the old one step by step:
+    it starts from the savepoint taken with it, once every fragment stopped there."""
+
+    kind: Literal["pipeline-upgrade"] = "pipeline-upgrade"
+    pipeline: str
+    spec: PipelineSpec
+    steps: list[dict[str, str]] = Field(
+        default_factory=list, description="Each stateful step's verdict (spec.upgrade)."
+    )
+
+
+class PipelineUpgraded(_Record):
+    """The new version replaced the old one, which stopped at ``savepoint``; it starts
+    from there (fragments the old version did not have start empty)."""
+
+    kind: Literal["pipeline-upgraded"] = "pipeline-upgraded"
+    pipeline: str
+    savepoint: str
+    fragments: list[str] = Field(description="The fragments the savepoint holds.")
+
+
 class DetectorRebaselined(_Record):
     """An operator accepted a key's current behaviour as its new normal: the
     ``detect_anomalies`` step ``step`` forgets what it learnt of ``key`` (``*``: of
@@ -306,6 +328,8 @@ Record = Annotated[
     | PipelineStopped
     | SavepointStarted
     | PipelineResumed
+    | UpgradeRequested
+    | PipelineUpgraded
     | DetectorRebaselined
     | CatalogChanged
     | FragmentsAssigned

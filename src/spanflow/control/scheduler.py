@@ -80,11 +80,7 @@ def schedule(
                     checkpoint_dir=checkpoint_dir(
                         tx.state, settings, placement[fragment.id], fragment
                     ),
-                    restore_from=(
-                        locations.join(record.restore_from, fragment.id)
-                        if record.restore_from
-                        else None
-                    ),
+                    restore_from=restored_from(record, fragment),
                     reason="placed" if epoch == 1 else "re-placed",
                     batch_plan=batch_plan(record, fragment),
                     peer_checkpoints=peer_checkpoints(
@@ -157,6 +153,18 @@ def peer_checkpoints(
     return tuple(out)
 
 
+def restored_from(record: PipelineRecord, fragment: Fragment) -> str | None:
+    """The savepoint directory ``fragment`` starts from: its own under the pipeline's
+    ``restore_from``, unless that savepoint does not hold it (a fragment an upgrade
+    added starts empty)."""
+    if not record.restore_from:
+        return None
+    held = record.restore_fragments
+    if held is not None and fragment.id not in held:
+        return None
+    return locations.join(record.restore_from, fragment.id)
+
+
 def batch_plan(record: PipelineRecord, fragment: Fragment) -> str | None:
     """What a fragment's replicas agree their micro-batches under: the pipeline's run
     and the planned fragment (a resubmitted pipeline plans afresh); None without
@@ -198,7 +206,47 @@ def move_fragments_off(
         record = tx.state.pipelines.get(name)
         if record is not None and record.state in pipelines.ACTIVE:
             pipelines.set_state(tx, name, PipelineState.FAILING, reason)
+    saving = [a for a in moving if a.action == "savepoint" and a.move_to is None]
+    finish_savepoints_elsewhere(tx, saving, node, placer, observed)
     schedule(tx, placer, settings, observed, exclude=[node])
+
+
+def finish_savepoints_elsewhere(
+    tx: Draft, saving: list[Assignment], node: str, placer: Placer, observed: Observed
+) -> None:
+    """Fragments of a stopping pipeline whose node failed before it saved them: another
+    node copies each one's last checkpoint (consistent: it holds committed batches
+    only) to its savepoint directory. Without this, the pipeline would stop with their
+    savepoints missing, and could neither resume nor upgrade from it."""
+    by_pipeline: dict[str, list[Assignment]] = {}
+    for a in saving:
+        by_pipeline.setdefault(a.fragment.pipeline, []).append(a)
+    view = cluster_view(tx.state, observed)
+    for name, assignments in sorted(by_pipeline.items()):
+        record = tx.state.pipelines.get(name)
+        if record is None or record.state != PipelineState.STOPPING:
+            continue
+        fragments = [a.fragment for a in assignments]
+        try:
+            placement = placer.place(record, fragments, view, exclude=[node])
+        except PlacementError as exc:
+            log.warning("%s: savepoint of %s must wait for a node: %s", name, node, exc)
+            continue
+        made = [
+            a.model_copy(
+                update={
+                    "node": placement[a.fragment.id],
+                    "epoch": record.epochs.get(a.fragment.id, a.epoch) + 1,
+                    "reason": f"saving the checkpoint node {node} left (it failed)",
+                }
+            )
+            for a in assignments
+            if a.fragment.id in placement
+        ]
+        if made:
+            tx.add(
+                r.FragmentsAssigned, pipeline=name, plan=tuple(record.fragments), assignments=made
+            )
 
 
 def served_elsewhere(state: ClusterState, a: Assignment) -> bool:

@@ -169,6 +169,10 @@ def apply(state: ClusterState, record: r.Record) -> None:
                 PipelineState.CREATED, f"resuming from {source}", at
             )
             state.pipelines[name] = moved.model_copy(update={"restore_from": source})
+        case r.UpgradeRequested(pipeline=name, spec=spec):
+            state.pipelines[name] = state.pipelines[name].model_copy(update={"upgrade": spec})
+        case r.PipelineUpgraded(pipeline=name, savepoint=source, fragments=held, at=at):
+            _upgrade(state, name, source, held, at)
         case r.DetectorRebaselined(pipeline=name, step=step, key=key, generation=generation):
             state.pipelines[name] = state.pipelines[name].rebaselined(step, key, generation)
         case r.CatalogChanged():
@@ -239,6 +243,22 @@ def _end(state: ClusterState, record: r.PipelineEnded) -> None:
     state.pipelines[record.pipeline] = old.moved_to(_ENDED[record.kind], record.reason, record.at)
 
 
+def _upgrade(state: ClusterState, name: str, source: str, held: list[str], at: float) -> None:
+    old = state.pipelines[name]
+    if old.upgrade is None:
+        return
+    moved = old.moved_to(PipelineState.CREATED, f"upgraded; resuming from {source}", at)
+    state.pipelines[name] = moved.model_copy(
+        update={
+            "spec": old.upgrade,
+            "upgrade": None,
+            "fragments": [],
+            "restore_from": source,
+            "restore_fragments": list(held),
+        }
+    )
+
+
 def _start_savepoint(state: ClusterState, record: r.SavepointStarted) -> None:
     for a in state.assignments_of(record.pipeline):
         state.assignments[a.fragment.id] = a.model_copy(
@@ -266,7 +286,12 @@ def _assign(state: ClusterState, record: r.FragmentsAssigned) -> None:
         else old
     )
     state.pipelines[record.pipeline] = updated.model_copy(
-        update={"epochs": epochs, "restore_from": None, "fragments": list(record.plan)}
+        update={
+            "epochs": epochs,
+            "restore_from": None,
+            "restore_fragments": None,
+            "fragments": list(record.plan),
+        }
     )
 
 

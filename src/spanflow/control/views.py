@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from spanflow.control import pipelines, registry
+from spanflow.control import fleet, pipelines, registry
 from spanflow.control.state import ClusterState, Observed
 from spanflow.plan.planner import hops_of
 from spanflow.protocol.messages import Heartbeat
@@ -160,6 +160,7 @@ def pipeline_status(
         run_id=record.run_id,
         submitted_at=record.submitted_at,
         savepoint=record.savepoint,
+        sites_behind=fleet.sites_behind(state, record),
         fragments=fragments,
         history=list(record.history),
     )

@@ -23,8 +23,13 @@ from spanflow.demo.view import cluster_view
 from spanflow.local.api import Api
 from spanflow.local.cluster import LocalCluster
 from spanflow.nats.streams import SyncNats, connect
-from spanflow.protocol.rest import Incident, SubmitBody
+from spanflow.protocol.rest import Incident, PipelineStatus, SubmitBody
 from spanflow.simulator import SensorSimulator, SimulatorConfig
+from spanflow.spec.cluster import PipelineState
+
+SETTLE_SECONDS = 30.0
+"""How long the demo's end waits for a recovering pipeline before it reports its state."""
+RECOVERING = (PipelineState.CREATED, PipelineState.PLANNED, PipelineState.FAILING)
 
 DEMO_TOPOLOGY = """\
 # The cluster demo: two factories (edge sites) and a cloud region on one machine.
@@ -97,12 +102,24 @@ class ClusterDemo:
         try:
             api = self._start()
             self._watch(stop, lambda: cluster_view(self.feed, status(api)), duration, until_global)
-            final = api.typed(lambda c: c.pipelines())
+            final = self._settled(api)
             self.incidents = api.typed(lambda c: c.incidents())
         finally:
             self._stop()
         shutil.rmtree(self.work, ignore_errors=True)
         return ", ".join(f"{p.name} {p.state.value}" for p in final)
+
+    def _settled(self, api: Api, patience: float = SETTLE_SECONDS) -> list[PipelineStatus]:
+        """The pipelines' states once none is recovering (a query a busy machine made
+        fail is restarted from its checkpoint within seconds), or after ``patience``:
+        the state to report is the one the pipeline settles in, not a restart's
+        moment."""
+        deadline = time.monotonic() + patience
+        while True:
+            final = api.typed(lambda c: c.pipelines())
+            if time.monotonic() >= deadline or not [p for p in final if p.state in RECOVERING]:
+                return final
+            time.sleep(1.0)
 
     def _start(self) -> Api:
         self.err.print(

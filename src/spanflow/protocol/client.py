@@ -4,7 +4,9 @@ Given a list of coordinator URLs (``http://a:7070,http://b:7070``), a request go
 the one that answered last; when it cannot be reached, or answers 503 (a standby that
 cannot take writes, or a leader that just lost its lease), the next URL is tried, and
 so on for up to ``patience`` seconds. A standby that knows the leader answers a write
-with a redirect to it (307), which is followed. Errors other than these come back to
+with a redirect to it (307), which is followed with the token (httpx's own redirects
+drop it on the way to another host, and every coordinator is another host). Errors
+other than these come back to
 the caller as they are from :meth:`CoordinatorClient.request`; the typed methods
 (``nodes()``, ``pipeline(name)``, ``submit(...)``, ...) parse answers into the models
 of :mod:`spanflow.protocol.rest` and raise :class:`ApiError` for a 4xx or 5xx.
@@ -32,9 +34,12 @@ from spanflow.protocol.rest import (
     RebaselineBody,
     Rebaselined,
     SubmitBody,
+    Upgrading,
 )
 
 M = TypeVar("M", bound=BaseModel)
+MAX_REDIRECTS = 3
+"""Hops a request follows: a standby names the leader, which answers itself."""
 
 
 def parse_urls(given: str | Sequence[str]) -> list[str]:
@@ -109,16 +114,7 @@ class CoordinatorClient:
             for _ in range(len(self.urls)):
                 url = self.url
                 try:
-                    r = httpx.request(
-                        method,
-                        f"{url}{path}",
-                        json=body,
-                        content=content,
-                        headers=self.headers,
-                        timeout=self.timeout,
-                        follow_redirects=True,
-                        verify=self.verify,
-                    )
+                    r = self._send(method, f"{url}{path}", body, content)
                 except httpx.HTTPError as exc:
                     problems[url] = str(exc) or type(exc).__name__
                 else:
@@ -132,6 +128,30 @@ class CoordinatorClient:
                     "; ".join(f"coordinator {u}: {p}" for u, p in problems.items())
                 )
             time.sleep(0.25)
+
+    def _send(self, method: str, url: str, body: Any, content: bytes | None) -> httpx.Response:
+        """One request, following a standby's redirect to the leader with the same
+        token, method and body. A redirect from https to plain http is not followed (the
+        token would travel in the clear); its 307 comes back as the answer."""
+        for _ in range(MAX_REDIRECTS + 1):
+            r = httpx.request(
+                method,
+                url,
+                json=body,
+                content=content,
+                headers=self.headers,
+                timeout=self.timeout,
+                follow_redirects=False,
+                verify=self.verify,
+            )
+            location = r.headers.get("location")
+            if r.status_code not in (307, 308) or not location:
+                return r
+            target = r.url.join(location)
+            if r.url.scheme == "https" and target.scheme != "https":
+                return r
+            url = str(target)
+        return r
 
     # -- typed calls -------------------------------------------------------------------
     def _checked(self, method: str, path: str, body: Any = None) -> httpx.Response:
@@ -185,6 +205,11 @@ class CoordinatorClient:
     def submit(self, body: SubmitBody) -> PipelineStatus:
         payload = body.model_dump(mode="json", exclude_none=True)
         return self.one("POST", "/api/v1/pipelines", PipelineStatus, payload)
+
+    def upgrade(self, name: str, body: SubmitBody) -> Upgrading:
+        """Replace a running pipeline by a new version that keeps its state."""
+        payload = body.model_dump(mode="json", exclude_none=True)
+        return self.one("POST", f"/api/v1/pipelines/{name}/upgrade", Upgrading, payload)
 
     def rebaseline(self, name: str, body: RebaselineBody) -> Rebaselined:
         """Accept a key's current behaviour as normal in a pipeline's detector."""

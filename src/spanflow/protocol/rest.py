@@ -226,6 +226,15 @@ class RebaselineBody(BaseModel):
     )
 
 
+class StepUpgradeVerdict(_Answer):
+    """What an upgrade does to one stateful step of one sink's query."""
+
+    sink: str
+    step: str
+    verdict: Literal["kept", "changed", "added", "dropped", "refused"]
+    detail: str = ""
+
+
 class Rebaselined(_Answer):
     pipeline: str
     step: str
@@ -273,6 +282,19 @@ class FragmentPlan(_Answer):
     )
 
 
+class SitesBehind(_Answer):
+    """Sites a placed pipeline's plan is behind on (it is planned when first placed)."""
+
+    joined: list[str] = Field(
+        description="Sites today's topology gives the pipeline input at that its plan has "
+        "no fragment for: their readings are not read until it is planned again (a "
+        "resubmission, or `spanflow submit --upgrade` when its global state allows)."
+    )
+    left: list[str] = Field(
+        description="Sites its plan reads at that today's topology no longer gives it."
+    )
+
+
 class PipelineStatus(_Answer):
     name: str
     state: PipelineState
@@ -294,6 +316,11 @@ class PipelineStatus(_Answer):
     run_id: str
     submitted_at: float
     savepoint: str | None
+    sites_behind: SitesBehind | None = Field(
+        default=None,
+        description="Sites declared or removed since the pipeline was placed, that its "
+        "plan does not follow yet; None: the plan covers today's topology.",
+    )
     fragments: list[FragmentStatus]
     history: list[Transition]
 
@@ -436,3 +463,11 @@ class ModelComparison(_Answer):
     records: int
     versions: dict[str, VersionFigures] = Field(description="By model_version.")
     shadow: ShadowFigures | None
+
+
+class Upgrading(_Answer):
+    """An accepted upgrade: the old version is taking its savepoint; the new one starts
+    from it once every fragment stopped there."""
+
+    pipeline: PipelineStatus
+    steps: list[StepUpgradeVerdict]

@@ -4,7 +4,8 @@ Pure: it reads the statuses every view shows (one source of truth for health) an
 recent samples of each fragment, and says what is red (a node silent or dead, a
 pipeline degraded or failing, queries restarting) and what is amber (queries behind
 their trigger, dead letters rising, a stream filling up, a latency budget exceeded,
-a node running on what it last knew).
+a node running on what it last knew, sites a
+pipeline's plan does not follow).
 """
 
 from __future__ import annotations
@@ -75,7 +76,19 @@ def _pipelines(pipelines: Sequence[PipelineStatus]) -> list[Concern]:
             )
         out += _behind(p)
         out += _cold_standbys(p)
+        out += _sites_behind(p)
     return out
+
+
+def _sites_behind(p: PipelineStatus) -> list[Concern]:
+    """A site declared after the pipeline was placed is not read; a removed one is
+    still planned (docs/cluster.md#sites-that-join-or-leave-after-a-pipeline-is-placed)."""
+    b = p.sites_behind
+    if b is None:
+        return []
+    parts = [f"site {s} joined after it was placed: not read" for s in b.joined]
+    parts += [f"site {s} was removed: still in its plan" for s in b.left]
+    return [Concern(level="amber", what=f"pipeline {p.name}", reason=r) for r in parts]
 
 
 def _cold_standbys(p: PipelineStatus) -> list[Concern]:

@@ -96,6 +96,36 @@ def copy(spark: SparkSession, source: str, target: str) -> bool:
     return True
 
 
+def write_text(spark: SparkSession, location: str, text: str) -> None:
+    """Write a small file (replacing it) at a local path or any URL Hadoop serves."""
+    if not locations.is_url(location):
+        Path(location).parent.mkdir(parents=True, exist_ok=True)
+        Path(location).write_text(text, encoding="utf-8")
+        return
+    path, fs = _file_system(spark, location)
+    out = fs.create(path, True)
+    try:
+        out.write(bytearray(text.encode()))
+    finally:
+        out.close()
+
+
+def read_text(spark: SparkSession, location: str) -> str | None:
+    """A small file's text, or None when there is none."""
+    if not locations.is_url(location):
+        file = Path(location)
+        return file.read_text(encoding="utf-8") if file.is_file() else None
+    path, fs = _file_system(spark, location)
+    if not fs.exists(path):
+        return None
+    jvm: Any = spark._jvm
+    stream = fs.open(path)
+    try:
+        return str(jvm.org.apache.commons.io.IOUtils.toString(stream, "UTF-8"))
+    finally:
+        stream.close()
+
+
 def _hadoop_location(location: str) -> str:
     return location if locations.is_url(location) else Path(location).resolve().as_uri()
 

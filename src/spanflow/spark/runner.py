@@ -27,7 +27,7 @@ from spanflow.nats.batch_plan import plan_key
 from spanflow.nats.fences import Fence, Fenced, check, claim, fences
 from spanflow.nats.streams import SyncNats, ensure_source_streams, ensure_stream, stream_usage
 from spanflow.protocol.metrics import StreamUsage
-from spanflow.spark import checkpoint_store, connectors, progress
+from spanflow.spark import checkpoint_store, connectors, progress, source_starts, versions
 from spanflow.spark.compile.pipeline import CompiledSink, compile_pipeline
 from spanflow.spark.compile.udf import UserFunction
 from spanflow.spark.connectors import BatchWriter, Output, RowsCallback, SinkContext
@@ -77,11 +77,37 @@ class _Supervised:
     restarts: int = 0
     error: str | None = None
     next_restart: float = 0.0
+    failing: int = 0
+    """Failures since the query last ran for :data:`HEALTHY_RUN_S`: what its backoff
+    grows with (a query that failed last week restarts as soon as one that never did)."""
+    started_at: float = 0.0
     slot: float | None = None
     """Fraction of the interval this query's batches start at (kept across restarts)."""
     live: realtime.LiveRead | None = None
     """A real-time query's reading its rates are measured from (renewed each second)."""
     live_rates: tuple[float, float] = (0.0, 0.0)
+
+
+HEALTHY_RUN_S = 60.0
+"""A query that ran this long before failing starts its restart backoff again at 1 s."""
+
+RESTART_BACKOFF_MAX_S = 30.0
+
+
+def restart_delay(failing: int) -> float:
+    """Seconds before a query's restart after ``failing`` earlier failures in a row: 1,
+    2, 4, … up to :data:`RESTART_BACKOFF_MAX_S`."""
+    return min(RESTART_BACKOFF_MAX_S, 2.0 ** min(max(0, failing), 5))
+
+
+def restart_backoff(failing: int, ran_for_s: float) -> tuple[float, int]:
+    """(seconds before restarting a query that just failed, its failures in a row now).
+
+    A query that had run :data:`HEALTHY_RUN_S` before failing counts from scratch: one
+    overloaded minute a month ago must not make today's restart wait 30 s."""
+    if ran_for_s >= HEALTHY_RUN_S:
+        failing = 0
+    return restart_delay(failing), failing + 1
 
 
 def _print_rows(sink: str, batch_id: int, rows: list[dict[str, Any]]) -> None:
@@ -174,6 +200,7 @@ class PipelineRunner:
                 checkpoint_store.configure(
                     self.spark, self.nats_url, domain=self.domain, replicas=self.retention.replicas
                 )
+            versions.checked_upgrade(self.spark, self.checkpoint_dir, self.spec)
             self._client = SyncNats(self.nats_url)
             self._ensure_streams()
             self._claim_fence()
@@ -182,6 +209,7 @@ class PipelineRunner:
                 self._launch_all(compiled)
                 compiled = self._compile_checked(rest, sources=False)
             self._launch_all(compiled)
+            versions.record_version(self.spark, self.checkpoint_dir, self.spec)
         except BaseException:
             self.stop()
             raise
@@ -351,6 +379,7 @@ class PipelineRunner:
         self._launch(sup, self._compile(sup))
 
     def _launch(self, sup: _Supervised, compiled: CompiledSink) -> None:
+        sup.started_at = time.monotonic()  # first starts and restarts alike
         sink, df, mode = compiled.sink, compiled.df, compiled.mode
         context = self._sink_context(sup, sink)
         name = f"{self.spec.instance}.{sink.id}"
@@ -370,8 +399,10 @@ class PipelineRunner:
             .option("checkpointLocation", context.checkpoint)
             .trigger(processingTime=self._trigger_interval(sink))
         )
+        source_starts.wait_until_quiet()  # one reader process starting at a time
         with self._no_data_batches(enabled=self.batch_plan is None):
             sup.query = batch_writer.attach(writer).start()
+        source_starts.started(sup.query)
         log.info("started %s (%s mode) checkpoint %s", name, mode, context.checkpoint)
 
     def _trigger_interval(self, sink: SinkStep) -> str:
@@ -443,17 +474,19 @@ class PipelineRunner:
             now = time.monotonic()
             if sup.next_restart == 0.0:
                 sup.error = str(exc).split("\n")[0][:300]
-                delay = min(30.0, 2.0 ** min(sup.restarts, 5))
+                delay, sup.failing = restart_backoff(sup.failing, now - sup.started_at)
                 sup.next_restart = now + delay
                 log.warning("query %s failed (%s); restarting in %.0f s", q.name, sup.error, delay)
             elif now >= sup.next_restart:
+                if source_starts.busy():  # another query's reader is starting: next tick
+                    continue
                 sup.restarts += 1
                 sup.next_restart = 0.0
                 try:
                     self._start_query(sup)
                 except Exception as failed:  # e.g. NATS unreachable: try again later
                     sup.error = str(failed).split("\n")[0][:300] or type(failed).__name__
-                    delay = min(30.0, 2.0 ** min(sup.restarts, 5))
+                    delay, sup.failing = restart_backoff(sup.failing, 0.0)
                     sup.next_restart = time.monotonic() + delay
                     log.warning(
                         "query %s could not restart (%s); again in %.0f s",

@@ -32,6 +32,10 @@ DEFAULTS: dict[str, str] = {
     # integers (pandas' Int64) instead of turning into floats.
     "spark.sql.execution.pythonUDF.pandas.preferIntExtensionDtype": "true",
     "spark.scheduler.mode": "FAIR",
+    # Python task workers forked from a daemon that runs them niced, so a query's
+    # source reader process starting on a busy node connects back within Spark's 10 s
+    # (spanflow.spark.python_daemon).
+    "spark.python.daemon.module": "spanflow.spark.python_daemon",
     "spark.driver.memory": "1g",
     "spark.sql.streaming.minBatchesToRetain": "20",
     # C1 only: the C2 JIT kept compiling the classes each micro-batch generates, and a

@@ -212,6 +212,13 @@ class PipelineRecord(BaseModel):
     )
     epochs: dict[str, int] = Field(default_factory=dict, description="fragment id → epoch")
     restore_from: str | None = Field(default=None, description="Savepoint to start from.")
+    restore_fragments: list[str] | None = Field(
+        default=None,
+        description="The fragments restore_from holds (None: all); the others start empty.",
+    )
+    upgrade: PipelineSpec | None = Field(
+        default=None, description="A new version waiting for its savepoint to complete."
+    )
     fragments: list[Fragment] = Field(
         default_factory=list, description="The current plan's fragments (empty until planned)."
     )

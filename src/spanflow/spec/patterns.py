@@ -163,6 +163,29 @@ class PatternSpec(BaseModel):
     def positive_names(self) -> tuple[str, ...]:
         return tuple(s.name for s in self.stages if not s.negative)
 
+    def stage_prints(self) -> tuple[str, ...]:
+        """One fingerprint per stage, in order: a new version whose stages begin with an
+        old one's may carry on its partial matches (:mod:`spanflow.cep.processor`)."""
+        return tuple(_print(s.model_dump_json()) for s in self.stages)
+
+    def frame_print(self) -> str:
+        """The fingerprint of all but the stages (``within``, the skip strategy)."""
+        return _print(self.model_dump_json(exclude={"stages"}))
+
+    @property
+    def extendable(self) -> bool:
+        """Whether a partial match waiting for the last stage means the same in a
+        pattern with stages appended: the last stage is one plain event (no loop, no
+        count, not optional, not a negation)."""
+        last = self.stages[-1]
+        return not (last.looping or last.times or last.optional or last.negative)
+
+
+def _print(text: str) -> str:
+    import hashlib
+
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
 
 def check_pattern(pattern: PatternSpec) -> None:
     """Raise :class:`PatternError` naming the stage when ``pattern`` is malformed."""

@@ -22,7 +22,9 @@ from spanflow.protocol.rest import (
     RebaselineBody,
     Rebaselined,
     ResumeBody,
+    StepUpgradeVerdict,
     SubmitBody,
+    Upgrading,
 )
 from spanflow.server.errors import RequestError
 from spanflow.spec.pipeline import PipelineSpec, format_validation_error
@@ -84,6 +86,25 @@ def add_pipeline_routes(app: FastAPI, coordinator: Coordinator, guarded: list[An
     async def resume(name: str, body: ResumeBody | None = None) -> PipelineStatus:
         await coordinator.resume(name, body.savepoint if body else None)
         return coordinator.pipeline_status(name)
+
+    @app.post(f"{API}/{{name}}/upgrade", tags=["pipelines"], dependencies=guarded)
+    async def upgrade(name: str, body: SubmitBody) -> Upgrading:
+        """A new version of a running pipeline that keeps its state: each stateful step
+        is matched to the old version's by id and checked (kept, changed, added,
+        dropped); a version whose state cannot be kept is refused (409
+        ``upgrade_refused``, the reason per step) and the old one keeps running.
+        Otherwise the old version takes a savepoint and the new one starts from it.
+        Priority, latency budget and parallelism stay the pipeline's."""
+        spec = await parse_submission(body, coordinator.topology())
+        if spec.name != name:
+            raise RequestError(
+                422, f"the new version is named {spec.name!r}, not {name!r}", "name_mismatch"
+            )
+        report = await coordinator.upgrade(spec)
+        return Upgrading(
+            pipeline=coordinator.pipeline_status(name),
+            steps=[StepUpgradeVerdict.model_validate(s) for s in report.to_json()],
+        )
 
     @app.post(f"{API}/{{name}}/rebaseline", tags=["pipelines"], dependencies=guarded)
     async def rebaseline(name: str, body: RebaselineBody, request: Request) -> Rebaselined:

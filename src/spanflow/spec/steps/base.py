@@ -116,6 +116,11 @@ class StepBase(BaseModel):
     """Why a RECORD step runs where it does (the planner adds the sites)."""
     rate: ClassVar[Rate] = Rate.UNKNOWN
     """How it changes its input's records per second (link bandwidth estimates)."""
+    upgrade_free: ClassVar[frozenset[str]] = frozenset()
+    """Fields of a stateful step a new version may change while the step keeps its
+    state: they decide what the step does with its state, not what the state holds
+    (a detector's threshold). Every other field shapes the state
+    (:mod:`spanflow.spec.upgrade`)."""
 
     id: str = Field(pattern=STEP_ID, max_length=64, description="Unique, readable step id.")
     inputs: tuple[str, ...] = Field(default=(), description="Ids of the upstream steps.")
@@ -216,6 +221,13 @@ class StepBase(BaseModel):
         processor under the hood). Such a step costs a node about a second core's worth
         of work beside the JVM's, so the planner counts it as one more fragment slot."""
         return False
+
+    def state_shape(self) -> dict[str, Any]:
+        """What decides the state this step keeps, compared field by field when a new
+        version of its pipeline starts from the old one's checkpoint: every field but
+        its id, inputs, placement pins and :attr:`upgrade_free`."""
+        skip = {"id", "inputs", *self.pins(), *self.upgrade_free}
+        return self.model_dump(mode="json", by_alias=True, exclude=skip)
 
     def state_lateness(self) -> float:
         """Seconds this step waits for late records beyond the stream's own

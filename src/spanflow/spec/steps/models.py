@@ -80,8 +80,16 @@ class DetectAnomaliesStep(StepBase):
 
     placement: ClassVar[Placement] = Placement.KEYED
 
+    upgrade_free: ClassVar[frozenset[str]] = frozenset({"threshold", "warmup", "quiet"})
+    """The models, the records seen and the threshold's learned limits stay as they are
+    when these change (a threshold of another kind is a change of state)."""
+
     def keeps_python_state(self) -> bool:
         return True
+
+    def state_shape(self) -> dict[str, Any]:
+        kind, _ = parse_threshold(self.threshold_or_default)
+        return {**super().state_shape(), "threshold kind": kind}
 
     type: Literal["detect_anomalies"] = "detect_anomalies"
     fields: tuple[str, ...] = Field(min_length=1, description="Numeric fields to watch.")

@@ -39,6 +39,13 @@ class PatternStep(StepBase):
         return True
 
     local_reason: ClassVar[str] = "a pattern per key, where the key's events are born"
+    upgrade_free: ClassVar[frozenset[str]] = frozenset(
+        {"pattern", "select", "timeouts", "rule", "rules", "rule_set"}
+    )
+    """A key's state holds each rule's partial matches under the rule's name and
+    fingerprint, and the events not yet matched: a new version's unchanged rules keep
+    their partial matches, changed ones start theirs again, new ones start empty, and
+    the waiting events go to the new rules (:mod:`spanflow.cep.processor`)."""
 
     type: Literal["pattern"] = "pattern"
     pattern: PatternSpec | None = None

@@ -48,6 +48,8 @@ class WindowStep(StepBase):
     """
 
     placement: ClassVar[Placement] = Placement.KEYED
+    upgrade_free: ClassVar[frozenset[str]] = frozenset({"allowed_lateness"})
+    """It moves the query's watermark, which Spark reads from the offset log anew."""
 
     type: Literal["window"] = "window"
     kind: Literal["tumbling", "sliding", "session"] = "tumbling"

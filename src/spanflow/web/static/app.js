@@ -338,12 +338,22 @@ function pipelineRate(p) { return p.input_rows_per_s; }
 // A running pipeline with a fragment that does not run (or cannot be reached) is degraded.
 function pipelineState(p) { return p.health === "degraded" ? "degraded" : p.state; }
 
+// Sites declared or removed since the pipeline was placed, that its plan does not follow.
+function sitesBehind(p) {
+  const b = p.sites_behind;
+  if (!b) return "";
+  const parts = [];
+  if (b.joined.length) parts.push(`joined, not read: ${b.joined.map(esc).join(", ")}`);
+  if (b.left.length) parts.push(`left, still planned: ${b.left.map(esc).join(", ")}`);
+  return `<div class="state degraded" data-field="sites-behind">sites ${parts.join("; ")}</div>`;
+}
+
 function renderPipelines() {
   const main = $("#page");
   const ps = S.snap ? S.snap.pipelines : [];
   const rows = ps.map((p) => `<tr data-pipeline="${esc(p.name)}">
       <td><a href="#/pipelines/${encodeURIComponent(p.name)}"><b>${esc(p.name)}</b></a></td>
-      <td><span data-field="state">${stateTag(pipelineState(p))}</span><div class="muted">${esc(p.reason)}</div></td>
+      <td><span data-field="state">${stateTag(pipelineState(p))}</span><div class="muted">${esc(p.reason)}</div>${sitesBehind(p)}</td>
       <td class="num">${p.priority}</td>
       <td class="num">${p.latency_budget === null ? "–" : num(p.latency_budget, 2) + " s"}</td>
       <td class="num">${p.latency_estimate_s === null ? "–" : num(p.latency_estimate_s, 2) + " s"}${p.over_latency_budget ? ` <span class="state failed">over</span>` : ""}</td>

@@ -109,3 +109,32 @@ def test_a_stateful_query_the_new_plan_moves_to_another_fragment_is_refused(runn
         _upgrade(running, _version(cloud=True))
     assert "its query would move from fragment 'p1.f0' to 'p1.global'" in refused.value.message
     assert running.state.pipelines["p1"].state == PipelineState.RUNNING
+
+
+def test_a_pipeline_on_two_sites_upgrades_its_sites_fragments_in_place() -> None:
+    """Each site's local fragment runs a query of the same sink id on its own
+    checkpoint: that query has not moved between them (such upgrades were refused)."""
+    from spanflow.api.topology_loader import load_topology_text
+    from spanflow.control import registry
+    from tests.control.test_fleet import SITE_C
+
+    cluster = Cluster()
+    cluster.c.decide(lambda tx: registry.merge_topology(tx, load_topology_text(SITE_C)))
+    for node, site in (("a1", "edge-a"), ("c3", "edge-c"), ("c1", "cloud")):
+        cluster.register(node, site)
+
+    def submit(tx: Draft) -> None:
+        pipelines.submit(tx, Submission(spec=_version()), run_id="run-p1")
+        cluster.schedule(tx)
+
+    cluster.c.decide(submit)
+    by_node: dict[str, dict[str, str]] = {}
+    for fid, a in cluster.state.assignments.items():  # beat() reads "__" as "."
+        by_node.setdefault(a.node, {})[fid.replace(".", "__")] = "running"
+    assert len(by_node) == 3
+    for node, fragments in by_node.items():
+        cluster.beat(node, **fragments)
+    assert cluster.state.pipelines["p1"].state == PipelineState.RUNNING
+    report = _upgrade(cluster, _version(more=True))
+    assert report.ok
+    assert cluster.state.pipelines["p1"].upgrade is not None

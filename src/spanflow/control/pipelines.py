@@ -180,22 +180,30 @@ def _refused_fragments(
     except PlanError as exc:
         raise Invalid("unplaceable", f"pipeline {spec.name!r} cannot be placed: {exc}") from None
     old = {f.id: f for f in record.fragments if not f.replica}
+    sinks = {f.id: {s.id for s in f.spec.sinks()} for f in planned}
     out = []
     for fragment in planned:
         before = old.get(fragment.id)
         if before is not None:
             out += check_upgrade(before.spec, fragment.spec).refused
-        out += _moved_queries(old, fragment)
+        out += _moved_queries(old, fragment, sinks)
     return out
 
 
-def _moved_queries(old: Mapping[str, Fragment], fragment: Fragment) -> list[StepUpgrade]:
-    """Sinks whose stateful query another fragment of the old version ran: its state is
-    in that fragment's checkpoint, which this one does not start from."""
+def _moved_queries(
+    old: Mapping[str, Fragment], fragment: Fragment, planned: Mapping[str, set[str]]
+) -> list[StepUpgrade]:
+    """Sinks whose stateful query another fragment of the old version ran and no longer
+    runs: its state is in that fragment's checkpoint, which this one does not start
+    from. (Each site's local fragment runs a query of the same sink id on a checkpoint
+    of its own: a sink another site's fragment keeps running has not moved.)
+    ``planned``: fragment id → its sinks' ids in the new plan."""
     out = []
     for sink in fragment.spec.sinks():
         for was in old.values():
             if was.id == fragment.id or sink.id not in {s.id for s in was.spec.sinks()}:
+                continue
+            if sink.id in planned.get(was.id, set()):
                 continue
             out += [
                 StepUpgrade(

@@ -132,3 +132,48 @@ def test_taking_a_new_site_in_adds_its_local_part_changes_the_global_and_keeps_t
     assert [f.id for f in change.changed] == ["p1.global"]
     assert set(change.changed[0].input_sites) == {"edge-a", "edge-c", "edge-d"}
     assert sorted(change.kept) == ["p1.at-edge-a", "p1.at-edge-c"] and change.removed == []
+
+
+def _three_running() -> Cluster:
+    """p1 placed on edge-a and edge-c with its global part in the cloud, all running."""
+    cluster = Cluster()
+    cluster.c.decide(lambda tx: registry.merge_topology(tx, load_topology_text(SITE_C)))
+    for node, site in (("a1", "edge-a"), ("c3", "edge-c"), ("c1", "cloud")):
+        cluster.register(node, site)
+    _placed(cluster)
+    by_node: dict[str, dict[str, str]] = {}
+    for fid, a in cluster.state.assignments.items():  # beat() reads "__" as "."
+        by_node.setdefault(a.node, {})[fid.replace(".", "__")] = "running"
+    for node, fragments in by_node.items():
+        cluster.beat(node, **fragments)
+    assert cluster.state.pipelines["p1"].state == PipelineState.RUNNING
+    return cluster
+
+
+def _follow(cluster: Cluster) -> dict[str, str]:
+    out: dict[str, dict[str, str]] = {}
+    cluster.c.decide(lambda tx: out.update(done=pipelines.follow_sites(tx, "/tmp/sp")))
+    return out["done"]
+
+
+def test_a_site_joining_a_running_pipeline_upgrades_it_to_its_own_plan() -> None:
+    cluster = _three_running()
+    assert _follow(cluster) == {}  # the plan covers the topology
+    cluster.c.decide(lambda tx: registry.merge_topology(tx, load_topology_text(SITE_D)))
+    assert _follow(cluster) == {"p1": "site edge-d joined: upgrading"}
+    record = cluster.state.pipelines["p1"]
+    assert record.upgrade == record.spec  # the same version, planned again
+    (asked,) = [e for e in cluster.c.log if e.kind == "pipeline-upgrade"]
+    assert asked.because == "site edge-d joined"
+    added = {(s["sink"], s["verdict"]) for s in asked.steps if s["verdict"] == "added"}
+    assert added and all(verdict == "added" for _, verdict in added)
+    assert _follow(cluster) == {}  # asked once: the upgrade is pending
+
+
+def test_a_pipeline_placed_before_sources_were_named_is_not_followed() -> None:
+    cluster = _three_running()
+    cluster.c.decide(lambda tx: registry.merge_topology(tx, load_topology_text(SITE_D)))
+    old = cluster.state.pipelines["p1"].model_copy(update={"named_sources": False})
+    cluster.state.pipelines["p1"] = old
+    assert "resubmit" in _follow(cluster)["p1"]
+    assert cluster.state.pipelines["p1"].upgrade is None

@@ -17,6 +17,7 @@ from py4j.protocol import Py4JJavaError
 from spanflow.nats import EmbeddedNats
 from spanflow.nats.streams import connect
 from spanflow.spark import checkpoint_store
+from spanflow.spark.source_names import offset_log_version
 
 CHUNK = 64 * 1024
 
@@ -133,6 +134,13 @@ def test_small_files_and_directories_are_seen_through_every_scheme(spark, store,
         assert checkpoint_store.exists(spark, f"{root}/q/offsets")  # a directory
         checkpoint_store.write_text(spark, file, '{"name": "ü"}')  # replaced
         assert checkpoint_store.read_text(spark, file) == '{"name": "ü"}'
+        # how the query keeps its offsets: the newest entry's first line (batch 10 > 9)
+        assert offset_log_version(spark, f"{root}/q") == "v1"
+        checkpoint_store.write_text(spark, f"{root}/q/offsets/9", "v1\n{}")
+        checkpoint_store.write_text(spark, f"{root}/q/offsets/10", "v2\n{}\nfrom_a:{}")
+        assert checkpoint_store.names(spark, f"{root}/q/offsets") == ["0", "10", "9"]
+        assert offset_log_version(spark, f"{root}/q") == "v2"
+        assert offset_log_version(spark, f"{root}/new") is None
 
 
 def _stream_messages(url: str, stream: str) -> dict[str, int]:

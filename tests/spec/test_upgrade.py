@@ -6,7 +6,13 @@ import pytest
 
 import spanflow as sf
 from spanflow.spec.pipeline import PipelineSpec
-from spanflow.spec.upgrade import UpgradeRefused, Verdict, check_upgrade, stateful_steps
+from spanflow.spec.upgrade import (
+    UpgradeRefused,
+    Verdict,
+    can_name_sources,
+    check_upgrade,
+    stateful_steps,
+)
 
 SCHEMA = {"device": "string", "ts": "timestamp", "t": "double", "p": "double"}
 HOT = sf.Pattern.begin("hot").where("t > 80").followed_by("drop").where("p < 2").within("30s")
@@ -158,3 +164,69 @@ def test_a_stateful_query_switched_to_real_time_is_refused():
 
     (step,) = check_upgrade(spec("microbatch"), spec("realtime")).refused
     assert "ran in microbatch mode and would run in realtime mode" in step.detail
+
+
+def _sites(*sites: str) -> PipelineSpec:
+    """A global fragment's shape: one source per site, a union, a window per device."""
+    flow = sf.Pipeline("plant")
+    sources = [
+        flow.source("CUT", schema=SCHEMA, key="device", event_time="ts", id=f"from_{s}")
+        for s in sites
+    ]
+    merged = sources[0].union(*sources[1:]) if len(sources) > 1 else sources[0]
+    windows = merged.key_by("device").window(tumbling="10s").aggregate(n="count", id="per_10s")
+    return windows.sink_jetstream("W", subject="w", id="windows_out").spec()
+
+
+def test_a_query_keeping_offsets_by_name_takes_a_new_site_in_and_keeps_its_windows():
+    report = check_upgrade(_sites("a", "b"), _sites("a", "b", "c"), named={"windows_out"})
+    assert report.ok
+    verdicts = {(s.step, s.verdict) for s in report.steps}
+    assert verdicts == {("from_c", Verdict.ADDED), ("per_10s", Verdict.KEPT)}
+
+
+def test_a_query_keeping_offsets_by_name_lets_a_site_go():
+    report = check_upgrade(_sites("a", "b", "c"), _sites("a", "c"), named={"windows_out"})
+    assert {(s.step, s.verdict) for s in report.steps} == {
+        ("from_b", Verdict.DROPPED),
+        ("per_10s", Verdict.KEPT),
+    }
+
+
+def test_a_query_keeping_offsets_by_position_cannot_take_a_new_source():
+    (step,) = check_upgrade(_sites("a", "b"), _sites("a", "b", "c")).refused
+    assert step.step == "per_10s"
+    assert "by position" in step.detail and "start the pipeline anew once" in step.detail
+
+
+def test_a_named_source_reading_another_stream_is_still_refused():
+    def spec(stream: str) -> PipelineSpec:
+        src = sf.Pipeline("p").source(stream, schema=SCHEMA, key="device", id="readings")
+        return src.detect_anomalies("t", id="scored").sink_jetstream("S", subject="s").spec()
+
+    (step,) = check_upgrade(spec("IN"), spec("OTHER"), named={"sink"}).refused
+    assert "source 'readings': stream 'IN' → 'OTHER'" in step.detail
+
+
+def _two_paths() -> PipelineSpec:
+    """One source read by two branches that meet again (the seed format's forward)."""
+    src = sf.Pipeline("p").source("IN", schema=SCHEMA, key="device", id="readings")
+    hot, cold = src.filter("t > 30", id="hot"), src.filter("t < 0", id="cold")
+    windows = hot.union(cold).window(tumbling="10s").aggregate(n="count", id="per_10s")
+    return windows.sink_jetstream("W", subject="w", id="windows_out").spec()
+
+
+def test_a_query_reading_a_source_by_two_paths_cannot_name_it():
+    assert can_name_sources(_sites("a", "b"), "windows_out")
+    assert not can_name_sources(_two_paths(), "windows_out")
+    realtime = sf.Pipeline("p", mode="realtime").source("IN", schema=SCHEMA, id="readings")
+    assert not can_name_sources(realtime.sink_jetstream("S", subject="s").spec(), "sink")
+
+
+def test_a_query_keeping_offsets_by_name_cannot_grow_a_second_path_to_a_source():
+    one = sf.Pipeline("p").source("IN", schema=SCHEMA, key="device", id="readings")
+    windows = one.window(tumbling="10s").aggregate(n="count", id="per_10s")
+    old = windows.sink_jetstream("W", subject="w", id="windows_out").spec()
+    (step,) = check_upgrade(old, _two_paths(), named={"windows_out"}).refused
+    assert step.step == "per_10s" and "by two paths" in step.detail
+    assert check_upgrade(old, _two_paths()).ok  # by position: same sources, same windows

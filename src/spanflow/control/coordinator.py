@@ -113,6 +113,8 @@ class Coordinator:
         self.control_log: ControlLog | None = None
         self.started_at = self.clock.monotonic()
         self._next_rebalance = self.started_at + self.settings.rebalance_interval
+        self._followed: dict[str, str] = {}
+        """Pipeline → what following the sites last did (logged when it changes)."""
         self.recovered_records = 0
         self._leases: KeyValue | None = None
         self.lease_seconds = settings.lease_seconds or leadership.SINGLE_SERVER_LEASE
@@ -410,6 +412,14 @@ class Coordinator:
             await self._commit(tx)
             return result
 
+    def _tell_new(self, followed: dict[str, str]) -> None:
+        """Log what following the sites did, once per pipeline and outcome (the
+        monitor pass asks every second)."""
+        for name, outcome in followed.items():
+            if self._followed.get(name) != outcome:
+                log.info("pipeline %s: %s", name, outcome)
+        self._followed = dict(followed)
+
     def _schedule(self, tx: Draft, exclude: list[str] | None = None) -> None:
         scheduler.schedule(tx, self.placer, self.settings, self.observed, exclude or ())
 
@@ -641,6 +651,13 @@ class Coordinator:
                 self.observed.unsettled -= set(settled)
             except Exception:
                 log.exception("monitor pass failed")
+            try:  # a decision of its own: a failure here never stops failure detection
+                self._tell_new(await self._decide(self._follow_sites))
+            except Exception:
+                log.exception("following the sites failed")
+
+    def _follow_sites(self, tx: Draft) -> dict[str, str]:
+        return pipelines.follow_sites(tx, self.settings.savepoint_root)
 
     def _check(self, tx: Draft) -> list[str]:
         now = self.clock.monotonic()

@@ -10,6 +10,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+from spanflow.control import fleet
 from spanflow.control import records as r
 from spanflow.control.errors import Conflict, Invalid, NotFound
 from spanflow.control.requests import Submission
@@ -27,6 +28,7 @@ from spanflow.spec.upgrade import (
     UpgradeRefused,
     UpgradeReport,
     Verdict,
+    can_name_sources,
     check_upgrade,
     stateful_steps,
 )
@@ -102,6 +104,7 @@ def submit(tx: Draft, sub: Submission, run_id: str) -> PipelineRecord:
         parallelism=sub.parallelism,
         submitted_at=tx.at,
         run_id=run_id,
+        named_sources=True,
     ).moved_to(PipelineState.CREATED, "submitted", tx.at)
     check_plannable(tx.state, record)
     tx.add(r.PipelineSubmitted, pipeline=record)
@@ -147,12 +150,13 @@ def savepoint(tx: Draft, name: str, savepoint_root: str) -> None:
     tx.add(r.SavepointStarted, pipeline=name, savepoint=target, fragment_dirs=dirs)
 
 
-def upgrade(tx: Draft, spec: PipelineSpec, savepoint_root: str) -> UpgradeReport:
+def upgrade(tx: Draft, spec: PipelineSpec, savepoint_root: str, because: str = "") -> UpgradeReport:
     """Start a new version of a running pipeline from the old one's state: check it
     step by step (:func:`spanflow.spec.upgrade.check_upgrade`, for the pipeline and for
     each fragment the old one runs), then take a savepoint; once every fragment has
     stopped at it, the new version starts from it (:func:`finish_upgrade`). A version
-    that cannot keep the state is refused with the reason per step, and nothing stops."""
+    that cannot keep the state is refused with the reason per step, and nothing stops.
+    ``because``: why, when the coordinator upgrades on its own (a site joined)."""
     name = spec.name
     record = pipeline(tx.state, name)
     if record.upgrade is not None:
@@ -161,33 +165,80 @@ def upgrade(tx: Draft, spec: PipelineSpec, savepoint_root: str) -> UpgradeReport
     if secrets:
         raise Invalid("inline_secret", f"pipeline {name!r} holds secrets in its spec: {secrets}")
     report = check_upgrade(record.spec, spec)
-    refused = list(dict.fromkeys(report.refused + _refused_fragments(tx.state, record, spec)))
+    by_fragment = _fragment_verdicts(tx.state, record, spec)
+    refused_here = [s for s in by_fragment if s.verdict == Verdict.REFUSED]
+    refused = list(dict.fromkeys(report.refused + refused_here))
     if refused:
         raise Conflict("upgrade_refused", str(UpgradeRefused(name, refused)))
     check_plannable(tx.state, record.model_copy(update={"spec": spec, "fragments": []}))
     savepoint(tx, name, savepoint_root)
-    tx.add(r.UpgradeRequested, pipeline=name, spec=spec, steps=report.to_json())
+    sources = [s for s in by_fragment if s.step not in {t.step for t in report.steps}]
+    steps = report.to_json() + UpgradeReport(tuple(sources)).to_json()
+    tx.add(r.UpgradeRequested, pipeline=name, spec=spec, steps=steps, because=because)
     return report
 
 
-def _refused_fragments(
+def follow_sites(tx: Draft, savepoint_root: str) -> dict[str, str]:
+    """Take the sites that joined the topology into the running pipelines that read
+    there: each running pipeline whose queries keep offsets by source name, and whose
+    plan today has a site more, is upgraded to its own spec re-planned — the new site's
+    fragment starts empty, the global fragment goes on from its savepoint reading one
+    site more, every other fragment from its own. Returns pipeline → what happened
+    (``site edge-c joined: upgrading``, or why it is not followed).
+
+    Not followed: a site that left (its fragment's last readings would go unread;
+    ``sites_behind.left`` says so), a pipeline placed before sources were named (its
+    global query cannot take a source in: resubmit it), and a change whose state cannot
+    be carried over (one site becoming two moves the windows into a new global
+    fragment)."""
+    out: dict[str, str] = {}
+    for record in list(tx.state.pipelines.values()):
+        if record.state != PipelineState.RUNNING or record.upgrade is not None:
+            continue
+        behind = fleet.sites_behind(tx.state, record)
+        if behind is None or not behind.joined:
+            continue
+        because = f"site {', '.join(behind.joined)} joined"
+        if behind.left:
+            out[record.name] = f"{because}, {', '.join(behind.left)} left: not followed"
+        elif not record.named_sources:
+            out[record.name] = f"{because}: placed before sources were named; resubmit it"
+        else:
+            try:
+                upgrade(tx, record.spec, savepoint_root, because=because)
+            except (Conflict, Invalid) as exc:
+                out[record.name] = f"{because}: not followed: {exc}"
+            else:
+                out[record.name] = f"{because}: upgrading"
+    return out
+
+
+def _fragment_verdicts(
     state: ClusterState, record: PipelineRecord, spec: PipelineSpec
 ) -> list[StepUpgrade]:
     """Each running fragment against the one the new version plans under its id (the
-    planner's own steps included: a site's partial aggregate, a bridge)."""
+    planner's own steps included: a site's partial aggregate, a bridge, a per-site
+    source of a global fragment, which a pipeline with named sources may gain)."""
     try:
         planned = compile_fragments(spec, state.full_topology(), record.parallelism).fragments
     except PlanError as exc:
         raise Invalid("unplaceable", f"pipeline {spec.name!r} cannot be placed: {exc}") from None
     old = {f.id: f for f in record.fragments if not f.replica}
     sinks = {f.id: {s.id for s in f.spec.sinks()} for f in planned}
-    out = []
+    out: list[StepUpgrade] = []
     for fragment in planned:
         before = old.get(fragment.id)
         if before is not None:
-            out += check_upgrade(before.spec, fragment.spec).refused
+            named = _named_queries(before.spec) if record.named_sources else set()
+            out += check_upgrade(before.spec, fragment.spec, named=named).steps
         out += _moved_queries(old, fragment, sinks)
     return out
+
+
+def _named_queries(spec: PipelineSpec) -> set[str]:
+    """The sinks of a fragment placed with named sources whose queries keep offsets by
+    name (the runner names a query's sources only where Spark can)."""
+    return {s.id for s in spec.sinks() if can_name_sources(spec, s.id)}
 
 
 def _moved_queries(

@@ -187,6 +187,9 @@ class UpgradeRequested(_Record):
     steps: list[dict[str, str]] = Field(
         default_factory=list, description="Each stateful step's verdict (spec.upgrade)."
     )
+    because: str = Field(
+        default="", description="Why, when the coordinator upgraded on its own (a site joined)."
+    )
 
 
 class PipelineUpgraded(_Record):

@@ -126,6 +126,17 @@ def read_text(spark: SparkSession, location: str) -> str | None:
         stream.close()
 
 
+def names(spark: SparkSession, location: str) -> list[str]:
+    """The names of the entries of a directory (none when it is missing)."""
+    if not locations.is_url(location):
+        folder = Path(location)
+        return sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
+    path, fs = _file_system(spark, location)
+    if not fs.exists(path):
+        return []
+    return sorted(str(s.getPath().getName()) for s in fs.listStatus(path))
+
+
 def _hadoop_location(location: str) -> str:
     return location if locations.is_url(location) else Path(location).resolve().as_uri()
 

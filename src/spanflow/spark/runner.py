@@ -27,7 +27,14 @@ from spanflow.nats.batch_plan import plan_key
 from spanflow.nats.fences import Fence, Fenced, check, claim, fences
 from spanflow.nats.streams import SyncNats, ensure_source_streams, ensure_stream, stream_usage
 from spanflow.protocol.metrics import StreamUsage
-from spanflow.spark import checkpoint_store, connectors, progress, source_starts, versions
+from spanflow.spark import (
+    checkpoint_store,
+    connectors,
+    progress,
+    source_names,
+    source_starts,
+    versions,
+)
 from spanflow.spark.compile.pipeline import CompiledSink, compile_pipeline
 from spanflow.spark.compile.udf import UserFunction
 from spanflow.spark.connectors import BatchWriter, Output, RowsCallback, SinkContext
@@ -42,6 +49,7 @@ from spanflow.spec.pipeline import PipelineSpec
 from spanflow.spec.retention import DEFAULT_RETENTION, Retention
 from spanflow.spec.steps.io import SinkStep
 from spanflow.spec.steps.joins import EnrichStep
+from spanflow.spec.upgrade import can_name_sources
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +94,9 @@ class _Supervised:
     live: realtime.LiveRead | None = None
     """A real-time query's reading its rates are measured from (renewed each second)."""
     live_rates: tuple[float, float] = (0.0, 0.0)
+    named: bool = False
+    """Whether the query names its sources (its checkpoint keeps offsets by name, so a
+    new version may add or drop sources: :mod:`spanflow.spark.source_names`)."""
 
 
 HEALTHY_RUN_S = 60.0
@@ -195,11 +206,11 @@ class PipelineRunner:
         for sink_id in first + rest:
             self._queries[sink_id] = _Supervised(sink_id)
         try:
-            compiled = self._compile_checked(first or rest, sources=True)
             if locations.scheme(self.checkpoint_dir) == locations.JETSTREAM:
-                checkpoint_store.configure(
+                checkpoint_store.configure(  # before the compile reads the offset logs
                     self.spark, self.nats_url, domain=self.domain, replicas=self.retention.replicas
                 )
+            compiled = self._compile_checked(first or rest, sources=True)
             versions.checked_upgrade(self.spark, self.checkpoint_dir, self.spec)
             self._client = SyncNats(self.nats_url)
             self._ensure_streams()
@@ -335,34 +346,42 @@ class PipelineRunner:
         (and anew on every restart): see :func:`register_isolated`. A real-time sink
         reads through the JVM source instead (JetStream's Real-Time Mode)."""
         if self._realtime(sup.sink_id):
-            plans = compile_pipeline(
-                self.spark,
-                self.spec,
-                nats_url=self.nats_url,
-                functions=self.functions,
-                source_format=realtime.SOURCE_FORMAT,
-                plan=self.plan,
-                realtime=True,
-                sinks=[sup.sink_id],
-            )
+            sup.named = False  # Real-Time Mode keeps its offsets by position
+            with source_names.evolution(self.spark, enabled=False):
+                plans = compile_pipeline(
+                    self.spark,
+                    self.spec,
+                    nats_url=self.nats_url,
+                    functions=self.functions,
+                    source_format=realtime.SOURCE_FORMAT,
+                    plan=self.plan,
+                    realtime=True,
+                    sinks=[sup.sink_id],
+                )
             return next(c for c in plans if c.sink.id == sup.sink_id)
         token = re.sub(r"[^A-Za-z0-9]", "_", f"{self.spec.instance}_{sup.sink_id}")
         fmt = register_isolated(self.spark, f"spanflow_js_{token}_{sup.restarts}")
         if sup.slot is None:
             sup.slot = self.slots.take()
         interval = self.spec.trigger_of(self._sink(sup.sink_id))
-        plans = compile_pipeline(
-            self.spark,
-            self.spec,
-            nats_url=self.nats_url,
-            functions=self.functions,
-            source_format=fmt,
-            plan=self.plan,
-            slot=(phase_ms(sup.slot, interval), round(interval * 1000)),
-            sinks=[sup.sink_id],
-            batch_plan=plan_key(self.batch_plan, sup.sink_id) if self.batch_plan else None,
-            checkpoint=locations.join(self.checkpoint_dir, sup.sink_id),
+        checkpoint = locations.join(self.checkpoint_dir, sup.sink_id)
+        sup.named = can_name_sources(self.spec, sup.sink_id) and source_names.names_sources(
+            self.spark, checkpoint
         )
+        with source_names.evolution(self.spark, enabled=sup.named):
+            plans = compile_pipeline(
+                self.spark,
+                self.spec,
+                nats_url=self.nats_url,
+                functions=self.functions,
+                source_format=fmt,
+                plan=self.plan,
+                slot=(phase_ms(sup.slot, interval), round(interval * 1000)),
+                sinks=[sup.sink_id],
+                batch_plan=plan_key(self.batch_plan, sup.sink_id) if self.batch_plan else None,
+                checkpoint=checkpoint,
+                named_sources=sup.named,
+            )
         return next(c for c in plans if c.sink.id == sup.sink_id)
 
     def _sink(self, sink_id: str) -> SinkStep:
@@ -385,7 +404,8 @@ class PipelineRunner:
         name = f"{self.spec.instance}.{sink.id}"
         self._set_local_properties()
         if self._realtime(sink.id):
-            sup.query = connectors.realtime_start(sink)(context, df, name)
+            with source_names.evolution(self.spark, enabled=False):
+                sup.query = connectors.realtime_start(sink)(context, df, name)
             log.info("started %s in real time, checkpoint %s", name, context.checkpoint)
             return
         batch_writer = connectors.writer(sink)(context, sink.id, sink.options)
@@ -400,7 +420,10 @@ class PipelineRunner:
             .trigger(processingTime=self._trigger_interval(sink))
         )
         source_starts.wait_until_quiet()  # one reader process starting at a time
-        with self._no_data_batches(enabled=self.batch_plan is None):
+        with (
+            self._no_data_batches(enabled=self.batch_plan is None),
+            source_names.evolution(self.spark, enabled=sup.named),
+        ):
             sup.query = batch_writer.attach(writer).start()
         source_starts.started(sup.query)
         log.info("started %s (%s mode) checkpoint %s", name, mode, context.checkpoint)

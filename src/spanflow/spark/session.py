@@ -176,27 +176,30 @@ def rehearse_streaming(spark: SparkSession) -> None:
     4.4 → 1.8 s). The class archive's warm-up (``class_archive``) runs it too."""
     from pyspark.sql import functions as F
 
+    from spanflow.spark.source_names import evolution
+
     with tempfile.TemporaryDirectory(prefix="spanflow-rehearsal-") as work:
         data = Path(work) / "in"
         data.mkdir()
         (data / "a.json").write_text(
             "\n".join(json.dumps({"k": f"d{i % 5}", "v": i, "ts": i}) for i in range(100))
         )
-        stream = (
-            spark.readStream.schema("k string, v long, ts long")
-            .json(str(data))
-            .withColumn("t", F.timestamp_seconds("ts"))
-            .withWatermark("t", "10 seconds")
-            .groupBy("k", F.window("t", "10 seconds"))
-            .count()
-        )
-        query = (
-            stream.writeStream.outputMode("update")
-            .option("checkpointLocation", str(Path(work) / "checkpoint"))
-            .trigger(availableNow=True)
-            .foreachBatch(_collect)
-            .start()
-        )
+        with evolution(spark, enabled=False):  # an unnamed source, as it reads a folder
+            stream = (
+                spark.readStream.schema("k string, v long, ts long")
+                .json(str(data))
+                .withColumn("t", F.timestamp_seconds("ts"))
+                .withWatermark("t", "10 seconds")
+                .groupBy("k", F.window("t", "10 seconds"))
+                .count()
+            )
+            query = (
+                stream.writeStream.outputMode("update")
+                .option("checkpointLocation", str(Path(work) / "checkpoint"))
+                .trigger(availableNow=True)
+                .foreachBatch(_collect)
+                .start()
+            )
         query.awaitTermination(120)
 
 

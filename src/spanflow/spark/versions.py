@@ -16,7 +16,7 @@ import logging
 import orjson
 from pyspark.sql import SparkSession
 
-from spanflow.spark import checkpoint_store
+from spanflow.spark import checkpoint_store, source_names
 from spanflow.spec import locations
 from spanflow.spec.pipeline import PipelineSpec
 from spanflow.spec.upgrade import StepUpgrade, UpgradeReport, check_upgrade
@@ -39,7 +39,11 @@ def checked_upgrade(spark: SparkSession, checkpoint_dir: str, spec: PipelineSpec
         old = _stored(spark, where)
         if old is None:
             continue
-        report = check_upgrade(old, new, running={sink.id})
+        version = source_names.offset_log_version(spark, where)
+        if version is None:
+            continue  # never planned a batch: no offsets, no state
+        named = {sink.id} if version == source_names.NAMED_LOG else set()
+        report = check_upgrade(old, new, running={sink.id}, named=named)
         steps += [s for s in report.steps if s.sink == sink.id]
     report = UpgradeReport(tuple(steps))
     report.raise_if_refused(spec.instance)

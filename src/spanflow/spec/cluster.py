@@ -222,6 +222,11 @@ class PipelineRecord(BaseModel):
     fragments: list[Fragment] = Field(
         default_factory=list, description="The current plan's fragments (empty until planned)."
     )
+    named_sources: bool = Field(
+        default=False,
+        description="Its queries keep their offsets by source name (placed by a release "
+        "that names sources): a site that joins is taken into its running plan.",
+    )
     rebaselines: dict[str, dict[str, int]] = Field(
         default_factory=dict,
         description="detect_anomalies step id → key (or '*': every key) → the generation "

@@ -13,6 +13,12 @@ keeps one offset per source of the query. So, per sink:
   steps, with the same state shape (window size, aggregates, key, ...), fed by the same
   stateful steps. Anything else is ``refused``, with the reason per step: Spark would
   either fail at restart or restore one step's state into another.
+* a query whose checkpoint keeps its offsets by source name (``named``: see
+  :mod:`spanflow.spark.source_names`) may also read sources more or fewer: a source
+  added reads from its own start (``added``), a source removed is forgotten
+  (``dropped``) — what a global fragment needs when a site joins or leaves. A query
+  keeps offsets by name only when it reads each source by one path
+  (:func:`can_name_sources`): Spark refuses one name twice in a plan.
 
 The verdicts are matched by step id: a step renamed is a step removed and another added.
 """
@@ -101,11 +107,42 @@ class UpgradeRefused(SpanflowError):
         )
 
 
+def can_name_sources(spec: PipelineSpec, sink: str) -> bool:
+    """Whether the query of ``sink`` can keep its offsets by source name: it runs in
+    micro-batches (Real-Time Mode keeps them by position), and no step on its paths
+    feeds two steps of it — a source read by two paths (a forward to two branches that
+    meet again) is two relations of one name in Spark's plan, which Spark refuses
+    (``DUPLICATE_SOURCE_NAMES``).
+
+    >>> s = PipelineSpec.model_validate({"name": "p", "steps": [
+    ...   {"id": "in", "type": "source", "stream": "S", "schema": {"x": "long"}},
+    ...   {"id": "a", "type": "filter", "inputs": ["in"], "where": "x > 0"},
+    ...   {"id": "b", "type": "filter", "inputs": ["in"], "where": "x < 0"},
+    ...   {"id": "u", "type": "union", "inputs": ["a", "b"]},
+    ...   {"id": "out", "type": "sink", "connector": "console", "inputs": ["u"]}]})
+    >>> can_name_sources(s, "out")
+    False
+    """
+    core = spec.expanded()
+    query = next((s for s in core.sinks() if s.id == sink), None)
+    if query is None or core.mode_of(query) != "microbatch":
+        return False
+    consumers: dict[str, int] = {}
+    for step in core.path_to(sink):
+        for up in step.inputs:
+            consumers[up] = consumers.get(up, 0) + 1
+    return all(n == 1 for n in consumers.values())
+
+
 def check_upgrade(
-    old: PipelineSpec, new: PipelineSpec, running: Collection[str] | None = None
+    old: PipelineSpec,
+    new: PipelineSpec,
+    running: Collection[str] | None = None,
+    named: Collection[str] = (),
 ) -> UpgradeReport:
     """The verdict on every stateful step of ``new`` and ``old``, sink by sink.
-    ``running``: only these sinks of ``old`` have state (default: all of them)."""
+    ``running``: only these sinks of ``old`` have state (default: all of them).
+    ``named``: the sinks whose checkpoints keep offsets by source name."""
     old_core, new_core = old.expanded(), new.expanded()
     old_sinks = {s.id for s in old_core.sinks()}
     if running is not None:
@@ -118,7 +155,7 @@ def check_upgrade(
                 StepUpgrade(sink.id, s, Verdict.ADDED, "a new query") for s in new_query.stateful
             ]
             continue
-        out += _compare(sink.id, _Query.of(old_core, sink.id), new_query)
+        out += _compare(sink.id, _Query.of(old_core, sink.id), new_query, sink.id in named)
     for gone in sorted(old_sinks - {s.id for s in new_core.sinks()}):
         for step in _Query.of(old_core, gone).stateful:
             out.append(StepUpgrade(gone, step, Verdict.DROPPED, "its sink is gone"))
@@ -145,6 +182,8 @@ class _Query:
     """Stateful step id → its fields that may change (its ``upgrade_free``)."""
     mode: str
     """``microbatch`` or ``realtime``: how the query runs."""
+    nameable: bool
+    """Whether it can keep its offsets by source name (:func:`can_name_sources`)."""
 
     @staticmethod
     def of(core: PipelineSpec, sink: str) -> _Query:
@@ -163,7 +202,7 @@ class _Query:
             for sid in stateful
         }
         mode = core.mode_of(next(s for s in core.sinks() if s.id == sink))
-        return _Query(sources, stateful, feeds, free, mode)
+        return _Query(sources, stateful, feeds, free, mode, can_name_sources(core, sink))
 
 
 def _shape(step: StepBase, facts: dict[str, Any]) -> dict[str, Any]:
@@ -187,12 +226,19 @@ def _stateful_above(by_id: dict[str, StepBase], step_id: str) -> set[str]:
     return found
 
 
-def _compare(sink: str, old: _Query, new: _Query) -> list[StepUpgrade]:
-    problem = _query_problem(old, new)
+def _compare(sink: str, old: _Query, new: _Query, named: bool) -> list[StepUpgrade]:
+    problem = _query_problem(old, new, named)
     if problem is not None:
         steps = sorted(set(old.stateful) | set(new.stateful)) or [sink]
         return [StepUpgrade(sink, s, Verdict.REFUSED, problem) for s in steps]
-    out = []
+    out = [
+        StepUpgrade(sink, s, Verdict.ADDED, "a new source: reads from its own start")
+        for s in sorted(set(new.sources) - set(old.sources))
+    ]
+    out += [
+        StepUpgrade(sink, s, Verdict.DROPPED, "a source no longer read: its offsets go")
+        for s in sorted(set(old.sources) - set(new.sources))
+    ]
     for sid, shape in new.stateful.items():
         before = old.stateful[sid]
         changed = _differences(before, shape)
@@ -217,19 +263,30 @@ def _compare(sink: str, old: _Query, new: _Query) -> list[StepUpgrade]:
     return out
 
 
-def _query_problem(old: _Query, new: _Query) -> str | None:
+def _query_problem(old: _Query, new: _Query, named: bool) -> str | None:
     """Why the query's checkpoint cannot resume at all (sources or stateful steps)."""
     if old.mode != new.mode and (old.stateful or new.stateful):
         return (
             f"the query ran in {old.mode} mode and would run in {new.mode} mode: its state "
             "is kept in another form"
         )
-    if set(old.sources) != set(new.sources):
+    if named and not new.nameable:
+        return (
+            "the query keeps its offsets by source name and would read a source by two "
+            "paths (or in Real-Time Mode), which Spark cannot name: keep one path from "
+            "each source to the sink, or start the pipeline anew"
+        )
+    if set(old.sources) != set(new.sources) and not named:
         return (
             f"the query read the sources {sorted(old.sources)} and would read "
-            f"{sorted(new.sources)}: Spark keeps one offset per source of a query"
+            f"{sorted(new.sources)}: Spark keeps one offset per source of a query, and "
+            "this checkpoint keeps them by position (written before spanflow named "
+            "sources, or in Real-Time Mode); start the pipeline anew once to keep them "
+            "by name"
         )
     for sid, shape in new.sources.items():
+        if sid not in old.sources:
+            continue
         changed = _differences(old.sources[sid], shape)
         if changed:
             return f"source {sid!r}: {changed}: its stored offsets belong to the old one"

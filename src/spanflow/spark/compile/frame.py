@@ -57,6 +57,9 @@ class CompileContext:
     there, to dead-letter late records (:mod:`spanflow.spec.lateness`)."""
     late_rules: Mapping[str, tuple[LateRule, ...]] = field(default_factory=dict)
     """Source id → the windows its records reach (:func:`spanflow.spec.lateness.late_rules`)."""
+    named_sources: bool = False
+    """Whether sources are named after their steps (offsets kept by name in the
+    checkpoint: :mod:`spanflow.spark.source_names`)."""
 
 
 REALTIME_ID_COLUMNS = ("_seq", "_updates")

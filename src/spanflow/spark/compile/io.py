@@ -13,6 +13,7 @@ from spanflow.spark.compile.frame import CompileContext, Frame, with_watermark
 from spanflow.spark.compile.registry import compiles
 from spanflow.spark.connectors import SourceContext
 from spanflow.spark.formats import ProtobufReader, spark_ddl
+from spanflow.spark.source_names import source_name
 from spanflow.spec.pipeline import PipelineSpec
 from spanflow.spec.steps.io import SourceStep
 
@@ -44,6 +45,7 @@ def compile_source(
         batch_plan=ctx.batch_plan,
         checkpoint=ctx.checkpoint,
         late_rules=ctx.late_rules.get(step.id, ()),
+        source_name=source_name(step.id) if ctx.named_sources else None,
     )
     df = connectors.reader(step)(source, step)
     frame = Frame(df, key=(step.key,) if step.key else ())

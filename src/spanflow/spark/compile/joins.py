@@ -26,6 +26,7 @@ from spanflow.spark.compile.registry import compiles
 from spanflow.spark.connectors import SourceContext
 from spanflow.spark.connectors.jetstream.source import source_options
 from spanflow.spark.formats import spark_ddl
+from spanflow.spark.source_names import source_name
 from spanflow.spec.pipeline import PipelineSpec
 from spanflow.spec.schema import StreamFormat
 from spanflow.spec.steps.io import SourceStep
@@ -163,6 +164,7 @@ def _enrich_live(
         data_source=ctx.source_format,
         slot=ctx.slot,
         batch_plan=ctx.batch_plan,
+        source_name=source_name(f"{step.id}__changes") if ctx.named_sources else None,
     )
     options = {
         **source_options(source, changelog),
@@ -171,7 +173,7 @@ def _enrich_live(
         "phase_ms": str(ctx.slot[0]),
         "interval_ms": str(ctx.slot[1]),
     }
-    changes = ctx.spark.readStream.format(ctx.source_format).options(**options).load()
+    changes = source.reader().format(ctx.source_format).options(**options).load()
     event_struct = frame.df.schema
     entry_struct = StructType([f for f in changes.schema.fields if f.name in table_fields])
     events = frame.df.select(

@@ -48,6 +48,7 @@ def compile_pipeline(
     sinks: Collection[str] | None = None,
     batch_plan: str | None = None,
     checkpoint: str | None = None,
+    named_sources: bool = False,
 ) -> list[CompiledSink]:
     """One streaming DataFrame per sink (each becomes its own query).
 
@@ -57,6 +58,8 @@ def compile_pipeline(
     no more). ``batch_plan``: where the sources agree their batches with the query's
     replicas (:mod:`spanflow.nats.batch_plan`). ``checkpoint``: the query's, where its
     sources read the watermark that makes a record late (one sink's query only).
+    ``named_sources``: each source is named after its step, so the query's checkpoint
+    keeps offsets by name (:mod:`spanflow.spark.source_names`).
     """
     core = spec.expanded()
     steps = list(core.topological())
@@ -75,6 +78,7 @@ def compile_pipeline(
         batch_plan,
         checkpoint,
         late_rules(core, wanted) if checkpoint and not realtime else {},
+        named_sources,
     )
     frames = _compile_frames(ctx, core, steps)
     out: list[CompiledSink] = []

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql.streaming import DataStreamWriter, StreamingQuery
+from pyspark.sql.streaming import DataStreamReader, DataStreamWriter, StreamingQuery
 from pyspark.sql.types import StructType
 
 from spanflow.errors import CompileError
@@ -58,6 +58,14 @@ class SourceContext:
     late_rules: tuple[LateRule, ...] = ()
     """The windows this source's records reach, when a record late for all of them is
     dead-lettered (:mod:`spanflow.spec.lateness`); empty: Spark drops late records."""
+    source_name: str | None = None
+    """The name the query's checkpoint keeps this source's offsets under
+    (:mod:`spanflow.spark.source_names`); None: by position, as before."""
+
+    def reader(self) -> DataStreamReader:
+        """``spark.readStream``, named as the checkpoint keeps this source."""
+        reader = self.spark.readStream
+        return reader.name(self.source_name) if self.source_name else reader
 
 
 @dataclass

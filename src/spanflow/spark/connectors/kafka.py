@@ -142,7 +142,7 @@ def read_kafka(ctx: SourceContext, step: SourceStep) -> DataFrame:
         {"name": classmethod(lambda c: name)},
     )
     ctx.spark.dataSource.register(cls)
-    return ctx.spark.readStream.format(name).options(**settings).load()
+    return ctx.reader().format(name).options(**settings).load()
 
 
 def _reader_options(
@@ -192,7 +192,8 @@ def _read_with_spark_connector(
             step.id, f"Spark's Kafka connector is missing ({reason}); or set reader: python"
         )
     reader = (
-        ctx.spark.readStream.format("kafka")
+        ctx.reader()
+        .format("kafka")
         .option("kafka.bootstrap.servers", options.bootstrap)
         .option("subscribe", options.topic)
         .option("kafka.isolation.level", "read_committed")

@@ -118,7 +118,8 @@ def read_stream(ctx: SourceContext, step: SourceStep) -> DataFrame:
     query (``ctx.data_source``; the JVM's in Real-Time Mode), which reads the options
     of :func:`source_options`."""
     return (
-        ctx.spark.readStream.format(ctx.data_source)
+        ctx.reader()
+        .format(ctx.data_source)
         .options(**source_options(ctx, step))
         .option("phase_ms", str(ctx.slot[0]))
         .option("interval_ms", str(ctx.slot[1]))

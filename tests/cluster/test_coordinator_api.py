@@ -537,3 +537,32 @@ def test_an_upgrade_is_checked_step_by_step_before_anything_stops(api: TestClien
     assert (r.status_code, r.json()["code"]) == (409, "upgrade_pending")
     kinds = [e["kind"] for e in api.get("/api/v1/cluster/log", headers=AUTH).json()]
     assert kinds[-2:] == ["pipeline-savepoint", "pipeline-upgrade"]
+
+
+def test_a_node_declared_over_rest_with_the_stream_brings_its_site_into_the_plan(
+    api: TestClient,
+) -> None:
+    register(api, "a1", "edge-a")
+    register(api, "c1", "cloud")
+    gather = pipeline("gather").replace(
+        'subject: "out.gather"}', 'subject: "out.gather", at: cloud}'
+    )
+    assert api.post("/api/v1/pipelines", json={"yaml": gather}, headers=AUTH).status_code == 201
+    assert api.get("/api/v1/pipelines/gather", headers=AUTH).json()["sites_behind"] is None
+    node = {"name": "b1", "site": "edge-b", "streams": [{"name": "IN_A", "subjects": ["in.b.>"]}]}
+    r = api.put("/api/v1/topology/nodes", json=node, headers=AUTH)
+    assert r.status_code == 422 and "unknown site 'edge-b'" in r.json()["detail"]
+    r = api.put("/api/v1/topology/nodes", json={**node, "name": "a1"}, headers=AUTH)
+    assert r.status_code == 422  # the site is checked first: edge-b is still unknown
+
+    assert api.put("/api/v1/topology/sites", json={"name": "edge-b"}, headers=AUTH).is_success
+    link = {"between": ["edge-b", "cloud"], "latency": "40ms"}
+    assert api.put("/api/v1/topology/links", json=link, headers=AUTH).is_success
+    r = api.put("/api/v1/topology/nodes", json={**node, "name": "a1"}, headers=AUTH)
+    assert r.status_code == 409 and "belongs to site 'edge-a'" in r.json()["detail"]
+    r = api.put("/api/v1/topology/nodes", json=node, headers=AUTH)
+    assert r.status_code == 200, r.text
+    behind = api.get("/api/v1/pipelines/gather", headers=AUTH).json()["sites_behind"]
+    assert behind == {"joined": ["edge-b"], "left": [], "draining": []}
+    declared = [e for e in api.get("/api/v1/cluster/log", headers=AUTH).json()]
+    assert declared[-1]["kind"] == "node-declared"

@@ -77,7 +77,7 @@ from spanflow.security.secrets import assignment_signer, control_identity_from_e
 from spanflow.spec import locations
 from spanflow.spec.cluster import Assignment, NodeRecord, PipelineRecord, PipelineState
 from spanflow.spec.pipeline import PipelineSpec
-from spanflow.spec.topology import Capabilities, Link, Site, Topology
+from spanflow.spec.topology import Capabilities, Link, NodeSpec, Site, Topology
 from spanflow.spec.upgrade import UpgradeReport
 
 __all__ = ["Coordinator", "CoordinatorSettings", "Registration", "Submission"]
@@ -513,6 +513,11 @@ class Coordinator:
             lambda tx: registry.put_site(tx, site), f"site {site.name} changed"
         )
 
+    async def put_node(self, spec: NodeSpec) -> Topology:
+        return await self._change_topology(
+            lambda tx: registry.put_node(tx, spec), f"node {spec.name} declared"
+        )
+
     async def put_link(self, link: Link) -> Topology:
         return await self._change_topology(
             lambda tx: registry.put_link(tx, link), f"link {'-'.join(link.between)} changed"
@@ -657,7 +662,12 @@ class Coordinator:
                 log.exception("following the sites failed")
 
     def _follow_sites(self, tx: Draft) -> dict[str, str]:
-        return pipelines.follow_sites(tx, self.settings.savepoint_root)
+        return pipelines.follow_sites(tx, self.settings.savepoint_root, self._runtime_of)
+
+    def _runtime_of(self, fragment_id: str) -> FragmentRuntime | None:
+        """The latest report of the fragment's current assignment."""
+        a = self.state.assignments.get(fragment_id)
+        return self.observed.current(a) if a is not None else None
 
     def _check(self, tx: Draft) -> list[str]:
         now = self.clock.monotonic()

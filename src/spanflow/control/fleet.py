@@ -89,4 +89,6 @@ def sites_behind(state: ClusterState, record: PipelineRecord) -> SitesBehind | N
     planned, wanted = sites_of(record.fragments), sites_of(today)
     if planned == wanted:
         return None
-    return SitesBehind(joined=sorted(wanted - planned), left=sorted(planned - wanted))
+    left = sorted(planned - wanted)
+    draining = [s for s in left if s in record.draining]
+    return SitesBehind(joined=sorted(wanted - planned), left=left, draining=draining)

@@ -10,7 +10,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from spanflow.control import fleet
+from spanflow.control import drains, fleet
 from spanflow.control import records as r
 from spanflow.control.errors import Conflict, Invalid, NotFound
 from spanflow.control.requests import Submission
@@ -178,39 +178,78 @@ def upgrade(tx: Draft, spec: PipelineSpec, savepoint_root: str, because: str = "
     return report
 
 
-def follow_sites(tx: Draft, savepoint_root: str) -> dict[str, str]:
+def follow_sites(
+    tx: Draft, savepoint_root: str, runtime_of: drains.RuntimeOf = lambda _: None
+) -> dict[str, str]:
     """Take the sites that joined the topology into the running pipelines that read
-    there: each running pipeline whose queries keep offsets by source name, and whose
-    plan today has a site more, is upgraded to its own spec re-planned — the new site's
-    fragment starts empty, the global fragment goes on from its savepoint reading one
-    site more, every other fragment from its own. Returns pipeline → what happened
-    (``site edge-c joined: upgrading``, or why it is not followed).
+    there, and let the sites that left go: each running pipeline whose queries keep
+    offsets by source name, and whose plan today has a site more or less, is upgraded
+    to its own spec re-planned — a new site's fragment starts empty, the global fragment
+    goes on from its savepoint reading one site more (or less), every other fragment
+    from its own. A site that left is drained first (:mod:`spanflow.control.drains`):
+    the upgrade waits until the global fragment has read all it sent. ``runtime_of``:
+    the latest report of a fragment. Returns pipeline → what happened (``site edge-c
+    joined: upgrading``, what a drain waits for, or why it is not followed).
 
-    Not followed: a site that left (its fragment's last readings would go unread;
-    ``sites_behind.left`` says so), a pipeline placed before sources were named (its
-    global query cannot take a source in: resubmit it), and a change whose state cannot
-    be carried over (one site becoming two moves the windows into a new global
+    Not followed: a pipeline placed before sources were named (its global query cannot
+    take a source in or let one go: resubmit it), and a change whose state cannot be
+    carried over (one site becoming two moves the windows into a new global
     fragment)."""
     out: dict[str, str] = {}
     for record in list(tx.state.pipelines.values()):
-        if record.state != PipelineState.RUNNING or record.upgrade is not None:
+        if record.state not in FOLLOWED or record.upgrade is not None:
             continue
         behind = fleet.sites_behind(tx.state, record)
-        if behind is None or not behind.joined:
+        if behind is None:
             continue
-        because = f"site {', '.join(behind.joined)} joined"
-        if behind.left:
-            out[record.name] = f"{because}, {', '.join(behind.left)} left: not followed"
-        elif not record.named_sources:
+        because = _sites_changed(behind.joined, behind.left)
+        if not record.named_sources:
             out[record.name] = f"{because}: placed before sources were named; resubmit it"
+            continue
+        if behind.left:
+            view = drains.drains(tx.state, record, behind.left, runtime_of, tx.at)
+            for mark in view.marks:
+                tx.add(r.SiteDraining, pipeline=record.name, drain=mark)
+            if not view.drained:
+                waits = "; ".join(f"{s}: {why}" for s, why in view.waiting.items())
+                out[record.name] = f"{because}: draining ({waits or 'marked'})"
+                continue
+            because += " (drained)"
+        if not _runs_but_for(record, behind.left, runtime_of):
+            out[record.name] = f"{because}: waiting for the pipeline to run"
+            continue
+        try:
+            upgrade(tx, record.spec, savepoint_root, because=because)
+        except (Conflict, Invalid) as exc:
+            out[record.name] = f"{because}: not followed: {exc}"
         else:
-            try:
-                upgrade(tx, record.spec, savepoint_root, because=because)
-            except (Conflict, Invalid) as exc:
-                out[record.name] = f"{because}: not followed: {exc}"
-            else:
-                out[record.name] = f"{because}: upgrading"
+            out[record.name] = f"{because}: upgrading"
     return out
+
+
+def _runs_but_for(record: PipelineRecord, left: list[str], runtime_of: drains.RuntimeOf) -> bool:
+    """Whether every fragment runs, but for the local fragments of sites that left (a
+    site's node removed leaves its fragment without one): a savepoint can complete."""
+    if record.state == PipelineState.RUNNING:
+        return True
+    for f in record.fragments:
+        if f.site in left:
+            continue
+        rt = runtime_of(f.id)
+        if rt is None or rt.status != "running":
+            return False
+    return True
+
+
+FOLLOWED = (PipelineState.RUNNING, PipelineState.FAILING)
+"""Pipelines whose sites are followed: a site's node removed leaves its local fragment
+without a node (the pipeline failing), and letting that site go is the repair."""
+
+
+def _sites_changed(joined: list[str], left: list[str]) -> str:
+    parts = [f"site {', '.join(joined)} joined"] if joined else []
+    parts += [f"site {', '.join(left)} left"] if left else []
+    return ", ".join(parts)
 
 
 def _fragment_verdicts(
@@ -247,10 +286,15 @@ def _moved_queries(
     """Sinks whose stateful query another fragment of the old version ran and no longer
     runs: its state is in that fragment's checkpoint, which this one does not start
     from. (Each site's local fragment runs a query of the same sink id on a checkpoint
-    of its own: a sink another site's fragment keeps running has not moved.)
+    of its own: a sink this fragment ran before, or another site's fragment keeps
+    running, has not moved; a site that leaves takes its own query's state with it.)
     ``planned``: fragment id → its sinks' ids in the new plan."""
     out = []
+    before = old.get(fragment.id)
+    own = {s.id for s in before.spec.sinks()} if before is not None else set()
     for sink in fragment.spec.sinks():
+        if sink.id in own:
+            continue  # its own checkpoint holds the query's state
         for was in old.values():
             if was.id == fragment.id or sink.id not in {s.id for s in was.spec.sinks()}:
                 continue

@@ -15,7 +15,14 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
-from spanflow.spec.cluster import Assignment, Fragment, NodeRecord, PipelineRecord, PipelineState
+from spanflow.spec.cluster import (
+    Assignment,
+    Fragment,
+    NodeRecord,
+    PipelineRecord,
+    PipelineState,
+    SiteDrain,
+)
 from spanflow.spec.pipeline import PipelineSpec
 from spanflow.spec.topology import Capabilities, Link, Site
 
@@ -192,6 +199,15 @@ class UpgradeRequested(_Record):
     )
 
 
+class SiteDraining(_Record):
+    """A site left a running pipeline: its local fragment had nothing left to read, and
+    the pipeline lets it go once the global fragment has read what it sent."""
+
+    kind: Literal["site-draining"] = "site-draining"
+    pipeline: str
+    drain: SiteDrain
+
+
 class PipelineUpgraded(_Record):
     """The new version replaced the old one, which stopped at ``savepoint``; it starts
     from there (fragments the old version did not have start empty)."""
@@ -332,6 +348,7 @@ Record = Annotated[
     | SavepointStarted
     | PipelineResumed
     | UpgradeRequested
+    | SiteDraining
     | PipelineUpgraded
     | DetectorRebaselined
     | CatalogChanged

@@ -38,17 +38,23 @@ def merge_topology(tx: Draft, given: Topology) -> None:
     if merged != before:
         tx.add(r.TopologyApplied, name=given.name, sites=given.sites, links=given.links)
     for spec in given.nodes:
-        old = tx.state.nodes.get(spec.name)
-        if old is not None and old.spec == spec:
-            continue
-        declared = NodeRecord(
-            spec=spec,
-            state=old.state if old else NodeState.DECLARED,
-            agent_id=old.agent_id if old else None,
-            host=old.host if old else None,
-            since=old.since if old else tx.at,
-        )
-        tx.add(r.NodeDeclared, node=declared)
+        _declare(tx, spec)
+
+
+def _declare(tx: Draft, spec: NodeSpec) -> None:
+    """A node's spec as the topology gives it (its site, capabilities, the streams it
+    hosts); an agent already registered under the name keeps its state."""
+    old = tx.state.nodes.get(spec.name)
+    if old is not None and old.spec == spec:
+        return
+    declared = NodeRecord(
+        spec=spec,
+        state=old.state if old else NodeState.DECLARED,
+        agent_id=old.agent_id if old else None,
+        host=old.host if old else None,
+        since=old.since if old else tx.at,
+    )
+    tx.add(r.NodeDeclared, node=declared)
 
 
 def register(tx: Draft, reg: Registration) -> NodeRecord:
@@ -124,6 +130,25 @@ def scaled(tx: Draft, name: str, report: ScaleReport) -> None:
 
 def put_site(tx: Draft, site: Site) -> None:
     tx.add(r.SitePut, site=site)
+
+
+def put_node(tx: Draft, spec: NodeSpec) -> None:
+    """Declare a node, or change one's spec (the streams it hosts: a plant's readings
+    stream), at a site the topology has; running pipelines that read one of its streams
+    take the site in (:func:`spanflow.control.pipelines.follow_sites`)."""
+    known = {s.name for s in tx.state.topology.sites}
+    if spec.site not in known:
+        raise Invalid(
+            "unknown_site",
+            f"node {spec.name!r} names unknown site {spec.site!r} "
+            f"(sites: {', '.join(sorted(known)) or 'none'})",
+        )
+    old = tx.state.nodes.get(spec.name)
+    if old is not None and old.spec.site != spec.site:
+        raise Conflict(
+            "wrong_site", f"node {spec.name!r} belongs to site {old.spec.site!r}, not {spec.site!r}"
+        )
+    _declare(tx, spec)
 
 
 def put_link(tx: Draft, link: Link) -> None:

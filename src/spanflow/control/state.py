@@ -171,6 +171,10 @@ def apply(state: ClusterState, record: r.Record) -> None:
             state.pipelines[name] = moved.model_copy(update={"restore_from": source})
         case r.UpgradeRequested(pipeline=name, spec=spec):
             state.pipelines[name] = state.pipelines[name].model_copy(update={"upgrade": spec})
+        case r.SiteDraining(pipeline=name, drain=drain):
+            leaving = state.pipelines[name]
+            draining = {**leaving.draining, drain.site: drain}
+            state.pipelines[name] = leaving.model_copy(update={"draining": draining})
         case r.PipelineUpgraded(pipeline=name, savepoint=source, fragments=held, at=at):
             _upgrade(state, name, source, held, at)
         case r.DetectorRebaselined(pipeline=name, step=step, key=key, generation=generation):
@@ -253,6 +257,7 @@ def _upgrade(state: ClusterState, name: str, source: str, held: list[str], at: f
             "spec": old.upgrade,
             "upgrade": None,
             "fragments": [],
+            "draining": {},
             "restore_from": source,
             "restore_fragments": list(held),
         }

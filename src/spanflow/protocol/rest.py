@@ -287,11 +287,17 @@ class SitesBehind(_Answer):
 
     joined: list[str] = Field(
         description="Sites today's topology gives the pipeline input at that its plan has "
-        "no fragment for: their readings are not read until it is planned again (a "
-        "resubmission, or `spanflow submit --upgrade` when its global state allows)."
+        "no fragment for: their readings are not read until it is planned again (the "
+        "coordinator does so on its own for a pipeline whose sources are named; else a "
+        "resubmission)."
     )
     left: list[str] = Field(
         description="Sites its plan reads at that today's topology no longer gives it."
+    )
+    draining: list[str] = Field(
+        default_factory=list,
+        description="Of ``left``, the sites whose last readings the global fragment is "
+        "still reading: the pipeline lets them go once it has.",
     )
 
 

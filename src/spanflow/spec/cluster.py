@@ -194,6 +194,24 @@ class Fragment(BaseModel):
         return caps.slots_for(self.spec.fragment_slots())
 
 
+class SiteDrain(BaseModel):
+    """A site that left a running pipeline, marked once its local fragment had nothing
+    left to read: the global fragment has read all the site sent once it has run two
+    more batches than ``global_batches`` with nothing behind (and the site's fragment
+    read nothing since)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    site: str
+    global_batches: dict[str, int] = Field(
+        description="Global fragment id → its batches when the site was marked."
+    )
+    site_rows_in: int = Field(
+        ge=0, description="Records the site's local fragment had read when marked."
+    )
+    since: float
+
+
 class PipelineRecord(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -226,6 +244,11 @@ class PipelineRecord(BaseModel):
         default=False,
         description="Its queries keep their offsets by source name (placed by a release "
         "that names sources): a site that joins is taken into its running plan.",
+    )
+    draining: dict[str, SiteDrain] = Field(
+        default_factory=dict,
+        description="Sites that left, whose last readings the global fragment is still "
+        "reading before the pipeline lets them go (spanflow.control.drains).",
     )
     rebaselines: dict[str, dict[str, int]] = Field(
         default_factory=dict,

@@ -7,7 +7,7 @@ from typing import Any
 from fastapi import FastAPI
 
 from spanflow.control.coordinator import Coordinator
-from spanflow.spec.topology import Link, Site, Topology
+from spanflow.spec.topology import Link, NodeSpec, Site, Topology
 
 API = "/api/v1/topology"
 
@@ -20,6 +20,12 @@ def add_topology_routes(app: FastAPI, coordinator: Coordinator, guarded: list[An
     @app.put(f"{API}/sites", tags=["topology"], dependencies=guarded, response_model_by_alias=True)
     async def put_site(site: Site) -> Topology:
         return await coordinator.put_site(site)
+
+    @app.put(f"{API}/nodes", tags=["topology"], dependencies=guarded, response_model_by_alias=True)
+    async def put_node(node: NodeSpec) -> Topology:
+        """Declare a node or change its spec: the streams it hosts bring its site into
+        the running pipelines that read them."""
+        return await coordinator.put_node(node)
 
     @app.put(f"{API}/links", tags=["topology"], dependencies=guarded, response_model_by_alias=True)
     async def put_link(link: Link) -> Topology:

@@ -230,6 +230,14 @@ function refresh() {
   if (S.page === "network") renderNetwork(false);
   else if (S.page === "pipelines" && S.arg) renderPipeline(S.arg, false);
   else if (S.page === "pipelines") renderPipelines();
+  else if (S.page === "models") redrawFailed();
+}
+
+// A models or rules panel that could not be read (the API busy or unreachable a
+// moment) is read again at the next snapshot rather than left showing the error.
+function redrawFailed() {
+  if (document.querySelector("#models > .result.error")) drawModels();
+  if (document.querySelector("#rules > .result.error")) drawRules();
 }
 
 // -- network page --------------------------------------------------------------------
@@ -344,7 +352,10 @@ function sitesBehind(p) {
   if (!b) return "";
   const parts = [];
   if (b.joined.length) parts.push(`joined, not read: ${b.joined.map(esc).join(", ")}`);
-  if (b.left.length) parts.push(`left, still planned: ${b.left.map(esc).join(", ")}`);
+  const draining = b.draining || [];
+  const held = b.left.filter((s) => !draining.includes(s));
+  if (draining.length) parts.push(`left, draining: ${draining.map(esc).join(", ")}`);
+  if (held.length) parts.push(`left, still planned: ${held.map(esc).join(", ")}`);
   return `<div class="state degraded" data-field="sites-behind">sites ${parts.join("; ")}</div>`;
 }
 

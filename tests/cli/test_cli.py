@@ -49,13 +49,16 @@ def test_unknown_target_is_a_clear_error():
 @pytest.mark.solo  # four processes with their Spark, each query's first batch within 10 s
 def test_cluster_demo_shows_site_and_global_results_and_exits_cleanly():
     """The README's main command: two edge sites and a cloud, each node its own process.
-    It stops once both sites have three global summaries (or after 300 s, and then
-    fails)."""
+    It stops once both sites have three global summaries and the event pattern matched
+    (or after 300 s, and then fails): the simulated overheats come at random moments."""
     env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"}
     proc = subprocess.run(
         # three summaries a site: on a busy machine the pattern query's first batch takes
         # up to a minute (its planning and Python workers), and the matches come after it
-        [sys.executable, "-m", "spanflow.cli", "demo", "--duration", "300", "--until-global", "3"],
+        [
+            *(sys.executable, "-m", "spanflow.cli", "demo", "--duration", "300"),
+            *("--until-global", "3", "--until-patterns", "1"),
+        ],
         capture_output=True,
         text=True,
         timeout=420,

@@ -66,6 +66,10 @@ def demo(
         int | None,
         typer.Option(hidden=True, help="Stop once every site has this many global summaries."),
     ] = None,
+    until_patterns: Annotated[
+        int | None,
+        typer.Option(hidden=True, help="… and the event pattern matched this many times."),
+    ] = None,
     hosts: Annotated[
         bool,
         typer.Option(
@@ -103,7 +107,7 @@ def demo(
     stop = Interrupted()
     run = ClusterDemo(rate, devices, console, err)
     try:
-        states = run.run(stop.event, status_view, duration, until_global)
+        states = run.run(stop.event, status_view, duration, until_global, until_patterns)
     except SpanflowError as exc:
         _error(exc)
         raise typer.Exit(2) from None

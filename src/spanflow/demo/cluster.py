@@ -90,18 +90,34 @@ class ClusterDemo:
         self._client: SyncNats | None = None
         self._sim_thread: threading.Thread | None = None
 
+    def _enough(self, until_global: int | None, until_patterns: int | None) -> bool:
+        """Whether the outputs asked for have all come (nothing asked: never)."""
+        if not until_global and not until_patterns:
+            return False
+        feed = self.feed
+        sites = not until_global or all(feed.global_by_site[s] >= until_global for s in SITES)
+        return sites and (not until_patterns or feed.counts["patterns"] >= until_patterns)
+
     def run(
         self,
         stop: threading.Event,
         status: StatusView,
         duration: float | None,
         until_global: int | None,
+        until_patterns: int | None = None,
     ) -> str:
         """Start everything, show it live until ``stop``, ``duration`` or every site
-        has ``until_global`` summaries; stop the cluster. The pipelines' final states."""
+        has ``until_global`` summaries (and the pattern ``until_patterns`` matches);
+        stop the cluster. The pipelines' final states."""
         try:
             api = self._start()
-            self._watch(stop, lambda: cluster_view(self.feed, status(api)), duration, until_global)
+            self._watch(
+                stop,
+                lambda: cluster_view(self.feed, status(api)),
+                duration,
+                until_global,
+                until_patterns,
+            )
             final = self._settled(api)
             self.incidents = api.typed(lambda c: c.incidents())
         finally:
@@ -172,6 +188,7 @@ class ClusterDemo:
         view: Callable[[], Group],
         duration: float | None,
         until_global: int | None,
+        until_patterns: int | None = None,
     ) -> None:
         """Live on a terminal; else each output's line, and the status every 30 s."""
         console, printed = self.console, self.feed.printed
@@ -184,7 +201,7 @@ class ClusterDemo:
         )
         with live_cm as live:
             while not stop.is_set() and (deadline is None or time.monotonic() < deadline):
-                if until_global and all(self.feed.global_by_site[s] >= until_global for s in SITES):
+                if self._enough(until_global, until_patterns):
                     break
                 self.cluster.check_coordinators()
                 if live is not None:

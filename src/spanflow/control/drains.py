@@ -78,18 +78,17 @@ def _drain_site(
         view.waiting[site] = behind
         return
     readers = [f for f in planned if site in f.input_sites and f.site != site]
-    reports = {f.id: runtime_of(f.id) for f in readers}
-    silent = sorted(fid for fid, rt in reports.items() if rt is None)
+    heard = {f.id: rt for f in readers if (rt := runtime_of(f.id)) is not None}
+    silent = sorted(f.id for f in readers if f.id not in heard)
     if silent:
         view.waiting[site] = f"no report yet from {', '.join(silent)}"
         return
-    batches = {fid: rt.batches for fid, rt in reports.items() if rt is not None}
+    batches = {fid: rt.batches for fid, rt in heard.items()}
     mark = record.draining.get(site)
     if mark is None or mark.site_rows_in != rows or set(mark.global_batches) != set(batches):
         view.marks.append(SiteDrain(site=site, global_batches=batches, site_rows_in=rows, since=at))
         return
-    for fid, rt in sorted(reports.items()):
-        assert rt is not None
+    for fid, rt in sorted(heard.items()):
         if rt.batches < mark.global_batches[fid] + BATCHES_AFTER_MARK or rt.lag > 0:
             view.waiting[site] = f"{fid} has not read all that {site} sent yet"
             return

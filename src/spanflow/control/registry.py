@@ -57,19 +57,25 @@ def _declare(tx: Draft, spec: NodeSpec) -> None:
     tx.add(r.NodeDeclared, node=declared)
 
 
+def _at_its_site(state: ClusterState, name: str, site: str) -> NodeRecord | None:
+    """The node ``name`` as known (None: new), checked to be at ``site``: a site the
+    topology has (422), and the node's own if it is known (409)."""
+    site_names = [s.name for s in state.topology.sites]
+    if site not in site_names:
+        raise Invalid(
+            "unknown_site", f"unknown site {site!r} (sites: {', '.join(site_names) or 'none'})"
+        )
+    old = state.nodes.get(name)
+    if old is not None and old.spec.site != site:
+        raise Conflict(
+            "wrong_site", f"node {name!r} belongs to site {old.spec.site!r}, not {site!r}"
+        )
+    return old
+
+
 def register(tx: Draft, reg: Registration) -> NodeRecord:
     """An agent started: the node is alive with what it (or the topology) declares."""
-    site_names = [s.name for s in tx.state.topology.sites]
-    if reg.site not in site_names:
-        raise Invalid(
-            "unknown_site",
-            f"unknown site {reg.site!r} (sites: {', '.join(site_names) or 'none'})",
-        )
-    old = tx.state.nodes.get(reg.name)
-    if old is not None and old.spec.site != reg.site:
-        raise Conflict(
-            "wrong_site", f"node {reg.name!r} belongs to site {old.spec.site!r}, not {reg.site!r}"
-        )
+    old = _at_its_site(tx.state, reg.name, reg.site)
     base = old.spec if old is not None else None
     caps = reg.capabilities or (base.capabilities if base else None) or reg.detected
     try:
@@ -136,18 +142,7 @@ def put_node(tx: Draft, spec: NodeSpec) -> None:
     """Declare a node, or change one's spec (the streams it hosts: a plant's readings
     stream), at a site the topology has; running pipelines that read one of its streams
     take the site in (:func:`spanflow.control.pipelines.follow_sites`)."""
-    known = {s.name for s in tx.state.topology.sites}
-    if spec.site not in known:
-        raise Invalid(
-            "unknown_site",
-            f"node {spec.name!r} names unknown site {spec.site!r} "
-            f"(sites: {', '.join(sorted(known)) or 'none'})",
-        )
-    old = tx.state.nodes.get(spec.name)
-    if old is not None and old.spec.site != spec.site:
-        raise Conflict(
-            "wrong_site", f"node {spec.name!r} belongs to site {old.spec.site!r}, not {spec.site!r}"
-        )
+    _at_its_site(tx.state, spec.name, spec.site)
     _declare(tx, spec)
 
 

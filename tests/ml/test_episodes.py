@@ -115,9 +115,10 @@ def test_a_rebaselined_key_ends_its_episode_and_learns_its_new_level_afresh():
         detector=lambda: make_detector("multivariate", ("x",), {"warmup": 300}, None),
     )
     before = harness.process(records[:1200])  # readings 0-599 of both keys
+    onset = T0 + timedelta(minutes=506)  # the chart over its limit from 502, 5 of 10 over
     assert [(r["device"], r["episode"], r["ts"]) for r in before] == [
-        ("a", "start", T0 + timedelta(minutes=500)),
-        ("b", "start", T0 + timedelta(minutes=500)),
+        ("a", "start", onset),
+        ("b", "start", onset),
     ]
     generations["a"] = 1  # the operator accepts a's new level
     after = harness.process(records[1200:])

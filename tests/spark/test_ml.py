@@ -326,12 +326,14 @@ sources:
 processors:
   - id: scores
     type: detect_anomalies
+    method: likelihood
     fields: [t, v]
     threshold: 0.5
     warmup: 30
     to: [out]
   - id: alarms
     type: detect_anomalies
+    method: likelihood
     fields: [t, v]
     warmup: 30
     emit: episodes
@@ -439,7 +441,7 @@ def test_scores_and_learning_after_a_sigkill_and_restart_equal_an_uninterrupted_
         proc.wait(60)
     rows = read_records(nats_url, f"SCORES_{uid}")
     assert sorted(r["id"] for r in rows) == list(range(len(records)))  # none lost, none twice
-    expected = _expected_scores(records, 30)  # the default method: likelihood
+    expected = _expected_scores(records, 30)  # likelihood
     for r in rows:
         assert (r["anomaly_score"], r["is_anomaly"], r["anomaly_field"]) == expected[r["id"]]
     # Anomaly episodes: none lost, none twice (the fault is one multivariate episode

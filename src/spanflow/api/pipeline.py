@@ -401,31 +401,37 @@ class Stream:
         self,
         fields: str | Sequence[str],
         *,
-        method: str = "likelihood",
+        method: str | None = None,
         threshold: float | str | None = None,
         warmup: int | None = None,
         emit: str = "all",
         seasonality: str | None = None,
         params: Mapping[str, Any] | None = None,
         quiet: int | str | None = None,
+        range: tuple[float, float] | Mapping[str, tuple[float, float]] | None = None,
         id: str | None = None,
     ) -> Stream:
         """Score each record for how anomalous it is — per key after ``key_by``, over
         the whole stream without — adding ``anomaly_score`` (0 to 1), ``is_anomaly`` and
         ``anomaly_field``.
 
-        ``method``: ``"likelihood"`` (default), ``"multivariate"`` (the fields
-        together; a fault stays flagged until it is undone), ``"robust"``, ``"hst"`` or
-        ``"river:<module>.<Class>"``; ``threshold``: a score (default 0.5 for
-        likelihood, multivariate and robust, 0.75 for hst and river:),
-        ``"quantile(0.99)"`` or ``"adaptive"``; the first ``warmup`` records of a key
-        are never anomalies (default 300 for likelihood, 200 for multivariate, 100 for
-        the others); ``seasonality``: a period such as ``"1d"``, ``"none"``, or found in
-        the data (default); ``emit="anomalies"`` keeps only anomalies, ``emit="episodes"``
-        gives a row when an episode of anomalies starts and one when it ends, after
-        ``quiet`` readings (default 100) or a ``quiet`` duration without an anomaly.
-        See docs/ml.md.
+        ``method`` (default: ``"multivariate"`` over two or more fields — each field's
+        normal learned from the key's warm-up, a fault flagged until it is undone —;
+        over one, ``"cad"`` when its ``range`` is declared, else ``"likelihood"``),
+        or ``"mewma"``, ``"robust"``, ``"hst"``, ``"river:<module>.<Class>"``;
+        ``range``: ``(low, high)`` for every field or ``{field: (low, high)}``, the
+        sensors' range; ``threshold``: a score (default 0.5; 0.75 for cad, hst and
+        river:), ``"quantile(0.99)"`` or ``"adaptive"``; the first ``warmup`` records of
+        a key are never anomalies (default 300 for multivariate, cad and likelihood, 200
+        for mewma, 100 for the others); ``seasonality``: a period such as ``"1d"``,
+        ``"none"``, or found in the data (likelihood, robust); ``emit="anomalies"`` keeps
+        only anomalies, ``emit="episodes"`` gives a row when an episode of anomalies
+        starts and one when it ends, after ``quiet`` readings (default 100) or a
+        ``quiet`` duration without an anomaly. See docs/ml.md.
         """
+        ranges: Any = range
+        if isinstance(range, Mapping):
+            ranges = {name: tuple(bounds) for name, bounds in range.items()}
         return self._then(
             DetectAnomaliesStep,
             "detect_anomalies",
@@ -438,6 +444,7 @@ class Stream:
             seasonality=seasonality,
             params=dict(params or {}),
             quiet=quiet,
+            range=ranges,
         )
 
     def learn(

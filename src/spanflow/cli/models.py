@@ -37,13 +37,20 @@ MODELS = Catalog("models", "spanflow.ml.model_store", _manifest)
 
 @model_app.command("push")
 def push(
-    file: Annotated[Path, typer.Argument(help="The model file (.onnx, or a pickled River model).")],
+    file: Annotated[
+        Path,
+        typer.Argument(
+            help="The model file (.onnx; .json, a detector's normals from 'spanflow detector "
+            "fit'; or a pickled River model)."
+        ),
+    ],
     name: Annotated[str, typer.Option("--name", help="Model name.")],
     features: Annotated[
         str, typer.Option("--features", help="The input fields, in the model's order: a,b,c.")
     ],
     format: Annotated[
-        str | None, typer.Option("--format", help="onnx or river (default: by file suffix).")
+        str | None,
+        typer.Option("--format", help="onnx, normal or river (default: by file suffix)."),
     ] = None,
     note: Annotated[str, typer.Option(help="A note kept with the version.")] = "",
     accelerator: Annotated[
@@ -70,9 +77,10 @@ def push(
 
     if not file.is_file():
         raise InvalidModel(f"no model file {file}")
-    kind = format or ("onnx" if file.suffix == ".onnx" else "river")
-    if kind not in ("onnx", "river"):
-        raise InvalidModel(f"--format {kind!r}: use onnx or river")
+    by_suffix = {".onnx": "onnx", ".json": "normal"}
+    kind = format or by_suffix.get(file.suffix, "river")
+    if kind not in ("onnx", "river", "normal"):
+        raise InvalidModel(f"--format {kind!r}: use onnx, river or normal")
     data = file.read_bytes()
     names = [f.strip() for f in features.split(",") if f.strip()]
     if coordinator:

@@ -6,7 +6,8 @@ event time); the threshold then decides, and learns the score. During a key's fi
 ``warmup`` records scores are emitted but nothing is called an anomaly. With
 ``episodes`` the step emits anomaly episodes (:mod:`spanflow.ml.episodes`) instead
 of records. A key rebaselined by an operator (:mod:`spanflow.ml.rebaseline`) forgets
-its state and learns afresh from its next reading.
+its state and learns afresh from its next reading; a key whose normal was fitted from
+history and promoted (:mod:`spanflow.ml.fitted`) starts from it, without a warm-up.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ import orjson
 from spanflow.api.processor import Context, KeyedProcessor, Record, StateDeclarations
 from spanflow.ml.detectors import Detector
 from spanflow.ml.episodes import Episodes
-from spanflow.ml.rebaseline import requested
+from spanflow.ml.fitted import Fitted, choose
+from spanflow.ml.rebaseline import key_text, requested
 from spanflow.ml.thresholds import Threshold
 
 SCORE, FLAG, FIELD = "anomaly_score", "is_anomaly", "anomaly_field"
@@ -41,6 +43,8 @@ class AnomalyDetection(KeyedProcessor):
         hidden: tuple[str, ...] = (),
         episodes: Callable[[], Episodes] | None = None,
         rebaselines: Callable[[], Mapping[str, int]] | None = None,
+        fitted: Callable[[], Mapping[str, Fitted | None]] | None = None,
+        canary: float = 0.0,
     ) -> None:
         self.detector = detector()
         self.episodes = episodes() if episodes is not None else None
@@ -51,6 +55,9 @@ class AnomalyDetection(KeyedProcessor):
         self.hidden = frozenset(hidden)
         self._rebaselines = rebaselines
         self._generations: Mapping[str, int] | None = None
+        self._fitted = fitted
+        self._fitted_now: Mapping[str, Fitted | None] | None = None
+        self.canary = canary
 
     def init(self, state: StateDeclarations) -> None:
         # One JSON blob: a detector's state is nested plain data, read and written
@@ -62,9 +69,13 @@ class AnomalyDetection(KeyedProcessor):
         saved: dict[str, Any] = orjson.loads(blob) if blob else {"n": 0, "d": None, "t": None}
         out: list[Record] = []
         generation = requested(self.generations(), key)
-        if generation > saved.get("g", 0):
+        version, normal = choose(self.fitted(), key_text(key), self.canary)
+        if generation > saved.get("g", 0):  # learn afresh online, whatever was fitted
             out = self._closed_episode(saved, rows)
-            saved = {"n": 0, "d": None, "t": None, "g": generation}
+            saved = {"n": 0, "d": None, "t": None, "g": generation, "mv": version}
+        elif version != saved.get("mv"):  # a fitted normal came, changed or went
+            out = self._closed_episode(saved, rows)
+            saved = self._restarted(saved, version, normal)
         live = self.detector.load(saved["d"])
         limits = saved["t"] if saved["t"] is not None else self.threshold.empty()
         times = [row.get(self.event_time) for row in rows] if self.event_time else None
@@ -72,8 +83,9 @@ class AnomalyDetection(KeyedProcessor):
             self.detector, live, self.threshold, limits, rows, times, self.warmup, saved["n"]
         )
         state = {"n": saved["n"] + len(rows), "d": self.detector.save(live), "t": limits}
-        if "g" in saved:
-            state["g"] = saved["g"]
+        for kept in ("g", "mv"):
+            if saved.get(kept) is not None:
+                state[kept] = saved[kept]
         if self.episodes is not None:
             episode = saved.get("e") or self.episodes.empty()
             out += self._episode_rows(episode, rows, times, verdicts)
@@ -92,6 +104,22 @@ class AnomalyDetection(KeyedProcessor):
         if self._generations is None:
             self._generations = self._rebaselines() if self._rebaselines is not None else {}
         return self._generations
+
+    def fitted(self) -> Mapping[str, Fitted | None]:
+        """The step's fitted normals for this batch (read once per task)."""
+        if self._fitted_now is None:
+            self._fitted_now = self._fitted() if self._fitted is not None else {}
+        return self._fitted_now
+
+    def _restarted(self, saved: dict[str, Any], version: int | None, normal: Any) -> dict[str, Any]:
+        """A key's state started afresh: from its fitted normal (no warm-up: it is
+        fitted), or learning online when its version has none."""
+        fresh: dict[str, Any] = {"n": 0, "d": None, "t": None, "g": saved.get("g", 0)}
+        started = getattr(self.detector, "started", None)
+        if normal is not None and started is not None:
+            fresh.update(n=self.warmup, d=started(normal))
+        fresh["mv"] = version
+        return fresh
 
     def _closed_episode(self, saved: dict[str, Any], rows: list[Record]) -> list[Record]:
         """The end row of the key's open episode, which a rebaseline closes (stamped

@@ -1,7 +1,9 @@
 """Model files: checked when pushed, verified and loaded where they score.
 
-Two formats:
+Three formats:
 
+* ``normal``: what ``spanflow detector fit`` fits, a ``multivariate`` detector's normal
+  per key (:class:`spanflow.ml.normal.Normals`): plain JSON, checked field by field.
 * ``onnx``: any ONNX model with one tensor input of shape ``[batch, n]`` (e.g. a
   scikit-learn model converted with ``skl2onnx``); its ``n`` input columns are the
   model's ``features``, in order. Run with onnxruntime: no code in the file runs.
@@ -45,9 +47,24 @@ def describe(data: bytes, format: Format, features: Sequence[str]) -> dict[str, 
                 f"the ONNX model reads {width} columns but {len(features)} features were "
                 f"named: {list(features)}"
             )
+    elif format == "normal":
+        fitted = _normals(data)
+        if fitted.fields != tuple(features):
+            raise InvalidModel(
+                f"the normals are of fields {list(fitted.fields)}, not {list(features)}"
+            )
     elif not data.startswith(b"\x80"):
         raise InvalidModel("a river model is a pickle file (pickle.dump(model, f))")
     return dict.fromkeys(features, "double")
+
+
+def _normals(data: bytes) -> Any:
+    from spanflow.ml.normal import Normals
+
+    try:
+        return Normals.from_bytes(data)
+    except ValueError as exc:
+        raise InvalidModel(f"not a normal model: {exc}") from None
 
 
 def _onnx_session(data: bytes) -> Any:
@@ -152,6 +169,8 @@ def load(version: ModelVersion, data: bytes) -> LoadedModel:
     features = tuple(version.inputs)
     if version.format == "onnx":
         return LoadedModel(version.version, features, "onnx", _onnx_session(data))
+    if version.format == "normal":  # plain data: a detector's normal per key
+        return LoadedModel(version.version, features, "normal", _normals(data))
     try:
         model = pickle.loads(data)  # code-equivalent input: see the module doc
     except Exception as exc:

@@ -6,6 +6,8 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
+import numpy as np
+
 
 class Detector:
     """Scores then learns, record by record, over a plain-data state."""
@@ -26,3 +28,13 @@ class Detector:
     def save(self, live: Any) -> Any:
         """The key's state as plain data."""
         raise NotImplementedError
+
+
+def finite_vector(record: Mapping[str, Any], fields: tuple[str, ...]) -> np.ndarray | None:
+    """The record's ``fields`` as numbers, or None when one is missing, not a number or
+    not finite (a detector of fields together then scores nothing and learns nothing)."""
+    try:
+        x = np.array([float(record[f]) for f in fields], dtype=float)
+    except (KeyError, TypeError, ValueError):
+        return None
+    return x if np.all(np.isfinite(x)) else None

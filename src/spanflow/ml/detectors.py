@@ -3,9 +3,15 @@
 A detector's state is plain data (a dict, River models as :mod:`snapshot` text), so
 Spark keeps it per key in RocksDB and restores it after a crash. Methods:
 
-* ``likelihood`` (default): :class:`~spanflow.ml.likelihood.LikelihoodDetector`;
-* ``multivariate``: :class:`~spanflow.ml.multivariate.MultivariateDetector`, a MEWMA
-  T-squared chart over the fields together, faults kept as states;
+* ``multivariate`` (the default over two or more fields):
+  :class:`~spanflow.ml.multivariate.MultivariateDetector`, each field's normal learned
+  from the key's warm-up, a persistent chart of its surprises, faults kept as states;
+* ``cad`` (the default over one field with a declared range): CAD OSE,
+  :class:`~spanflow.ml.cad.CadDetector`;
+* ``likelihood`` (the default over one field otherwise):
+  :class:`~spanflow.ml.likelihood.LikelihoodDetector`;
+* ``mewma``: :class:`~spanflow.ml.mewma.MewmaDetector`, the textbook MEWMA T-squared
+  chart over the fields together;
 * ``robust``: :class:`~spanflow.ml.baseline.RobustBaseline`;
 * ``hst``: River's ``HalfSpaceTrees`` behind a
   :class:`~spanflow.ml.scaling.UnitScaler` (it assumes features in [0, 1]), seeded
@@ -34,14 +40,18 @@ from typing import Any
 
 from spanflow.ml import snapshot
 from spanflow.ml.baseline import RobustBaseline, score_of
+from spanflow.ml.cad import CadDetector
 from spanflow.ml.calibration import TailCalibration
 from spanflow.ml.detector import Detector
 from spanflow.ml.likelihood import LikelihoodDetector
+from spanflow.ml.mewma import MewmaDetector
 from spanflow.ml.multivariate import MultivariateDetector
 from spanflow.ml.river_classes import river_class
 from spanflow.ml.scaling import UnitScaler
 
-METHODS = ("likelihood", "multivariate", "robust", "hst", "river:<module>.<Class>")
+METHODS = (
+    "multivariate", "cad", "likelihood", "mewma", "robust", "hst", "river:<module>.<Class>"
+)  # fmt: skip
 HST_SEED = 42
 
 
@@ -161,6 +171,10 @@ def make_detector(
         return RobustDetector(fields, seasonality, **params)
     if method == "multivariate":
         return MultivariateDetector(fields, **params)
+    if method == "mewma":
+        return MewmaDetector(fields, **params)
+    if method == "cad":
+        return CadDetector(fields, **params)
     if method == "hst" or method.startswith("river:"):
         return RiverDetector(fields, method, **params)
     raise ValueError(f"unknown method {method!r}; methods: {', '.join(METHODS)}")

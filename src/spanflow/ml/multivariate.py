@@ -1,42 +1,38 @@
-"""The ``multivariate`` method: how a key's fields move *together*, with faults kept as
-states.
+"""The ``multivariate`` method, and the default over two or more fields: learn a machine's
+normal from its warm-up, chart each sensor's surprises, and keep a fault as a state.
 
-A pump's fault shows in how current, pressure, flow and vibration move together, each
-of them perhaps still inside its own usual range; a detector that watches each field
-alone misses it. This one is the multivariate exponentially weighted moving average
-(MEWMA) control chart of Lowry, Woodall, Champ and Rigdon (*A multivariate
-exponentially weighted moving average control chart*, Technometrics 34(1), 1992):
+1. **Learn normal** (:mod:`spanflow.ml.normal`): each field's one-step forecast — a
+   fixed level for a sensor that hovers around a set point, an exponential smoother
+   for one that wanders (a temperature) — fitted on the key's first ``warmup``
+   readings, or taken from a model fitted on the key's history
+   (``spanflow detector fit``).
+2. **Chart the surprises**: each reading's innovation (reading minus forecast), in
+   units of the field's innovation spread and clipped at ``clip`` of them (one wild
+   reading counts as a large one, no more), is smoothed exponentially (``smoothing``);
+   ``u`` is that, in units of its own spread on the warm-up. The reading's deviation is
+   ``d = max |u|`` over the fields (a fault of one sensor is not diluted by the others'
+   calm, as in a T-squared over all of them).
+3. **Persistence**: an episode starts when ``d`` is over ``limit`` at ``persist`` of the
+   last ``window`` readings — one noisy reading is not an alarm.
+4. **Faults are states**: during an episode the fixed levels learn nothing, so a fault
+   never becomes normal by itself. The episode keeps its *signature* (the typical ``u``
+   while it is bad). It ends when for ``settle`` readings in a row either every field
+   is back under the limit, or the deviation along the signature has fallen below
+   ``release`` times its size and no other field is over the limit: the fault was
+   undone, even if the machine does not come back exactly where it was. The levels of
+   the fields that were part of the fault then move to those ``settle`` readings.
+   ``accept_after: N`` takes an episode's readings as the new normal after N readings.
+   While normal, fixed levels follow very slow drift (half-life ``adapt`` readings).
 
-* **Baseline.** The first ``warmup`` readings of a key give the mean vector ``mu`` and
-  the covariance ``S`` of its fields (shrunk toward the diagonal by ``shrinkage``, so
-  a field that barely moves, or two that always move together, do not make ``S``
-  singular).
-* **Statistic.** ``z = smoothing * (x - mu) + (1 - smoothing) * z`` and
-  ``T2 = z' (S * smoothing / (2 - smoothing))^-1 z``: Hotelling's T-squared of the
-  smoothed deviation, which averages noise away and keeps a shift that lasts.
-* **Limit.** ``margin`` times the 99th percentile of the statistic over the second half
-  of the warm-up (the chart's in-control run on the baseline's own readings, which
-  understates new readings' spread: hence the margin) — and never below ``margin``
-  times the statistic's 99.9th percentile in theory (chi-squared with one degree of
-  freedom per field), so a short warm-up cannot set a limit that noise crosses.
-* **Faults are states.** A key whose statistic crosses the limit is *anomalous* until it
-  comes back: its statistic falls below ``release`` times the level it held during the
-  fault (and below the limit or not) for ``settle`` readings in a row — the fault was
-  undone, even if the machine does not return exactly where it started. Then the mean
-  is re-centred on those ``settle`` readings. While a key is anomalous nothing is
-  learnt, so a fault never becomes the new normal by itself; after ``accept_after``
-  readings in one episode (default: never) its readings are taken as the new normal.
-  While normal the mean follows slow drift (half-life ``adapt`` readings).
+The score is ``d / (d + limit)`` — at least 0.5 during an episode and below 0.5
+outside one — so the default threshold 0.5 flags exactly the episodes.
+``anomaly_field`` is the field with the largest ``|u|``.
 
-The score is ``T2 / (T2 + limit)`` — 0.5 at the limit — and at least 0.5 while the key
-is anomalous, so the default static threshold of 0.5 flags exactly the anomalous
-state. The field named is the one contributing most to ``T2`` (``z_i * (S^-1 z)_i``,
-the usual contribution decomposition).
+Figures, on held-out runs of a real pump, in docs/benchmarks.md.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -44,37 +40,26 @@ from typing import Any
 
 import numpy as np
 
-from spanflow.ml.detector import Detector
+from spanflow.ml.detector import Detector, finite_vector
+from spanflow.ml.normal import Normal, fit_normal
 
 DEFAULTS: dict[str, Any] = {
     "smoothing": 0.1,
-    "margin": 2.0,
-    "release": 0.5,
+    "limit": 5.0,
+    "persist": 5,
+    "window": 10,
     "settle": 30,
+    "release": 0.3,
+    "gain": 0.8,
+    "clip": 6.0,
     "adapt": 4000,
     "accept_after": None,
-    "shrinkage": 0.1,
 }
 """Documented in docs/ml.md, with the figures they were chosen by."""
-LIMIT_QUANTILE = 0.99
-THEORY_Z = 3.090
-"""The standard normal's 99.9th percentile (:func:`chi_squared_quantile`)."""
-
-
-def chi_squared_quantile(dof: int, z: float = THEORY_Z) -> float:
-    """Wilson and Hilferty's approximation (1931) of a chi-squared quantile: within 1 %
-    from a few degrees of freedom on, and no statistics library needed.
-
-    >>> round(chi_squared_quantile(8), 1)  # the exact quantile: 26.12
-    26.3
-    """
-    k = 2 / (9 * dof)
-    return float(dof * (1 - k + z * math.sqrt(k)) ** 3)
-
-
-LEVEL_WEIGHT = 0.02
-"""How fast an episode's level (a geometric mean of its statistics: a spike barely
-moves it) follows them: a half-life of about 35 readings."""
+SIGNATURE_RATE = 0.02
+"""How fast an episode's signature follows its deviations (a half-life of ~35 readings)."""
+BELOW = 0.4999
+"""The highest score outside an episode."""
 
 
 @dataclass
@@ -82,22 +67,25 @@ class Live:
     """A key's working state (plain data out of :meth:`MultivariateDetector.save`)."""
 
     learning: list[list[float]] = field(default_factory=list)
-    mu: np.ndarray | None = None
-    inverse: np.ndarray | None = None
-    limit: float = 0.0
+    normal: Normal | None = None
+    forecast: np.ndarray | None = None
     z: np.ndarray | None = None
+    over: int = 0
+    """Bit i: the reading i back was over the limit."""
     anomalous: bool = False
-    level: float = 0.0
-    """log of the episode's typical statistic."""
+    signature: np.ndarray | None = None
     calm: int = 0
-    recent: list[list[float]] = field(default_factory=list)
     episode: int = 0
+    recent: list[list[float]] = field(default_factory=list)
 
 
 class MultivariateDetector(Detector):
-    """MEWMA T-squared over ``fields`` (see the module's description)."""
+    """A learned normal per key and a persistent chart of its surprises (see the module)."""
 
-    def __init__(self, fields: tuple[str, ...], *, warmup: int = 200, **params: Any) -> None:
+    def __init__(
+        self, fields: tuple[str, ...], *, warmup: int = 400, model: Normal | None = None,
+        **params: Any,
+    ) -> None:  # fmt: skip
         unknown = set(params) - set(DEFAULTS)
         if unknown:
             raise ValueError(
@@ -106,144 +94,166 @@ class MultivariateDetector(Detector):
             )
         p = {**DEFAULTS, **params}
         self.fields = fields
-        self.warmup = max(int(warmup), 2 * len(fields) + 2)
+        self.warmup = max(int(warmup), 16)
         self.smoothing = float(p["smoothing"])
-        self.margin = float(p["margin"])
-        self.release = float(p["release"])
+        self.limit = float(p["limit"])
+        self.persist, self.window = int(p["persist"]), int(p["window"])
         self.settle = int(p["settle"])
+        self.release = float(p["release"])
+        self.gain = float(p["gain"])
+        self.clip = float(p["clip"])
         self.adapt = float(p["adapt"] or 0)
         self.accept_after = None if p["accept_after"] is None else int(p["accept_after"])
-        self.shrinkage = float(p["shrinkage"])
+        self._check()
+        self._drift = 1 - 0.5 ** (1 / self.adapt) if self.adapt > 0 else 0.0
+        if model is not None and model.fields != fields:
+            raise ValueError(f"the model is of fields {list(model.fields)}, not {list(fields)}")
+        self.model = model
+
+    def _check(self) -> None:
         if not 0 < self.smoothing <= 1:
             raise ValueError(f"smoothing is in (0, 1], not {self.smoothing}")
-        if not 0 <= self.shrinkage <= 1:
-            raise ValueError(f"shrinkage is in [0, 1], not {self.shrinkage}")
-        if self.margin <= 0 or self.settle < 1 or not 0 < self.release <= 1:
-            raise ValueError("margin > 0, settle >= 1 and release in (0, 1] are required")
-        self._drift = 1 - 0.5 ** (1 / self.adapt) if self.adapt > 0 else 0.0
+        if self.limit <= 0 or self.settle < 1 or not 0 < self.release <= 1:
+            raise ValueError("limit > 0, settle >= 1 and release in (0, 1] are required")
+        if not 1 <= self.persist <= self.window <= 60:
+            raise ValueError("1 <= persist <= window <= 60 is required")
+        if not 0 < self.gain <= 1:
+            raise ValueError(f"gain is in (0, 1], not {self.gain}")
+        if self.clip <= 0:
+            raise ValueError(f"clip is > 0, not {self.clip}")
 
     # -- state ---------------------------------------------------------------------------
     def load(self, state: Any) -> Live:
-        if state is None:
-            return Live()
+        if not state or "normal" not in state:  # a new key (or the MEWMA state of before)
+            live = Live(learning=(state or {}).get("learn", []) if state else [])
+            if self.model is not None:
+                self._start(live, self.model, np.zeros(len(self.fields)))
+            return live
         live = Live(
-            learning=state.get("learn", []),
-            limit=state.get("limit", 0.0),
-            anomalous=state.get("on", False),
-            level=state.get("level", 0.0),
-            calm=state.get("calm", 0),
-            recent=state.get("recent", []),
-            episode=state.get("episode", 0),
+            normal=Normal.from_plain(state["normal"]),
+            forecast=np.asarray(state["forecast"], dtype=float),
+            z=np.asarray(state["z"], dtype=float),
+            over=int(state["over"]),
+            anomalous=bool(state["on"]),
+            calm=int(state["calm"]),
+            episode=int(state["episode"]),
+            recent=state["recent"],
         )
-        if state.get("mu") is not None:
-            live.mu = np.asarray(state["mu"], dtype=float)
-            live.inverse = np.asarray(state["inv"], dtype=float)
-            live.z = np.asarray(state["z"], dtype=float)
+        if state.get("signature") is not None:
+            live.signature = np.asarray(state["signature"], dtype=float)
         return live
 
     def save(self, live: Live) -> Any:
-        out: dict[str, Any] = {"learn": live.learning} if live.mu is None else {}
-        if live.mu is not None:
-            assert live.inverse is not None and live.z is not None
-            out.update(
-                mu=live.mu.tolist(),
-                inv=live.inverse.tolist(),
-                z=live.z.tolist(),
-                limit=live.limit,
-                on=live.anomalous,
-                level=live.level,
-                calm=live.calm,
-                recent=live.recent,
-                episode=live.episode,
-            )
-        return out
+        if live.normal is None:
+            return {"learn": live.learning}
+        assert live.forecast is not None and live.z is not None
+        return {
+            "normal": live.normal.plain(),
+            "forecast": live.forecast.tolist(),
+            "z": live.z.tolist(),
+            "over": live.over,
+            "on": live.anomalous,
+            "signature": None if live.signature is None else live.signature.tolist(),
+            "calm": live.calm,
+            "episode": live.episode,
+            "recent": live.recent,
+        }
 
     # -- scoring -------------------------------------------------------------------------
     def step(
         self, live: Live, record: Mapping[str, Any], at: datetime | None
     ) -> tuple[float, str | None]:
-        x = self._vector(record)
+        x = finite_vector(record, self.fields)
         if x is None:  # a missing or non-finite field: no score, nothing learnt
             return 0.0, None
-        if live.mu is None:
+        if live.normal is None:
             live.learning.append(x.tolist())
             if len(live.learning) >= self.warmup:
-                self._fit(live)
+                normal, z = fit_normal(
+                    live.learning,
+                    self.fields,
+                    smoothing=self.smoothing,
+                    gain=self.gain,
+                    clip=self.clip,
+                )
+                self._start(live, normal, z)
             return 0.0, None
-        assert live.inverse is not None and live.z is not None
-        d = x - live.mu
-        z = live.z
-        z *= 1 - self.smoothing
-        z += self.smoothing * d
-        pulled = live.inverse @ z
-        t2 = float(z @ pulled)
-        self._track(live, x, d, t2)
-        score = t2 / (t2 + live.limit) if live.limit > 0 else 0.0
-        if live.anomalous:
-            score = max(score, 0.5)
-        top = int(np.argmax(z * pulled))
-        return score, self.fields[top]
+        u = self._deviation(live, x)
+        d = float(np.max(np.abs(u)))
+        self._track(live, x, u, d)
+        score = d / (d + self.limit)
+        score = max(score, 0.5) if live.anomalous else min(score, BELOW)
+        return score, self.fields[int(np.argmax(np.abs(u)))]
 
-    def _vector(self, record: Mapping[str, Any]) -> np.ndarray | None:
-        try:
-            x = np.array([float(record[f]) for f in self.fields], dtype=float)
-        except (KeyError, TypeError, ValueError):
-            return None
-        return x if np.all(np.isfinite(x)) else None
+    def started(self, normal: Normal) -> Any:
+        """The state of a key that starts from a normal fitted elsewhere (its history):
+        no warm-up, its chart at rest."""
+        live = Live()
+        self._start(live, normal, np.zeros(len(self.fields)))
+        return self.save(live)
 
-    def _fit(self, live: Live) -> None:
-        """The baseline from the warm-up's readings, and the limit from the chart's run
-        over them."""
-        rows = np.asarray(live.learning, dtype=float)
-        live.mu = rows.mean(axis=0)
-        cov = np.atleast_2d(np.cov(rows, rowvar=False))
-        diagonal = np.diag(np.diag(cov))
-        cov = (1 - self.shrinkage) * cov + self.shrinkage * diagonal
-        # a field that never moved gets a small variance of its own, not a zero
-        floor = max(float(np.max(np.diag(cov))), 1.0) * 1e-9
-        cov = cov + floor * np.eye(len(self.fields))
-        scale = self.smoothing / (2 - self.smoothing)
-        live.inverse = np.linalg.pinv(cov * scale)
-        z = np.zeros(len(self.fields))
-        stats = []
-        for row in rows:
-            z = self.smoothing * (row - live.mu) + (1 - self.smoothing) * z
-            stats.append(float(z @ live.inverse @ z))
-        tail = stats[len(stats) // 2 :]
-        seen = float(np.quantile(tail, LIMIT_QUANTILE))
-        live.limit = self.margin * max(seen, chi_squared_quantile(len(self.fields)))
-        live.z = z
+    def _start(self, live: Live, normal: Normal, z: np.ndarray) -> None:
+        live.normal, live.forecast, live.z = normal, normal.level.copy(), z.copy()
         live.learning = []
 
-    def _track(self, live: Live, x: np.ndarray, d: np.ndarray, t2: float) -> None:
-        """The key's state: open an episode, hold it, release it when the fault is
-        undone; follow slow drift while normal."""
+    def _deviation(self, live: Live, x: np.ndarray) -> np.ndarray:
+        """The smoothed standardized innovation in units of its warm-up spread; the
+        forecasts then learn the reading (smoothers always; levels only slowly, and
+        only while normal)."""
+        normal, forecast, z = live.normal, live.forecast, live.z
+        assert normal is not None and forecast is not None and z is not None
+        innovation = np.clip((x - forecast) / normal.sd, -self.clip, self.clip)
+        z *= 1 - self.smoothing
+        z += self.smoothing * innovation
+        forecast += normal.lam * (x - forecast)
+        if not live.anomalous and self._drift:
+            fixed = ~normal.moving
+            forecast[fixed] += self._drift * (x - forecast)[fixed]
+        return z / normal.scale
+
+    def _track(self, live: Live, x: np.ndarray, u: np.ndarray, d: float) -> None:
+        """Open an episode on persistent deviation, hold it, let it go when undone."""
+        live.over = ((live.over << 1) | int(d > self.limit)) & ((1 << self.window) - 1)
         if not live.anomalous:
-            if t2 > live.limit:
-                live.anomalous, live.level, live.calm, live.episode = True, math.log(t2), 0, 1
-                live.recent = []
-            elif self._drift:
-                assert live.mu is not None
-                live.mu += self._drift * d
+            if live.over.bit_count() >= self.persist:
+                live.anomalous, live.calm, live.episode = True, 0, 1
+                live.signature, live.recent = u.copy(), []
             return
+        assert live.signature is not None
         live.episode += 1
-        live.recent.append(x.tolist())
-        if len(live.recent) > self.settle:
-            del live.recent[0]
-        if t2 < self.release * math.exp(live.level) or t2 < live.limit:
+        live.recent = [*live.recent[-(self.settle - 1) :], x.tolist()]
+        if self._calm(live.signature, u, d):
             live.calm += 1
         else:
             live.calm = 0
-            live.level += LEVEL_WEIGHT * (math.log(t2) - live.level)
+            live.signature += SIGNATURE_RATE * (u - live.signature)
         accepted = self.accept_after is not None and live.episode >= self.accept_after
         if live.calm >= self.settle or accepted:
-            self._rebaseline(live)
+            self._end(live, accepted)
 
-    def _rebaseline(self, live: Live) -> None:
-        """The readings since the fault was undone (or, accepted, the latest ones) are
-        the new normal: the mean moves there, the covariance stays."""
-        live.anomalous, live.level, live.calm, live.episode = False, 0.0, 0, 0
+    def _calm(self, signature: np.ndarray, u: np.ndarray, d: float) -> bool:
+        """Every field under the limit; or the fault's own deviation mostly gone and
+        nothing else over the limit."""
+        if d < self.limit:
+            return True
+        size = float(np.linalg.norm(signature))
+        if size == 0:
+            return False
+        along = float(u @ signature) / size
+        rest = u - along * signature / size
+        return along < self.release * size and float(np.max(np.abs(rest))) < self.limit
+
+    def _end(self, live: Live, accepted: bool) -> None:
+        """The episode is over: the levels of the fields in the fault (every level,
+        when accepted) move to the latest readings."""
+        normal, forecast = live.normal, live.forecast
+        assert normal is not None and forecast is not None and live.signature is not None
+        moved = ~normal.moving
+        if not accepted:
+            moved &= np.abs(live.signature) > self.limit
         if live.recent:
-            live.mu = np.asarray(live.recent, dtype=float).mean(axis=0)
-        live.recent = []
-        live.z = np.zeros(len(self.fields))
+            forecast[moved] = np.asarray(live.recent, dtype=float).mean(axis=0)[moved]
+        live.anomalous, live.calm, live.episode, live.over = False, 0, 0, 0
+        live.signature, live.recent = None, []
+        if live.z is not None:
+            live.z[:] = 0

@@ -2,7 +2,8 @@
 to a model's manifest. :mod:`spanflow.ml.model_store` keeps manifests in a JetStream
 key-value bucket and artifacts in an object store, and applies these functions.
 
-A model has numbered versions; each has a sha256, a format (``onnx`` or ``river``),
+A model has numbered versions; each has a sha256, a format (``onnx``, ``river``, or
+``normal``: a detector's normal per key, :class:`spanflow.ml.normal.Normals`),
 an input schema (the fields it reads, in order) and a stage: ``staging`` when pushed,
 ``production`` (at most one version), or ``archived``. Promoting a version to
 production archives the one before and remembers it, so ``rollback`` can bring it
@@ -36,7 +37,7 @@ from spanflow.errors import InvalidModel, ModelError, ModelNotFound
 from spanflow.spec.pipeline import PipelineSpec
 from spanflow.spec.steps.models import ScoreStep
 
-Format = Literal["onnx", "river"]
+Format = Literal["onnx", "river", "normal"]
 Stage = Literal["staging", "production", "archived"]
 MODEL_NAME = r"^[A-Za-z0-9_-]{1,64}$"
 _NAME = re.compile(MODEL_NAME)

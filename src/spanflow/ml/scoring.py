@@ -45,7 +45,13 @@ _lock = threading.Lock()
 
 
 def check_fits(version: ModelVersion, fields: Mapping[str, str], name: str) -> None:
-    """InvalidModel unless the stream has every input of the version, as a number."""
+    """InvalidModel unless the stream has every input of the version, as a number (and
+    the version is a model that predicts: a detector's normals are not)."""
+    if version.format == "normal":
+        raise InvalidModel(
+            f"model {name} version {version.version} holds a detector's normals "
+            "(spanflow detector fit): a detect_anomalies step uses it, not a score step"
+        )
     missing = [f for f in version.inputs if f not in fields]
     if missing:
         raise InvalidModel(

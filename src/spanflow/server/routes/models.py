@@ -68,7 +68,7 @@ def add_model_routes(app: FastAPI, coordinator: Coordinator, guarded: list[Any])
     async def push(
         name: str,
         request: Request,
-        format: Annotated[str, Query(pattern="^(onnx|river)$")],
+        format: Annotated[str, Query(pattern="^(onnx|river|normal)$")],
         features: Annotated[str, Query(description="Input fields, in order: a,b,c")],
         note: str = "",
         accelerators: Annotated[

@@ -60,6 +60,8 @@ class CompileContext:
     named_sources: bool = False
     """Whether sources are named after their steps (offsets kept by name in the
     checkpoint: :mod:`spanflow.spark.source_names`)."""
+    passive: bool = False
+    """Sources only look (:attr:`spanflow.spark.connectors.SourceContext.passive`)."""
 
 
 REALTIME_ID_COLUMNS = ("_seq", "_updates")

@@ -46,6 +46,7 @@ def compile_source(
         checkpoint=ctx.checkpoint,
         late_rules=ctx.late_rules.get(step.id, ()),
         source_name=source_name(step.id) if ctx.named_sources else None,
+        passive=ctx.passive,
     )
     df = connectors.reader(step)(source, step)
     frame = Frame(df, key=(step.key,) if step.key else ())

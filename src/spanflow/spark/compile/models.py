@@ -14,6 +14,7 @@ from spanflow.errors import CompileError, ModelError
 from spanflow.ml.anomaly import ADDED, AnomalyDetection
 from spanflow.ml.detectors import make_detector
 from spanflow.ml.episodes import EPISODE_FIELDS, Episodes
+from spanflow.ml.fitted import Fitted, FittedNormals, stages_for
 from spanflow.ml.learning import (
     LEARNED,
     PREDICTION,
@@ -65,12 +66,12 @@ def compile_detect_anomalies(
     _check_numeric(step.id, fields, step.fields, "field")
     season = step.season_seconds(has_event_time=up.event_time is not None)
     detector = functools.partial(
-        make_detector, step.method, step.fields, step.detector_params(), season
+        make_detector, step.method_or_default, step.fields, step.detector_params(), season
     )
     try:
         detector()  # an unknown River class or a bad parameter fails now, not in a worker
     except (TypeError, ValueError) as exc:
-        raise CompileError(step.id, f"method {step.method}: {exc}") from None
+        raise CompileError(step.id, f"method {step.method_or_default}: {exc}") from None
     output = {k: v for k, v in fields.items() if k not in ADDED}
     output.update(ADDED)
     episodes = None
@@ -94,9 +95,42 @@ def compile_detect_anomalies(
             if ctx.nats_url
             else None
         ),
+        fitted=_fitted_normals(ctx, spec, step),
+        canary=step.canary,
     )
     df = transform_keyed(ctx, spec, step.id, frame, factory=factory, output=output, clock="none")
     return Frame(df, key=up.key, mode="append")
+
+
+def _fitted_normals(
+    ctx: CompileContext, spec: PipelineSpec, step: DetectAnomaliesStep
+) -> BatchNormals | None:
+    """Where a multivariate step's workers find the normals fitted from history."""
+    if not ctx.nats_url or step.method_or_default != "multivariate":
+        return None
+    where = FittedNormals(
+        ctx.nats_url,
+        spec.instance,
+        step.id,
+        step.model_name(spec.name),
+        step.fields,
+        stages_for(step.canary),
+    )
+    return BatchNormals(where)
+
+
+@dataclass(frozen=True)
+class BatchNormals:
+    """The fitted normals that hold for the micro-batch a worker's task is in."""
+
+    where: FittedNormals
+
+    def __call__(self) -> Mapping[str, Fitted | None]:
+        from pyspark import TaskContext
+
+        task = TaskContext.get()
+        batch = task.getLocalProperty("streaming.sql.batchId") if task is not None else None
+        return self.where.for_batch(batch)
 
 
 @dataclass(frozen=True)

@@ -80,7 +80,7 @@ def compile_pipeline(
         late_rules(core, wanted) if checkpoint and not realtime else {},
         named_sources,
     )
-    frames = _compile_frames(ctx, core, steps)
+    frames = compile_frames(ctx, core, steps)
     out: list[CompiledSink] = []
     for step in core.sinks():
         if sinks is not None and step.id not in sinks:
@@ -95,7 +95,7 @@ def compile_pipeline(
     return out
 
 
-def _compile_frames(ctx: CompileContext, spec: PipelineSpec, steps: list[Step]) -> dict[str, Frame]:
+def compile_frames(ctx: CompileContext, spec: PipelineSpec, steps: list[Step]) -> dict[str, Frame]:
     frames: dict[str, Frame] = {}
     for step in steps:
         if isinstance(step, SinkStep):
@@ -121,7 +121,7 @@ def step_schema(ctx: CompileContext, step_id: str) -> dict[str, str]:
         plan.step(step_id)
     except KeyError:
         raise CompileError(step_id, "schema_of names a step the pipeline does not have") from None
-    frames = _compile_frames(replace(ctx, plan=None), plan, plan.path_to(step_id))
+    frames = compile_frames(replace(ctx, plan=None), plan, plan.path_to(step_id))
     return spanflow_schema(step_id, frames[step_id].df.schema)
 
 

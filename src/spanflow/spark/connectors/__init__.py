@@ -61,6 +61,10 @@ class SourceContext:
     source_name: str | None = None
     """The name the query's checkpoint keeps this source's offsets under
     (:mod:`spanflow.spark.source_names`); None: by position, as before."""
+    passive: bool = False
+    """A reader that only looks (``spanflow detector fit`` reading history): it moves no
+    consumer or group the pipeline's own query reports its progress by, and sends no
+    dead letters (the pipeline's query sent those of the same records)."""
 
     def reader(self) -> DataStreamReader:
         """``spark.readStream``, named as the checkpoint keeps this source."""

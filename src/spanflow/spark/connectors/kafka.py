@@ -156,6 +156,7 @@ def _reader_options(
         "config": json.dumps(options.config),
         "config_env": json.dumps(options.config_env),
         "group": options.group or f"spanflow.{ctx.pipeline}.{step.id}",
+        "passive": "true" if ctx.passive else "false",
         "start": step.start,
         "start_time": start_time,
         "read_timeout": str(options.read_timeout),
@@ -239,6 +240,7 @@ class RecordDecoder:
         self.url = options["url"]
         self.pipeline = options["pipeline"]
         self.step = options["step"]
+        self.passive = options.get("passive") == "true"
         self.event_time = options.get("event_time") or None
         self.late_rules = tuple(
             LateRule.from_json(r) for r in json.loads(options.get("late_rules") or "[]")
@@ -261,7 +263,8 @@ class RecordDecoder:
         record_of = {id(m): r for r, m in zip(records, messages, strict=True)}
         if rejects:
             letters = [self._letter(record_of[id(m)], m, why) for m, why in rejects]
-            send_dead_letters(self.url, self.pipeline, self.step, letters)
+            if not self.passive:
+                send_dead_letters(self.url, self.pipeline, self.step, letters)
         rejected = {id(m) for m, _ in rejects}
         kept = [r for r, m in zip(records, messages, strict=True) if id(m) not in rejected]
         extra = [
@@ -476,6 +479,8 @@ class KafkaReader(DataSourceStreamReader):
     def commit(self, end: dict[str, Any]) -> None:
         from confluent_kafka import TopicPartition
 
+        if self.decoder.passive:
+            return  # only looking: the pipeline's own query reports its progress
         offsets = [TopicPartition(self.topic, int(p), int(o)) for p, o in end["p"].items()]
         try:
             self.consumer.commit(offsets=offsets, asynchronous=False)

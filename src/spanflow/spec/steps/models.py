@@ -5,6 +5,7 @@ engine state — per key, or one for the whole stream when the stream has no key
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Sequence
 from typing import Any, ClassVar, Literal
@@ -14,9 +15,13 @@ from pydantic import Field, field_validator, model_validator
 from spanflow.spec.durations import Duration, parse_duration
 from spanflow.spec.steps.base import Placement, Rate, StepBase, StreamFacts, one_or_many
 
-METHOD = r"^(likelihood|multivariate|robust|hst|river:[A-Za-z_][\w]*(\.[A-Za-z_]\w*)+)$"
+METHOD = r"^(likelihood|cad|multivariate|mewma|robust|hst|river:[A-Za-z_][\w]*(\.[A-Za-z_]\w*)+)$"
 _CALL = re.compile(r"^\s*(quantile|adaptive)\s*\(\s*([0-9.eE+-]+)\s*\)\s*$")
 ADDED_FIELDS = ("anomaly_score", "is_anomaly", "anomaly_field")
+WARMUPS = {"likelihood": 300, "cad": 300, "multivariate": 400, "mewma": 200}
+"""Default warm-up per method (docs/ml.md); 100 for the others."""
+CAD_THRESHOLD = 0.75
+"""cad's alarm score: the reference's own (a score this high starts its rest period)."""
 
 
 def _with_added(up: StreamFacts, added: Sequence[str]) -> StreamFacts:
@@ -80,7 +85,9 @@ class DetectAnomaliesStep(StepBase):
 
     placement: ClassVar[Placement] = Placement.KEYED
 
-    upgrade_free: ClassVar[frozenset[str]] = frozenset({"threshold", "warmup", "quiet"})
+    upgrade_free: ClassVar[frozenset[str]] = frozenset(
+        {"threshold", "warmup", "quiet", "model", "canary"}
+    )
     """The models, the records seen and the threshold's learned limits stay as they are
     when these change (a threshold of another kind is a change of state)."""
 
@@ -93,10 +100,18 @@ class DetectAnomaliesStep(StepBase):
 
     type: Literal["detect_anomalies"] = "detect_anomalies"
     fields: tuple[str, ...] = Field(min_length=1, description="Numeric fields to watch.")
-    method: str = Field(
-        default="likelihood",
+    method: str | None = Field(
+        default=None,
         pattern=METHOD,
-        description="likelihood, multivariate, robust, hst or river:<module>.<Class>.",
+        description="multivariate, cad, likelihood, mewma, robust, hst or "
+        "river:<module>.<Class>. Default: multivariate over two or more fields; over one, "
+        "cad when its range is declared, else likelihood.",
+    )
+    range: tuple[float, float] | dict[str, tuple[float, float]] | None = Field(
+        default=None,
+        description="The fields' range, as a plant knows its sensors': [low, high] for "
+        "every field, or {field: [low, high]}. Used by cad to quantize readings (without "
+        "it, cad uses the range seen so far).",
     )
     params: dict[str, Any] = Field(
         default_factory=dict, description="Parameters of the method (plain data)."
@@ -109,9 +124,9 @@ class DetectAnomaliesStep(StepBase):
     warmup: int | None = Field(
         default=None,
         ge=0,
-        description="Records per key before any anomaly (default: 300 for likelihood, "
-        "the records it learns from before it scores; 200 for multivariate, the records "
-        "its baseline is fitted on; 100 for the others).",
+        description="Records per key before any anomaly (default: 400 for multivariate "
+        "and 200 for mewma, the records a key's normal is fitted on; 300 for likelihood "
+        "and cad, the records they learn from first; 100 for the others).",
     )
     emit: Literal["all", "anomalies", "episodes"] = Field(
         default="all",
@@ -123,6 +138,20 @@ class DetectAnomaliesStep(StepBase):
         description="emit: episodes: an episode ends after this many of the key's "
         "readings (a number) or this much event time (a duration such as '10m') without "
         "an anomaly (default: 100 readings).",
+    )
+    model: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z0-9_-]{1,64}$",
+        description="multivariate: the registry model whose production version holds "
+        "normals fitted from history per key (spanflow detector fit); a key it has a "
+        "normal for starts from it, the others learn online. Default: "
+        "<pipeline>-<step>.",
+    )
+    canary: float = Field(
+        default=0.0,
+        ge=0,
+        le=1,
+        description="multivariate: the share of keys on the model's staging version.",
     )
     seasonality: str | None = Field(
         default=None,
@@ -141,9 +170,14 @@ class DetectAnomaliesStep(StepBase):
         if self.threshold is not None:
             parse_threshold(self.threshold)
         if self.seasonality not in (None, "none"):
-            if self.method not in ("robust", "likelihood"):
+            if self.method_or_default not in ("robust", "likelihood"):
                 raise ValueError("seasonality applies to the likelihood and robust methods only")
             parse_duration(self.seasonality)
+        self._check_range()
+        if (self.model is not None or self.canary) and self.method_or_default != "multivariate":
+            raise ValueError(
+                "model and canary apply to method multivariate (normals fitted from history)"
+            )
         clash = set(self.fields) & set(ADDED_FIELDS)
         if clash:
             raise ValueError(f"{sorted(clash)} are fields this step adds, not inputs")
@@ -158,6 +192,49 @@ class DetectAnomaliesStep(StepBase):
                 parse_duration(self.quiet)
         return self
 
+    def _check_range(self) -> None:
+        ranges = self.ranges()
+        for name, (low, high) in ranges.items():
+            if name not in self.fields:
+                raise ValueError(f"range of {name!r}: not one of the fields {list(self.fields)}")
+            if not (math.isfinite(low) and math.isfinite(high) and low <= high):
+                raise ValueError(f"range of {name!r} is [low, high] with low <= high, not "
+                                 f"{[low, high]}")  # fmt: skip
+        if ranges and self.method_or_default != "cad":
+            raise ValueError(
+                f"range applies to method cad (the default over one field), not "
+                f"{self.method_or_default}"
+            )
+
+    def ranges(self) -> dict[str, tuple[float, float]]:
+        """The declared range of each field that has one."""
+        if self.range is None:
+            return {}
+        if isinstance(self.range, dict):
+            return {name: (float(lo), float(hi)) for name, (lo, hi) in self.range.items()}
+        low, high = self.range
+        return dict.fromkeys(self.fields, (float(low), float(high)))
+
+    @property
+    def method_or_default(self) -> str:
+        """The method: the one named, else ``multivariate`` over two or more fields and,
+        over one, ``cad`` when its range is declared (it quantizes by it), else
+        ``likelihood`` (better than cad on a range it has to learn: docs/benchmarks.md)."""
+        if self.method is not None:
+            return self.method
+        if len(self.fields) >= 2:
+            return "multivariate"
+        return "cad" if self.range is not None else "likelihood"
+
+    def model_name(self, pipeline: str) -> str:
+        """The registry model a multivariate step reads its fitted normals from: its
+        ``model``, else the pipeline's and step's names (letters, digits, - and _; at
+        most 64)."""
+        if self.model is not None:
+            return self.model
+        name = re.sub(r"[^A-Za-z0-9_-]", "-", f"{pipeline}-{self.id}")
+        return name[:64]
+
     def quiet_readings_or_seconds(self) -> tuple[int | None, float | None]:
         """The episode's quiet period: (readings, None) or (None, seconds)."""
         if isinstance(self.quiet, str):
@@ -168,29 +245,37 @@ class DetectAnomaliesStep(StepBase):
     def threshold_or_default(self) -> float | str:
         if self.threshold is not None:
             return self.threshold
-        return 0.5 if self.method in ("likelihood", "multivariate", "robust") else 0.75
+        method = self.method_or_default
+        if method == "cad":
+            return CAD_THRESHOLD
+        return 0.5 if method in ("likelihood", "multivariate", "mewma", "robust") else 0.75
 
     @property
     def warmup_or_default(self) -> int:
         if self.warmup is not None:
             return self.warmup
-        return {"likelihood": 300, "multivariate": 200}.get(self.method, 100)
+        return WARMUPS.get(self.method_or_default, 100)
 
     def season_seconds(self, has_event_time: bool) -> float | None:
         """The period of the profile the detector is given, or None (likelihood: none
         given, it looks for one unless ``seasonality: none``)."""
-        if self.method not in ("robust", "likelihood") or self.seasonality == "none":
+        method = self.method_or_default
+        if method not in ("robust", "likelihood") or self.seasonality == "none":
             return None
         if self.seasonality is None:
-            return 86400.0 if has_event_time and self.method == "robust" else None
+            return 86400.0 if has_event_time and method == "robust" else None
         return parse_duration(self.seasonality)
 
     def detector_params(self) -> dict[str, Any]:
-        """``params``, plus what ``seasonality: none`` means for the likelihood method."""
-        if self.method == "likelihood" and self.seasonality == "none":
+        """``params``, plus what ``seasonality: none`` means for the likelihood method,
+        the warm-up a fitted normal is fitted on, and cad's declared ranges."""
+        method = self.method_or_default
+        if method == "likelihood" and self.seasonality == "none":
             return {**self.params, "detect_period": False}
-        if self.method == "multivariate":  # its baseline is fitted on the warm-up
+        if method in ("multivariate", "mewma"):  # fitted on the warm-up
             return {**self.params, "warmup": self.warmup_or_default}
+        if method == "cad" and self.range is not None:
+            return {**self.params, "ranges": self.ranges()}
         return dict(self.params)
 
     def check_inputs(self, inputs: Sequence[StreamFacts]) -> None:

@@ -152,6 +152,7 @@ def source_options(ctx: SourceContext, step: SourceStep) -> dict[str, str]:
         "protobuf": step.protobuf.model_dump_json() if step.protobuf else "",
         "checkpoint": ctx.checkpoint or "",
         "late_rules": json.dumps([r.to_json() for r in ctx.late_rules]),
+        "passive": "true" if ctx.passive else "false",
     }
 
 
@@ -250,6 +251,8 @@ class JetStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """The stream's (first, last) at its last answer."""
         self._silence = Silence(f"stream {self.stream}")
         self.checkpoint = options.get("checkpoint") or None
+        self.passive = options.get("passive") == "true"
+        """Only looking (a fit over history): no progress consumer, no dead letters."""
         self.late_rules = tuple(
             LateRule.from_json(r) for r in json.loads(options.get("late_rules") or "[]")
         )
@@ -402,6 +405,8 @@ class JetStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         election the consumer does not answer for seconds — a blocking move held the
         next batch that long. One move runs at a time and always ends at the newest
         position."""
+        if self.passive:
+            return
         self._progress_to = int(end["seq"])
         if self._advancing is None or self._advancing.done():
             self._advancing = self.client.submit(self._advance_progress)
@@ -497,7 +502,8 @@ class JetStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                         )
                         for m, reason in rejects
                     ]
-                    await publish_dead_letters(nc, self.pipeline, self.step, letters)
+                    if not self.passive:
+                        await publish_dead_letters(nc, self.pipeline, self.step, letters)
                 return batches
             finally:
                 await nc.close()

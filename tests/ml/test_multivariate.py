@@ -150,3 +150,24 @@ def test_bad_readings_parameters_and_an_old_state() -> None:
     old = {"mu": [1.0] * 4, "inv": [[1.0] * 4] * 4, "z": [0.0] * 4, "limit": 3.0, "on": True}
     fresh = detector.load(old)
     assert fresh.normal is None and detector.step(fresh, good, None) == (0.0, None)
+
+
+def test_a_lingering_field_is_fitted_as_an_ar1_and_a_lasting_shift_of_it_is_held() -> None:
+    rng = random.Random(8)
+    rows, vibration = _pump(2400), 0.0
+    for i, r in enumerate(rows):
+        vibration = 0.6 * vibration + rng.gauss(0, 0.01)  # comes back, but not at once
+        r["vibration"] = 0.3 + vibration + (0.05 if 1200 <= i < 1800 else 0.0)
+    fields = (*FIELDS, "vibration")
+    normal, _ = fit_normal([[r[f] for f in fields] for r in rows[:WARMUP]], fields,
+                           smoothing=0.1, gain=0.8)  # fmt: skip
+    forecasts = dict(zip(fields, zip(normal.lam, normal.phi, strict=True), strict=True))
+    assert forecasts["vibration"][0] == 0 and 0.4 < forecasts["vibration"][1] < 0.8
+    detector = make_detector("multivariate", fields, {"warmup": WARMUP}, None)
+    threshold = make_threshold(0.5)
+    flags = [
+        f for _, f, _ in judge(detector, detector.load(None), threshold, {}, rows, None, WARMUP)
+    ]
+    assert not any(flags[WARMUP:1200])
+    assert sum(flags[1200:1800]) >= 0.9 * 600  # held while it lasts: not forecast away
+    assert not any(flags[1800 + 60 :])

@@ -18,11 +18,12 @@ import numpy as np
 import pytest
 
 import spanflow as sf
+from spanflow.ml.fitted import detector_step
 from spanflow.ml.model_store import with_store
 from spanflow.ml.multivariate import MultivariateDetector
 from spanflow.ml.normal import fit_normal
 from spanflow.nats.streams import connect
-from spanflow.spark.detector_fit import detector_step, fit_detector
+from spanflow.spark.detector_fit import fit_detector
 from spanflow.spark.runner import PipelineRunner
 from spanflow.spec.pipeline import PipelineSpec
 from tests.helpers import publish, read_all, read_records, wait_for
@@ -212,3 +213,58 @@ def test_a_fit_killed_half_way_leaves_the_registry_as_it_was(nats_url, tmp_path,
     assert f"pushed {name} version 1" in done.stdout
     manifest, _ = _store(nats_url, lambda s: s.manifest(name))
     assert [(v.version, v.stage, v.format) for v in manifest.versions] == [(1, "staging", "normal")]
+
+
+TOPOLOGY = """
+sites: [{{name: plant}}, {{name: cloud, kind: cloud}}]
+nodes:
+  - {{name: p1, site: plant, streams: [{{name: PUMPS_{uid}, subjects: ["pumps{uid}.>"]}}]}}
+  - {{name: c1, site: cloud}}
+links: [{{between: [plant, cloud], latency: 20ms}}]
+"""
+
+
+@pytest.mark.slow
+def test_a_fit_started_through_the_rest_api_is_pushed_and_promoted_by_the_leader(tmp_path, uid):
+    from fastapi.testclient import TestClient
+
+    from spanflow.api.topology_loader import load_topology_text
+    from spanflow.control.coordinator import Coordinator, CoordinatorSettings
+    from spanflow.nats.server import EmbeddedNats
+    from spanflow.server.app import create_app
+
+    auth = {"Authorization": "Bearer secret"}
+    with EmbeddedNats(tmp_path / "nats") as server:
+        history = _readings("a", 0, HISTORY, 32.0, 1) + _readings("b", 0, HISTORY, 50.0, 2)
+        publish(server.url, f"PUMPS_{uid}", f"pumps{uid}.r", history)
+        settings = CoordinatorSettings(
+            nats_url=server.url, state_dir=str(tmp_path / "state"), token="secret",
+            topology=load_topology_text(TOPOLOGY.format(uid=uid)), heartbeat_interval=30.0,
+        )  # fmt: skip
+        spec = _spec(uid)
+        with TestClient(create_app(Coordinator(settings))) as api:
+            submitted = api.post("/api/v1/pipelines", json={"spec": spec.model_dump(mode="json")},
+                                 headers=auth)  # fmt: skip
+            assert submitted.status_code == 201, submitted.text
+            base = f"/api/v1/pipelines/{spec.name}/detectors"
+            wrong = api.post(f"{base}/nope/fit", json={}, headers=auth)
+            assert wrong.status_code == 422 and "no detect_anomalies step" in wrong.text
+            assert api.post(f"{base}/watch/fit", json={}).status_code == 401
+            body = {"from": T0.isoformat(), "promote": True}
+            started = api.post(f"{base}/watch/fit", json=body, headers=auth)
+            assert started.status_code == 202 and started.json()["state"] == "running"
+            again = api.post(f"{base}/watch/fit", json=body, headers=auth)
+            assert again.status_code == 409  # one at a time
+            wait_for(
+                lambda: api.get(f"{base}/watch/fit", headers=auth).json()["state"] != "running",
+                timeout=400,
+            )
+            job = api.get(f"{base}/watch/fit", headers=auth).json()
+            assert job["state"] == "done", job["output"]
+            assert (job["version"], job["promoted"], job["model"]) == (1, True, spec_model(spec))
+            model = api.get(f"/api/v1/models/{job['model']}", headers=auth).json()
+            assert model["production"] == 1 and model["versions"][0]["format"] == "normal"
+
+
+def spec_model(spec: PipelineSpec) -> str:
+    return detector_step(spec, "watch").model_name(spec.name)

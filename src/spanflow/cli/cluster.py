@@ -203,6 +203,7 @@ def coordinator(
             gossip_profile=gossip_profile,
             rebalance=rebalance,
             public_reads=public_reads,
+            data_dir=str(directory),
         )
         sock = _listen(host, port)
         actual = sock.getsockname()[1]

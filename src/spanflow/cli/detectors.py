@@ -101,6 +101,9 @@ def fit(
     out: Annotated[
         Path | None, typer.Option("--out", help="Also write the fitted normals to this file.")
     ] = None,
+    no_push: Annotated[
+        bool, typer.Option("--no-push", help="Only write --out: push nothing to the registry.")
+    ] = False,
     nats: NatsOption = None,
     data_dir: DataDirOption = None,
     coordinator: RegistryCoordinatorOption = None,
@@ -114,6 +117,8 @@ def fit(
     from spanflow.cli.common import SpanflowError
 
     try:
+        if no_push and out is None:
+            raise SpanflowError("--no-push needs --out (where the normals go)")
         spec = _pipeline_spec(pipeline, coordinator, token)
         result, chosen = _run_fit(spec, step, start, end, nats, data_dir)
     except SpanflowError as exc:
@@ -123,6 +128,9 @@ def fit(
     data = result.normals.to_bytes()
     if out is not None:
         out.write_bytes(data)
+    if no_push:
+        console.print(f"fitted {len(result.normals.keys)} key(s) on {result.rows:,} readings")
+        return
     version = _push(model, data, chosen.fields, result, promote, nats, data_dir, coordinator, token)
     few = len(result.skipped)
     skipped = f"; {few} key(s) with too few readings left out" if few else ""
@@ -157,7 +165,8 @@ def _run_fit(
 ) -> tuple[FitResult, DetectAnomaliesStep]:
     """The fit job on a local Spark session, over the NATS server holding the history."""
     from spanflow.cli.common import data_dir_or_default, nats_url
-    from spanflow.spark.detector_fit import detector_step, fit_in_session
+    from spanflow.ml.fitted import detector_step
+    from spanflow.spark.detector_fit import fit_in_session
 
     step = detector_step(spec, step_id)
     with (

@@ -33,6 +33,8 @@ class CoordinatorSettings:
     cost (worst input latency) and by at least a millisecond."""
     name: str = "coordinator"
     """Unique per replica: the lease names its holder."""
+    data_dir: str | None = None
+    """Where its secrets are (fits started through the API read streams with them)."""
     url: str | None = None
     """Where this replica's API answers (standbys redirect writes to the leader's)."""
     replicas: int | None = None

@@ -25,11 +25,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from spanflow.errors import InvalidModel, ModelError, ModelNotFound
+from spanflow.errors import InvalidModel, ModelError, ModelNotFound, SpecError
 from spanflow.ml.model_store import ModelStore
 from spanflow.ml.normal import Normals
 from spanflow.ml.registry import ModelVersion
 from spanflow.protocol.names import MODEL_PINS_BUCKET, token
+from spanflow.spec.pipeline import PipelineSpec
+from spanflow.spec.steps.models import DetectAnomaliesStep
 from spanflow.store.pins import Pins
 from spanflow.store.session import JetStream, run_with_jetstream
 
@@ -148,3 +150,21 @@ def choose(
     version, normals = chosen
     normal = normals.keys.get(key_text)
     return (version, normal) if normal is not None else (None, None)
+
+
+def detector_step(spec: PipelineSpec, step_id: str | None) -> DetectAnomaliesStep:
+    """The pipeline's multivariate detect_anomalies step ``step_id`` (or its only one)."""
+    steps = [s for s in spec.expanded().steps if isinstance(s, DetectAnomaliesStep)]
+    if step_id is not None:
+        steps = [s for s in steps if s.id == step_id]
+    if len(steps) != 1:
+        known = [s.id for s in spec.steps if isinstance(s, DetectAnomaliesStep)]
+        what = f"no detect_anomalies step {step_id!r}" if step_id else "name the step"
+        raise SpecError(f"pipeline {spec.name}: {what} (detect_anomalies steps: {known})")
+    step = steps[0]
+    if step.method_or_default != "multivariate":
+        raise SpecError(
+            f"{spec.name}/{step.id} uses method {step.method_or_default}: only multivariate "
+            "learns a normal that can be fitted from history"
+        )
+    return step

@@ -2,8 +2,9 @@
 normal from its warm-up, chart each sensor's surprises, and keep a fault as a state.
 
 1. **Learn normal** (:mod:`spanflow.ml.normal`): each field's one-step forecast — a
-   fixed level for a sensor that hovers around a set point, an exponential smoother
-   for one that wanders (a temperature) — fitted on the key's first ``warmup``
+   fixed level for a sensor that hovers around a set point, an AR(1) around its level
+   for one that lingers but comes back, an exponential smoother for one that wanders
+   (a temperature) — fitted on the key's first ``warmup``
    readings, or taken from a model fitted on the key's history
    (``spanflow detector fit``).
 2. **Chart the surprises**: each reading's innovation (reading minus forecast), in
@@ -69,6 +70,8 @@ class Live:
     learning: list[list[float]] = field(default_factory=list)
     normal: Normal | None = None
     forecast: np.ndarray | None = None
+    """Per field: its level (a smoother's state for a smoothed field)."""
+    previous: np.ndarray | None = None
     z: np.ndarray | None = None
     over: int = 0
     """Bit i: the reading i back was over the limit."""
@@ -132,6 +135,7 @@ class MultivariateDetector(Detector):
         live = Live(
             normal=Normal.from_plain(state["normal"]),
             forecast=np.asarray(state["forecast"], dtype=float),
+            previous=np.asarray(state["previous"], dtype=float),
             z=np.asarray(state["z"], dtype=float),
             over=int(state["over"]),
             anomalous=bool(state["on"]),
@@ -146,10 +150,11 @@ class MultivariateDetector(Detector):
     def save(self, live: Live) -> Any:
         if live.normal is None:
             return {"learn": live.learning}
-        assert live.forecast is not None and live.z is not None
+        assert live.forecast is not None and live.z is not None and live.previous is not None
         return {
             "normal": live.normal.plain(),
             "forecast": live.forecast.tolist(),
+            "previous": live.previous.tolist(),
             "z": live.z.tolist(),
             "over": live.over,
             "on": live.anomalous,
@@ -194,6 +199,7 @@ class MultivariateDetector(Detector):
 
     def _start(self, live: Live, normal: Normal, z: np.ndarray) -> None:
         live.normal, live.forecast, live.z = normal, normal.level.copy(), z.copy()
+        live.previous = normal.level.copy()
         live.learning = []
 
     def _deviation(self, live: Live, x: np.ndarray) -> np.ndarray:
@@ -202,10 +208,13 @@ class MultivariateDetector(Detector):
         only while normal)."""
         normal, forecast, z = live.normal, live.forecast, live.z
         assert normal is not None and forecast is not None and z is not None
-        innovation = np.clip((x - forecast) / normal.sd, -self.clip, self.clip)
+        assert live.previous is not None
+        predicted = forecast + normal.phi * (live.previous - forecast)
+        innovation = np.clip((x - predicted) / normal.sd, -self.clip, self.clip)
         z *= 1 - self.smoothing
         z += self.smoothing * innovation
         forecast += normal.lam * (x - forecast)
+        live.previous = x
         if not live.anomalous and self._drift:
             fixed = ~normal.moving
             forecast[fixed] += self._drift * (x - forecast)[fixed]

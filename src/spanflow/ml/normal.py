@@ -12,10 +12,17 @@ So each field gets the one-step forecast that fits its warm-up best — the text
 answer for autocorrelated data (Montgomery, *Introduction to Statistical Quality
 Control*, ch. 10: chart the residuals of a time-series model, not the readings):
 
-* a **level** (the warm-up's mean) for a field no exponential smoother beats by
-  ``gain`` (its one-step squared error must fall below ``gain`` times the level's);
-* else an **exponential smoother** ``f <- f + lam * (x - f)`` with the ``lam`` of
-  ``LAMBDAS`` that forecasts the warm-up best: a slow field is judged by its surprises.
+* a **level** (the warm-up's mean) for a field no other forecast beats by ``gain``
+  (its one-step squared error must fall below ``gain`` times the level's);
+* an **AR(1) around the level**, ``mu + phi * (previous - mu)``, for a field that
+  lingers but comes back (a vibration's RMS): its level stays what the warm-up says, so
+  a shift that lasts keeps showing in the innovations (``(1 - phi)`` of it);
+* an **exponential smoother** ``f <- f + lam * (x - f)`` (the ``lam`` of ``LAMBDAS``
+  that forecasts the warm-up best) for a field that wanders without coming back (a
+  temperature, ``phi`` near 1): judged by its surprises, not by how far it wandered.
+
+Of the AR(1) (when ``phi`` < ``UNIT``) and the smoother, the one with the smaller
+one-step error is taken, when it beats the level by ``gain``.
 
 The fit keeps each field's forecast kind, the level or smoother state, the standard
 deviation of its one-step errors (its *innovations*), and how much an exponentially
@@ -36,17 +43,22 @@ import numpy as np
 
 LAMBDAS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 1.0)
 """Smoothing constants a field's forecast may take (1: the previous reading)."""
+UNIT = 0.9
+"""A lag-one autocorrelation this high is a field that wanders (a smoother's), not one
+that comes back (an AR(1)'s)."""
 FORMAT = 1
 """Version of :meth:`Normal.plain`'s layout."""
 
 
 @dataclass
 class Normal:
-    """A fitted normal: per field, its forecast's ``lam`` (0: a fixed level), the
-    forecast's state, the innovations' standard deviation and the chart's scale."""
+    """A fitted normal: per field, its forecast's ``lam`` (a smoother's; 0: none) and
+    ``phi`` (an AR(1)'s; 0: none), its level (or the smoother's state), the innovations'
+    standard deviation and the chart's scale."""
 
     fields: tuple[str, ...]
     lam: np.ndarray
+    phi: np.ndarray
     level: np.ndarray
     sd: np.ndarray
     scale: np.ndarray
@@ -64,6 +76,7 @@ class Normal:
             "format": FORMAT,
             "fields": list(self.fields),
             "lam": self.lam.tolist(),
+            "phi": self.phi.tolist(),
             "level": self.level.tolist(),
             "sd": self.sd.tolist(),
             "scale": self.scale.tolist(),
@@ -78,32 +91,55 @@ class Normal:
             if data.get("format") != FORMAT:
                 raise ValueError(f"format {data.get('format')!r}, not {FORMAT}")
             fields = tuple(str(f) for f in data["fields"])
-            arrays = [np.asarray(data[k], dtype=float) for k in ("lam", "level", "sd", "scale")]
+            names = ("lam", "phi", "level", "sd", "scale")
+            arrays = [np.asarray(data[k], dtype=float) for k in names]
             smoothing, rows = float(data["smoothing"]), int(data["rows"])
-        except (KeyError, TypeError, AttributeError) as exc:
+        except (KeyError, TypeError, AttributeError, ValueError) as exc:
             raise ValueError(f"not a fitted normal: {exc}") from None
         if any(a.shape != (len(fields),) or not np.all(np.isfinite(a)) for a in arrays):
             raise ValueError("not a fitted normal: one finite number per field expected")
-        lam, level, sd, scale = arrays
-        if np.any(lam < 0) or np.any(lam > 1) or np.any(sd <= 0) or np.any(scale <= 0):
-            raise ValueError("not a fitted normal: lam in [0, 1], sd and scale > 0")
+        lam, phi, level, sd, scale = arrays
+        if np.any(lam < 0) or np.any(lam > 1) or np.any(phi < 0) or np.any(phi >= 1):
+            raise ValueError("not a fitted normal: lam in [0, 1], phi in [0, 1)")
+        if np.any((lam > 0) & (phi > 0)) or np.any(sd <= 0) or np.any(scale <= 0):
+            raise ValueError("not a fitted normal: one forecast per field, sd and scale > 0")
         if not 0 < smoothing <= 1:
             raise ValueError("not a fitted normal: smoothing in (0, 1]")
-        return cls(fields, lam, level, sd, scale, smoothing, rows)
+        return cls(fields, lam, phi, level, sd, scale, smoothing, rows)
 
 
-def choose_forecasts(rows: np.ndarray, gain: float, burn: int) -> np.ndarray:
-    """Each field's ``lam``: 0 (a fixed level) unless a smoother's one-step squared
-    error on ``rows`` (after ``burn`` readings) is below ``gain`` times the level's."""
-    out = np.zeros(rows.shape[1])
+def choose_forecasts(rows: np.ndarray, gain: float, burn: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each field's (``lam``, ``phi``): (0, 0), a fixed level, unless the better of an
+    AR(1) (when the field comes back: ``phi`` < ``UNIT``) and a smoother makes a one-step
+    squared error on ``rows`` (after ``burn`` readings) below ``gain`` times the level's."""
+    lam, phi = np.zeros(rows.shape[1]), np.zeros(rows.shape[1])
     for j in range(rows.shape[1]):
         series = rows[:, j]
         fixed = float(np.mean(np.square(series[burn:] - series.mean())))
-        errors = {lam: _smoother_error(series, lam, burn) for lam in LAMBDAS}
-        best = min(errors, key=lambda lam: errors[lam])
-        if errors[best] < gain * fixed:
-            out[j] = best
-    return out
+        smoothers = {x: _smoother_error(series, x, burn) for x in LAMBDAS}
+        best = min(smoothers, key=lambda x: smoothers[x])
+        coefficient = _autocorrelation(series)
+        returning = _ar_error(series, coefficient, burn) if coefficient < UNIT else math.inf
+        if min(returning, smoothers[best]) >= gain * fixed:
+            continue
+        if returning <= smoothers[best]:
+            phi[j] = coefficient
+        else:
+            lam[j] = best
+    return lam, phi
+
+
+def _autocorrelation(series: np.ndarray) -> float:
+    """The lag-one autocorrelation (0 for a field that never moved), at least 0."""
+    centred = series - series.mean()
+    power = float(centred @ centred)
+    return max(0.0, float(centred[1:] @ centred[:-1]) / power) if power > 0 else 0.0
+
+
+def _ar_error(series: np.ndarray, phi: float, burn: int) -> float:
+    centred = series - series.mean()
+    errors = centred[1:] - phi * centred[:-1]
+    return float(np.mean(np.square(errors[max(burn - 1, 0) :])))
 
 
 def _smoother_error(series: np.ndarray, lam: float, burn: int) -> float:
@@ -133,13 +169,15 @@ def fit_normal(
     if data.ndim != 2 or data.shape[1] != len(fields) or len(data) < 16:
         raise ValueError(f"fitting a normal needs at least 16 readings of {len(fields)} fields")
     burn = max(2, len(data) // 8)
-    lam = choose_forecasts(data, gain, burn)
+    lam, phi = choose_forecasts(data, gain, burn)
     mean = data.mean(axis=0)
     forecast = np.where(lam > 0, data[:burn].mean(axis=0), mean)
+    previous = mean.copy()
     errors = np.empty_like(data)
     for i, row in enumerate(data):
-        errors[i] = row - forecast
+        errors[i] = row - (forecast + phi * (previous - forecast))
         forecast = forecast + lam * (row - forecast)
+        previous = row
     errors = errors[burn:]
     spread = errors.std(axis=0)
     sd = np.where(spread > 0, spread, np.maximum(np.abs(mean) * 1e-6, 1e-9))
@@ -152,7 +190,7 @@ def fit_normal(
     settled = smoothed[min(len(smoothed) - 1, int(2 / smoothing)) :]
     inflation = np.sqrt(np.maximum(1.0, settled.var(axis=0) / white**2))
     level = np.where(lam > 0, forecast, mean)
-    normal = Normal(fields, lam, level, sd, white * inflation, smoothing, len(data))
+    normal = Normal(fields, lam, phi, level, sd, white * inflation, smoothing, len(data))
     return normal, z
 
 

@@ -10,6 +10,7 @@ and rule sets' manifests are their own packages' models (``spanflow.ml.registry`
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -224,6 +225,39 @@ class RebaselineBody(BaseModel):
     record: dict[str, Any] | None = Field(
         default=None, description="Or a detection as a sink wrote it: its key fields name the key."
     )
+
+
+class FitBody(BaseModel):
+    """A fit of a multivariate detector's normal per key on the stored history."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    start: datetime | None = Field(
+        default=None, alias="from", description="Readings from this event time (ISO 8601)."
+    )
+    end: datetime | None = Field(
+        default=None, alias="to", description="... up to this one, excluded (default: all)."
+    )
+    model: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z0-9_-]{1,64}$",
+        description="Registry model (default: the step's model, or <pipeline>-<step>).",
+    )
+    promote: bool = Field(default=False, description="Promote the new version to production.")
+
+
+class FitJob(_Answer):
+    """A fit started through the REST API, and how it went."""
+
+    pipeline: str
+    step: str
+    model: str
+    state: Literal["running", "done", "failed"]
+    started: float
+    finished: float | None = None
+    version: int | None = Field(default=None, description="The version it pushed.")
+    promoted: bool = False
+    output: str = Field(default="", description="The end of the job's output.")
 
 
 class StepUpgradeVerdict(_Answer):

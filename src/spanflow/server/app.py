@@ -29,6 +29,7 @@ from spanflow.server import errors
 from spanflow.server.principals import authenticator, permits
 from spanflow.server.routes.cluster import add_cluster_routes
 from spanflow.server.routes.dashboard import add_dashboard_routes, sampling
+from spanflow.server.routes.detectors import add_detector_routes
 from spanflow.server.routes.models import add_model_routes
 from spanflow.server.routes.nodes import add_node_routes
 from spanflow.server.routes.pipelines import add_pipeline_routes
@@ -91,6 +92,7 @@ def create_app(coordinator: Coordinator) -> FastAPI:
     add_topology_routes(app, coordinator, guarded)
     add_node_routes(app, coordinator, guarded)
     add_pipeline_routes(app, coordinator, guarded)
+    add_detector_routes(app, coordinator, guarded)
     add_model_routes(app, coordinator, guarded)
     add_rule_routes(app, coordinator, guarded)
     add_dashboard_routes(app, coordinator, guarded)

@@ -28,7 +28,7 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from spanflow.errors import CompileError, SpecError
+from spanflow.errors import CompileError
 from spanflow.ml.detectors import make_detector
 from spanflow.ml.multivariate import MultivariateDetector
 from spanflow.ml.normal import Normal, Normals, fit_normal
@@ -51,24 +51,6 @@ class FitResult:
     rows: int
     skipped: dict[str, int] = field(default_factory=dict)
     """Keys with too few readings to fit, and how many they had."""
-
-
-def detector_step(spec: PipelineSpec, step_id: str | None) -> DetectAnomaliesStep:
-    """The pipeline's multivariate detect_anomalies step ``step_id`` (or its only one)."""
-    steps = [s for s in spec.expanded().steps if isinstance(s, DetectAnomaliesStep)]
-    if step_id is not None:
-        steps = [s for s in steps if s.id == step_id]
-    if len(steps) != 1:
-        known = [s.id for s in spec.steps if isinstance(s, DetectAnomaliesStep)]
-        what = f"no detect_anomalies step {step_id!r}" if step_id else "name the step"
-        raise SpecError(f"pipeline {spec.name}: {what} (detect_anomalies steps: {known})")
-    step = steps[0]
-    if step.method_or_default != "multivariate":
-        raise SpecError(
-            f"{spec.name}/{step.id} uses method {step.method_or_default}: only multivariate "
-            "learns a normal that can be fitted from history"
-        )
-    return step
 
 
 def fit_detector(

@@ -12,7 +12,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from spanflow.errors import InvalidModel
-from spanflow.ml.anomaly import AnomalyDetection
+from spanflow.ml.anomaly import SHADOW, AnomalyDetection
 from spanflow.ml.artifacts import describe
 from spanflow.ml.detectors import make_detector
 from spanflow.ml.fitted import canary_key, choose
@@ -46,7 +46,7 @@ def _normals(*keys: str, flow: float = 32.0) -> Normals:
     return Normals(FIELDS, fitted)
 
 
-def _harness(versions: dict) -> KeyedProcessorTest:
+def _harness(versions: dict, **extra: object) -> KeyedProcessorTest:
     generations: dict[str, int] = {}
     harness = KeyedProcessorTest(
         AnomalyDetection,
@@ -59,6 +59,7 @@ def _harness(versions: dict) -> KeyedProcessorTest:
             "anomaly_score": "double",
             "is_anomaly": "boolean",
             "anomaly_field": "string?",
+            **(SHADOW if extra.get("shadow") else {}),
         },
         params={
             "detector": lambda: make_detector("multivariate", FIELDS, {"warmup": WARMUP}, None),
@@ -69,6 +70,7 @@ def _harness(versions: dict) -> KeyedProcessorTest:
             "fitted": lambda: versions,  # one object, changed in place (as rebaselines)
             "rebaselines": lambda: generations,
             "canary": 0.0,
+            **extra,
         },
     )
     harness.generations = generations  # type: ignore[attr-defined]
@@ -128,3 +130,24 @@ def test_a_normal_model_file_is_checked() -> None:
     for bad in (b"{", b'{"kind": "other"}', data.replace(b'"sd":[', b'"sd":[-1,')):
         with pytest.raises(InvalidModel, match="not a normal model"):
             describe(bad, "normal", list(FIELDS))
+
+
+def test_a_shadow_scores_every_record_with_the_staging_version_beside_production() -> None:
+    from spanflow.ml.multivariate import MultivariateDetector
+    from spanflow.spec.steps.models import DetectAnomaliesStep
+
+    production, staging = _normals("a"), _normals("a", flow=29.0)
+    versions: dict = {"production": (1, production), "staging": (2, staging)}
+    harness = _harness(versions, shadow=True)
+    rows = _rows("a", 0, 80, 32.0, 9)
+    out = harness.process(rows[:40]) + harness.process(rows[40:])  # kept across batches
+    detector = MultivariateDetector(FIELDS)
+    for normals, score_of in ((production, "anomaly_score"), (staging, "shadow_score")):
+        live = detector.load(detector.started(normals.keys["a"]))
+        assert [r[score_of] for r in out] == [detector.step(live, r, None)[0] for r in rows]
+    assert {r["shadow_version"] for r in out} == {2}
+    assert not any(r["is_anomaly"] for r in out) and all(r["shadow_anomaly"] for r in out[10:])
+    with pytest.raises(ValueError, match="shadow scores records"):
+        DetectAnomaliesStep(id="d", fields=FIELDS, shadow=True, emit="episodes")
+    with pytest.raises(ValueError, match="apply to method multivariate"):
+        DetectAnomaliesStep(id="d", fields=("flow",), shadow=True)

@@ -21,12 +21,14 @@ import orjson
 from spanflow.api.processor import Context, KeyedProcessor, Record, StateDeclarations
 from spanflow.ml.detectors import Detector
 from spanflow.ml.episodes import Episodes
-from spanflow.ml.fitted import Fitted, choose
+from spanflow.ml.fitted import Fitted, choose, staged
 from spanflow.ml.rebaseline import key_text, requested
 from spanflow.ml.thresholds import Threshold
 
 SCORE, FLAG, FIELD = "anomaly_score", "is_anomaly", "anomaly_field"
 ADDED = {SCORE: "double", FLAG: "boolean", FIELD: "string?"}
+SHADOW = {"shadow_score": "double?", "shadow_anomaly": "boolean?", "shadow_version": "long?"}
+"""What ``shadow`` adds: the staging version's score of the record (its own alarm at 0.5)."""
 
 
 class AnomalyDetection(KeyedProcessor):
@@ -45,6 +47,7 @@ class AnomalyDetection(KeyedProcessor):
         rebaselines: Callable[[], Mapping[str, int]] | None = None,
         fitted: Callable[[], Mapping[str, Fitted | None]] | None = None,
         canary: float = 0.0,
+        shadow: bool = False,
     ) -> None:
         self.detector = detector()
         self.episodes = episodes() if episodes is not None else None
@@ -58,6 +61,7 @@ class AnomalyDetection(KeyedProcessor):
         self._fitted = fitted
         self._fitted_now: Mapping[str, Fitted | None] | None = None
         self.canary = canary
+        self.shadow = shadow
 
     def init(self, state: StateDeclarations) -> None:
         # One JSON blob: a detector's state is nested plain data, read and written
@@ -68,6 +72,7 @@ class AnomalyDetection(KeyedProcessor):
         blob = self.state.get()
         saved: dict[str, Any] = orjson.loads(blob) if blob else {"n": 0, "d": None, "t": None}
         out: list[Record] = []
+        shadowed = saved.get("s")  # the shadow chart's state, kept through restarts
         generation = requested(self.generations(), key)
         version, normal = choose(self.fitted(), key_text(key), self.canary)
         if generation > saved.get("g", 0):  # learn afresh online, whatever was fitted
@@ -86,15 +91,18 @@ class AnomalyDetection(KeyedProcessor):
         for kept in ("g", "mv"):
             if saved.get(kept) is not None:
                 state[kept] = saved[kept]
+        shadows = self._shadow_scores(shadowed, state, key, rows, times) if self.shadow else None
         if self.episodes is not None:
             episode = saved.get("e") or self.episodes.empty()
             out += self._episode_rows(episode, rows, times, verdicts)
             state["e"] = episode
         else:
-            for row, (score, anomalous, field) in zip(rows, verdicts, strict=True):
+            for i, (row, (score, anomalous, field)) in enumerate(zip(rows, verdicts, strict=True)):
                 if anomalous or not self.only_anomalies:
                     record = {k: v for k, v in row.items() if k not in self.hidden}
                     record[SCORE], record[FLAG], record[FIELD] = score, anomalous, field
+                    if shadows is not None:
+                        record.update(shadows[i])
                     out.append(record)
         self.state.set(orjson.dumps(state))
         yield from out
@@ -110,6 +118,32 @@ class AnomalyDetection(KeyedProcessor):
         if self._fitted_now is None:
             self._fitted_now = self._fitted() if self._fitted is not None else {}
         return self._fitted_now
+
+    def _shadow_scores(
+        self,
+        shadowed: dict[str, Any] | None,
+        state: dict[str, Any],
+        key: Any,
+        rows: list[Record],
+        times: list[Any] | None,
+    ) -> list[dict[str, Any]]:
+        """The staging version's score of each record, from the key's own shadow chart
+        (started from the version's normal for the key; none without one)."""
+        version, normal = staged(self.fitted(), key_text(key))
+        started = getattr(self.detector, "started", None)
+        if version is None or started is None:
+            return [dict.fromkeys(SHADOW) for _ in rows]
+        shadow = shadowed or {}
+        if shadow.get("mv") != version:
+            shadow = {"mv": version, "d": started(normal)}
+        live = self.detector.load(shadow["d"])
+        out = []
+        for i, row in enumerate(rows):
+            score, _ = self.detector.step(live, row, times[i] if times is not None else None)
+            out.append({"shadow_score": score, "shadow_anomaly": score >= 0.5,
+                        "shadow_version": version})  # fmt: skip
+        state["s"] = {"mv": version, "d": self.detector.save(live)}
+        return out
 
     def _restarted(self, saved: dict[str, Any], version: int | None, normal: Any) -> dict[str, Any]:
         """A key's state started afresh: from its fitted normal (no warm-up: it is

@@ -133,9 +133,16 @@ class FittedNormals:
         return version.version, cached
 
 
-def stages_for(canary: float) -> tuple[str, ...]:
-    """The stages a step reads: production, and staging for a canary."""
-    return STAGES if canary > 0 else STAGES[:1]
+def stages_for(canary: float, shadow: bool = False) -> tuple[str, ...]:
+    """The stages a step reads: production, and staging for a canary or a shadow."""
+    return STAGES if canary > 0 or shadow else STAGES[:1]
+
+
+def staged(fitted: Mapping[str, Fitted | None], key_text: str) -> tuple[int | None, Any]:
+    """(version, the key's normal) of the staging version, for a shadow score."""
+    chosen = fitted.get("staging")
+    normal = chosen[1].keys.get(key_text) if chosen is not None else None
+    return (chosen[0], normal) if chosen is not None and normal is not None else (None, None)
 
 
 def choose(

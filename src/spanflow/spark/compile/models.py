@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 from pyspark.sql.pandas.types import to_arrow_schema
 
 from spanflow.errors import CompileError, ModelError
-from spanflow.ml.anomaly import ADDED, AnomalyDetection
+from spanflow.ml.anomaly import ADDED, SHADOW, AnomalyDetection
 from spanflow.ml.detectors import make_detector
 from spanflow.ml.episodes import EPISODE_FIELDS, Episodes
 from spanflow.ml.fitted import Fitted, FittedNormals, stages_for
@@ -74,6 +74,8 @@ def compile_detect_anomalies(
         raise CompileError(step.id, f"method {step.method_or_default}: {exc}") from None
     output = {k: v for k, v in fields.items() if k not in ADDED}
     output.update(ADDED)
+    if step.shadow:
+        output.update(SHADOW)
     episodes = None
     if step.emit == "episodes":
         readings, seconds = step.quiet_readings_or_seconds()
@@ -97,6 +99,7 @@ def compile_detect_anomalies(
         ),
         fitted=_fitted_normals(ctx, spec, step),
         canary=step.canary,
+        shadow=step.shadow,
     )
     df = transform_keyed(ctx, spec, step.id, frame, factory=factory, output=output, clock="none")
     return Frame(df, key=up.key, mode="append")
@@ -114,7 +117,7 @@ def _fitted_normals(
         step.id,
         step.model_name(spec.name),
         step.fields,
-        stages_for(step.canary),
+        stages_for(step.canary, step.shadow),
     )
     return BatchNormals(where)
 

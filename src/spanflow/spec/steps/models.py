@@ -86,7 +86,7 @@ class DetectAnomaliesStep(StepBase):
     placement: ClassVar[Placement] = Placement.KEYED
 
     upgrade_free: ClassVar[frozenset[str]] = frozenset(
-        {"threshold", "warmup", "quiet", "model", "canary"}
+        {"threshold", "warmup", "quiet", "model", "canary", "shadow"}
     )
     """The models, the records seen and the threshold's learned limits stay as they are
     when these change (a threshold of another kind is a change of state)."""
@@ -153,6 +153,11 @@ class DetectAnomaliesStep(StepBase):
         le=1,
         description="multivariate: the share of keys on the model's staging version.",
     )
+    shadow: bool = Field(
+        default=False,
+        description="multivariate: also score every record with the model's staging "
+        "version (shadow_score, shadow_anomaly, shadow_version; null without one).",
+    )
     seasonality: str | None = Field(
         default=None,
         description="Period of the cycle the detector expects: a duration such as '1d', "
@@ -174,10 +179,14 @@ class DetectAnomaliesStep(StepBase):
                 raise ValueError("seasonality applies to the likelihood and robust methods only")
             parse_duration(self.seasonality)
         self._check_range()
-        if (self.model is not None or self.canary) and self.method_or_default != "multivariate":
+        fitted = self.model is not None or self.canary or self.shadow
+        if fitted and self.method_or_default != "multivariate":
             raise ValueError(
-                "model and canary apply to method multivariate (normals fitted from history)"
+                "model, canary and shadow apply to method multivariate (normals fitted "
+                "from history)"
             )
+        if self.shadow and self.emit == "episodes":
+            raise ValueError("shadow scores records: emit all or anomalies, not episodes")
         clash = set(self.fields) & set(ADDED_FIELDS)
         if clash:
             raise ValueError(f"{sorted(clash)} are fields this step adds, not inputs")

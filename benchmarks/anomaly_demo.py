@@ -14,7 +14,10 @@ Printed per method: detected episodes that were injected ones (episode precision
 flagged readings inside injected anomalies, and injected episodes found per kind.
 Written to ``benchmarks/results/anomaly_demo.json``.
 
-Run: ``.venv/bin/python benchmarks/anomaly_demo.py [--seconds 180] [--runs 3]``.
+The demo's settings were chosen on runs 0 to 2 (the simulators' seeds of those runs);
+``--first 3 --runs 8`` checks them on runs they were not chosen on.
+
+Run: ``.venv/bin/python benchmarks/anomaly_demo.py [--seconds 180] [--first 0] [--runs 3]``.
 """
 
 from __future__ import annotations
@@ -30,8 +33,13 @@ from typing import Any
 RESULTS = Path(__file__).resolve().parent / "results"
 SITES = ("factory-a", "factory-b")
 FIELDS = ("temperature", "vibration")
+DEMO_PARAMS = {"extreme_sigma": 6, "sigma": 5, "confirm": 3, "stuck": 10}
 METHODS: dict[str, dict[str, Any]] = {
-    "the demo's: likelihood, extreme_sigma 6": {
+    "the demo's: likelihood, sigma 5, confirm 3, stuck 10": {
+        "method": "likelihood",
+        "params": DEMO_PARAMS,
+    },
+    "the demo's before: likelihood, extreme_sigma 6": {
         "method": "likelihood",
         "params": {"extreme_sigma": 6},
     },
@@ -75,8 +83,11 @@ def _parsed(payload: bytes) -> dict[str, Any] | None:
     return dict(record)
 
 
-def detect(records: list[dict[str, Any]], settings: dict[str, Any]) -> list[Any]:
-    """The step's episodes per machine: DetectedEpisode of each end row."""
+def detect(
+    records: list[dict[str, Any]], settings: dict[str, Any]
+) -> tuple[list[Any], dict[tuple[str, str], float]]:
+    """The step's episodes per machine (DetectedEpisode of each end row), and when
+    each machine's warm-up ended (the event time of its last warm-up reading)."""
     from spanflow.ml.anomaly import judge
     from spanflow.ml.detectors import make_detector
     from spanflow.ml.episodes import Episodes
@@ -92,8 +103,11 @@ def detect(records: list[dict[str, Any]], settings: dict[str, Any]) -> list[Any]
     for r in records:
         by_machine[(r["site"], r["device"])].append(r)
     out = []
+    learned: dict[tuple[str, str], float] = {}
     for (site, device), rows in by_machine.items():
         rows.sort(key=lambda r: r["ts"])
+        warmup = min(step.warmup_or_default, len(rows)) - 1
+        learned[(site, device)] = rows[warmup]["ts"].timestamp()
         detector = make_detector(step.method_or_default, FIELDS, step.detector_params(), season)
         threshold = make_threshold(step.threshold_or_default)
         times = [r["ts"] for r in rows]
@@ -108,13 +122,28 @@ def detect(records: list[dict[str, Any]], settings: dict[str, Any]) -> list[Any]
                     out.append(_detected(site, device, row, DetectedEpisode))
         if state.get("open"):
             out.append(_detected(site, device, tracker.end(state), DetectedEpisode))
-    return out
+    return out, learned
 
 
 def _detected(site: str, device: str, row: dict[str, Any], kind: Any) -> Any:
     start = row["episode_start"].timestamp()
     end = (row["episode_end"] or row["episode_start"]).timestamp()
     return kind(site, device, start, end, row["anomalies"])
+
+
+def _found(runs: list[dict[str, Any]]) -> str:
+    """Injected episodes found per kind over the runs, e.g. ``spike 5/6``."""
+    kinds: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    for r in runs:
+        for kind, (found, injected) in r["found"].items():
+            kinds[kind][0] += found
+            kinds[kind][1] += injected
+    return ", ".join(f"{k} {f}/{n}" for k, (f, n) in sorted(kinds.items()))
+
+
+def _missing(runs: list[dict[str, Any]], key: str) -> int:
+    """Runs in which an injected kind was not found at all."""
+    return sum(any(f == 0 < n for f, n in r[key].values()) for r in runs)
 
 
 def main() -> None:
@@ -125,12 +154,17 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=100.0, help="readings/s per factory")
     parser.add_argument("--devices", type=int, default=6, help="machines per factory")
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--first", type=int, default=0, help="the first run's number")
     args = parser.parse_args()
     table: dict[str, list[dict[str, Any]]] = {m: [] for m in METHODS}
-    for run in range(args.runs):
+    for run in range(args.first, args.first + args.runs):
         records, injected = readings(args.seconds, args.rate, args.devices, run)
         for name, settings in METHODS.items():
-            report = episode_report(detect(records, settings), injected)
+            detected, learned = detect(records, settings)
+            report = episode_report(detected, injected)
+            # what a detector could find: the episodes injected after its warm-up
+            after = [e for e in injected if e.start > learned[(e.site, e.device)]]
+            found_after = episode_report(detected, after).found
             table[name].append(
                 {
                     "episodes": report.episodes,
@@ -138,18 +172,24 @@ def main() -> None:
                     "flagged": report.flagged,
                     "flagged_inside": report.flagged_inside,
                     "found": report.found,
+                    "found_after_warmup": found_after,
                 }
             )
-            print(f"run {run}: {name}: {report.summary()}")
+            print(f"run {run}: {name}: {report.summary()}; after the warm-up: "
+                  f"{_found([{'found': found_after}])}")  # fmt: skip
     print("episode precision over the runs (detected episodes that were injected ones):")
     for name, runs in table.items():
         true = sum(r["true_episodes"] for r in runs)
         total = sum(r["episodes"] for r in runs)
-        print(f"  {name:42} {true}/{total} ({100 * true / max(total, 1):.0f} %)")
+        print(f"  {name:54} {true}/{total} ({100 * true / max(total, 1):.0f} %); "
+              f"found {_found(runs)}; runs with an injected kind not found: "
+              f"{_missing(runs, 'found')}, of those injected after the warm-up: "
+              f"{_missing(runs, 'found_after_warmup')}")  # fmt: skip
     RESULTS.mkdir(exist_ok=True)
     out = {"benchmark": "anomaly_demo", "machine": platform.platform(), **vars(args),
            "methods": table}  # fmt: skip
-    (RESULTS / "anomaly_demo.json").write_text(json.dumps(out, indent=2) + "\n")
+    name = "anomaly_demo.json" if args.first == 0 else f"anomaly_demo_from_{args.first}.json"
+    (RESULTS / name).write_text(json.dumps(out, indent=2) + "\n")
 
 
 if __name__ == "__main__":

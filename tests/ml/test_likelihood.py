@@ -114,6 +114,71 @@ def test_a_level_shift_alarms_when_it_starts_then_becomes_the_new_normal():
     assert len(after) <= 3  # the return to normal is not a flood
 
 
+def _rounded_noise(n: int, seed: int) -> list[float]:
+    return [round(v, 3) for v in _noise(n, seed=seed)]
+
+
+def test_a_frozen_sensor_alarms_once_though_its_value_is_ordinary():
+    values = _rounded_noise(1500, seed=11)
+    frozen = values[999]
+    values[1000:1060] = [frozen] * 60
+    # event-time order mixes a few good readings into the frozen run: still found
+    values[1005], values[1020] = 10.2, 9.7
+    scores, _, _ = _scores(values, stuck=10)
+    alarms = [i for i, s in enumerate(scores) if s >= 0.5 and i > 900]
+    assert len(alarms) == 1 and 1008 <= alarms[0] <= 1016
+    off, _, _ = _scores(values)  # off by default: the value is ordinary, and only a
+    # long run of the same error makes the likelihood wonder
+    assert not [i for i, s in enumerate(off) if s >= 0.5 and 1000 <= i < 1025]
+
+
+def test_a_field_that_repeats_by_nature_is_not_stuck_for_its_usual_runs():
+    rng = random.Random(5)
+    # a counter that often stays put for up to 15 readings: its runs are its own
+    values, v = [], 0
+    while len(values) < 3000:
+        values += [v] * rng.randint(1, 15)
+        v += 1
+    scores, _, live = _scores(values[:3000], stuck=10)
+    assert not [i for i, s in enumerate(scores) if s >= 0.5 and i > LEARN]
+    assert live["f"]["x"]["longest"] >= 10
+    # a constant field never alarms: every reading repeats the one before
+    constant, _, _ = _scores([4.0] * 2000, stuck=10)
+    assert max(constant) < 0.5
+    # far beyond its runs, the counter is stuck
+    stuck_counter, _, _ = _scores(values[:2000] + [v] * 200, stuck=10)
+    assert max(stuck_counter[2000:]) >= 0.5
+
+
+def test_sigma_alarms_on_a_far_value_the_range_had_already_seen():
+    values = _noise(3000, seed=8)
+    values[800:830] = [v - 9 for v in values[800:830]]  # an earlier fault widens the range
+    values[2000:2030] = [v - 7 for v in values[2000:2030]]  # 7 sigma: inside that range
+    without, _, _ = _scores(values, extreme_sigma=6)
+    assert max(without[1990:2003]) < 0.5  # the runs of errors take longer
+    scores, _, _ = _scores(values, extreme_sigma=6, sigma=5)
+    alarms = [i for i, s in enumerate(scores) if s >= 0.5 and i > 1000]
+    assert alarms and 2000 <= alarms[0] <= 2002
+
+
+def test_confirm_keeps_runs_of_ordinary_errors_from_alarming():
+    # Gaussian noise, no range check: what alarms is a run of errors the likelihood
+    # finds unlikely, and most such runs end in an ordinary reading
+    false = left = 0
+    for seed in range(9, 13):
+        values = _noise(30_000, seed=seed)
+        noisy, _, _ = _scores(values, extreme=None)
+        confirmed, _, _ = _scores(values, extreme=None, confirm=3)
+        false += len([i for i, s in enumerate(noisy) if s >= 0.5 and i > LEARN])
+        left += len([i for i, s in enumerate(confirmed) if s >= 0.5 and i > LEARN])
+    assert false >= 4 and left <= false // 2
+    # a fault of 4 sigma still alarms: its readings are out of the ordinary
+    values = _noise(6000, seed=9)
+    shifted = values[:5000] + [v + 4 for v in values[5000:5050]] + values[5050:]
+    scores, _, _ = _scores(shifted, extreme=None, confirm=3)
+    assert max(scores[5000:5050]) >= 0.5
+
+
 def test_a_broken_daily_pattern_is_found_with_the_period_found_in_the_data():
     times, values = nab_series("art_daily_jumpsup.csv")
     scores, detector, live = _scores(values, times)

@@ -118,14 +118,16 @@ def factory_monitoring() -> Flow:
     # anomaly episode starts and one when it ends (not one per anomalous reading).
     # The simulator's anomalies are of one sensor at a time, many of them single spikes
     # or a stuck value: the likelihood method's kind (the multivariate default waits for
-    # a deviation that persists). Sensors with Gaussian noise on a slow cycle: a new
-    # extreme alarms only when it is also 6 sigma from the machine's level
+    # a deviation that persists). Sensors with Gaussian noise on a slow cycle: a reading
+    # 5 sigma from the machine's level alarms, a new extreme only when it is 6 sigma
+    # away, a run of errors only when its reading is 3 sigma away; and a value frozen
+    # for 10 readings alarms (docs/ml.md, "Sensors with Gaussian noise")
     anomalies = by_device.detect_anomalies(
         ["temperature", "vibration"],
         method="likelihood",
         emit="episodes",
         quiet="10s",
-        params={"extreme_sigma": 6},
+        params={"extreme_sigma": 6, "sigma": 5, "confirm": 3, "stuck": 10},
         id="anomalies",
     ).sink_jetstream("SITE_ANOMALIES", subject="anomalies.{site}.{device}", id="anomalies_out")
     # Each machine's events, in event-time order, matched against a failure pattern

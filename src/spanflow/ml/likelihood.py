@@ -32,6 +32,24 @@ over cheap predictors instead of HTM. Per field:
    sigmas from its level: a sensor with Gaussian noise and a slow drift widens its range
    by noise at the edge, which then alarms (docs/ml.md).
 
+4. **Stuck** (off by default): with ``stuck`` above 0, a value repeated, exactly, for
+   more readings than ``stuck``, than twice the longest run of one value the field has
+   had, and than its rate of repeats makes likely (``rate ** run`` below ``RED``)
+   scores 1, once per run: a frozen sensor reports a plausible value forever, which no
+   check of size sees. A field that repeats by nature (counts, set points, plateaus)
+   has long runs and a high rate, and only a run far beyond them alarms. (Off by
+   default: on NAB's series, where plateaus are normal, it costs 2 to 4 points held
+   out; docs/benchmarks.md.)
+
+5. **Far from the level** (off by default): with ``sigma`` above 0, a value more than
+   that many of the level predictor's sigmas from its level scores 1 — a Shewhart
+   chart, for sensors whose noise is Gaussian around a slow level, where a range
+   widened by an earlier fault would hide the next one. With ``confirm`` above 0, an
+   alarm of the likelihood (2.) needs a value at least that many sigmas from the level:
+   the tail of a window's mean error is heavier than the normal one its probability
+   assumes, so on many quiet sensors an ordinary reading now and then completes an
+   "unlikely" run; a real fault is also a reading out of the ordinary.
+
 A field's score is the largest of these; the record's, the largest of its fields'.
 After a record scores 0.5 or more, the next ``REST`` records' scores are halved, so
 one episode is one alarm rather than a flood (a new extreme still reaches 0.5).
@@ -67,6 +85,9 @@ RED = 1e-5  # tail probability of an alarm: score 0.5
 REPEAT = 0.3  # score of an alarm right after an alarm (Numenta's yellow, p = 1e-3)
 EXTREME = 0.05  # beyond the seen range by this share of it: score 1
 EXTREME_SIGMA = 0.0  # ... and this many sigma from the level (0: no such condition)
+STUCK = 0  # readings of one value, at least, before a field is stuck (0: no check)
+SIGMA = 0.0  # a value this many sigma from the level scores 1 (0: no such check)
+CONFIRM = 0.0  # a likelihood alarm needs a value this many sigma from the level (0: not)
 REST = 100  # records after an alarm whose scores are halved
 LEARN = 300  # readings of a field before it scores
 ALARM = 0.5  # the score of an alarm, and the default threshold
@@ -94,6 +115,9 @@ class LikelihoodDetector(Detector):
         rest: int = REST,
         extreme: float | None = EXTREME,
         extreme_sigma: float = EXTREME_SIGMA,
+        stuck: int = STUCK,
+        sigma: float = SIGMA,
+        confirm: float = CONFIRM,
         level_span: int = LEVEL_SPAN,
         cycle_span: int = CYCLE_SPAN,
         history_span: int = HISTORY_SPAN,
@@ -105,6 +129,9 @@ class LikelihoodDetector(Detector):
         self.rest = rest
         self.extreme = extreme
         self.extreme_sigma = extreme_sigma
+        self.stuck = stuck
+        self.sigma = sigma
+        self.confirm = confirm
         self.level_alpha = 2.0 / (level_span + 1)
         self.cycle_alpha = 2.0 / (cycle_span + 1)
         self.history_alpha = 2.0 / (history_span + 1)
@@ -153,6 +180,7 @@ class LikelihoodDetector(Detector):
             "n": 0,
             "lo": x,
             "hi": x,
+            **_new_runs(),
             "level": {"n": 0, "level": x, "mad": 0.0},
             "cycle": {
                 "n": 0,
@@ -182,6 +210,8 @@ class LikelihoodDetector(Detector):
         other = self._likelihood(lik[1], cycle_raw)
         if other > score:
             score = other
+        if self.confirm > 0 and score > REPEAT and not self._beyond(s["level"], x, self.confirm):
+            score = REPEAT  # an unlikely run of errors, but this reading is ordinary
         lo, hi = s["lo"], s["hi"]
         if self.extreme is not None and hi > lo:
             margin = (hi - lo) * self.extreme
@@ -191,14 +221,54 @@ class LikelihoodDetector(Detector):
             s["lo"] = x
         elif x > hi:
             s["hi"] = x
+        if self._stuck(s, x, n) or (
+            self.sigma > 0 and n > self.learn and self._beyond(s["level"], x, self.sigma)
+        ):
+            score = 1.0
         return score
+
+    def _stuck(self, s: dict[str, Any], x: float, n: int) -> bool:
+        """Count the run of one value that ``x`` extends or interrupts; whether the
+        run has just become longer than the field's runs make likely (once per run).
+
+        A run is counted as a majority vote: a reading of the value adds one, another
+        reading takes one away, and the run ends at zero. Readings ordered by event
+        time interleave a frozen sensor's with the last good ones, which a count of
+        consecutive equal values would never see."""
+        if "run" not in s:  # a field's state from before the check
+            s.update(_new_runs())
+        if x == s["last"]:
+            s["run"] += 1
+            s["same"] += 1
+        elif s["run"] > 1:
+            s["run"] -= 1
+        else:  # the run is over: unless it alarmed, it is one of the field's own
+            if not s["flat"]:
+                s["longest"] = max(s["longest"], s["peak"])
+            s["run"], s["peak"], s["last"], s["flat"] = 1, 1, x, False
+        run = s["run"]
+        s["peak"] = max(s["peak"], run)
+        if s["flat"] or n <= self.learn or self.stuck <= 0:
+            return False
+        if run <= max(self.stuck, 2 * s["longest"]):
+            return False
+        if ((s["same"] + 1) / (n + 1)) ** run > RED:
+            return False
+        s["flat"] = True
+        return True
 
     def _far(self, p: dict[str, Any], x: float) -> bool:
         """Whether ``x`` is more than ``extreme_sigma`` of the level predictor's
         sigma from its level."""
         if self.extreme_sigma <= 0:
             return True
-        return abs(x - p["level"]) > self.extreme_sigma * SIGMA_PER_MAD * p["mad"]
+        return self._beyond(p, x, self.extreme_sigma)
+
+    @staticmethod
+    def _beyond(p: dict[str, Any], x: float, sigmas: float) -> bool:
+        """Whether ``x`` is more than ``sigmas`` of the level predictor's sigma from
+        its level."""
+        return abs(x - p["level"]) > sigmas * SIGMA_PER_MAD * p["mad"]
 
     def _level_error(self, p: dict[str, Any], x: float) -> float:
         n = p["n"] = p["n"] + 1
@@ -326,6 +396,13 @@ def _new_likelihood() -> dict[str, Any]:
         "s": [0.0] * len(WINDOWS),
         "d": [[0.0, 0.0, False] for _ in WINDOWS],
     }
+
+
+def _new_runs() -> dict[str, Any]:
+    """A field's runs of equal values: the value of the run, the run's count and
+    its highest, the longest run the field has had, how many readings repeated the
+    run's value, and whether this run alarmed."""
+    return {"last": None, "run": 0, "peak": 0, "longest": 0, "same": 0, "flat": False}
 
 
 def _raw_error(residual: float, mad: float, n: int) -> tuple[float, float]:

@@ -171,3 +171,58 @@ def test_a_lingering_field_is_fitted_as_an_ar1_and_a_lasting_shift_of_it_is_held
     assert not any(flags[WARMUP:1200])
     assert sum(flags[1200:1800]) >= 0.9 * 600  # held while it lasts: not forecast away
     assert not any(flags[1800 + 60 :])
+
+
+def _history_normal(rows: list[dict]) -> Normal:
+    normal, _ = fit_normal([[r[f] for f in FIELDS] for r in rows], FIELDS, smoothing=0.1,
+                           gain=0.8)  # fmt: skip
+    return normal
+
+
+def _batched(detector: MultivariateDetector, rows: list[dict], size: int = 23) -> list[float]:
+    """Scores with the state saved between batches, as the state store keeps it."""
+    state, scores = None, []
+    for lo in range(0, len(rows), size):
+        live = detector.load(state)
+        scores += [detector.step(live, r, None)[0] for r in rows[lo : lo + size]]
+        state = orjson.loads(orjson.dumps(detector.save(live)))
+    return scores
+
+
+def test_a_fitted_normal_judges_from_the_first_reading_unless_anchored() -> None:
+    history = _history_normal(_pump(WARMUP, seed=7))
+    today = _pump(1500, seed=8)
+    for r in today:  # another operating point: every level a little higher
+        r["flow"] += 3
+        r["pressure"] += 0.5
+    for r in today[900:1000]:  # and, later, a real fault
+        r["current"] += 2
+    judged = _batched(MultivariateDetector(FIELDS, model=history), today)
+    assert min(judged[20:]) >= 0.5  # the history's levels: today is all anomaly
+    anchored = _batched(MultivariateDetector(FIELDS, model=history, anchor=50), today)
+    assert max(anchored[:50]) == 0  # the anchor's readings are not scored
+    alarms = [i for i, s in enumerate(anchored) if s >= 0.5]
+    assert alarms and 900 <= alarms[0] <= 920 and not [i for i in alarms if i < 900]
+
+
+def test_an_anchored_normal_whose_spreads_are_not_the_keys_gives_way_to_online() -> None:
+    history = _history_normal(_pump(WARMUP, seed=7))
+    noisy = _pump(1500, seed=9)
+    for r in noisy:  # the current three times as noisy as in the history
+        r["current"] = 10 + (r["current"] - 10) * 3
+    detector = MultivariateDetector(FIELDS, model=history, anchor=50, warmup=WARMUP)
+    scores = _batched(detector, noisy)
+    assert max(scores[:WARMUP]) == 0  # learning online: its warm-up, the anchor's first
+    live = detector.load(None)
+    for r in noisy[:50]:
+        detector.step(live, r, None)
+    assert live.online and live.normal is None and len(live.learning) == 50
+    assert max(scores[WARMUP:]) < 0.5  # and its own normal holds its noise
+    # a key like the history passes the check and is judged from reading 51
+    like = MultivariateDetector(FIELDS, model=history, anchor=50)
+    live = like.load(None)
+    for r in _pump(50, seed=10):
+        like.step(live, r, None)
+    assert not live.online and live.normal is history and live.anchoring is None
+    with pytest.raises(ValueError, match="anchor"):
+        MultivariateDetector(FIELDS, anchor=-1)

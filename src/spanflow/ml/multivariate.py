@@ -25,11 +25,17 @@ normal from its warm-up, chart each sensor's surprises, and keep a fault as a st
    ``accept_after: N`` takes an episode's readings as the new normal after N readings.
    While normal, fixed levels follow very slow drift (half-life ``adapt`` readings).
 
-The score is ``d / (d + limit)`` — at least 0.5 during an episode and below 0.5
-outside one — so the default threshold 0.5 flags exactly the episodes.
-``anomaly_field`` is the field with the largest ``|u|``.
+A normal fitted on the key's history is the normal the key is judged by from its first
+reading: a machine that is faulty when the model is promoted is flagged at once. When
+the history is of another operating point — another load, another day's water
+temperature — its levels would flag every reading; ``anchor: N`` then takes the
+levels from the key's first N readings (not scored) and checks the fit on them: when
+a field's one-step errors spread more than twice, or less than half, as much as
+fitted, the history is not this key's normal (it would alarm on the key's noise, or
+hide its faults under the history's), and the key learns online from its warm-up,
+those readings first. Either way a fault under way at the start becomes that key's
+normal, so it is not the default.
 
-Figures, on held-out runs of a real pump, in docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
+from itertools import pairwise
 from typing import Any
 
 import numpy as np
@@ -55,10 +62,13 @@ DEFAULTS: dict[str, Any] = {
     "clip": 6.0,
     "adapt": 4000,
     "accept_after": None,
+    "anchor": 0,
 }
 """Documented in docs/ml.md, with the figures they were chosen by."""
 SIGNATURE_RATE = 0.02
 """How fast an episode's signature follows its deviations (a half-life of ~35 readings)."""
+SPREAD_FIT = 2.0
+"""How far (a factor either way) a key's spreads may be from a fitted normal's."""
 BELOW = 0.4999
 """The highest score outside an episode."""
 
@@ -80,6 +90,10 @@ class Live:
     calm: int = 0
     episode: int = 0
     recent: list[list[float]] = field(default_factory=list)
+    anchoring: list[list[float]] | None = None
+    """A fitted normal's first readings of the key, while they set its levels."""
+    online: bool = False
+    """The fitted normal did not fit the key, which learns online."""
 
 
 class MultivariateDetector(Detector):
@@ -107,6 +121,7 @@ class MultivariateDetector(Detector):
         self.clip = float(p["clip"])
         self.adapt = float(p["adapt"] or 0)
         self.accept_after = None if p["accept_after"] is None else int(p["accept_after"])
+        self.anchor = int(p["anchor"] or 0)
         self._check()
         self._drift = 1 - 0.5 ** (1 / self.adapt) if self.adapt > 0 else 0.0
         if model is not None and model.fields != fields:
@@ -124,13 +139,16 @@ class MultivariateDetector(Detector):
             raise ValueError(f"gain is in (0, 1], not {self.gain}")
         if self.clip <= 0:
             raise ValueError(f"clip is > 0, not {self.clip}")
+        if self.anchor < 0:
+            raise ValueError(f"anchor is >= 0, not {self.anchor}")
 
     # -- state ---------------------------------------------------------------------------
     def load(self, state: Any) -> Live:
         if not state or "normal" not in state:  # a new key (or the MEWMA state of before)
             live = Live(learning=(state or {}).get("learn", []) if state else [])
-            if self.model is not None:
-                self._start(live, self.model, np.zeros(len(self.fields)))
+            live.online = bool(state and state.get("online"))
+            if self.model is not None and not live.online:
+                self._fitted_start(live, self.model)
             return live
         live = Live(
             normal=Normal.from_plain(state["normal"]),
@@ -145,11 +163,12 @@ class MultivariateDetector(Detector):
         )
         if state.get("signature") is not None:
             live.signature = np.asarray(state["signature"], dtype=float)
+        live.anchoring = state.get("anchoring")
         return live
 
     def save(self, live: Live) -> Any:
         if live.normal is None:
-            return {"learn": live.learning}
+            return {"learn": live.learning, **({"online": True} if live.online else {})}
         assert live.forecast is not None and live.z is not None and live.previous is not None
         return {
             "normal": live.normal.plain(),
@@ -162,6 +181,7 @@ class MultivariateDetector(Detector):
             "calm": live.calm,
             "episode": live.episode,
             "recent": live.recent,
+            **({"anchoring": live.anchoring} if live.anchoring is not None else {}),
         }
 
     # -- scoring -------------------------------------------------------------------------
@@ -183,6 +203,9 @@ class MultivariateDetector(Detector):
                 )
                 self._start(live, normal, z)
             return 0.0, None
+        if live.anchoring is not None:
+            self._anchor(live, x)
+            return 0.0, None
         u = self._deviation(live, x)
         d = float(np.max(np.abs(u)))
         self._track(live, x, u, d)
@@ -194,13 +217,48 @@ class MultivariateDetector(Detector):
         """The state of a key that starts from a normal fitted elsewhere (its history):
         no warm-up, its chart at rest."""
         live = Live()
-        self._start(live, normal, np.zeros(len(self.fields)))
+        self._fitted_start(live, normal)
         return self.save(live)
 
     def _start(self, live: Live, normal: Normal, z: np.ndarray) -> None:
         live.normal, live.forecast, live.z = normal, normal.level.copy(), z.copy()
         live.previous = normal.level.copy()
         live.learning = []
+
+    def _fitted_start(self, live: Live, normal: Normal) -> None:
+        """Start from a fitted normal: its levels first set by the key's first
+        ``anchor`` readings (none: the fitted levels)."""
+        self._start(live, normal, np.zeros(len(self.fields)))
+        live.anchoring = [] if self.anchor > 0 else None
+
+    def _anchor(self, live: Live, x: np.ndarray) -> None:
+        """Keep one of the key's first readings; at ``anchor`` of them, the fixed
+        levels become their mean and the smoothers run through them."""
+        assert live.anchoring is not None and live.normal is not None
+        live.anchoring.append(x.tolist())
+        if len(live.anchoring) < self.anchor:
+            return
+        readings = np.asarray(live.anchoring, dtype=float)
+        normal, forecast = live.normal, readings.mean(axis=0)
+        moving = normal.moving
+        smoothed = readings[0].copy()
+        for row in readings[1:]:
+            smoothed += normal.lam * (row - smoothed)
+        forecast[moving] = smoothed[moving]
+        if len(readings) >= 2 and not self._spreads_fit(readings, normal, forecast):
+            # The fitted spreads are not this key's: learn online, these readings first
+            live.normal, live.forecast, live.previous, live.z = None, None, None, None
+            live.learning, live.anchoring, live.online = live.anchoring, None, True
+            return
+        live.forecast, live.previous, live.anchoring = forecast, readings[-1].copy(), None
+
+    @staticmethod
+    def _spreads_fit(readings: np.ndarray, normal: Normal, level: np.ndarray) -> bool:
+        """Whether every field's one-step errors over the key's first readings spread
+        within a factor ``SPREAD_FIT`` of the fitted spread: a noisier key would
+        alarm on its noise, a quieter one hide its faults under the fitted noise."""
+        ratio = _innovation_sd(readings, normal, level) / normal.sd
+        return bool(np.all((ratio <= SPREAD_FIT) & (ratio >= 1 / SPREAD_FIT)))
 
     def _deviation(self, live: Live, x: np.ndarray) -> np.ndarray:
         """The smoothed standardized innovation in units of its warm-up spread; the
@@ -266,3 +324,15 @@ class MultivariateDetector(Detector):
         live.signature, live.recent = None, []
         if live.z is not None:
             live.z[:] = 0
+
+
+def _innovation_sd(readings: np.ndarray, normal: Normal, level: np.ndarray) -> np.ndarray:
+    """Per field: the spread of the fitted forecasts' one-step errors over ``readings``
+    (fixed levels at ``level``)."""
+    errors = []
+    smoothed = readings[0].copy()
+    for previous, row in pairwise(readings):
+        predicted = np.where(normal.moving, smoothed, level + normal.phi * (previous - level))
+        errors.append(row - predicted)
+        smoothed += normal.lam * (row - smoothed)
+    return np.asarray(errors).std(axis=0)

@@ -164,3 +164,34 @@ def test_a_recorded_sealed_packet_sent_again_is_refused() -> None:
                 await s.close()
 
     asyncio.run(scenario())
+
+
+def test_a_flood_of_forged_frames_from_one_host_is_logged_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """100 unsealed reliable frames (each from a new source port) and 100 datagrams
+    from one host: all counted, one warning."""
+
+    async def scenario() -> None:
+        a = GossipService("a", CONFIG, keyring=Keyring((new_key(),)))
+        await a.start()
+        try:
+            host, port = split_addr(a.addr)
+            forged = encode([Alive(9, "forger", "127.0.0.1:1")])
+            for _ in range(100):
+                _, writer = await asyncio.open_connection(host, port)
+                writer.write(len(forged).to_bytes(4, "big") + forged)
+                await writer.drain()
+                writer.close()
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as raw:
+                for _ in range(100):
+                    raw.sendto(forged, (host, port))
+            await until(lambda: a.stats.rejected >= 150)
+        finally:
+            await a.close()
+
+    with caplog.at_level("WARNING", logger="spanflow.runtime.membership.udp"):
+        asyncio.run(scenario())
+    dropped = [r for r in caplog.records if "dropped" in r.getMessage()]
+    assert len(dropped) == 1, [r.getMessage() for r in caplog.records]
+    assert "127.0.0.1:" in dropped[0].getMessage()

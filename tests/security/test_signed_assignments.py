@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from nats.js.api import StreamConfig
@@ -126,9 +127,7 @@ def test_a_forged_delete_of_an_assignment_is_noticed_and_put_back(tmp_path: Path
     with EmbeddedNats(tmp_path / "nats", secrets=secrets) as server:
 
         async def scenario() -> None:
-            control = await connect(server.url, identity=secrets.identity("control"))
-            data = await connect(server.url, identity=secrets.identity("coordinator"))
-            log = await ControlLog.open(control, data_nc=data, signer=secrets.signer())
+            control, data, log = await _leader(server.url, secrets)
             state = ClusterState()
             state.assignments["p-f1"] = _assignment()
             log.guard(leading=True)
@@ -162,3 +161,66 @@ def test_a_forged_delete_of_an_assignment_is_noticed_and_put_back(tmp_path: Path
                 await nc.close()
 
         asyncio.run(scenario())
+
+
+def test_a_forged_rollup_or_a_purge_of_the_projection_is_noticed_and_rebuilt(
+    tmp_path: Path,
+) -> None:
+    """One stored message with ``Nats-Rollup: all``, fetched by DIRECT.GET with a reply
+    subject inside the assignments bucket, has the server wipe every key; a purge
+    through the stream API tells nobody at all. The leader notices both and puts every
+    key back at its next lease pass."""
+    state = ClusterState()
+    for node in ("n1", "n2", "n3"):
+        assignment = _assignment(node)
+        fragment = assignment.fragment.model_copy(update={"id": f"p-{node}"})
+        state.assignments[f"p-{node}"] = assignment.model_copy(update={"fragment": fragment})
+    secrets = Secrets(tmp_path / "secrets")
+    secrets.init()
+    with EmbeddedNats(tmp_path / "nats", secrets=secrets) as server:
+
+        async def scenario() -> None:
+            control, data, log = await _leader(server.url, secrets)
+            log.guard(leading=True)
+            await log.repair_if_needed(state)
+            kv = log.buckets[ASSIGNMENTS_BUCKET]
+            genuine = {k: (await kv.get(k)).value for k in await kv.keys()}
+            assert len(genuine) == 3 and log.tampered == 0
+
+            agent = await connect(server.url, identity=secrets.identity("agent"))
+            ajs = agent.jetstream()
+            await ajs.add_stream(StreamConfig(name="MINE", subjects=["mine.>"], allow_direct=True,
+                                              allow_rollup_hdrs=True))  # fmt: skip
+            rollup = {"Nats-Rollup": "all", "KV-Operation": "PURGE"}
+            stored = await ajs.publish("mine.x", b"", headers=rollup)
+            request = json.dumps({"seq": stored.seq}).encode()
+            await agent.publish(
+                "$JS.API.DIRECT.GET.MINE", request, reply="$KV.spanflow_assignments.zz"
+            )
+            await agent.flush()
+            await _until_tampered(log, 1)
+            await log.repair_if_needed(state)
+            assert {k: (await kv.get(k)).value for k in await kv.keys()} == genuine
+
+            await data.jetstream().purge_stream(f"KV_{ASSIGNMENTS_BUCKET}")  # no message
+            await log.repair_if_needed(state)  # the next lease pass counts the keys
+            assert log.tampered == 2
+            assert {k: (await kv.get(k)).value for k in await kv.keys()} == genuine
+            for nc in (agent, control, data):
+                await nc.close()
+
+        asyncio.run(scenario())
+
+
+async def _leader(url: str, secrets: Secrets) -> tuple[Any, Any, ControlLog]:
+    """The control and data connections of a coordinator, and its control log."""
+    control = await connect(url, identity=secrets.identity("control"))
+    data = await connect(url, identity=secrets.identity("coordinator"))
+    return control, data, await ControlLog.open(control, data_nc=data, signer=secrets.signer())
+
+
+async def _until_tampered(log: ControlLog, count: int) -> None:
+    deadline = asyncio.get_running_loop().time() + 10
+    while log.tampered < count:
+        assert asyncio.get_running_loop().time() < deadline, "the change went unseen"
+        await asyncio.sleep(0.05)

@@ -250,10 +250,26 @@ def test_locked_commands_reach_their_device_and_other_subscriptions_fail_visibly
             loop.run(gateway.close())
 
 
+def _login_answer(port: int, client_id: str, user: str, password: str, ca: Path) -> Any:
+    """The CONNACK's reason code of one login."""
+    answers: list[Any] = []
+    client = paho.Client(paho.CallbackAPIVersion.VERSION2, client_id=client_id)
+    client.on_connect = lambda c, u, f, rc, p: answers.append(rc)
+    client.username_pw_set(user, password)
+    client.tls_set(ca_certs=str(ca))
+    client.connect("127.0.0.1", port)
+    client.loop_start()
+    _until(lambda: answers, "no CONNACK")
+    client.loop_stop()
+    client.disconnect()
+    return answers[0]
+
+
 def test_a_revoked_device_is_cut_off_and_a_guesser_is_throttled(tmp_path: Path, loop: Loop) -> None:
     secrets = Secrets(tmp_path / "secrets")
     secrets.init()
     password = secrets.add_device("press-7", ("plant.press-7.>",))
+    neighbour = secrets.add_device("press-9", ("plant.press-9.>",))
     with EmbeddedNats(tmp_path / "nats", secrets=secrets) as server:
         asyncio.run(
             _stream(server.url, secrets.identity("coordinator"), name="P", subjects=["plant.>"])
@@ -275,20 +291,18 @@ def test_a_revoked_device_is_cut_off_and_a_guesser_is_throttled(tmp_path: Path, 
             finally:
                 client.loop_stop()
                 client.disconnect()
+            # press-9, at the same address, logged in before the guesser came
+            ca = secrets.ca_cert
+            assert not _login_answer(gateway.port, "p9", "press-9", neighbour, ca).is_failure
             # a guesser: refused ten times, then refused without a check
             for n in range(12):
-                answers: list[Any] = []
-                guesser = paho.Client(paho.CallbackAPIVersion.VERSION2, client_id=f"g{n}")
-                guesser.on_connect = lambda c, u, f, rc, p, got=answers: got.append(rc)
-                guesser.username_pw_set("press-8", f"guess-{n}")
-                guesser.tls_set(ca_certs=str(secrets.ca_cert))
-                guesser.connect("127.0.0.1", gateway.port)
-                guesser.loop_start()
-                _until(lambda got=answers: got, "no CONNACK")
-                guesser.loop_stop()
-                guesser.disconnect()
-                assert answers[0].is_failure
+                answer = _login_answer(gateway.port, f"g{n}", "press-8", f"guess-{n}", ca)
+                assert answer.is_failure
             assert gateway.stats.refused_logins == 10 and gateway.stats.throttled_logins == 2
+            # press-9 is not locked out with the guesser's address
+            assert not _login_answer(gateway.port, "p9", "press-9", neighbour, ca).is_failure
+            assert _login_answer(gateway.port, "g", "press-8", "guess-x", ca).is_failure
+            assert gateway.stats.throttled_logins == 3
         finally:
             loop.run(gateway.close())
 

@@ -182,10 +182,12 @@ class ControlLog:
             if expected is None or not self._guarding:
                 return
             key = msg.subject[len(prefix) :]
-            operation = (msg.headers or {}).get("KV-Operation")
+            headers = msg.headers or {}
+            operation = headers.get("KV-Operation")
             value = None if operation in ("DEL", "PURGE") else msg.data
             try:
-                differs = _differs(expected.get((bucket, key)), value)
+                # A rollup (this replica never writes one) may have wiped every key
+                differs = "Nats-Rollup" in headers or _differs(expected.get((bucket, key)), value)
             except orjson.JSONDecodeError:
                 differs = True
             if differs:
@@ -253,7 +255,30 @@ class ControlLog:
         agents watch the projection, not the log (an assignment whose projection failed
         while a NATS server restarted left its fragment starting forever)."""
         async with self._lock:
+            await self._notice_loss()
             await self._repair_pending(state)
+
+    async def _notice_loss(self) -> None:
+        """Whether a bucket holds fewer messages than the keys it should: a purge
+        through the stream API (no message on the bucket's subjects tells of it) or a
+        rollup this replica missed. Every live key is a message, so fewer is a loss."""
+        expected = self._expected
+        if expected is None or not self._guarding or self._needs_repair:
+            return
+        wanted: dict[str, int] = {}
+        for bucket, _ in expected:
+            wanted[bucket] = wanted.get(bucket, 0) + 1
+        for bucket, count in wanted.items():
+            try:
+                held = int((await self.buckets[bucket].status()).values)
+            except NatsError as exc:
+                log.debug("KV projection check of %s failed: %s", bucket, exc)
+                continue
+            if held < count:
+                self.tampered += 1
+                self._needs_repair = True
+                log.warning("KV projection %s lost %d keys: repairing", bucket, count - held)
+                return
 
     async def _repair_pending(self, state: ClusterState) -> None:
         if not self._needs_repair:

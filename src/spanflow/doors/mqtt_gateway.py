@@ -208,16 +208,19 @@ class MqttGateway:
         identity: NatsIdentity | None = None
         if self.authenticate is not None:
             address = peer[0] if isinstance(peer, tuple) else str(peer)
-            now = time.monotonic()
-            if not self.throttle.allowed(address, now):
+            user, now = packet.username or "", time.monotonic()
+            # Checking costs the NATS server a password hash: throttled before it, per
+            # address and per user; a device that logged in from here before is judged
+            # by its own failures only (security/throttle.py)
+            if not self.throttle.may_check(address, user, now):
                 self.stats.throttled_logins += 1
                 writer.write(mqtt.connack(mqtt.NOT_AUTHORIZED))
                 return None
             identity = await self.authenticate(packet)
             if identity is not None:
-                self.throttle.succeeded(address)
+                self.throttle.login_succeeded(address, user)
             else:
-                self.throttle.failed(address, now)
+                self.throttle.login_failed(address, user, now)
                 self.stats.refused_logins += 1
                 log.warning(
                     "MQTT %s: login refused for user %r (client %r): bad user or password",

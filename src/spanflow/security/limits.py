@@ -7,9 +7,10 @@ runs first, on the raw ASGI messages:
 1. **Who**: a request the app guards (``guarded(method, path)``) must carry a bearer
    token ``authenticate`` knows before one byte of its body is read; a wrong one is
    answered 401 and the connection closed, a principal ``permits`` does not allow to
-   do this is answered 403. Addresses that keep failing are throttled
-   (:class:`~spanflow.security.throttle.LoginThrottle`): 429 without a check. The
-   principal is left in the request's state (``request.state.principal``).
+   do this is answered 403. Wrong tokens are throttled per address and per first
+   characters (:class:`~spanflow.security.throttle.LoginThrottle`): 429 — but a valid
+   token is always let in, whoever else failed from its address. The principal is
+   left in the request's state (``request.state.principal``).
 2. **How much**: a ``Content-Length`` over the path's limit is answered 413 at once;
    a body sent without one (chunked) is counted as it arrives and cut off at the
    limit. What the app then reads is the body held here, never more than the limit.
@@ -30,6 +31,8 @@ Receive = Callable[[], Any]
 Send = Callable[[dict[str, Any]], Any]
 
 BODYLESS = ("GET", "HEAD", "OPTIONS")
+TOKEN_PREFIX = 8
+"""A wrong token's first characters, throttled as one guesser (from any address)."""
 
 
 def bearer(headers: list[tuple[bytes, bytes]]) -> str:
@@ -90,18 +93,19 @@ class RequestLimits:
         method, path = scope["method"], scope["path"]
         if self.guarded(method, path):
             address = (scope.get("client") or ("?", 0))[0]
-            now = time.monotonic()
-            if not self.throttle.allowed(address, now):
-                await _answer(
-                    send, 429, "throttled", "too many failed logins from this address: wait"
-                )
-                return
-            principal = self.authenticate(bearer(scope["headers"]))
+            given = bearer(scope["headers"])
+            principal = self.authenticate(given)
             if principal is None:
-                self.throttle.failed(address, now)
+                # Checking a token is cheap (a constant-time compare), so it is always
+                # checked: a valid one is never refused for others' wrong ones from its
+                # address; wrong ones are throttled per address and per first characters
+                now, prefix = time.monotonic(), given[:TOKEN_PREFIX]
+                if not self.throttle.may_check(address, prefix, now):
+                    await _answer(send, 429, "throttled", "too many wrong tokens: wait")
+                    return
+                self.throttle.login_failed(address, prefix, now)
                 await _answer(send, 401, "unauthorized", "missing or wrong bearer token")
                 return
-            self.throttle.succeeded(address)
             if not self.permits(principal, method, path):
                 await _answer(send, 403, "forbidden", f"{principal} may not {method} {path}")
                 return

@@ -36,6 +36,9 @@ TCP_TIMEOUT = 2.0
 """Seconds a reliable send may take (connect + write) before it is given up."""
 CLOSE_TIMEOUT = 5.0
 """How long close() waits for the protocol loop to end once cancelled."""
+LOGGED_HOSTS = 256
+"""Sending hosts whose first bad packet is logged; past them, bad packets are only
+counted (a flood from spoofed addresses must not grow memory or the log)."""
 
 ChangeListener = Callable[[list[Change]], None]
 
@@ -79,7 +82,7 @@ class GossipService:
         self.keyring = keyring
         """Seals every packet (AES-GCM) and opens what arrives; None: plain, for open
         mode. Swap it at any time to rotate keys (docs/security.md)."""
-        self._rejected_from: set[str] = set()
+        self._logged_from: set[str] = set()
         self._replays = ReplayGuard()
         self.config = config or MembershipConfig.lan()
         self.host = bind
@@ -222,7 +225,7 @@ class GossipService:
             messages = decode(data)
         except CodecError as exc:
             self.stats.malformed += 1
-            log.warning("gossip %s: malformed packet from %s dropped: %s", self.name, peer, exc)
+            self._warn_once(peer, f"malformed packet from {peer} dropped: {exc}")
             return
         try:
             self._dispatch(membership.receive(messages, self.clock.monotonic(), reliable=reliable))
@@ -232,19 +235,24 @@ class GossipService:
         self._wake.set()
 
     def _reject(self, peer: str, exc: SealError) -> None:
-        """Drop and count a packet that does not open; log once per sending host (a
-        flood of forgeries must not flood the log)."""
+        """Drop and count a packet that does not open."""
         self.stats.rejected += 1
+        self._warn_once(peer, f"packet from {peer} dropped: {exc}")
+
+    def _warn_once(self, peer: str, message: str) -> None:
+        """Log a bad packet once per sending host (whatever its port: each reliable
+        frame comes from a new one), for the first ``LOGGED_HOSTS`` hosts; the rest
+        only count — a flood of forgeries must not flood the log."""
         host = peer.rpartition(":")[0] or peer
-        if host not in self._rejected_from:
-            self._rejected_from.add(host)
-            log.warning(
-                "gossip %s: packet from %s dropped: %s (further ones from this host are "
-                "only counted)",
-                self.name,
-                peer,
-                exc,
-            )
+        if host in self._logged_from or len(self._logged_from) > LOGGED_HOSTS:
+            return
+        self._logged_from.add(host)
+        if len(self._logged_from) > LOGGED_HOSTS:
+            log.warning("gossip %s: bad packets from more than %d hosts: further ones are "
+                        "only counted", self.name, LOGGED_HOSTS)  # fmt: skip
+            return
+        log.warning("gossip %s: %s (further ones from this host are only counted)",
+                    self.name, message)  # fmt: skip
 
     def _dispatch(self, sends: list[Send]) -> None:
         membership = self.membership
@@ -288,7 +296,8 @@ class GossipService:
     async def _on_connection(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
-        peer = writer.get_extra_info("peername")
+        address = writer.get_extra_info("peername") or ("?", 0)
+        peer = f"{address[0]}:{address[1]}"
         try:
             async with asyncio.timeout(TCP_TIMEOUT):
                 (length,) = struct.unpack(">I", await reader.readexactly(4))
@@ -297,12 +306,12 @@ class GossipService:
                 data = await reader.readexactly(length)
         except (OSError, TimeoutError, asyncio.IncompleteReadError, CodecError) as exc:
             self.stats.malformed += 1
-            log.warning("gossip %s: bad reliable frame from %s: %s", self.name, peer, exc)
+            self._warn_once(peer, f"bad reliable frame from {peer}: {exc}")
             return
         finally:
             writer.close()
         self.stats.reliable_in += 1
-        self.received(data, f"{peer}", reliable=True)
+        self.received(data, peer, reliable=True)
 
 
 class _Datagrams(asyncio.DatagramProtocol):

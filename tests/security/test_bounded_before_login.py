@@ -198,6 +198,16 @@ def _site_server(tmp_path: Path) -> tuple[subprocess.Popen[bytes], Path]:
     return proc, log
 
 
+def _ingest_token_printed(secrets_dir: Path, site: str) -> str:
+    """What ``spanflow secrets ingest-token SITE`` prints."""
+    done = subprocess.run(
+        [sys.executable, "-m", "spanflow.cli", "secrets", "ingest-token", site,
+         "--secrets-dir", str(secrets_dir)],
+        capture_output=True, text=True, env=_clean_env(), check=True,
+    )  # fmt: skip
+    return done.stdout.strip()
+
+
 def _line(log: Path, pattern: str, proc: subprocess.Popen[bytes]) -> re.Match[str]:
     found: list[re.Match[str]] = []
 
@@ -237,7 +247,13 @@ def test_oversized_connects_and_bodies_before_login_stay_bounded(tmp_path: Path)
         # a stranger's 64 MB ingest body and a token holder's: refused before reading
         answer = _raw_post("127.0.0.1", http_port, "/ingest/sensors.x", 64 * MB)
         assert answer.startswith(b"HTTP/1.1 401"), answer[:200]
-        token = Secrets(tmp_path / "secrets").credentials().rest_token
+        # the hub's ingest takes its site's own ingest token, never the operator's
+        creds = Secrets(tmp_path / "secrets").credentials()
+        token = _ingest_token_printed(tmp_path / "secrets", "s1")
+        assert token.startswith("ingest.s1.") and token != creds.rest_token
+        operator = httpx.post(f"http://127.0.0.1:{http_port}/ingest/sensors.x", json={"t": 1},
+                              headers={"Authorization": f"Bearer {creds.rest_token}"})  # fmt: skip
+        assert operator.status_code == 401, operator.text
         auth = f"Authorization: Bearer {token}\r\n"
         answer = _raw_post("127.0.0.1", http_port, "/ingest/sensors.x", 64 * MB, auth, True)
         assert answer.startswith(b"HTTP/1.1 413"), answer[:200]

@@ -17,7 +17,7 @@ from spanflow.cli.common import app, console, data_dir_or_default, fail
 from spanflow.errors import SecurityError
 from spanflow.security import pki
 from spanflow.security.keyring import Keyring, decode_key, new_key
-from spanflow.security.secrets import BUNDLE_ROLES, ROLES, Secrets
+from spanflow.security.secrets import BUNDLE_ROLES, ROLES, Secrets, ingest_token
 
 secrets_app = typer.Typer(
     no_args_is_help=True,
@@ -150,6 +150,23 @@ def device(
         raise fail(exc) from None
     console.print(f"device {name}: password {password}", markup=False, highlight=False)
     console.print("(shown once: give it to the device; it is not logged anywhere)")
+
+
+@secrets_app.command("ingest-token")
+def ingest_token_command(
+    site: Annotated[str, typer.Argument(help="The site whose HTTP ingest takes it.")],
+    secrets_dir: SecretsDirOption = None,
+    data_dir: DataDir = None,
+) -> None:
+    """Print the token a site's HTTP ingest takes (the hub's too: give its site name),
+    for the HTTP devices of that site: it publishes readings there and does nothing
+    else — no REST call, no other site. Derived from the full secrets' node-token key,
+    so it is the same each time it is asked for."""
+    creds = secrets_at(secrets_dir, data_dir).credentials()
+    if not creds.agent_key:
+        raise fail(SecurityError("a host's bundle cannot make ingest tokens: run this "
+                                 "where the full secrets are"))  # fmt: skip
+    console.print(ingest_token(creds.agent_key, site), markup=False, highlight=False)
 
 
 @secrets_app.command("export")

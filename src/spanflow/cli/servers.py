@@ -72,7 +72,8 @@ HttpListenOption = Annotated[
 HttpTokenOption = Annotated[
     str | None,
     typer.Option(
-        help="Bearer token of HTTP ingest (locked mode: the REST token by default).",
+        help="Bearer token of HTTP ingest (locked mode: the site's own ingest token by "
+        "default, which `spanflow secrets ingest-token SITE` prints; never the REST token).",
         envvar="SPANFLOW_HTTP_TOKEN",
     ),
 ]

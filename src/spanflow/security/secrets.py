@@ -205,8 +205,11 @@ class Credentials:
 
     def ingest_token_for(self, site: str) -> str | None:
         """The token a site's HTTP ingest takes: a site bundle's own, else (on a full
-        directory) the operator's REST token."""
-        return self.ingest_token or self.rest_token
+        directory, the hub's) the site's own, derived — never the operator's REST
+        token, which would hand every HTTP device the key to everything."""
+        if self.ingest_token:
+            return self.ingest_token
+        return ingest_token(self.agent_key, site) if self.agent_key else None
 
 
 NODE_TOKEN_PREFIX = "node."

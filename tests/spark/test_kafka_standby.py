@@ -19,7 +19,7 @@ from typing import Any
 import orjson
 import pytest
 
-from spanflow.spark.connectors.kafka import TAKEOVER_AFTER
+from spanflow.spark.connectors.kafka import TAKEOVER_AFTER, _fenced
 from tests.helpers import wait_for
 from tests.kafka_helpers import create_topic, read_topic
 from tests.spark.sink_replica import ArrowBatch, write_in_step, writer
@@ -87,6 +87,19 @@ def test_the_follower_takes_over_when_the_writer_dies_inside_a_transaction(
     # A's batch 4 reached the broker and was aborted: the kill landed inside it.
     assert _ids(kafka, topic, isolation="read_uncommitted")[450] == 2
     assert TAKEOVER_AFTER <= took < TAKEOVER_AFTER + 10
+
+
+def test_a_produce_refused_for_the_fatal_error_of_a_fencing_counts_as_fenced() -> None:
+    """Once librdkafka's thread has seen the producer fenced, produce() raises a
+    KafkaError ``_FATAL`` whose ``fatal()`` is False (CI saw one in
+    ``test_two_replicas_writing_at_once_commit_each_batch_once``): the replica follows,
+    as when the commit is fenced."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    assert _fenced(KafkaException(KafkaError(KafkaError._FATAL)))
+    assert _fenced(KafkaException(KafkaError(KafkaError._FENCED)))
+    assert not _fenced(KafkaException(KafkaError(KafkaError._MSG_TIMED_OUT)))
+    assert not _fenced(ValueError("not Kafka's"))
 
 
 def test_a_writer_fenced_outside_standby_still_fails(kafka: str, uid: str) -> None:

@@ -721,7 +721,10 @@ def _fenced(exc: BaseException) -> bool:
     error = exc.args[0]
     if not isinstance(error, KafkaError):
         return False
-    fencing = {KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH}
+    # _FATAL: what produce() raises once the producer has a fatal error (its fencing,
+    # seen by the background thread first); that error itself does not say fatal()
+    fencing = {KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH,
+               KafkaError._FATAL}  # fmt: skip
     return bool(error.fatal() or error.code() in fencing)
 
 

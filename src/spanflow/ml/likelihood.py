@@ -180,7 +180,6 @@ class LikelihoodDetector(Detector):
             "n": 0,
             "lo": x,
             "hi": x,
-            **_new_runs(),
             "level": {"n": 0, "level": x, "mad": 0.0},
             "cycle": {
                 "n": 0,
@@ -221,7 +220,7 @@ class LikelihoodDetector(Detector):
             s["lo"] = x
         elif x > hi:
             s["hi"] = x
-        if self._stuck(s, x, n) or (
+        if (self.stuck > 0 and self._stuck(s, x, n)) or (
             self.sigma > 0 and n > self.learn and self._beyond(s["level"], x, self.sigma)
         ):
             score = 1.0
@@ -235,7 +234,7 @@ class LikelihoodDetector(Detector):
         reading takes one away, and the run ends at zero. Readings ordered by event
         time interleave a frozen sensor's with the last good ones, which a count of
         consecutive equal values would never see."""
-        if "run" not in s:  # a field's state from before the check
+        if "run" not in s:  # the check's first reading of the field: runs count from here
             s.update(_new_runs())
         if x == s["last"]:
             s["run"] += 1
@@ -248,7 +247,7 @@ class LikelihoodDetector(Detector):
             s["run"], s["peak"], s["last"], s["flat"] = 1, 1, x, False
         run = s["run"]
         s["peak"] = max(s["peak"], run)
-        if s["flat"] or n <= self.learn or self.stuck <= 0:
+        if s["flat"] or n <= self.learn:
             return False
         if run <= max(self.stuck, 2 * s["longest"]):
             return False

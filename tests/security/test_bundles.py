@@ -14,14 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from spanflow.api.topology_loader import load_topology_text
-from spanflow.control.coordinator import Coordinator, CoordinatorSettings
 from spanflow.errors import SecurityError
 from spanflow.nats.server import EmbeddedNats
 from spanflow.nats.streams import connect
 from spanflow.security import pki
 from spanflow.security.secrets import Secrets, node_token
-from spanflow.server.app import create_app
+from tests.security.coordinators import coordinator_api
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
@@ -114,6 +112,29 @@ def test_bundles_work_against_real_servers_and_let_nothing_else_in(
             asyncio.run(scenario())
 
 
+def test_a_site_bundle_carries_its_own_devices_logins_only(full: Secrets, tmp_path: Path) -> None:
+    """A device added for a site is in that site's bundle alone: a stolen site host
+    cannot log in as another site's devices, and another site's server refuses them."""
+    full.add_device("saw-9", ("sensors.saw-9.>",), site="edge-b")
+    full.add_device("drill-1", ("sensors.drill-1.>",), site="edge-a")
+    full.export(tmp_path / "site-a", "site", site="edge-a")
+    bundle = Secrets(tmp_path / "site-a")
+    # press-7 was added before sites were named: every site's bundle carries it
+    assert set(bundle.credentials().devices) == {"drill-1", "press-7"}
+    text = _every_secret_text(tmp_path / "site-a")
+    assert full.credentials().devices["saw-9"].password not in text
+    assert not bundle.device_cert("saw-9").exists()
+    with EmbeddedNats(tmp_path / "nats-a", name="edge-a", domain="edge-a", secrets=bundle) as a:
+
+        async def scenario() -> None:
+            drill = await connect(a.url, identity=full.device_identity("drill-1"))
+            await drill.close()
+            with pytest.raises(SecurityError):
+                await connect(a.url, identity=full.device_identity("saw-9"))
+
+        asyncio.run(scenario())
+
+
 TOPOLOGY = """
 sites: [{name: edge-a}, {name: cloud, kind: cloud}]
 nodes:
@@ -125,18 +146,8 @@ nodes:
 
 @pytest.fixture
 def api(full: Secrets, tmp_path: Path) -> Iterator[TestClient]:
-    creds = full.credentials()
-    with EmbeddedNats(tmp_path / "nats") as server:
-        settings = CoordinatorSettings(
-            nats_url=server.url,
-            state_dir=str(tmp_path / "state"),
-            token=creds.rest_token,
-            node_token_key=creds.agent_key,
-            topology=load_topology_text(TOPOLOGY),
-            heartbeat_interval=5.0,
-        )
-        with TestClient(create_app(Coordinator(settings))) as client:
-            yield client
+    with coordinator_api(full, tmp_path, TOPOLOGY, heartbeat_interval=5.0) as (client, _):
+        yield client
 
 
 def test_a_node_token_registers_and_sheds_as_its_node_and_does_nothing_else(

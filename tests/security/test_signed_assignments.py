@@ -22,7 +22,8 @@ from spanflow.control.state import ClusterState
 from spanflow.nats.cluster import ASSIGNMENTS_BUCKET
 from spanflow.nats.server import EmbeddedNats
 from spanflow.nats.streams import connect
-from spanflow.security.secrets import Secrets
+from spanflow.runtime.assignments import AssignmentWatch
+from spanflow.security.secrets import SECRETS_ENV, Secrets
 from spanflow.security.signing import Signer, Unsigned, Verifier, new_key_pair, read_signed
 from spanflow.spec.cluster import Assignment, Fragment
 
@@ -224,3 +225,25 @@ async def _until_tampered(log: ControlLog, count: int) -> None:
     while log.tampered < count:
         assert asyncio.get_running_loop().time() < deadline, "the change went unseen"
         await asyncio.sleep(0.05)
+
+
+def test_a_genuine_assignment_copied_onto_another_key_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server can be made to copy a stored KV message onto any key (a DIRECT.GET of
+    the bucket's own stream with that key's subject as reply-to): another node's genuine,
+    signed assignment would land under this node's key. The node runs an assignment only
+    under the key it was signed for."""
+    secrets = Secrets(tmp_path / "secrets")
+    secrets.init()
+    signer = secrets.signer()
+    assert signer is not None
+    monkeypatch.setenv(SECRETS_ENV, str(secrets.root))
+    watch = AssignmentWatch("n1")
+    theirs = signer.envelope(_assignment("n2").model_dump_json().encode())
+    with pytest.raises(Unsigned, match=r"signed for n2\.p-f1"):
+        watch.parse("n1.p-f1", theirs)
+    mine = signer.envelope(_assignment("n1").model_dump_json().encode())
+    assert watch.parse("n1.p-f1", mine).epoch == 9
+    with pytest.raises(Unsigned):
+        watch.parse("n1.other", mine)

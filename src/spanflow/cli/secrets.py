@@ -17,7 +17,7 @@ from spanflow.cli.common import app, console, data_dir_or_default, fail
 from spanflow.errors import SecurityError
 from spanflow.security import pki
 from spanflow.security.keyring import Keyring, decode_key, new_key
-from spanflow.security.secrets import BUNDLE_ROLES, ROLES, Secrets, ingest_token
+from spanflow.security.secrets import BUNDLE_ROLES, ROLES, Secrets, ingest_token, site_devices
 
 secrets_app = typer.Typer(
     no_args_is_help=True,
@@ -104,7 +104,8 @@ def show(secrets_dir: SecretsDirOption = None, data_dir: DataDir = None) -> None
     for node in sorted(creds.node_tokens):
         console.print(f"node token for {node}: set")
     for name, device in sorted(creds.devices.items()):
-        console.print(f"device {name}: may publish {', '.join(device.publish)}")
+        where = f" (site {device.site})" if device.site else " (every site)"
+        console.print(f"device {name}{where}: may publish {', '.join(device.publish)}")
     if not secrets.keyring_file.exists():
         return  # a bundle for a host that does not gossip
     ring = secrets.keyring()
@@ -128,6 +129,13 @@ def device(
             help="A subject it may subscribe to (repeat): commands for it, e.g. commands.press-7.>",
         ),
     ] = None,
+    site: Annotated[
+        str | None,
+        typer.Option(
+            help="The site whose server admits it: only that site's bundle carries its login "
+            "(default: every site's)."
+        ),
+    ] = None,
     revoke: Annotated[
         bool, typer.Option("--revoke", help="Remove the device: it can no longer log in.")
     ] = False,
@@ -145,7 +153,7 @@ def device(
             return
         if not publish:
             raise SecurityError("give --publish SUBJECT (repeat) or --revoke")
-        password = secrets.add_device(name, tuple(publish), tuple(subscribe or ()))
+        password = secrets.add_device(name, tuple(publish), tuple(subscribe or ()), site)
     except SecurityError as exc:
         raise fail(exc) from None
     console.print(f"device {name}: password {password}", markup=False, highlight=False)
@@ -224,7 +232,22 @@ def export(
             "[yellow]the bundle shares the deployment's server certificate: give --host "
             "to issue this host one of its own[/yellow]"
         )
+    if role == "site":
+        _tell_site_devices(secrets, site or "")
     console.print(f"copy {out} to the host as its secrets directory (owner-only)")
+
+
+def _tell_site_devices(secrets: Secrets, site: str) -> None:
+    """Which device logins a site bundle carries, and a warning for those of no site."""
+    devices = site_devices(secrets.credentials().devices, site)
+    console.print(f"device logins in the bundle: {', '.join(sorted(devices)) or 'none'}")
+    anywhere = sorted(name for name, d in devices.items() if d.site is None)
+    if anywhere:
+        console.print(
+            f"[yellow]{', '.join(anywhere)} belong to no site, so every site's bundle "
+            "carries their logins: add them again with `spanflow secrets device NAME "
+            "--publish … --site SITE` (a new password)[/yellow]"
+        )
 
 
 def _export_kube_secret(

@@ -73,6 +73,7 @@ from spanflow.protocol.rest import (
     PipelineStatus,
     ShedAnswer,
 )
+from spanflow.security.node_seal import SEAL_HEADER, ReportGate
 from spanflow.security.secrets import assignment_signer, control_identity_from_env
 from spanflow.spec import locations
 from spanflow.spec.cluster import Assignment, NodeRecord, PipelineRecord, PipelineState
@@ -117,6 +118,8 @@ class Coordinator:
         """Pipeline → what following the sites last did (logged when it changes)."""
         self.recovered_records = 0
         self._leases: KeyValue | None = None
+        self.reports = ReportGate(settings.node_token_key)
+        """Which node reports count (locked: those sealed by their own node)."""
         self.lease_seconds = settings.lease_seconds or leadership.SINGLE_SERVER_LEASE
         """How long a lease lasts: the lease bucket's TTL (see leadership.lease_for)."""
         self._renewed_at = float("-inf")
@@ -222,9 +225,14 @@ class Coordinator:
             subject = activity_subject(a.node, a.fragment.id, "savepointed")
             try:
                 msg = await js.get_last_msg(ACTIVITY_STREAM, subject)
-                out.append(Activity.model_validate_json(msg.data or b""))
+                act = Activity.model_validate_json(msg.data or b"")
             except (NotFoundError, ValidationError):
                 continue
+            sealed = (msg.headers or {}).get(SEAL_HEADER)
+            # A stored report: its age is no sign of a replay (now = its own time).
+            if self.reports.refusal(a.node, subject, msg.data or b"", sealed, act.at, act.at):
+                continue
+            out.append(act)
         return out
 
     # -- leadership -----------------------------------------------------------------------
@@ -593,7 +601,7 @@ class Coordinator:
     # -- what nodes tell us ---------------------------------------------------------------
     async def _on_heartbeat(self, msg: Msg) -> None:
         hb = _parsed(msg, Heartbeat, "heartbeat")
-        if hb is None:
+        if hb is None or not self._sealed_by_node(msg, hb.node, (hb.agent_id, hb.seq, hb.at)):
             return
         now = self.clock.monotonic()
         heard = topology_manager.heard(self.state, self.observed, hb, now, self.settings.overload)
@@ -629,7 +637,7 @@ class Coordinator:
 
     async def _on_activity(self, msg: Msg) -> None:
         act = _parsed(msg, Activity, "activity report")
-        if act is None:
+        if act is None or not self._sealed_by_node(msg, act.node, act.at):
             return
         if not self.leading:
             if reconciler.current_assignment(self.state, act) is not None:
@@ -643,6 +651,20 @@ class Coordinator:
             reconciler.on_activity(tx, self.observed, act, self.settings)
 
         await self._decide(decide)
+
+    def _sealed_by_node(self, msg: Msg, node: str, when: tuple[str, int, float] | float) -> bool:
+        """Whether a heartbeat (``when`` = agent id, sequence, time) or an activity
+        report (its time) was sent by ``node`` itself (security/node_seal.py); a
+        refusal is logged once a minute per node."""
+        gate, now = self.reports, self.clock.time()
+        sealed = (msg.headers or {}).get(SEAL_HEADER)
+        if isinstance(when, tuple):
+            why = gate.heartbeat_refusal(node, msg.subject, msg.data, sealed, when, now)
+        else:
+            why = gate.refusal(node, msg.subject, msg.data, sealed, when, now)
+        if why is not None and gate.worth_logging(node, now):
+            log.warning("report on %s refused: %s", msg.subject, why)
+        return why is None
 
     async def _monitor(self) -> None:
         """Mark silent nodes failed and re-place their fragments; retry waiting

@@ -24,7 +24,8 @@ class CoordinatorSettings:
     token: str | None = None
     node_token_key: str | None = None
     """Checks node tokens (spanflow.security.secrets.node_token): an agent's bundle holds
-    its node's token, which registers and sheds as that node and does nothing else."""
+    its node's token, which registers and sheds as that node and does nothing else; and
+    with it only reports sealed by their own node count (security/node_seal.py)."""
     public_reads: bool = False
     """GET requests (the dashboard, /metrics) need no token; writes still do."""
     topology: Topology | None = None

@@ -13,18 +13,21 @@ Three formats:
   its token), exactly like a pipeline that names a Python class; the pickle is never
   read from stream data, and before loading it spanflow checks that its sha256 is
   the one recorded when it was pushed, so a file changed in the store is refused.
+  Node agents push what online learning learnt, so a stolen agent bundle could push
+  a file too: it is read by :mod:`spanflow.ml.river_pickle`, which resolves River's
+  own classes and a few containers, never ``os.system`` or ``eval``.
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
-import pickle
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from spanflow.errors import InvalidModel
+from spanflow.ml import river_pickle
 from spanflow.ml.registry import Format, ModelVersion
 
 
@@ -172,7 +175,7 @@ def load(version: ModelVersion, data: bytes) -> LoadedModel:
     if version.format == "normal":  # plain data: a detector's normal per key
         return LoadedModel(version.version, features, "normal", _normals(data))
     try:
-        model = pickle.loads(data)  # code-equivalent input: see the module doc
+        model = river_pickle.loads(data)  # only River's own code: see river_pickle
     except Exception as exc:
         raise InvalidModel(f"cannot load the river model: {exc}") from None
     if not hasattr(model, "predict_one"):

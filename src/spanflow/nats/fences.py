@@ -8,6 +8,13 @@ was cut off finds a newer epoch there and stops before it writes (and so before 
 commits the batch to the shared checkpoint). An old writer can never reclaim a fence
 a newer epoch holds: claims are compare-and-set on the key's revision.
 
+Locked, a fence value carries its proof: the assignment the coordinators signed for
+that fragment, epoch and checkpoint (the bytes the node found in its assignments
+bucket). Agents share one NATS identity and can put any key of the bucket, so a value
+without a proof that verifies — a forged "newer epoch" from another node's host, or a
+genuine old one replayed — does not stop the writer: it claims its fence back (and
+logs it). Only a newer assignment the coordinators signed fences it.
+
 The check and the publish are two steps, so a writer that passed its check just
 before the new owner claimed may still write that one batch; both then publish the
 same batch from the same checkpoint with the same message ids, and JetStream keeps
@@ -17,6 +24,7 @@ one copy.
 from __future__ import annotations
 
 import hashlib
+import logging
 from dataclasses import dataclass
 
 import orjson
@@ -27,6 +35,10 @@ from nats.js.kv import KeyValue
 from spanflow.errors import SpanflowError
 from spanflow.nats.cluster import ensure_kv
 from spanflow.protocol.names import FENCES_BUCKET as FENCES_BUCKET
+from spanflow.security.signing import Unsigned, Verifier, read_signed
+from spanflow.spec.cluster import Assignment
+
+log = logging.getLogger(__name__)
 
 EPOCH_HEADER = "Spanflow-Epoch"
 """Carried by every message a fragment's sink publishes: which epoch wrote it."""
@@ -42,6 +54,8 @@ class Fence:
     epoch: int
     node: str
     checkpoint: str
+    proof: bytes | None = None
+    """Locked: the signed assignment this epoch runs (its assignments bucket value)."""
 
     @property
     def key(self) -> str:
@@ -60,14 +74,39 @@ async def fences(js: JetStreamContext, replicas: int | None = None) -> KeyValue:
     return await ensure_kv(js, FENCES_BUCKET, replicas=replicas)
 
 
-def _epoch_of(value: bytes | None) -> int:
-    return int(orjson.loads(value)["epoch"]) if value else 0
+def value_of(fence: Fence) -> bytes:
+    """What a fence key holds for ``fence``: its epoch, node and (locked) proof."""
+    raw: dict[str, object] = {"epoch": fence.epoch, "node": fence.node}
+    if fence.proof is not None:
+        raw["proof"] = fence.proof.decode()
+    return orjson.dumps(raw)
 
 
-async def claim(kv: KeyValue, fence: Fence) -> None:
-    """Hold the fence at its epoch; raises :class:`Fenced` when a newer epoch holds it."""
+def held_epoch(value: bytes | None, fence: Fence, verifier: Verifier | None) -> int | None:
+    """The epoch a fence value holds (0: none); None when, locked (``verifier``), its
+    proof is not an assignment the coordinators signed for this fragment and
+    checkpoint at that epoch."""
+    if not value:
+        return 0
+    raw = orjson.loads(value)
+    epoch = int(raw["epoch"])
+    if verifier is None:
+        return epoch
+    try:
+        signed = read_signed(str(raw["proof"]).encode(), verifier)
+        a = Assignment.model_validate_json(signed)
+    except (Unsigned, ValueError, KeyError):
+        return None
+    if (a.fragment.id, a.epoch, a.checkpoint_dir) != (fence.fragment_id, epoch, fence.checkpoint):
+        return None
+    return epoch
+
+
+async def claim(kv: KeyValue, fence: Fence, verifier: Verifier | None = None) -> None:
+    """Hold the fence at its epoch; raises :class:`Fenced` when a newer epoch holds it
+    (locked: one the coordinators signed; a forged value is claimed over)."""
     key, epoch = fence.key, fence.epoch
-    value = orjson.dumps({"epoch": epoch, "node": fence.node})
+    value = value_of(fence)
     while True:
         try:
             entry = await kv.get(key)
@@ -77,7 +116,11 @@ async def claim(kv: KeyValue, fence: Fence) -> None:
                 return
             except KeyWrongLastSequenceError:
                 continue  # someone claimed it meanwhile: look again
-        held = _epoch_of(entry.value)
+        held = held_epoch(entry.value, fence, verifier)
+        if held is None:
+            log.warning("fence of %s held a value no coordinator signed: claimed over it",
+                        fence.fragment_id)  # fmt: skip
+            held = 0
         if held > epoch:
             raise Fenced(
                 f"fragment {fence.fragment_id}: epoch {held} runs elsewhere; this is {epoch}"
@@ -91,13 +134,18 @@ async def claim(kv: KeyValue, fence: Fence) -> None:
             continue
 
 
-async def check(kv: KeyValue, fence: Fence) -> None:
-    """Raise :class:`Fenced` unless the fence's epoch still holds it."""
+async def check(kv: KeyValue, fence: Fence, verifier: Verifier | None = None) -> None:
+    """Raise :class:`Fenced` unless the fence's epoch still holds it. Locked, a value
+    that is not a newer signed assignment (forged, or an older one put back) is claimed
+    over instead: only the coordinators move a fragment on."""
     try:
         entry = await kv.get(fence.key)
     except KeyNotFoundError:
         raise Fenced(f"fragment {fence.fragment_id}: its fence is gone") from None
-    held = _epoch_of(entry.value)
+    held = held_epoch(entry.value, fence, verifier)
+    if verifier is not None and (held is None or held < fence.epoch):
+        await claim(kv, fence, verifier)
+        return
     if held != fence.epoch:
         raise Fenced(
             f"fragment {fence.fragment_id}: epoch {held} holds its fence; this is {fence.epoch}"

@@ -242,9 +242,9 @@ class EmbeddedNats(Managed):
             # no_advertise: leaves keep the URL they were given (a WAN relay stays in path)
             leaf = [f"listen: {self.leaf_host}:{port}", "no_advertise: true"]
             if self.secrets is not None and creds is not None:
+                # No authorization block: a leaf logs in as the application account's
+                # ``leaf`` user, whose permissions then bound what the link carries in.
                 leaf.append(tls_block(self.secrets))
-                auth = {"user": "leaf", "password": creds.passwords["leaf"], "account": APP_ACCOUNT}
-                leaf.append("authorization " + json.dumps(auth))
             lines.append("leafnodes {\n  " + "\n  ".join(leaf) + "\n}")
         if self.leaf_remote:
             urls = leaf_urls(self.leaf_remote)

@@ -42,7 +42,7 @@ from spanflow.runtime.reports import Reports
 from spanflow.runtime.scaling.autoscaler import Autoscaler
 from spanflow.runtime.shedding.policy import Shedder
 from spanflow.runtime.spark_host import SparkHost, keep_python_workers_warm, rehearse_when_idle
-from spanflow.security.secrets import secrets_from_env
+from spanflow.security.secrets import own_node_token, secrets_from_env
 from spanflow.spec.cluster import NodeRecord
 from spanflow.spec.retention import Retention
 
@@ -80,6 +80,7 @@ class NodeAgent:
             self.clock,
         )
         self.reports.cut_off = lambda: self.watch.kv is None
+        self.reports.token = own_node_token(settings.name)
         self.spark = SparkHost(settings)
         self.gossip = self._gossip() if settings.gossip else None
         self.reports.gossip = self.gossip
@@ -187,6 +188,7 @@ class NodeAgent:
             batch_offset=self.settings.batch_offset,
             retention=self.retention,
             node=self.settings.name,
+            proofs=self.watch.proofs,
         )
         autoscaler = self._autoscaler(spark)
         self.ready.set()

@@ -34,14 +34,27 @@ class AssignmentWatch:
         self.refused = 0
         """Assignment values whose signature did not verify (forged, not run)."""
         self._verifier = assignment_verifier()
+        self.proofs: dict[tuple[str, int], bytes] = {}
+        """(fragment id, epoch) → the signed value it was read from (locked): what its
+        runner's fence value carries as proof (spanflow.nats.fences)."""
         self._changes: queue.Queue[tuple[str, Assignment | None]] = queue.Queue()
         self.last_known = LastKnownAssignments(node, None, self.parse)
         self._task: asyncio.Task[None] | None = None
 
-    def parse(self, value: bytes) -> Assignment:
+    def parse(self, key: str, value: bytes) -> Assignment:
         """An assignment value as this node may run it: locked, only what the
-        coordinators signed (:class:`Unsigned` otherwise)."""
-        return Assignment.model_validate_json(read_signed(value, self._verifier))
+        coordinators signed, found under the key they signed it for
+        (:class:`Unsigned` otherwise: a genuine assignment of another node or fragment,
+        copied onto this node's key by the server, must not run here)."""
+        assignment = Assignment.model_validate_json(read_signed(value, self._verifier))
+        if self._verifier is not None:
+            if (assignment.node, assignment.key) != (self.node, key):
+                raise Unsigned(f"signed for {assignment.key}, found under {key}")
+            fid = assignment.fragment.id
+            for old in [k for k in self.proofs if k[0] == fid]:
+                del self.proofs[old]
+            self.proofs[(fid, assignment.epoch)] = value
+        return assignment
 
     def connect(self, client: SyncNats, control: JetStreamContext, patience: float) -> bool:
         """Open the assignments bucket and watch this node's keys; False when the
@@ -81,7 +94,7 @@ class AssignmentWatch:
     def _queue(self, key: str, value: bytes) -> bool:
         """Queue a readable, trusted assignment; False (and logged) otherwise."""
         try:
-            self._changes.put((key, self.parse(value)))
+            self._changes.put((key, self.parse(key, value)))
         except Unsigned as exc:
             self.refused += 1
             log.error("assignment %s refused, not run: %s", key, exc)

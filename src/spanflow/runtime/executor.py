@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,10 +61,13 @@ class FragmentExecutor:
         batch_offset: float = 0.0,
         retention: Retention = DEFAULT_RETENTION,
         node: str | None = None,
+        proofs: Mapping[tuple[str, int], bytes] | None = None,
     ) -> None:
         self.spark = spark
         self.node = node
         """This node's name: its fragments write under their assignment's fence."""
+        self.proofs = proofs or {}
+        """(fragment id, epoch) → its signed assignment (locked): the fences' proofs."""
         self.nats_url = nats_url
         self.domain = domain
         self.retention = retention
@@ -100,7 +104,13 @@ class FragmentExecutor:
             retention=self.retention,
             batch_plan=assignment.batch_plan,
             fence=(
-                Fence(fid, assignment.epoch, self.node, assignment.checkpoint_dir)
+                Fence(
+                    fid,
+                    assignment.epoch,
+                    self.node,
+                    assignment.checkpoint_dir,
+                    self.proofs.get((fid, assignment.epoch)),
+                )
                 if self.node
                 else None
             ),

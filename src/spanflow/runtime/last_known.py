@@ -68,7 +68,7 @@ class LastKnownAssignments:
     keep: the control plane's bucket is as near)."""
 
     def __init__(
-        self, node: str, kv: KeyValue | None, parse: Callable[[bytes], Assignment]
+        self, node: str, kv: KeyValue | None, parse: Callable[[str, bytes], Assignment]
     ) -> None:
         self.kv = kv
         self._prefix = f"{node}."
@@ -84,7 +84,7 @@ class LastKnownAssignments:
             try:
                 entry = await kv.get(key)
                 if entry.value:
-                    out[key.partition(".")[2]] = self._parse(entry.value)
+                    out[key.partition(".")[2]] = self._parse(key, entry.value)
             except (KeyNotFoundError, ValueError, Unsigned) as exc:
                 log.error("unreadable last-known assignment %s: %s", key, exc)
         return out

@@ -33,6 +33,7 @@ from spanflow.runtime.fragments import LocalFragments
 from spanflow.runtime.load import LoadReport, load_score
 from spanflow.runtime.node_cpu import NodeCpu
 from spanflow.runtime.shedding.policy import PeerLoad, ShedDecision, Shedder
+from spanflow.security.node_seal import seal_headers
 from spanflow.spec.retention import DEFAULT_RETENTION
 from spanflow.spec.topology import Capabilities
 
@@ -79,6 +80,9 @@ class Reports:
         self._beat_now: asyncio.Event | None = None
         self._disconnected_since: float | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        self.token: str | None = None
+        """This node's token (locked): seals its heartbeats and activity reports, so
+        no other host can send them in its name (security/node_seal.py)."""
 
     # -- the data path, as gossip tells it ---------------------------------------------
     def data_path_up(self) -> bool:
@@ -151,8 +155,9 @@ class Reports:
         )
         assert self.client is not None
         try:
-            subject = f"{HEARTBEAT_PREFIX}.{self.node}"
-            await self.client.nc.publish(subject, hb.model_dump_json().encode())
+            subject, data = f"{HEARTBEAT_PREFIX}.{self.node}", hb.model_dump_json().encode()
+            headers = seal_headers(self.token, subject, data)
+            await self.client.nc.publish(subject, data, headers=headers)
         except Exception as exc:
             log.warning("heartbeat not sent: %s", exc)
 
@@ -287,10 +292,11 @@ class Reports:
         )
         subject = activity_subject(self.node, rt.fragment_id, event)
         data = act.model_dump_json().encode()
+        headers = seal_headers(self.token, subject, data)
         t = self.timings
         try:
             client.run(
-                lambda: control.publish(subject, data, stream=ACTIVITY_STREAM),
+                lambda: control.publish(subject, data, stream=ACTIVITY_STREAM, headers=headers),
                 timeout=t.report_timeout_cut_off if self.cut_off() else t.report_timeout,
             )
         except Exception as exc:

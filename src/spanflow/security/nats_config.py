@@ -31,8 +31,10 @@ from spanflow.protocol.names import (
 )
 from spanflow.security.secrets import (
     CONTROL_ROLE,
+    COORDINATOR_INBOX,
     DEVICE_INBOXES,
     LINK_ROLES,
+    READER_INBOX,
     Credentials,
     Device,
     Secrets,
@@ -65,8 +67,11 @@ READER_PUBLISH = (
 """What a read-only client (dashboards, `spanflow tail`) needs: stream info and
 consumers of its own — unnamed ones (``CONSUMER.CREATE.<stream>``), so it can neither
 delete nor redefine another client's consumer — nothing that writes a stream."""
-OTHERS_INBOXES = ("_INBOX.>", f"{DEVICE_INBOXES}.>")
+OTHERS_INBOXES = ("_INBOX.>", f"{DEVICE_INBOXES}.>", f"{COORDINATOR_INBOX}.>")
 """Replies to other clients: a reader reads its own (``_INBOX_READER``) only."""
+NOT_AGENTS_INBOXES = (f"{COORDINATOR_INBOX}.>", f"{READER_INBOX}.>", f"{DEVICE_INBOXES}.>")
+"""Replies to coordinators, readers and devices: an agent may neither read nor answer
+them (agents share ``_INBOX`` among themselves: they share one NATS user)."""
 
 
 def _q(value: str) -> str:
@@ -107,7 +112,10 @@ def role_permissions(role: str) -> dict[str, Any] | None:
     if role in ("coordinator", CONTROL_ROLE):
         return None
     if role == "agent":
-        return {"publish": {"deny": _agent_deny()}}
+        return {
+            "publish": {"deny": [*_agent_deny(), *NOT_AGENTS_INBOXES]},
+            "subscribe": {"deny": [*NOT_AGENTS_INBOXES, *SYSTEM_SUBJECTS]},
+        }
     if role == "reader":
         return {
             "publish": {"allow": list(READER_PUBLISH)},
@@ -128,10 +136,43 @@ def role_permissions(role: str) -> dict[str, Any] | None:
     raise ValueError(f"no permissions for role {role!r}")
 
 
+LEAF_STREAM_ADMIN = (*STREAM_ADMIN, "SNAPSHOT", "RESTORE", "PEER", "LEADER")
+LEAF_DENY = (
+    *CONTROL_SUBJECTS,
+    *SYSTEM_SUBJECTS,
+    "$JS.API.>",  # a leaf without JetStream of its own would reach the hub's API as is
+    *(f"$JS.*.API.STREAM.{action}.>" for action in LEAF_STREAM_ADMIN),
+    "$JS.*.API.CONSUMER.LEADER.>",
+    *(f"$JS.*.API.{area}.>" for area in ("ACCOUNT", "META", "SERVER")),
+    "$KV.>",  # no put, delete or purge of any hub bucket: assignments, fences, registries
+    "$O.>",
+)
+"""What a site's server may not send across its leaf link into the hub: the hub's
+JetStream administration in any domain (a site creates, purges and deletes streams in
+its own, on its own server), the hub's own-domain API, and any write into the hub's
+buckets. Requests that read (stream info, consumers, direct gets), reports, replies
+and data pass. Enforced by the hub whatever server the site runs."""
+
 CLIENT_PORT = ["STANDARD"]
 """Users named by a certificate log in on the client port only (never over MQTT)."""
 MQTT_ONLY = ["MQTT"]
 """A device's password login on the server's MQTT listener: nowhere else."""
+
+
+LEAF_LINK = ["LEAFNODE"]
+"""The leaf user logs in on the leaf listener only (never as a client)."""
+
+
+def leaf_user(password: str) -> dict[str, Any]:
+    """The user a site's leaf link logs in as at the hub, with :data:`LEAF_DENY`: the
+    hub applies a leaf connection's user permissions to everything the link carries
+    into it (what it may publish)."""
+    return {
+        "user": "leaf",
+        "password": password,
+        "allowed_connection_types": LEAF_LINK,
+        "permissions": {"publish": {"deny": list(LEAF_DENY)}},
+    }
 
 
 def certificate_user(name: str, password: str) -> dict[str, Any]:
@@ -150,10 +191,12 @@ def device_permissions(name: str, device: Device) -> dict[str, Any]:
 def users(creds: Credentials) -> list[dict[str, Any]]:
     """Every user of the application account: one per client role and one per device,
     each named by its certificate; and per device a password user for the server's
-    MQTT listener (MQTT clients present no certificate). Leaf links and routes
-    authenticate in their own blocks and have no rights on the client port; the control
-    user is in the control account alone."""
+    MQTT listener (MQTT clients present no certificate); and the leaf links' user, on
+    the leaf listener only. Routes authenticate in their own block; the control user is
+    in the control account alone."""
     out: list[dict[str, Any]] = []
+    if "leaf" in creds.passwords:
+        out.append(leaf_user(creds.passwords["leaf"]))
     for role, password in creds.passwords.items():
         if role in LINK_ROLES or role == CONTROL_ROLE:
             continue

@@ -42,6 +42,7 @@ LINK_ROLES = ("leaf", "route")
 """Users that authenticate server-to-server links, never a client connection."""
 DEVICE_INBOXES = "_INBOX_DEV"
 READER_INBOX = "_INBOX_READER"
+COORDINATOR_INBOX = "_INBOX_COORD"
 CERT_ORGANIZATION = "spanflow"
 """The organisation every client certificate spanflow issues names (spanflow.security.pki)."""
 
@@ -59,18 +60,23 @@ def cert_user(common_name: str) -> str:
 
 
 def inbox_prefix(user: str, role: str) -> str | None:
-    """Where a client's replies come back (``nats.connect(inbox_prefix=...)``): devices
-    and readers get inboxes of their own, so NATS can let them read their replies and
-    nobody else's (the coordinators' replies carry pipeline specs and assignments).
-    None: the default ``_INBOX``.
+    """Where a client's replies come back (``nats.connect(inbox_prefix=...)``): devices,
+    readers and coordinators get inboxes of their own, so NATS can let each read its
+    replies and nobody else's (the coordinators' replies carry pipeline specs and
+    assignments), and keep the others from answering in their place. None: the
+    default ``_INBOX`` (agents).
 
     >>> inbox_prefix("press-7", "device"), inbox_prefix("reader", "reader")
     ('_INBOX_DEV.press-7', '_INBOX_READER')
+    >>> inbox_prefix("coordinator", "coordinator")
+    '_INBOX_COORD'
     """
     if role == "device":
         return f"{DEVICE_INBOXES}.{user}"
     if role == "reader":
         return READER_INBOX
+    if role == "coordinator":
+        return COORDINATOR_INBOX
     return None
 
 
@@ -108,6 +114,9 @@ class Device:
     password: str
     publish: tuple[str, ...]
     subscribe: tuple[str, ...] = ()
+    site: str | None = None
+    """The site whose server admits it: only that site's bundle carries its login
+    (None: every site's, as devices added before sites were named)."""
 
 
 @dataclass(frozen=True)
@@ -139,6 +148,7 @@ class Credentials:
                     "password": d.password,
                     "publish": list(d.publish),
                     "subscribe": list(d.subscribe),
+                    **({"site": d.site} if d.site else {}),
                 }
                 for name, d in sorted(self.devices.items())
             },
@@ -162,6 +172,7 @@ class Credentials:
                     str(d["password"]),
                     tuple(str(s) for s in d["publish"]),
                     tuple(str(s) for s in d.get("subscribe") or ()),
+                    str(d["site"]) if d.get("site") else None,
                 )
                 for name, d in (raw.get("devices") or {}).items()
             }
@@ -185,6 +196,14 @@ class Credentials:
         if node is not None:
             return self.node_tokens.get(node)
         return next(iter(self.node_tokens.values()), None)
+
+    def node_token_for(self, node: str) -> str | None:
+        """The node's own token (its bundle's, or derived on a full directory): what
+        its agent seals heartbeats and activity with (security/node_seal.py)."""
+        found = self.node_tokens.get(node)
+        if found is None and self.agent_key:
+            found = node_token(self.agent_key, node)
+        return found
 
     def route_password_for(self, site: str | None) -> str:
         """The password of the routes between a site's servers: the hub's (``site``
@@ -250,6 +269,15 @@ def ingest_token(agent_key: str, site: str) -> str:
 
 def site_route_password(agent_key: str, site: str) -> str:
     return f"route.{site}.{_mac(agent_key, 'route:' + site)}"
+
+
+def site_devices(devices: dict[str, Device], site: str) -> dict[str, Device]:
+    """The devices a site's server admits: its own and those of no site.
+
+    >>> site_devices({"a": Device("p", ("x",), site="s1"), "b": Device("p", ("y",))}, "s2")
+    {'b': Device(password='p', publish=('y',), subscribe=(), site=None)}
+    """
+    return {name: d for name, d in devices.items() if d.site in (None, site)}
 
 
 BUNDLE_ROLES = ("coordinator", "agent", "site", "device", "reader")
@@ -547,11 +575,12 @@ class Secrets:
             files = [self.server_cert, self.server_key]
             files += [self.client_cert("leaf"), self.client_key("leaf")]
             files += [self.client_cert("device"), self.client_key("device")]  # HTTP ingest
-            files += self._device_files(creds.devices)  # the MQTT gateway logs in as each
+            devices = site_devices(creds.devices, site)
+            files += self._device_files(devices)  # the MQTT gateway logs in as each
             bundle = Credentials(
                 {r: creds.passwords[r] for r in ("agent", "device", "leaf")},
                 None,
-                creds.devices,
+                devices,
                 ingest_token=ingest_token(creds.agent_key, site),
                 site_route=site_route_password(creds.agent_key, site),
             )
@@ -584,11 +613,16 @@ class Secrets:
         ]
 
     def add_device(
-        self, name: str, publish: tuple[str, ...], subscribe: tuple[str, ...] = ()
+        self,
+        name: str,
+        publish: tuple[str, ...],
+        subscribe: tuple[str, ...] = (),
+        site: str | None = None,
     ) -> str:
         """Add (or re-key) a device user allowed to publish on ``publish`` only (and to
-        subscribe to ``subscribe``: commands for it) with a certificate of its own;
-        returns its password (shown once to the operator, never logged)."""
+        subscribe to ``subscribe``: commands for it) with a certificate of its own,
+        admitted by ``site``'s server (None: every site's); returns its password (shown
+        once to the operator, never logged)."""
         if not name or any(c in name for c in " .*>\t\n"):
             raise SecurityError(f"a device name is one token without spaces or dots: {name!r}")
         if name in ROLES:
@@ -597,7 +631,7 @@ class Secrets:
             raise SecurityError("a device needs at least one subject it may publish on")
         creds = self.credentials()
         password = _password()
-        devices = {**creds.devices, name: Device(password, publish, subscribe)}
+        devices = {**creds.devices, name: Device(password, publish, subscribe, site)}
         self._issue_device_cert(name)  # first: without the CA key nothing changes
         updated = replace(creds, devices=devices)
         _write_private(self.credentials_file, updated.to_json())
@@ -719,3 +753,9 @@ def assignment_verifier() -> Verifier | None:
             "(export the node's bundle again)"
         )
     return verifier
+
+
+def own_node_token(node: str) -> str | None:
+    """This agent's node token (locked), or None (open mode)."""
+    found = secrets_from_env()
+    return None if found is None else found.credentials().node_token_for(node)

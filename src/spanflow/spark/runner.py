@@ -27,6 +27,7 @@ from spanflow.nats.batch_plan import plan_key
 from spanflow.nats.fences import Fence, Fenced, check, claim, fences
 from spanflow.nats.streams import SyncNats, ensure_source_streams, ensure_stream, stream_usage
 from spanflow.protocol.metrics import StreamUsage
+from spanflow.security.secrets import assignment_verifier
 from spanflow.spark import (
     checkpoint_store,
     connectors,
@@ -155,6 +156,8 @@ class PipelineRunner:
         replicas' batches, outputs and message ids are the same."""
         self.fence = fence
         """Write only while this fragment's epoch holds its fence (cluster nodes)."""
+        self._fence_verifier = assignment_verifier() if fence and fence.proof else None
+        """Locked: tells the coordinators' proofs in fence values from forged ones."""
         self.fenced: str | None = None
         """Why the fence stopped this runner's writes, once it has."""
         self._fences: KeyValue | None = None
@@ -259,7 +262,7 @@ class PipelineRunner:
         if fence is None or c is None:
             return
         kv = self._fences_bucket()
-        c.run(lambda: claim(kv, fence))
+        c.run(lambda: claim(kv, fence, self._fence_verifier))
 
     def _check_fence(self) -> None:
         c, fence, kv = self._client, self.fence, self._fences
@@ -267,7 +270,9 @@ class PipelineRunner:
             return
         try:
             c.run_patiently(
-                lambda: check(kv, fence), f"{self.spec.instance}: fence check", permanent=(Fenced,)
+                lambda: check(kv, fence, self._fence_verifier),
+                f"{self.spec.instance}: fence check",
+                permanent=(Fenced,),
             )
         except Fenced as exc:
             self.fenced = str(exc)

@@ -12,7 +12,7 @@ if [ ! -f "$full/credentials.json" ]; then
   spanflow secrets init --secrets-dir "$full" "$@"
   # The MQTT device of the example: its password is in $full/credentials.json
   # (`spanflow secrets device` prints it once; re-key a device the same way).
-  spanflow secrets device press-7 --publish 'plant.edge-a.press-7.>' --secrets-dir "$full" >/dev/null
+  spanflow secrets device press-7 --publish 'plant.edge-a.press-7.>' --site edge-a --secrets-dir "$full" >/dev/null
 fi
 bundle() {  # bundle VOLUME-DIR export-options...: made once, owned by the image's user
   dir=$1; shift

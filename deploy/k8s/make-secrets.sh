@@ -17,7 +17,7 @@ for h in $hub_hosts; do set -- "$@" --host "$h"; done
 if [ ! -f "$full/credentials.json" ]; then
   spanflow secrets init --secrets-dir "$full" "$@" >/dev/null
   # The example's MQTT device (its password: spanflow secrets show / credentials.json).
-  spanflow secrets device press-7 --publish 'plant.edge-a.press-7.>' --secrets-dir "$full" >/dev/null
+  spanflow secrets device press-7 --publish 'plant.edge-a.press-7.>' --site edge-a --secrets-dir "$full" >/dev/null
 fi
 umask 077
 parts=$(mktemp -d)

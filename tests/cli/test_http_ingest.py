@@ -11,6 +11,7 @@ import pytest
 from spanflow.doors.ingest import IngestServer
 from spanflow.errors import SecurityError
 from spanflow.nats.streams import connect, ensure_stream
+from spanflow.security.ingest_tokens import group_token
 from tests.helpers import read_all
 
 
@@ -86,3 +87,22 @@ def test_a_retried_post_with_an_idempotency_key_stores_once(nats_url, ingest, ui
 def test_listening_beyond_loopback_needs_a_token(nats_url):
     with pytest.raises(SecurityError, match="give a token"):
         IngestServer(nats_url, "0.0.0.0", 0)
+
+
+def test_a_device_groups_token_publishes_on_its_subjects_only(nats_url, ingest, uid):
+    """A group token made from the site's token (`spanflow secrets ingest-token SITE
+    --subjects PATTERN`) is taken at that site for the subjects it covers only; one
+    made from another site's token, or tampered with, is not taken at all."""
+    _stream(nats_url, f"GRP_{uid}", [f"grp{uid}.>"])
+    line1 = group_token("s3cret", f"grp{uid}.line-1.>")
+    mine = {"Authorization": f"Bearer {line1}"}
+    ok = httpx.post(f"{ingest}/ingest/grp{uid}.line-1.press", json={"t": 1}, headers=mine)
+    assert ok.status_code == 200, ok.text
+    other = httpx.post(f"{ingest}/ingest/grp{uid}.line-2.press", json={"t": 2}, headers=mine)
+    assert other.status_code == 403 and "line-1" in other.json()["detail"], other.text
+    elsewhere = {"Authorization": f"Bearer {group_token('another-site', f'grp{uid}.>')}"}
+    widened = line1.replace(line1.split(".")[1], group_token("x", f"grp{uid}.>").split(".")[1])
+    for headers in (elsewhere, {"Authorization": f"Bearer {widened}"}):
+        refused = httpx.post(f"{ingest}/ingest/grp{uid}.line-1.x", json={"t": 3}, headers=headers)
+        assert refused.status_code == 401, refused.text
+    assert [d for _, d, _ in read_all(nats_url, f"GRP_{uid}")] == [b'{"t":1}']

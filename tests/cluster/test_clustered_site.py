@@ -64,7 +64,7 @@ def _site_servers(
         ]
         where = ["--listen", f"{host.address}:4222", "--cluster-listen", f"{host.address}:6222"]
         if hub is None:
-            where += ["--leaf-listen", f"{host.address}:7422"]
+            where += ["--leaf-listen", f"{host.address}:7422", "--leaf-site", SITE]
         else:
             where += ["--hub", hub, "--mqtt-listen", f"{host.address}:1883"]
         log = tmp / f"{site}-{i + 1}.log"

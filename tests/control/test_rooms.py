@@ -311,6 +311,23 @@ def test_a_node_cut_from_the_coordinator_but_heard_by_its_partition_stays(
     cluster.assert_replay_matches()
 
 
+def test_one_peer_cannot_keep_a_node_alive_that_the_rest_of_its_partition_doubts(
+    cluster: Cluster,
+) -> None:
+    """A stolen agent host seals its own heartbeats genuinely and may claim it hears a
+    dead peer: while another peer of the partition reports that node suspect or dead,
+    the claim keeps nothing alive."""
+    node, other = two_cloud_nodes(cluster)
+    cluster.register("c3", "cloud")
+    cluster.c.clock.advance(cluster.c.settings.failure_seconds + 1.0)
+    liar = PeerView(state="alive", heard_s=0.2, load_age_s=0.5)
+    cluster.beat(other, peers={node: liar})
+    cluster.beat("c3", peers={node: PeerView(state="suspect", since_s=0.4)})
+    cluster.check()
+    assert cluster.state.nodes[node].state == NodeState.FAILED
+    cluster.assert_replay_matches()
+
+
 def test_a_node_its_peers_hear_but_that_lost_its_data_path_fails(cluster: Cluster) -> None:
     node, other = two_cloud_nodes(cluster)
     cluster.c.clock.advance(cluster.c.settings.failure_seconds + 1.0)

@@ -61,8 +61,9 @@ def test_an_edge_hosts_bundles_hold_no_secret_of_another_role(
     bundle = Secrets(tmp_path / "agent").credentials()
     assert bundle.rest_token is None and set(bundle.node_tokens) == {"edge-1"}
     assert set(json.loads((tmp_path / "site" / "credentials.json").read_text())["nats"]) == {
-        "agent", "device", "leaf",
+        "agent", "device",
     }  # fmt: skip
+    assert creds.passwords["leaf"] not in edge  # the shared leaf login: its own instead
     device = full.export(tmp_path / "device", "device", device="press-7")
     assert set(Secrets(tmp_path / "device").credentials().devices) == {"press-7"}
     assert creds.passwords["device"] not in _every_secret_text(device[0].parent)
@@ -90,7 +91,12 @@ def test_bundles_work_against_real_servers_and_let_nothing_else_in(
     assert "hub.example" in shared.hosts
     assert full.server_key.read_text() not in _every_secret_text(tmp_path / "site")
     with EmbeddedNats(
-        tmp_path / "hub", name="hub", domain="hub", leaf_listen=True, secrets=full
+        tmp_path / "hub",
+        name="hub",
+        domain="hub",
+        leaf_listen=True,
+        secrets=full,
+        leaf_sites=("factory",),
     ) as hub:
         site = EmbeddedNats(
             tmp_path / "nats-site", name="factory", domain="factory",
@@ -100,7 +106,18 @@ def test_bundles_work_against_real_servers_and_let_nothing_else_in(
 
             async def scenario() -> None:
                 agent = await connect(site.url, identity=agent_secrets.identity("agent"))
-                assert agent.is_connected
+                at_hub = await connect(hub.url, identity=full.identity("coordinator"))
+                sub = await at_hub.subscribe("factory.readings")
+                await at_hub.flush()
+                deadline = time.monotonic() + 20
+                while True:  # the site's own leaf login (leaf-factory) links it to the hub
+                    await agent.publish("factory.readings", b"42")
+                    try:
+                        assert (await sub.next_msg(timeout=0.5)).data == b"42"
+                        break
+                    except TimeoutError:
+                        assert time.monotonic() < deadline, "the site's leaf link never came up"
+                await at_hub.close()
                 await agent.close()
                 # the site's server admits no coordinator or control user at all
                 for role in ("coordinator", "control"):

@@ -27,14 +27,15 @@ BUCKETS = ("spanflow_assignments", "spanflow_fences", "SPANFLOW_MODEL_INDEX")
 
 
 def _stock_leaf(
-    root: Path, bundle: Secrets, hub_leaf_url: str
+    root: Path, bundle: Secrets, hub_leaf_url: str, user: str = "leaf-edge-a"
 ) -> tuple[subprocess.Popen[bytes], int]:
     """A nats-server of the attacker's own: plain client port, one leaf remote with the
-    site bundle's leaf certificate and password, no accounts, no JetStream."""
-    creds = bundle.credentials()
+    site bundle's leaf certificate and password (logging in as ``user``), no accounts,
+    no JetStream."""
+    password = bundle.credentials().site_leaf
     host_port = hub_leaf_url.removeprefix("nats-leaf://")
     remote = {
-        "url": f"nats-leaf://leaf:{creds.passwords['leaf']}@{host_port}",
+        "url": f"nats-leaf://{user}:{password}@{host_port}",
         "tls": {
             "ca_file": str(bundle.ca_cert),
             "cert_file": str(bundle.client_cert("leaf")),
@@ -69,15 +70,46 @@ def test_a_site_bundles_leaf_link_cannot_administer_or_write_the_hub(
 ) -> None:
     full.export(tmp_path / "site", "site", site="edge-a")
     bundle = Secrets(tmp_path / "site")
-    with EmbeddedNats(
-        tmp_path / "hub", name="hub", domain="hub", leaf_listen=True, secrets=full
-    ) as hub:
+    with _hub(full, tmp_path) as hub:
         proc, port = _stock_leaf(tmp_path / "stock", bundle, hub.leaf_url)
         try:
             asyncio.run(_attack(hub.url, full, port))
         finally:
             proc.terminate()
             proc.wait(10)
+
+
+def _hub(full: Secrets, tmp_path: Path) -> EmbeddedNats:
+    """The hub, admitting the leaf links of sites edge-a and edge-b, each its own login."""
+    return EmbeddedNats(
+        tmp_path / "hub",
+        name="hub",
+        domain="hub",
+        leaf_listen=True,
+        secrets=full,
+        leaf_sites=("edge-a", "edge-b"),
+    )
+
+
+def test_a_site_bundle_leafs_in_as_its_own_site_only(full: Secrets, tmp_path: Path) -> None:
+    """edge-a's bundle holds edge-a's leaf login and not the shared one: as edge-b, or
+    as the shared ``leaf`` user, the hub refuses it."""
+    full.export(tmp_path / "site", "site", site="edge-a")
+    bundle = Secrets(tmp_path / "site")
+    assert "leaf" not in bundle.credentials().passwords
+    with _hub(full, tmp_path) as hub:
+        for user in ("leaf-edge-b", "leaf"):
+            root = tmp_path / f"stock-{user}"
+            proc, _ = _stock_leaf(root, bundle, hub.leaf_url, user=user)
+            try:
+                deadline = time.monotonic() + 20
+                log = root / "stock.log"
+                while "authorization violation" not in log.read_text(errors="replace").lower():
+                    assert time.monotonic() < deadline, f"{user}: never refused"
+                    time.sleep(0.1)
+            finally:
+                proc.terminate()
+                proc.wait(10)
 
 
 async def _attack(hub_url: str, full: Secrets, port: int) -> None:

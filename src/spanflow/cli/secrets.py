@@ -16,6 +16,7 @@ from rich.table import Table
 from spanflow.cli.common import app, console, data_dir_or_default, fail
 from spanflow.errors import SecurityError
 from spanflow.security import pki
+from spanflow.security.ingest_tokens import group_token
 from spanflow.security.keyring import Keyring, decode_key, new_key
 from spanflow.security.secrets import BUNDLE_ROLES, ROLES, Secrets, ingest_token, site_devices
 
@@ -163,18 +164,32 @@ def device(
 @secrets_app.command("ingest-token")
 def ingest_token_command(
     site: Annotated[str, typer.Argument(help="The site whose HTTP ingest takes it.")],
+    subjects: Annotated[
+        str | None,
+        typer.Option(
+            help="A device group's token: it publishes on the subjects this pattern covers "
+            "only, e.g. plant.line-1.> (default: the site's, any readings subject)."
+        ),
+    ] = None,
     secrets_dir: SecretsDirOption = None,
     data_dir: DataDir = None,
 ) -> None:
     """Print the token a site's HTTP ingest takes (the hub's too: give its site name),
     for the HTTP devices of that site: it publishes readings there and does nothing
-    else — no REST call, no other site. Derived from the full secrets' node-token key,
-    so it is the same each time it is asked for."""
+    else — no REST call, no other site; with ``--subjects``, a device group's token,
+    kept to those subjects. Derived from the full secrets' node-token key, so it is the
+    same each time it is asked for."""
     creds = secrets_at(secrets_dir, data_dir).credentials()
     if not creds.agent_key:
         raise fail(SecurityError("a host's bundle cannot make ingest tokens: run this "
                                  "where the full secrets are"))  # fmt: skip
-    console.print(ingest_token(creds.agent_key, site), markup=False, highlight=False)
+    token = ingest_token(creds.agent_key, site)
+    if subjects is not None:
+        try:
+            token = group_token(token, subjects)
+        except SecurityError as exc:
+            raise fail(exc) from None
+    console.print(token, markup=False, highlight=False)
 
 
 @secrets_app.command("export")

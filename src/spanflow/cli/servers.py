@@ -79,6 +79,12 @@ HttpTokenOption = Annotated[
 ]
 
 
+SHARED_LEAF_WARNING = (
+    "[yellow]leaf links log in with one shared login (bundles made before sites had their "
+    "own): give --leaf-site SITE for each site[/yellow]"
+)
+
+
 @app.command("site-server")
 def site_server(
     site: Annotated[str, typer.Option(help="Site name: the server's name and JetStream domain.")],
@@ -95,6 +101,13 @@ def site_server(
     deny_export: Annotated[
         list[str] | None,
         typer.Option(help="A subject that stays on this site (repeat), e.g. local.>"),
+    ] = None,
+    leaf_site: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="The hub (no --hub): a site whose server may leaf in, with its own login "
+            "(repeat; locked). None given: every site logs in with one shared login."
+        ),
     ] = None,
     cluster_listen: ClusterListenOption = None,
     route: RouteOption = None,
@@ -162,7 +175,10 @@ def site_server(
         secrets=secrets,
         monitor_listen=_checked(monitor_listen, "--monitor-listen"),
         route_site=site if hub else None,  # an edge site's routes: its own password
+        leaf_sites=tuple(leaf_site or ()),
     )
+    if secrets is not None and hub is None and not leaf_site:
+        err.print(SHARED_LEAF_WARNING)
     stop = Interrupted()
     try:
         server.start()

@@ -96,9 +96,22 @@ def silent(
         if record.state not in WATCHED:
             continue
         quiet = now - observed.last_seen.get(name, now)
-        if quiet > limit and not heard_by_peers(state, observed, name, settings, now):
+        if quiet > limit and not _vouched_for(state, observed, name, settings, now):
             out.append((name, quiet))
     return out
+
+
+def _vouched_for(
+    state: ClusterState, observed: Observed, name: str, settings: CoordinatorSettings, now: float
+) -> bool:
+    """A silent node is kept alive by peers that hear it only while no other peer's
+    latest report doubts it (suspect, dead or left): one lying node — a stolen agent
+    host seals its own heartbeats genuinely — cannot keep a dead peer alive against
+    the rest of its partition."""
+    if not heard_by_peers(state, observed, name, settings, now):
+        return False
+    reports = _peer_reports(state, observed, name, settings, now)
+    return not any(view.state in ("suspect", "dead", "left") for _, _, view in reports)
 
 
 def failures(

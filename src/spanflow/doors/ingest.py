@@ -11,7 +11,8 @@ publishes each to ``<subject>`` and waits for JetStream's acknowledgement:
   an empty one; **413** for one over ``max_body`` bytes; **401** without the token
   when one is configured;
 * **403** for a subject of spanflow's own (``spanflow.>``: the control plane, heartbeats,
-  reports, fragment cuts) or of NATS's (``_INBOX``): ingest takes readings only;
+  reports, fragment cuts) or of NATS's (``_INBOX``): ingest takes readings only; and
+  for a subject a device group's token does not cover (security/ingest_tokens.py);
 * **404** when no stream captures the subject; **503** when JetStream does not answer
   in time or refuses (a full stream with ``discard: new``): nothing is acknowledged,
   so the client retries.
@@ -37,9 +38,10 @@ import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from spanflow.nats.streams import NoStreamCaptures, connect, publish_patiently
+from spanflow.nats.streams import NoStreamCaptures, connect, publish_patiently, subject_covers
+from spanflow.security import ingest_tokens
 from spanflow.security.https import require_tls
-from spanflow.security.limits import RequestLimits, one_token
+from spanflow.security.limits import RequestLimits
 from spanflow.security.policy import require_token
 from spanflow.security.secrets import NatsIdentity, secrets_from_env
 
@@ -120,6 +122,9 @@ def create_ingest_app(
             return _error(400, f"{subject!r} is not a subject (tokens of letters, digits, -_)")
         if subject.startswith(RESERVED_PREFIXES):
             return _error(403, f"{subject!r} is spanflow's own subject: ingest takes readings")
+        pattern = ingest_tokens.group_pattern(getattr(request.state, "principal", None))
+        if pattern is not None and not subject_covers(pattern, subject):
+            return _error(403, f"this token publishes on {pattern} only, not {subject}")
         body = await request.body()
         try:
             messages = split_body(body, request.headers.get("content-type", ""))
@@ -130,7 +135,7 @@ def create_ingest_app(
 
     app.add_middleware(
         RequestLimits,
-        authenticate=one_token(token, "ingest"),
+        authenticate=ingest_tokens.ingest_authenticator(token),
         guarded=lambda method, path: token is not None and path.startswith("/ingest/"),
         limit_for=lambda path: MAX_BODY,
     )

@@ -173,6 +173,7 @@ class EmbeddedNats(Managed):
         leaf_host: str | None = None,
         monitor_listen: str | None = None,
         route_site: str | None = None,
+        leaf_sites: tuple[str, ...] = (),
     ) -> None:
         self._own_dir = data_dir is None
         self.data_dir = Path(data_dir or tempfile.mkdtemp(prefix="spanflow-nats-"))
@@ -212,6 +213,9 @@ class EmbeddedNats(Managed):
         self.route_site = route_site
         """Locked: the edge site whose own route password this cluster's routes take
         (None: the hub's, the ``route`` role's)."""
+        self.leaf_sites = leaf_sites
+        """Locked hub: the sites whose leaf links it admits, each with its own login
+        (none: one shared login for every site, as bundles made before had)."""
         self.monitor_listen = monitor_listen
         """``host:port`` of NATS's monitoring endpoint (``/healthz``, ``/varz``): a
         container's health check; keep it on loopback (it tells about connections)."""
@@ -234,7 +238,7 @@ class EmbeddedNats(Managed):
         creds = self.secrets.credentials() if self.secrets else None
         if self.secrets is not None and creds is not None:
             lines.append(tls_block(self.secrets, map_users=True, indent=""))
-            lines.append(accounts_block(creds))
+            lines.append(accounts_block(creds, self.leaf_sites if self.leaf_listen else ()))
         if self.leaf_listen:
             # The ports file does not report the leaf port, so pick one.
             port = self._leaf_port = self._leaf_port or _free_port(self.leaf_host)
@@ -249,7 +253,8 @@ class EmbeddedNats(Managed):
         if self.leaf_remote:
             urls = leaf_urls(self.leaf_remote)
             if self.secrets is not None and creds is not None:
-                urls = [with_userinfo(url, "leaf", creds.passwords["leaf"]) for url in urls]
+                user, password = creds.leaf_login(self.domain)
+                urls = [with_userinfo(url, user, password) for url in urls]
             # Several URLs: a clustered hub; the link moves to another when one is lost.
             remote: dict[str, object] = {"urls": urls}
             if self.secrets is not None and creds is not None:

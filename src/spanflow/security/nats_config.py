@@ -163,12 +163,12 @@ LEAF_LINK = ["LEAFNODE"]
 """The leaf user logs in on the leaf listener only (never as a client)."""
 
 
-def leaf_user(password: str) -> dict[str, Any]:
-    """The user a site's leaf link logs in as at the hub, with :data:`LEAF_DENY`: the
-    hub applies a leaf connection's user permissions to everything the link carries
-    into it (what it may publish)."""
+def leaf_user(user: str, password: str) -> dict[str, Any]:
+    """A user a site's leaf link logs in as at the hub, with :data:`LEAF_DENY`: the hub
+    applies a leaf connection's user permissions to everything the link carries into it
+    (what it may publish)."""
     return {
-        "user": "leaf",
+        "user": user,
         "password": password,
         "allowed_connection_types": LEAF_LINK,
         "permissions": {"publish": {"deny": list(LEAF_DENY)}},
@@ -188,15 +188,14 @@ def device_permissions(name: str, device: Device) -> dict[str, Any]:
     }
 
 
-def users(creds: Credentials) -> list[dict[str, Any]]:
+def users(creds: Credentials, leaf_sites: tuple[str, ...] = ()) -> list[dict[str, Any]]:
     """Every user of the application account: one per client role and one per device,
     each named by its certificate; and per device a password user for the server's
-    MQTT listener (MQTT clients present no certificate); and the leaf links' user, on
-    the leaf listener only. Routes authenticate in their own block; the control user is
+    MQTT listener (MQTT clients present no certificate); and the leaf links' users, on
+    the leaf listener only: one per site in ``leaf_sites`` (none given: the shared
+    ``leaf`` login). Routes authenticate in their own block; the control user is
     in the control account alone."""
-    out: list[dict[str, Any]] = []
-    if "leaf" in creds.passwords:
-        out.append(leaf_user(creds.passwords["leaf"]))
+    out = [leaf_user(user, pw) for user, pw in creds.leaf_logins(leaf_sites).items()]
     for role, password in creds.passwords.items():
         if role in LINK_ROLES or role == CONTROL_ROLE:
             continue
@@ -213,12 +212,13 @@ def users(creds: Credentials) -> list[dict[str, Any]]:
     return out
 
 
-def accounts_block(creds: Credentials) -> str:
+def accounts_block(creds: Credentials, leaf_sites: tuple[str, ...] = ()) -> str:
     """``accounts { ... }``: the application account and the control account, each
     with JetStream, neither importing from nor exporting to the other. A site server's
     bundle has no control password: its server has no control account (the control
     plane lives on the hub's servers)."""
-    accounts: dict[str, Any] = {APP_ACCOUNT: {"jetstream": "enabled", "users": users(creds)}}
+    app = {"jetstream": "enabled", "users": users(creds, leaf_sites)}
+    accounts: dict[str, Any] = {APP_ACCOUNT: app}
     password = creds.passwords.get(CONTROL_ROLE)
     if password is not None:
         control = [certificate_user(CONTROL_ROLE, password)]

@@ -138,6 +138,9 @@ class Credentials:
     site_route: str | None = None
     """A site bundle: the password its clustered servers' routes take (that site's
     alone, so an edge host's bundle cannot route into the hub or another site)."""
+    site_leaf: str | None = None
+    """A site bundle: its leaf link's password at the hub (as user ``leaf-<site>``:
+    that site's alone, so a stolen site host cannot leaf in as another site)."""
 
     def to_json(self) -> str:
         raw: dict[str, Any] = {
@@ -161,6 +164,8 @@ class Credentials:
             raw["ingest_token"] = self.ingest_token
         if self.site_route:
             raw["site_route"] = self.site_route
+        if self.site_leaf:
+            raw["site_leaf"] = self.site_leaf
         return json.dumps(raw, indent=2)
 
     @classmethod
@@ -185,6 +190,7 @@ class Credentials:
                 node_tokens={str(k): str(v) for k, v in (raw.get("node_tokens") or {}).items()},
                 ingest_token=raw.get("ingest_token"),
                 site_route=raw.get("site_route"),
+                site_leaf=raw.get("site_leaf"),
             )
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise SecurityError(f"{source} is not a spanflow credentials file: {exc!r}") from exc
@@ -221,6 +227,28 @@ class Credentials:
                 "it (`spanflow secrets export --role site`) from the full secrets"
             )
         return found
+
+    def leaf_login(self, site: str | None) -> tuple[str, str]:
+        """The user and password a site's server leafs into the hub with: a site
+        bundle's own (``leaf-<site>``), else the shared ``leaf`` login (a full directory,
+        or a bundle made before sites had their own). SecurityError when neither."""
+        if self.site_leaf and site:
+            return leaf_user_of(site), self.site_leaf
+        if "leaf" in self.passwords:
+            return "leaf", self.passwords["leaf"]
+        raise SecurityError("these secrets have no leaf login: export the site's bundle again")
+
+    def leaf_logins(self, sites: tuple[str, ...]) -> dict[str, str]:
+        """The hub's side: user → password of each listed site's leaf link (derived from
+        the node-token key), or the shared ``leaf`` login when no site is listed."""
+        if not sites:
+            return {"leaf": self.passwords["leaf"]} if "leaf" in self.passwords else {}
+        if not self.agent_key:
+            raise SecurityError(
+                "per-site leaf logins (--leaf-site) need the full or coordinator secrets "
+                "(the node-token key derives them)"
+            )
+        return {leaf_user_of(s): site_leaf_password(self.agent_key, s) for s in sites}
 
     def ingest_token_for(self, site: str) -> str | None:
         """The token a site's HTTP ingest takes: a site bundle's own, else (on a full
@@ -269,6 +297,19 @@ def ingest_token(agent_key: str, site: str) -> str:
 
 def site_route_password(agent_key: str, site: str) -> str:
     return f"route.{site}.{_mac(agent_key, 'route:' + site)}"
+
+
+def site_leaf_password(agent_key: str, site: str) -> str:
+    return f"leaf.{site}.{_mac(agent_key, 'leaf:' + site)}"
+
+
+def leaf_user_of(site: str) -> str:
+    """The hub's user for a site's leaf link.
+
+    >>> leaf_user_of("edge-a")
+    'leaf-edge-a'
+    """
+    return f"leaf-{site}"
 
 
 def site_devices(devices: dict[str, Device], site: str) -> dict[str, Device]:
@@ -578,11 +619,12 @@ class Secrets:
             devices = site_devices(creds.devices, site)
             files += self._device_files(devices)  # the MQTT gateway logs in as each
             bundle = Credentials(
-                {r: creds.passwords[r] for r in ("agent", "device", "leaf")},
+                {r: creds.passwords[r] for r in ("agent", "device")},
                 None,
                 devices,
                 ingest_token=ingest_token(creds.agent_key, site),
                 site_route=site_route_password(creds.agent_key, site),
+                site_leaf=site_leaf_password(creds.agent_key, site),
             )
             return files, bundle
         if role == "device":

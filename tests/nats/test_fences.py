@@ -85,7 +85,7 @@ def test_locked_only_a_newer_signed_assignment_fences_a_writer(nats_url: str, ui
         await claim(kv, mine, verifier)
         forged = orjson.dumps({"epoch": 99, "node": "evil"})
         other = _signed_fence(signer, f"x{uid}.f0", 99, "evil", cp)  # signed, not for fid
-        for value in (forged, value_of(other), value_of(old)):
+        for value in (forged, b"not json", b'{"proof": 1}', value_of(other), value_of(old)):
             await kv.put(mine.key, value)
             with pytest.raises(Fenced):
                 await check(kv, mine)  # open mode: any value fences (as before)

@@ -88,14 +88,17 @@ def held_epoch(value: bytes | None, fence: Fence, verifier: Verifier | None) -> 
     checkpoint at that epoch."""
     if not value:
         return 0
-    raw = orjson.loads(value)
-    epoch = int(raw["epoch"])
+    try:
+        raw = orjson.loads(value)
+        epoch = int(raw["epoch"])
+    except (ValueError, KeyError, TypeError):  # not a fence value at all
+        return None if verifier is not None else 0
     if verifier is None:
         return epoch
     try:
-        signed = read_signed(str(raw["proof"]).encode(), verifier)
+        signed = read_signed(str(raw.get("proof")).encode(), verifier)
         a = Assignment.model_validate_json(signed)
-    except (Unsigned, ValueError, KeyError):
+    except (Unsigned, ValueError):
         return None
     if (a.fragment.id, a.epoch, a.checkpoint_dir) != (fence.fragment_id, epoch, fence.checkpoint):
         return None

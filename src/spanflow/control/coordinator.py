@@ -92,6 +92,8 @@ _NO_ANSWER = (TimeoutError, NatsError)
 'no responders'): worth waiting out, unlike a refusal."""
 STARTUP_PATIENCE = 60.0
 """Seconds a starting replica retries opening the control plane before it gives up."""
+STOP_PATIENCE = 10.0
+"""Seconds a stopping coordinator waits for its loops, and then for each NATS drain."""
 
 
 class Coordinator:
@@ -205,13 +207,18 @@ class Coordinator:
         return "leader" if self.leading else "standby"
 
     async def stop(self) -> None:
+        """Stop the loops and drain NATS, each within :data:`STOP_PATIENCE` seconds: a
+        stop never hangs on a call that does not answer."""
         for task in self._tasks:
             task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        if self._tasks:
+            await asyncio.wait(self._tasks, timeout=STOP_PATIENCE)
         for nc in {id(c): c for c in (self.control_nc, self.nc) if c is not None}.values():
             with contextlib.suppress(Exception):
-                await nc.drain()
+                await asyncio.wait_for(nc.drain(), STOP_PATIENCE)
+            if not nc.is_closed:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(nc.close(), STOP_PATIENCE)
 
     async def _savepoint_reports(self) -> list[Activity]:
         """The last 'savepointed' report of every assignment taking a savepoint: it may

@@ -115,7 +115,6 @@ async def sampling(app: FastAPI, coordinator: Coordinator) -> AsyncIterator[None
         yield
     finally:
         task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        await asyncio.wait([task], timeout=10)  # a stop never hangs on the sampler
         with contextlib.suppress(Exception):
-            await app.state.feed.close()
+            await asyncio.wait_for(app.state.feed.close(), 10)

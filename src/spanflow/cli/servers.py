@@ -83,6 +83,30 @@ SHARED_LEAF_WARNING = (
     "[yellow]leaf links log in with one shared login (bundles made before sites had their "
     "own): give --leaf-site SITE for each site[/yellow]"
 )
+LeafListenOption = Annotated[
+    str, typer.Option(help="The hub's listener for site servers, HOST:PORT.")
+]
+MqttListenOption = Annotated[
+    str | None, typer.Option(help="MQTT gateway for devices, HOST:PORT (none without it).")
+]
+DenyExportOption = Annotated[
+    list[str] | None,
+    typer.Option(help="A subject that stays on this site (repeat), e.g. local.>"),
+]
+LeafSiteOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        help="The hub (no --hub): a site whose server may leaf in, with its own login "
+        "(repeat; locked). None given: every site logs in with one shared login."
+    ),
+]
+MonitorListenOption = Annotated[
+    str | None,
+    typer.Option(
+        help="NATS's monitoring endpoint, HOST:PORT (its /healthz is a container's "
+        "health check; keep it on loopback)."
+    ),
+]
 
 
 @app.command("site-server")
@@ -90,35 +114,16 @@ def site_server(
     site: Annotated[str, typer.Option(help="Site name: the server's name and JetStream domain.")],
     hub: HubOption = None,
     listen: Annotated[str, typer.Option(help="Client listener, HOST:PORT.")] = "127.0.0.1:4222",
-    leaf_listen: Annotated[
-        str, typer.Option(help="The hub's listener for site servers, HOST:PORT.")
-    ] = "127.0.0.1:7422",
-    mqtt_listen: Annotated[
-        str | None, typer.Option(help="MQTT gateway for devices, HOST:PORT (none without it).")
-    ] = None,
+    leaf_listen: LeafListenOption = "127.0.0.1:7422",
+    mqtt_listen: MqttListenOption = None,
     http_listen: HttpListenOption = None,
     http_token: HttpTokenOption = None,
-    deny_export: Annotated[
-        list[str] | None,
-        typer.Option(help="A subject that stays on this site (repeat), e.g. local.>"),
-    ] = None,
-    leaf_site: Annotated[
-        list[str] | None,
-        typer.Option(
-            help="The hub (no --hub): a site whose server may leaf in, with its own login "
-            "(repeat; locked). None given: every site logs in with one shared login."
-        ),
-    ] = None,
+    deny_export: DenyExportOption = None,
+    leaf_site: LeafSiteOption = None,
     cluster_listen: ClusterListenOption = None,
     route: RouteOption = None,
     server_name: ServerNameOption = None,
-    monitor_listen: Annotated[
-        str | None,
-        typer.Option(
-            help="NATS's monitoring endpoint, HOST:PORT (its /healthz is a container's "
-            "health check; keep it on loopback)."
-        ),
-    ] = None,
+    monitor_listen: MonitorListenOption = None,
     data_dir: Annotated[Path | None, typer.Option(help="Default ./spanflow-data.")] = None,
     open_: Annotated[
         bool,
@@ -131,7 +136,7 @@ def site_server(
     other servers in a NATS cluster (routes over TLS when locked), so what the site
     buffers survives the loss of one host. Locked when the data directory has secrets.
     SIGHUP reloads the server's users and certificates (after `spanflow secrets device`)."""
-    from spanflow.nats.server import EmbeddedNats, leaf_urls
+    from spanflow.nats.server import EmbeddedNats
     from spanflow.security.policy import is_loopback
 
     directory = data_dir_or_default(data_dir)
@@ -143,20 +148,7 @@ def site_server(
     given = ((mqtt_listen, "--mqtt-listen"), (cluster_listen, "--cluster-listen"))
     doors += [_listen(value, flag)[0] for value, flag in given if value]
     exposed = not all(is_loopback(door) for door in doors)
-    if secrets is None and exposed and not open_:
-        raise fail(
-            SpanflowError(
-                f"site server {site} would listen beyond loopback without TLS or users: "
-                "run `spanflow secrets init` (then copy the secrets here) or pass --open"
-            )
-        )
-    if hub:
-        try:
-            leaf_urls(hub)
-        except ValueError as exc:
-            raise fail(SpanflowError(f"--hub: {exc}")) from None
-    if secrets is None:
-        err.print(f"[yellow]OPEN MODE: site server {site} has no TLS and no users[/yellow]")
+    _check_site_doors(site, hub, exposed and not open_, secrets is not None, bool(leaf_site))
     server = EmbeddedNats(
         directory / f"nats-{cluster.name}",
         name=cluster.name,
@@ -177,8 +169,6 @@ def site_server(
         route_site=site if hub else None,  # an edge site's routes: its own password
         leaf_sites=tuple(leaf_site or ()),
     )
-    if secrets is not None and hub is None and not leaf_site:
-        err.print(SHARED_LEAF_WARNING)
     stop = Interrupted()
     try:
         server.start()
@@ -188,15 +178,7 @@ def site_server(
     if secrets is not None and not http_token:
         http_token = secrets.credentials().ingest_token_for(site)
     try:
-        err.print(f"site {site}: NATS {server.url} (JetStream domain {site})")
-        if cluster.routes is not None:
-            err.print(
-                f"site {site}: server {cluster.name} in the site's cluster, routes on "
-                f"{cluster.host}:{server.cluster_port} to {len(cluster.routes)} other(s)"
-            )
-            threading.Thread(target=_say_when_ready, args=(server, site), daemon=True).start()
-        if hub is None:
-            err.print(f"hub leaf listener: {server.leaf_url}")
+        _announce(server, site, cluster, hub)
         if mqtt_listen:
             gateway = _mqtt_gateway(server.url, mqtt_listen, secrets)
         with ingest(server.url, http_listen, http_token):
@@ -205,6 +187,43 @@ def site_server(
         if gateway is not None:
             gateway.stop()
         server.stop()
+
+
+def _check_site_doors(
+    site: str, hub: str | None, open_beyond_loopback: bool, locked: bool, leaf_sites: bool
+) -> None:
+    """Refuse what a site server must not do, and warn about what it does openly."""
+    from spanflow.nats.server import leaf_urls
+
+    if not locked and open_beyond_loopback:
+        raise fail(
+            SpanflowError(
+                f"site server {site} would listen beyond loopback without TLS or users: "
+                "run `spanflow secrets init` (then copy the secrets here) or pass --open"
+            )
+        )
+    if hub:
+        try:
+            leaf_urls(hub)
+        except ValueError as exc:
+            raise fail(SpanflowError(f"--hub: {exc}")) from None
+    if not locked:
+        err.print(f"[yellow]OPEN MODE: site server {site} has no TLS and no users[/yellow]")
+    elif hub is None and not leaf_sites:
+        err.print(SHARED_LEAF_WARNING)
+
+
+def _announce(server: Any, site: str, cluster: _ClusterPlace, hub: str | None) -> None:
+    """Say where the started server listens (and, clustered, when it is ready)."""
+    err.print(f"site {site}: NATS {server.url} (JetStream domain {site})")
+    if cluster.routes is not None:
+        err.print(
+            f"site {site}: server {cluster.name} in the site's cluster, routes on "
+            f"{cluster.host}:{server.cluster_port} to {len(cluster.routes)} other(s)"
+        )
+        threading.Thread(target=_say_when_ready, args=(server, site), daemon=True).start()
+    if hub is None:
+        err.print(f"hub leaf listener: {server.leaf_url}")
 
 
 @dataclass(frozen=True)

@@ -14,22 +14,17 @@ from __future__ import annotations
 
 import base64
 import binascii
-import hashlib
 import hmac
 from collections.abc import Callable
 
 from spanflow.errors import SecurityError
+from spanflow.security.credentials import mac_of
 from spanflow.security.limits import token_matches
 
 GROUP_PREFIX = "ingestg."
 SITE_PRINCIPAL = "ingest"
 GROUP_PRINCIPAL = "ingest:"
 """A group token's principal: ``ingest:<pattern>``."""
-
-
-def _mac(key: str, what: str) -> str:
-    digest = hmac.new(key.encode(), what.encode(), hashlib.sha256).digest()
-    return base64.urlsafe_b64encode(digest).decode().rstrip("=")
 
 
 def _check_pattern(pattern: str) -> str:
@@ -55,7 +50,7 @@ def group_token(site_token: str, pattern: str) -> str:
     True
     """
     encoded = base64.urlsafe_b64encode(_check_pattern(pattern).encode()).decode().rstrip("=")
-    return f"{GROUP_PREFIX}{encoded}.{_mac(site_token, 'group:' + pattern)}"
+    return f"{GROUP_PREFIX}{encoded}.{mac_of(site_token, 'group:' + pattern)}"
 
 
 def pattern_of(site_token: str, given: str) -> str | None:
@@ -72,7 +67,7 @@ def pattern_of(site_token: str, given: str) -> str | None:
         pattern = base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4)).decode()
     except (binascii.Error, UnicodeDecodeError, ValueError):
         return None
-    if not hmac.compare_digest(mac, _mac(site_token, "group:" + pattern)):
+    if not hmac.compare_digest(mac, mac_of(site_token, "group:" + pattern)):
         return None
     return pattern
 

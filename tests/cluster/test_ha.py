@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 from spanflow.control.leadership import LEASE_KEY, RENEWALS_PER_LEASE, Lease, lease_for
+from spanflow.errors import SpanflowError
 from spanflow.local.cluster import Api, LocalCluster
 from spanflow.nats.cluster import LEADER_BUCKET
 from spanflow.nats.streams import SyncNats
@@ -257,6 +258,24 @@ def _lease_when_readable(cluster: LocalCluster) -> tuple[Lease, int, str | None]
     return found[-1]
 
 
+def _leader_records(api: Api) -> list[dict[str, Any]]:
+    """The control log's ``leader`` records, once a coordinator can read the log (503
+    while a server the previous test restarted catches up is an answer to wait out)."""
+    found: list[list[dict[str, Any]]] = []
+
+    def readable() -> bool:
+        try:
+            found.append(api.call("GET", "/api/v1/cluster/log?limit=1000"))
+        except SpanflowError as exc:
+            if not str(exc).startswith(("503", "no coordinator answered")):
+                raise
+            return False
+        return True
+
+    wait_for(readable, timeout=60, interval=0.5)
+    return [r for r in found[-1] if r["kind"] == "leader"]
+
+
 def test_killing_the_nats_server_that_leads_the_lease_bucket_keeps_the_leader(
     cluster: LocalCluster,
 ) -> None:
@@ -267,9 +286,7 @@ def test_killing_the_nats_server_that_leads_the_lease_bucket_keeps_the_leader(
     api = cluster.api()
     wait_for(lambda: cluster.leader() is not None, timeout=30)
     leader = cluster.leader()
-    leaders_before = [
-        r for r in api.call("GET", "/api/v1/cluster/log?limit=1000") if r["kind"] == "leader"
-    ]
+    leaders_before = _leader_records(api)
     lease, revision, bucket_leader = _lease_when_readable(cluster)
     assert lease.holder == leader and bucket_leader is not None
     victim = int(bucket_leader.rsplit("-", 1)[1]) - 1
@@ -288,9 +305,7 @@ def test_killing_the_nats_server_that_leads_the_lease_bucket_keeps_the_leader(
         after, _, _ = _lease_when_readable(cluster)
         assert after.holder == leader
         assert cluster.leader() == leader
-        leaders_after = [
-            r for r in api.call("GET", "/api/v1/cluster/log?limit=1000") if r["kind"] == "leader"
-        ]
+        leaders_after = _leader_records(api)
         assert leaders_after == leaders_before
     finally:
         nats.restart(victim)

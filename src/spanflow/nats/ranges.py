@@ -45,7 +45,34 @@ async def read_range(
     idle_check: float = 2.0,
 ) -> list[RawRecord]:
     """Messages with ``start <= seq < end`` in sequence order (only those on ``subjects``,
-    when given: filtered here, so the end of the range is still seen)."""
+    when given: filtered here, so the end of the range is still seen).
+
+    A read cut short by a lagging server (:class:`RangeCutShort`, just after a leader
+    election) is tried again a few times before the error reaches the caller."""
+    for pause in CUT_SHORT_PAUSES:
+        try:
+            return await _read_range_once(
+                nc, stream, start, end, subjects=subjects, idle_check=idle_check
+            )
+        except RangeCutShort:
+            await asyncio.sleep(pause)
+    return await _read_range_once(nc, stream, start, end, subjects=subjects, idle_check=idle_check)
+
+
+CUT_SHORT_PAUSES = (0.2, 0.5, 1.0, 2.0)
+"""Waits between reads of a range cut short: a new stream leader's followers catch up
+within a few seconds."""
+
+
+async def _read_range_once(
+    nc: Client,
+    stream: str,
+    start: int,
+    end: int,
+    *,
+    subjects: Sequence[str],
+    idle_check: float,
+) -> list[RawRecord]:
     if end <= start:
         return []
     js = nc.jetstream()

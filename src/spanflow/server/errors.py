@@ -23,6 +23,7 @@ from spanflow.control.errors import (
     Unavailable,
 )
 from spanflow.errors import InvalidModel, ModelError, ModelNotFound, SpanflowError, SpecError
+from spanflow.nats.ranges import RangeCutShort
 
 
 class RequestError(SpanflowError):
@@ -82,3 +83,4 @@ def install(app: FastAPI) -> None:
 
     app.add_exception_handler(NatsError, nats_unavailable)
     app.add_exception_handler(TimeoutError, nats_unavailable)
+    app.add_exception_handler(RangeCutShort, nats_unavailable)

@@ -90,7 +90,7 @@ def test_the_jvm_client_checks_the_name_it_was_given_not_the_address(spark, tmp_
     secrets = Secrets(tmp_path / "secrets")
     secrets.init()
     named = pki.issue(
-        secrets._ca(), "spanflow server", hosts=("localhost",), server=True, client=True
+        secrets.ca(), "spanflow server", hosts=("localhost",), server=True, client=True
     )
     secrets.server_cert.write_bytes(named.cert_pem)
     secrets.server_key.write_bytes(named.key_pem)

@@ -150,7 +150,10 @@ def device(
     try:
         if revoke:
             secrets.revoke_device(name)
-            console.print(f"device {name}: revoked; reload the servers (SIGHUP) to cut it off")
+            console.print(
+                f"device {name}: revoked; reload the hub's servers (SIGHUP) and push the "
+                "revocation list to the sites: spanflow secrets revocations --push URL"
+            )
             return
         if not publish:
             raise SecurityError("give --publish SUBJECT (repeat) or --revoke")
@@ -159,6 +162,42 @@ def device(
         raise fail(exc) from None
     console.print(f"device {name}: password {password}", markup=False, highlight=False)
     console.print("(shown once: give it to the device; it is not logged anywhere)")
+
+
+@secrets_app.command("revocations")
+def revocations_command(
+    push: Annotated[
+        str | None,
+        typer.Option(
+            "--push",
+            help="The hub's NATS URL (tls://HOST:4222): store the list there, where every "
+            "site server reads it.",
+        ),
+    ] = None,
+    secrets_dir: SecretsDirOption = None,
+    data_dir: DataDir = None,
+) -> None:
+    """Show the signed list of revoked device credentials (its serial and size); with
+    ``--push``, store it at the hub: each site server whose bundle still admits a
+    revoked device reads it over its leaf link within seconds, checks the coordinators'
+    signature and cuts that device off (docs/security.md#revoking-a-device)."""
+    import asyncio
+
+    from nats.errors import Error as NatsClientError
+
+    from spanflow.doors.revocation_watch import push_revocations
+
+    secrets = secrets_at(secrets_dir, data_dir)
+    try:
+        listed = secrets.revocations()
+        console.print(f"revocation list {listed.serial}: {len(listed.credentials)} credentials")
+        if push:
+            asyncio.run(push_revocations(push, secrets))
+            console.print(f"pushed to {push}: site servers apply it within seconds")
+    except SecurityError as exc:
+        raise fail(exc) from None
+    except (NatsClientError, OSError, TimeoutError) as exc:
+        raise fail(SecurityError(f"the hub at {push} did not take the list: {exc}")) from None
 
 
 @secrets_app.command("ingest-token")

@@ -100,6 +100,13 @@ LeafSiteOption = Annotated[
         "(repeat; locked). None given: every site logs in with one shared login."
     ),
 ]
+SiteHubDomainOption = Annotated[
+    str,
+    typer.Option(
+        help="The hub's JetStream domain (with --hub, locked): where this server reads "
+        "the device revocation list."
+    ),
+]
 MonitorListenOption = Annotated[
     str | None,
     typer.Option(
@@ -124,6 +131,7 @@ def site_server(
     route: RouteOption = None,
     server_name: ServerNameOption = None,
     monitor_listen: MonitorListenOption = None,
+    hub_domain: SiteHubDomainOption = "hub",
     data_dir: Annotated[Path | None, typer.Option(help="Default ./spanflow-data.")] = None,
     open_: Annotated[
         bool,
@@ -174,18 +182,18 @@ def site_server(
         server.start()
     except SpanflowError as exc:
         raise fail(exc) from None
-    gateway = None
     if secrets is not None and not http_token:
         http_token = secrets.credentials().ingest_token_for(site)
+    reload = threading.Event()
+    extras: list[Any] = [_revocation_watch(server.url, secrets, hub and hub_domain, reload)]
     try:
         _announce(server, site, cluster, hub)
-        if mqtt_listen:
-            gateway = _mqtt_gateway(server.url, mqtt_listen, secrets)
+        extras.append(_mqtt_gateway(server.url, mqtt_listen, secrets) if mqtt_listen else None)
         with ingest(server.url, http_listen, http_token):
-            _serve_until(stop.event, server, site)
+            _serve_until(stop.event, server, site, reload)
     finally:
-        if gateway is not None:
-            gateway.stop()
+        for extra in filter(None, extras):
+            extra.stop()
         server.stop()
 
 
@@ -286,9 +294,21 @@ def _mqtt_gateway(nats_url: str, listen: str, secrets: Any) -> Any:
     return gateway
 
 
-def _serve_until(stop: threading.Event, server: Any, site: str) -> None:
-    """Until ``stop``; SIGHUP reloads the server's users and certificates."""
-    reload = threading.Event()
+def _revocation_watch(
+    nats_url: str, secrets: Any, hub_domain: str | None, reload: threading.Event
+) -> Any:
+    """A locked edge site's watch on the hub's device revocation list (None at the hub,
+    in open mode, or on secrets that are not a site bundle: no site login)."""
+    if not hub_domain or secrets is None or not secrets.credentials().site_leaf:
+        return None
+    from spanflow.doors.revocation_watch import RevocationWatch
+
+    return RevocationWatch(nats_url, secrets, hub_domain, reload.set).start()
+
+
+def _serve_until(stop: threading.Event, server: Any, site: str, reload: threading.Event) -> None:
+    """Until ``stop``; SIGHUP (or a newer revocation list) reloads the server's users
+    and certificates."""
     signal.signal(signal.SIGHUP, lambda *_: reload.set())
     while not stop.wait(0.5):
         if reload.is_set():  # new devices or certificates in the secrets

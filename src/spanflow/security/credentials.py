@@ -20,6 +20,8 @@ from spanflow.errors import SecurityError
 DEVICE_INBOXES = "_INBOX_DEV"
 READER_INBOX = "_INBOX_READER"
 COORDINATOR_INBOX = "_INBOX_COORD"
+SITE_INBOX = "_INBOX_SITE"
+"""Replies to a site server's own client (its revocation watch)."""
 CERT_ORGANIZATION = "spanflow"
 """The organisation every client certificate spanflow issues names (spanflow.security.pki)."""
 

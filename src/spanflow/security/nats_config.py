@@ -29,12 +29,14 @@ from spanflow.protocol.names import (
     LEADER_BUCKET,
     PROJECTION_BUCKETS,
 )
+from spanflow.security.revocations import REVOCATIONS_BUCKET
 from spanflow.security.secrets import (
     CONTROL_ROLE,
     COORDINATOR_INBOX,
     DEVICE_INBOXES,
     LINK_ROLES,
     READER_INBOX,
+    SITE_INBOX,
     Credentials,
     Device,
     Secrets,
@@ -67,11 +69,30 @@ READER_PUBLISH = (
 """What a read-only client (dashboards, `spanflow tail`) needs: stream info and
 consumers of its own — unnamed ones (``CONSUMER.CREATE.<stream>``), so it can neither
 delete nor redefine another client's consumer — nothing that writes a stream."""
-OTHERS_INBOXES = ("_INBOX.>", f"{DEVICE_INBOXES}.>", f"{COORDINATOR_INBOX}.>")
+OTHERS_INBOXES = (
+    "_INBOX.>",
+    f"{DEVICE_INBOXES}.>",
+    f"{COORDINATOR_INBOX}.>",
+    f"{SITE_INBOX}.>",
+)
 """Replies to other clients: a reader reads its own (``_INBOX_READER``) only."""
-NOT_AGENTS_INBOXES = (f"{COORDINATOR_INBOX}.>", f"{READER_INBOX}.>", f"{DEVICE_INBOXES}.>")
-"""Replies to coordinators, readers and devices: an agent may neither read nor answer
-them (agents share ``_INBOX`` among themselves: they share one NATS user)."""
+NOT_AGENTS_INBOXES = (
+    f"{COORDINATOR_INBOX}.>",
+    f"{READER_INBOX}.>",
+    f"{DEVICE_INBOXES}.>",
+    f"{SITE_INBOX}.>",
+)
+"""Replies to coordinators, readers, devices and site servers: an agent may neither
+read nor answer them (agents share ``_INBOX`` among themselves: they share one NATS
+user)."""
+REVOCATIONS_STREAM = f"KV_{REVOCATIONS_BUCKET}"
+SITE_WATCH_PUBLISH = (
+    f"$JS.*.API.STREAM.INFO.{REVOCATIONS_STREAM}",
+    f"$JS.*.API.DIRECT.GET.{REVOCATIONS_STREAM}.>",
+    f"$JS.*.API.STREAM.MSG.GET.{REVOCATIONS_STREAM}",
+)
+"""What a site server's own client asks the hub (its JetStream domain): the revocation
+list, read only."""
 
 
 def _q(value: str) -> str:
@@ -99,8 +120,9 @@ def tls_block(
 
 def _agent_deny() -> list[str]:
     deny = [*CONTROL_SUBJECTS, *SYSTEM_SUBJECTS, f"$KV.{LEADER_BUCKET}.>"]
+    deny.append(f"$KV.{REVOCATIONS_BUCKET}.>")  # signed anyway: no wipe, no noise
     deny += [f"$KV.{bucket}.>" for bucket in PROJECTION_BUCKETS]  # puts and deletes alike
-    for stream in CONTROL_STREAMS:
+    for stream in (*CONTROL_STREAMS, REVOCATIONS_STREAM):
         for action in STREAM_ADMIN:
             deny.append(f"$JS.API.STREAM.{action}.{stream}")
             deny.append(f"$JS.*.API.STREAM.{action}.{stream}")
@@ -181,6 +203,16 @@ def certificate_user(name: str, password: str) -> dict[str, Any]:
     return {"user": cert_user(name), "password": password, "allowed_connection_types": CLIENT_PORT}
 
 
+def site_watch_user(password: str) -> dict[str, Any]:
+    """An edge site server's own client (the leaf certificate, the site's leaf
+    password): it reads the hub's revocation list and nothing else."""
+    permissions = {
+        "publish": {"allow": list(SITE_WATCH_PUBLISH)},
+        "subscribe": {"allow": [f"{SITE_INBOX}.>"]},
+    }
+    return {**certificate_user("leaf", password), "permissions": permissions}
+
+
 def device_permissions(name: str, device: Device) -> dict[str, Any]:
     return {
         "publish": {"allow": list(device.publish)},
@@ -196,6 +228,8 @@ def users(creds: Credentials, leaf_sites: tuple[str, ...] = ()) -> list[dict[str
     ``leaf`` login). Routes authenticate in their own block; the control user is
     in the control account alone."""
     out = [leaf_user(user, pw) for user, pw in creds.leaf_logins(leaf_sites).items()]
+    if creds.site_leaf and not leaf_sites:  # an edge site's server: its revocation watch
+        out.append(site_watch_user(creds.site_leaf))
     for role, password in creds.passwords.items():
         if role in LINK_ROLES or role == CONTROL_ROLE:
             continue

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from spanflow.errors import SecurityError
-from spanflow.security import pki
+from spanflow.security import pki, revocations
 from spanflow.security.credentials import (
     CERT_ORGANIZATION as CERT_ORGANIZATION,
 )
@@ -39,6 +39,9 @@ from spanflow.security.credentials import (
 )
 from spanflow.security.credentials import (
     READER_INBOX as READER_INBOX,
+)
+from spanflow.security.credentials import (
+    SITE_INBOX as SITE_INBOX,
 )
 from spanflow.security.credentials import (
     Credentials as Credentials,
@@ -74,6 +77,7 @@ from spanflow.security.credentials import (
     site_route_password as site_route_password,
 )
 from spanflow.security.keyring import Keyring, new_key
+from spanflow.security.revocations import REVOCATIONS_FILE, Revocations, credential_id
 from spanflow.security.signing import Signer, Verifier, new_key_pair
 
 ROLES = ("coordinator", "control", "agent", "reader", "device", "leaf", "route")
@@ -93,7 +97,7 @@ def _password() -> str:
     return _random.token_urlsafe(24)
 
 
-def _write_private(path: Path, data: bytes | str) -> None:
+def write_private(path: Path, data: bytes | str) -> None:
     """Create ``path`` owner-only from the first byte (never world-readable, not even
     between the write and a chmod)."""
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -175,6 +179,31 @@ class Secrets:
     def verifier(self) -> Verifier | None:
         return Verifier(self.control_pub.read_bytes()) if self.control_pub.exists() else None
 
+    @property
+    def revocations_file(self) -> Path:
+        """The signed device revocation list (spanflow.security.revocations)."""
+        return self.root / REVOCATIONS_FILE
+
+    def revocations(self) -> Revocations:
+        """The revocation list this directory holds (empty if none)."""
+        try:
+            value = self.revocations_file.read_bytes()
+        except FileNotFoundError:
+            return Revocations()
+        return revocations.read_file(value, self.verifier())
+
+    def store_revocations(self, value: bytes) -> bool:
+        """Keep a signed list pushed by the operator if it is the coordinators' and newer
+        than the one held; whether it was kept. Unsigned when it is not theirs."""
+        verifier = self.verifier()
+        if verifier is None:
+            raise SecurityError(f"{self.root} has no control.pub to check revocations with")
+        incoming = revocations.open_signed(value, verifier)
+        if not incoming.supersedes(self.revocations()):
+            return False
+        write_private(self.revocations_file, value)
+        return True
+
     def exists(self) -> bool:
         return self.credentials_file.exists() and self.ca_cert.exists()
 
@@ -187,7 +216,16 @@ class Secrets:
                 f"credentials {self.credentials_file}: {exc.strerror or exc} "
                 "(run `spanflow secrets init`)"
             ) from exc
-        return Credentials.from_json(text, str(self.credentials_file))
+        creds = Credentials.from_json(text, str(self.credentials_file))
+        return self._without_revoked(creds)
+
+    def _without_revoked(self, creds: Credentials) -> Credentials:
+        """``creds`` less the devices whose credential the revocation list names."""
+        if not creds.devices or not self.revocations_file.exists():
+            return creds
+        listed = self.revocations()
+        kept = {n: d for n, d in creds.devices.items() if not listed.revokes(n, d.password)}
+        return creds if len(kept) == len(creds.devices) else replace(creds, devices=kept)
 
     def keyring(self) -> Keyring:
         return Keyring.load(self.keyring_file)
@@ -208,6 +246,22 @@ class Secrets:
             cert_file=self.client_cert(role),
             key_file=self.client_key(role),
             inbox_prefix=inbox_prefix(role, role),
+        )
+
+    def site_identity(self) -> NatsIdentity:
+        """A site server's own client on its own NATS server (a site bundle: the leaf
+        certificate and the site's leaf password), which may only read the hub's
+        revocation list (spanflow.security.nats_config.site_watch_user)."""
+        password = self.credentials().site_leaf
+        if password is None:
+            raise SecurityError(f"{self.root} is not a site bundle: it has no site login")
+        return NatsIdentity(
+            user="site",
+            password=password,
+            ca_file=self.ca_cert,
+            cert_file=self.client_cert("leaf"),
+            key_file=self.client_key("leaf"),
+            inbox_prefix=SITE_INBOX,
         )
 
     def device_identity(self, name: str) -> NatsIdentity:
@@ -241,39 +295,39 @@ class Secrets:
         os.chmod(self.root / "clients", 0o700)  # an existing one may have been left open
         if not self.ca_cert.exists():
             ca = pki.create_ca()
-            _write_private(self.ca_key, ca.key_pem)
-            _write_private(self.ca_cert, ca.cert_pem)
+            write_private(self.ca_key, ca.key_pem)
+            write_private(self.ca_cert, ca.cert_pem)
             written += [self.ca_cert, self.ca_key]
             renew = True
         if renew or not self.server_cert.exists():
-            ca = self._ca()
+            ca = self.ca()
             names = tuple(dict.fromkeys((*DEFAULT_HOSTS, *hosts)))
             server = pki.issue(ca, "spanflow server", hosts=names, server=True, client=True)
-            _write_private(self.server_key, server.key_pem)
-            _write_private(self.server_cert, server.cert_pem)
+            write_private(self.server_key, server.key_pem)
+            write_private(self.server_cert, server.cert_pem)
             written.append(self.server_cert)
         for role in ROLES:
             if renew or not self.client_cert(role).exists():
-                cert = pki.issue(self._ca(), role, client=True)
-                _write_private(self.client_key(role), cert.key_pem)
-                _write_private(self.client_cert(role), cert.cert_pem)
+                cert = pki.issue(self.ca(), role, client=True)
+                write_private(self.client_key(role), cert.key_pem)
+                write_private(self.client_cert(role), cert.cert_pem)
                 written.append(self.client_cert(role))
         if not self.credentials_file.exists():
             creds = Credentials(
                 {role: _password() for role in ROLES}, _password(), agent_key=_password()
             )
-            _write_private(self.credentials_file, creds.to_json())
+            write_private(self.credentials_file, creds.to_json())
             written.append(self.credentials_file)
         elif self._top_up():
             written.append(self.credentials_file)
         written += self._issue_device_certs(renew=renew)
         if not self.keyring_file.exists():
-            _write_private(self.keyring_file, Keyring((new_key(),)).dumps())
+            write_private(self.keyring_file, Keyring((new_key(),)).dumps())
             written.append(self.keyring_file)
         if not self.control_key.exists():
             private, public = new_key_pair()
-            _write_private(self.control_key, private)
-            _write_private(self.control_pub, public)
+            write_private(self.control_key, private)
+            write_private(self.control_pub, public)
             written += [self.control_key, self.control_pub]
         return written
 
@@ -287,9 +341,9 @@ class Secrets:
         return written
 
     def _issue_device_cert(self, name: str) -> None:
-        cert = pki.issue(self._ca(), name, client=True)
-        _write_private(self.device_key(name), cert.key_pem)
-        _write_private(self.device_cert(name), cert.cert_pem)
+        cert = pki.issue(self.ca(), name, client=True)
+        write_private(self.device_key(name), cert.key_pem)
+        write_private(self.device_cert(name), cert.cert_pem)
 
     def _refuse_links(self) -> None:
         """Secrets are written only into real directories and files: a symbolic link
@@ -316,7 +370,7 @@ class Secrets:
             return False
         passwords = {**creds.passwords, **{role: _password() for role in missing}}
         updated = replace(creds, passwords=passwords, agent_key=creds.agent_key or _password())
-        _write_private(self.credentials_file, updated.to_json())
+        write_private(self.credentials_file, updated.to_json())
         return True
 
     def export(
@@ -329,119 +383,12 @@ class Secrets:
         device: str | None = None,
         hosts: tuple[str, ...] = (),
     ) -> list[Path]:
-        """Write the bundle one host needs for ``role`` into ``dest`` (a new, owner-only
-        directory) and return its files: an edge host holds no coordinator, control,
-        reader, route or operator secret, no CA key and no node-token key.
+        """Write the bundle one host needs for ``role`` into ``dest`` and return its
+        files (spanflow.security.bundles.export says what each role's holds)."""
+        from spanflow.security import bundles
 
-        With ``hosts`` (roles ``site`` and ``coordinator``) the bundle gets a server
-        certificate of its own that names only those hosts (and localhost): a site's key
-        then cannot pass for another server. Without, it shares the deployment's.
-
-        - ``coordinator``: everything but the CA key;
-        - ``agent`` (``node``): the agent's password and certificate, its node's REST
-          token, the gossip keyring;
-        - ``site`` (``site``): a site server's certificate, the leaf link's, the
-          passwords of the users it admits (agents, devices), its ingest token, the
-          password of routes between that site's servers (a clustered site);
-        - ``device`` (``device``): that device's password and the device certificate;
-        - ``reader``: the reader's password and certificate.
-        """
-        creds = self.credentials()
-        out = Secrets(dest)
-        self._check_export(out, role, {"agent": node, "site": site, "device": device}, hosts)
-        files, bundle = self._bundle(creds, role, node or "", site or "", device or "")
-        out.root.mkdir(parents=True, exist_ok=True, mode=0o700)
-        os.chmod(out.root, 0o700)
-        written = []
-        own = self._host_certificate(hosts) if hosts else None
-        for path in [self.ca_cert, *files]:
-            target = out.root / path.relative_to(self.root)
-            data = path.read_bytes()
-            if own is not None and path in (self.server_cert, self.server_key):
-                data = own.cert_pem if path == self.server_cert else own.key_pem
-            _write_private(target, data)
-            written.append(target)
-        _write_private(out.credentials_file, bundle.to_json())
-        written.append(out.credentials_file)
-        return written
-
-    def _check_export(
-        self, out: Secrets, role: str, named: dict[str, str | None], hosts: tuple[str, ...]
-    ) -> None:
-        """Refuse an export that cannot be made (SecurityError says why)."""
-        if role not in BUNDLE_ROLES:
-            raise SecurityError(f"no bundle for role {role!r}: one of {', '.join(BUNDLE_ROLES)}")
-        if role in named and not named[role]:
-            flag = {"agent": "--node", "site": "--site", "device": "--device"}[role]
-            raise SecurityError(f"a {role} bundle is for one {flag[2:]}: give {flag}")
-        creds = self.credentials()
-        if creds.rest_token is None or creds.agent_key is None:
-            raise SecurityError(
-                f"{self.root} is itself a bundle: export from the full secrets directory"
-            )
-        if hosts and role not in ("site", "coordinator"):
-            raise SecurityError(
-                f"a {role} bundle runs no server: --host is for site or coordinator"
-            )
-        if out.root.exists() and any(out.root.iterdir()):
-            raise SecurityError(f"{out.root} is not empty: export into a new directory")
-
-    def _bundle(
-        self, creds: Credentials, role: str, node: str, site: str, device: str
-    ) -> tuple[list[Path], Credentials]:
-        """The files (besides the CA certificate) and credentials a role's host needs."""
-        assert creds.agent_key is not None
-        if role == "coordinator":
-            files = [self.server_cert, self.server_key, self.keyring_file]
-            files += [self.control_key, self.control_pub]
-            files += [p for r in ROLES for p in (self.client_cert(r), self.client_key(r))]
-            return files + self._device_files(creds.devices), creds
-        if role == "agent":
-            files = [self.client_cert("agent"), self.client_key("agent"), self.keyring_file]
-            tokens = {node: node_token(creds.agent_key, node)}
-            bundle = Credentials({"agent": creds.passwords["agent"]}, None, node_tokens=tokens)
-            return [*files, self.control_pub], bundle
-        if role == "site":
-            files = [self.server_cert, self.server_key]
-            files += [self.client_cert("leaf"), self.client_key("leaf")]
-            files += [self.client_cert("device"), self.client_key("device")]  # HTTP ingest
-            devices = site_devices(creds.devices, site)
-            files += self._device_files(devices)  # the MQTT gateway logs in as each
-            bundle = Credentials(
-                {r: creds.passwords[r] for r in ("agent", "device")},
-                None,
-                devices,
-                ingest_token=ingest_token(creds.agent_key, site),
-                site_route=site_route_password(creds.agent_key, site),
-                site_leaf=site_leaf_password(creds.agent_key, site),
-            )
-            return files, bundle
-        if role == "device":
-            if device not in creds.devices:
-                raise SecurityError(f"no device {device!r}: add it with `spanflow secrets device`")
-            one = {device: creds.devices[device]}
-            return self._device_files(one), Credentials({}, None, one)
-        files = [self.client_cert("reader"), self.client_key("reader")]
-        return files, Credentials({"reader": creds.passwords["reader"]}, None)
-
-    def _host_certificate(self, hosts: tuple[str, ...]) -> pki.Issued:
-        """A server certificate for these hosts alone, from the deployment's CA."""
-        names = tuple(dict.fromkeys((*DEFAULT_HOSTS, *hosts)))
-        # client use too: a clustered server dials its routes with it
-        return pki.issue(
-            self._ca(), f"spanflow server {hosts[0]}", hosts=names, server=True, client=True
-        )
-
-    def _device_files(self, devices: dict[str, Device]) -> list[Path]:
-        missing = [name for name in devices if not self.device_cert(name).exists()]
-        if missing:
-            raise SecurityError(
-                f"no certificate for device(s) {', '.join(sorted(missing))}: run "
-                "`spanflow secrets init` on the issuing host (it issues what is missing)"
-            )
-        return [
-            p for name in sorted(devices) for p in (self.device_cert(name), self.device_key(name))
-        ]
+        named = {"node": node, "site": site, "device": device}
+        return bundles.export(self, Path(dest), role, named, hosts)
 
     def add_device(
         self,
@@ -465,23 +412,31 @@ class Secrets:
         devices = {**creds.devices, name: Device(password, publish, subscribe, site)}
         self._issue_device_cert(name)  # first: without the CA key nothing changes
         updated = replace(creds, devices=devices)
-        _write_private(self.credentials_file, updated.to_json())
+        write_private(self.credentials_file, updated.to_json())
         return password
 
     def revoke_device(self, name: str) -> None:
-        """Remove a device's user; servers that reload (SIGHUP) close its connections."""
+        """Remove a device's user (servers that reload close its connections) and add its
+        credential to the signed revocation list, which reaches sites whose bundle still
+        names it once pushed (`spanflow secrets revocations --push`)."""
         creds = self.credentials()
         if name not in creds.devices:
             raise SecurityError(f"no device {name!r} to revoke")
+        signer = self.signer()
+        if signer is None:
+            raise SecurityError(f"{self.root} has no control.key to sign the revocation with")
+        listed = self.revocations().adding(credential_id(name, creds.devices[name].password))
+        write_private(self.revocations_file, revocations.sign(listed, signer))
         devices = {k: v for k, v in creds.devices.items() if k != name}
-        _write_private(self.credentials_file, replace(creds, devices=devices).to_json())
+        write_private(self.credentials_file, replace(creds, devices=devices).to_json())
         self.device_cert(name).unlink(missing_ok=True)  # mapped to no user from now on
         self.device_key(name).unlink(missing_ok=True)
 
     def write_keyring(self, ring: Keyring) -> None:
-        _write_private(self.keyring_file, ring.dumps())
+        write_private(self.keyring_file, ring.dumps())
 
-    def _ca(self) -> pki.Issued:
+    def ca(self) -> pki.Issued:
+        """The deployment's CA, to issue with (only where its key is: the issuing host)."""
         try:
             return pki.Issued(self.ca_cert.read_bytes(), self.ca_key.read_bytes())
         except OSError as exc:

@@ -308,6 +308,7 @@ NodeNatsOption = Annotated[
 GossipOption = Annotated[
     bool, typer.Option(help="Run membership (SWIM gossip) with the partition's nodes.")
 ]
+GossipBindOption = Annotated[str, typer.Option(help="Address of the membership endpoint.")]
 GossipPortOption = Annotated[
     int, typer.Option(help="UDP+TCP port of the membership endpoint (0: any free).")
 ]
@@ -346,9 +347,7 @@ def node(
     state_dir: AgentStateDirOption = None,
     nats: NodeNatsOption = None,
     gossip: GossipOption = True,
-    gossip_bind: Annotated[str, typer.Option(help="Address of the membership endpoint.")] = (
-        "127.0.0.1"
-    ),
+    gossip_bind: GossipBindOption = "127.0.0.1",
     gossip_port: GossipPortOption = 0,
     gossip_advertise: GossipAdvertiseOption = None,
     gossip_profile: GossipProfileOption = None,
@@ -370,30 +369,20 @@ def node(
     saved registration and its site's last-known assignments when the coordinator
     cannot be reached."""
     from spanflow.runtime.agent import AgentSettings, NodeAgent
-    from spanflow.runtime.shedding.policy import SheddingConfig
 
     _logging()
     _quiet_spark()
-    secrets = use_secrets(state_dir, "agent")
-    if not token and secrets is not None:
-        token = secrets.credentials().api_token(name)
+    token = _node_token(state_dir, name, given=token)
     told_memory = memory
     if master and master.startswith("spark://") and cores is None:
         cores, memory = _spark_cluster_offer(master, master_ui, memory)
-    if shed_low >= shed_high:
-        raise fail(SpanflowError("--shed-low must be below --shed-high (hysteresis)"))
+    shedding = _shedding(shed, shed_high, shed_low, shed_sustain, shed_cooldown)
     _check_gossip_profile(gossip_profile)
     try:
-        scale = scaling.scaling_config(
-            executors,
-            master,
-            executor_cores,
-            executor_memory,
-            scale_out_after,
-            scale_in_after,
-            scale_cooldown,
-        )
-        conf = spark_settings(spark_conf)
+        executor = (executor_cores, executor_memory)
+        timing = (scale_out_after, scale_in_after, scale_cooldown)
+        scale = scaling.scaling_config(executors, master, *executor, *timing)
+        conf = {**scaling.spark_conf(scale), **spark_settings(spark_conf)}
     except SpanflowError as exc:
         raise fail(exc) from None
     offered = _offered(cores, memory, slots, tag, realtime_slots)
@@ -403,11 +392,7 @@ def node(
         coordinator_url=coordinator_url,
         token=token or None,
         capabilities=offered,
-        spark_conf={
-            **_driver_memory(offered, told_memory, master),
-            **scaling.spark_conf(scale),
-            **conf,
-        },
+        spark_conf={**_driver_memory(offered, told_memory, master), **conf},
         scaling=scale,
         master=master,
         batch_offset=batch_offset,
@@ -418,15 +403,31 @@ def node(
         gossip_port=gossip_port,
         gossip_advertise=gossip_advertise,
         gossip_profile=gossip_profile,
-        shedding=SheddingConfig(
-            enabled=shed, high=shed_high, low=shed_low, sustain=shed_sustain, cooldown=shed_cooldown
-        ),
+        shedding=shedding,
     )
     stop = Interrupted()
     try:
         NodeAgent(settings).run(stop.event, after_spark=stop.install)
     except SpanflowError as exc:
         raise fail(exc) from None
+
+
+def _node_token(state_dir: Path | None, name: str, *, given: str | None) -> str | None:
+    """The REST token the node uses: ``given``, else its own from its bundle (None in
+    open mode). Either way this process adopts the bundle's NATS identity."""
+    secrets = use_secrets(state_dir, "agent")
+    if given or secrets is None:
+        return given
+    return secrets.credentials().api_token(name)
+
+
+def _shedding(enabled: bool, high: float, low: float, sustain: float, cooldown: float) -> Any:
+    """The node's shedding policy settings, checked."""
+    from spanflow.runtime.shedding.policy import SheddingConfig
+
+    if low >= high:
+        raise fail(SpanflowError("--shed-low must be below --shed-high (hysteresis)"))
+    return SheddingConfig(enabled=enabled, high=high, low=low, sustain=sustain, cooldown=cooldown)
 
 
 def _driver_memory(

@@ -91,10 +91,10 @@ def score_feeds_of(spec: PipelineSpec) -> list[ScoreFeed]:
     """The JetStream sinks of ``spec`` that write what a score step predicted."""
     out = []
     for step in spec.steps:
-        if isinstance(step, SinkStep) and step.connector == "jetstream" and step.subject:
+        if isinstance(step, SinkStep) and step.nats_subject:
             score = _upstream(spec, step, (ScoreStep,))
             if score is not None:
-                out.append(ScoreFeed(step.id, subscription_subject(step.subject), score.model))
+                out.append(ScoreFeed(step.id, subscription_subject(step.nats_subject), score.model))
     return out
 
 
@@ -158,13 +158,11 @@ def feeds_of(spec: PipelineSpec) -> list[Feed]:
     """The sinks of ``spec`` whose records the event feed shows."""
     out = []
     for step in spec.steps:
-        if not isinstance(step, SinkStep) or step.connector != "jetstream" or not step.subject:
-            continue
-        if step.feed == "none":
+        if not isinstance(step, SinkStep) or not step.nats_subject or step.feed == "none":
             continue
         kind = step.feed or _upstream_kind(spec, step)
         if kind is not None:
-            out.append(Feed(step.id, subscription_subject(step.subject), kind))
+            out.append(Feed(step.id, subscription_subject(step.nats_subject), kind))
     return out
 
 

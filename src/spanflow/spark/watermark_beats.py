@@ -116,8 +116,7 @@ def parse_watermark(value: str | None) -> datetime | None:
 
 def writes_a_cut(sink: SinkStep) -> bool:
     """Whether ``sink`` hands a site fragment's output on to a global one."""
-    subject = sink.subject or ""
-    return sink.connector == "jetstream" and subject.startswith(f"{CUT_SUBJECT_PREFIX}.")
+    return (sink.nats_subject or "").startswith(f"{CUT_SUBJECT_PREFIX}.")
 
 
 class SiteBeats:

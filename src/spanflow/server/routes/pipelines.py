@@ -34,9 +34,9 @@ API = "/api/v1/pipelines"
 
 
 def add_pipeline_routes(app: FastAPI, coordinator: Coordinator, guarded: list[Any]) -> None:
-    @app.get(API, tags=["pipelines"], dependencies=guarded)
-    async def list_pipelines() -> list[PipelineStatus]:
-        return coordinator.pipeline_statuses()
+    """The pipelines' REST routes: what they are (:func:`_add_pipeline_reads`) and
+    their lifecycle (submit, cancel, savepoint, resume, upgrade, rebaseline)."""
+    _add_pipeline_reads(app, coordinator, guarded)
 
     @app.post(API, tags=["pipelines"], dependencies=guarded, status_code=201)
     async def submit(body: SubmitBody) -> PipelineStatus:
@@ -50,27 +50,6 @@ def add_pipeline_routes(app: FastAPI, coordinator: Coordinator, guarded: list[An
             )
         )
         return coordinator.pipeline_status(record.name)
-
-    @app.get(f"{API}/{{name}}", tags=["pipelines"], dependencies=guarded)
-    async def status(name: str) -> PipelineStatus:
-        return coordinator.pipeline_status(name)
-
-    @app.get(f"{API}/{{name}}/spec", tags=["pipelines"], dependencies=guarded)
-    async def spec(name: str) -> dict[str, Any]:
-        """The pipeline as submitted (its spec: sources, steps, sinks), secrets masked."""
-        return coordinator.pipeline(name).spec.secret_free()
-
-    @app.get(f"{API}/{{name}}/plan", tags=["pipelines"], dependencies=guarded)
-    async def plan(name: str) -> list[FragmentPlan]:
-        """The fragments the planner cut the pipeline into: id, kind (local at a site,
-        global), site, node, and the fragment's own steps (type, inputs) — with those the
-        planner added (a site's partial aggregate, the read of another fragment's output,
-        ``schema_of`` naming the step it reads) — secrets masked."""
-        return coordinator.plan(name)
-
-    @app.get(f"{API}/{{name}}/metrics", tags=["pipelines"], dependencies=guarded)
-    async def pipeline_metrics(name: str) -> PipelineMetrics:
-        return coordinator.pipeline_metrics(name)
 
     @app.post(f"{API}/{{name}}/cancel", tags=["pipelines"], dependencies=guarded)
     async def cancel(name: str) -> PipelineStatus:
@@ -116,6 +95,33 @@ def add_pipeline_routes(app: FastAPI, coordinator: Coordinator, guarded: list[An
         return Rebaselined(
             pipeline=done.pipeline, step=done.step, key=done.key, generation=done.generation
         )
+
+
+def _add_pipeline_reads(app: FastAPI, coordinator: Coordinator, guarded: list[Any]) -> None:
+    @app.get(API, tags=["pipelines"], dependencies=guarded)
+    async def list_pipelines() -> list[PipelineStatus]:
+        return coordinator.pipeline_statuses()
+
+    @app.get(f"{API}/{{name}}", tags=["pipelines"], dependencies=guarded)
+    async def status(name: str) -> PipelineStatus:
+        return coordinator.pipeline_status(name)
+
+    @app.get(f"{API}/{{name}}/spec", tags=["pipelines"], dependencies=guarded)
+    async def spec(name: str) -> dict[str, Any]:
+        """The pipeline as submitted (its spec: sources, steps, sinks), secrets masked."""
+        return coordinator.pipeline(name).spec.secret_free()
+
+    @app.get(f"{API}/{{name}}/plan", tags=["pipelines"], dependencies=guarded)
+    async def plan(name: str) -> list[FragmentPlan]:
+        """The fragments the planner cut the pipeline into: id, kind (local at a site,
+        global), site, node, and the fragment's own steps (type, inputs) — with those the
+        planner added (a site's partial aggregate, the read of another fragment's output,
+        ``schema_of`` naming the step it reads) — secrets masked."""
+        return coordinator.plan(name)
+
+    @app.get(f"{API}/{{name}}/metrics", tags=["pipelines"], dependencies=guarded)
+    async def pipeline_metrics(name: str) -> PipelineMetrics:
+        return coordinator.pipeline_metrics(name)
 
 
 LARGE_FILE = 64 * 1024

@@ -325,6 +325,12 @@ class SinkStep(StepBase):
     def connector_info(self) -> Connector:
         return lookup("sink", self.connector)
 
+    @property
+    def nats_subject(self) -> str | None:
+        """The NATS subject this sink publishes each record on (a JetStream sink's), so
+        others can follow its output live; None for every other connector."""
+        return self.subject if self.connector == "jetstream" and self.subject else None
+
     def realtime_problem(self) -> str | None:
         if not self.connector_info.realtime:
             return (

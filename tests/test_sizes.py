@@ -31,7 +31,7 @@ MODULE_ALLOWANCES = {
     "spark/keyed_state.py": 694,
     "runtime/membership/protocol.py": 684,
     "spark/runner.py": 650,
-    "runtime/agent.py": 275,
+    "runtime/agent.py": 259,
 }
 """Modules over their limit today, and by how much they may be: only ever lowered."""
 CLASS_ALLOWANCES = {

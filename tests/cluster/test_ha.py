@@ -19,6 +19,7 @@ from spanflow.errors import SpanflowError
 from spanflow.local.cluster import Api, LocalCluster
 from spanflow.nats.cluster import LEADER_BUCKET
 from spanflow.nats.streams import SyncNats
+from spanflow.protocol.rest import LogEntry
 from spanflow.testing.heartbeats import Heartbeats
 from tests.helpers import wait_for
 
@@ -258,14 +259,14 @@ def _lease_when_readable(cluster: LocalCluster) -> tuple[Lease, int, str | None]
     return found[-1]
 
 
-def _leader_records(api: Api) -> list[dict[str, Any]]:
+def _leader_records(api: Api) -> list[LogEntry]:
     """The control log's ``leader`` records, once a coordinator can read the log (503
     while a server the previous test restarted catches up is an answer to wait out)."""
-    found: list[list[dict[str, Any]]] = []
+    found: list[list[LogEntry]] = []
 
     def readable() -> bool:
         try:
-            found.append(api.call("GET", "/api/v1/cluster/log?limit=1000"))
+            found.append(api.typed(lambda c: c.log(limit=1000)))
         except SpanflowError as exc:
             if not str(exc).startswith(("503", "no coordinator answered")):
                 raise
@@ -273,7 +274,7 @@ def _leader_records(api: Api) -> list[dict[str, Any]]:
         return True
 
     wait_for(readable, timeout=60, interval=0.5)
-    return [r for r in found[-1] if r["kind"] == "leader"]
+    return [r for r in found[-1] if r.kind == "leader"]
 
 
 def test_killing_the_nats_server_that_leads_the_lease_bucket_keeps_the_leader(

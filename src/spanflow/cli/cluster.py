@@ -3,6 +3,7 @@ coordinator's REST API (submit, status, cancel, savepoint, resume, drain)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import socket
@@ -843,7 +844,7 @@ def _watch(cluster: LocalCluster, stop: Interrupted, duration: float | None) -> 
     with (
         Live(view(), console=console, refresh_per_second=1)
         if console.is_terminal
-        else _Null() as live
+        else contextlib.nullcontext() as live
     ):
         while not stop.event.is_set() and (deadline is None or time.monotonic() < deadline):
             cluster.check_coordinators()
@@ -853,14 +854,6 @@ def _watch(cluster: LocalCluster, stop: Interrupted, duration: float | None) -> 
                 last = time.monotonic()
                 console.print(view())
             stop.event.wait(1.0)
-
-
-class _Null:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *_: object) -> None:
-        return None
 
 
 def _spark_cluster_offer(

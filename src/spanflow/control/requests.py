@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel
 
-from spanflow.protocol.rest import Registration
-from spanflow.spec.durations import Duration
+from spanflow.protocol.rest import LatencyBudget, Parallelism, Priority, Registration
 from spanflow.spec.pipeline import PipelineSpec
 
 __all__ = ["Registration", "Submission"]
 
 
 class Submission(BaseModel):
+    """A pipeline to run, with the bounds the REST body has (``protocol.rest.SubmitBody``)."""
+
     spec: PipelineSpec
-    priority: int = Field(default=0, ge=0, le=1000)
-    latency_budget: Duration | None = Field(default=None, gt=0)
-    parallelism: int = Field(default=1, ge=1, le=256)
+    priority: Priority = 0
+    latency_budget: LatencyBudget = None
+    parallelism: Parallelism = 1

@@ -1,8 +1,6 @@
-"""Where fragments run: the interface the coordinator calls, and a simple placer.
-
-:class:`LocalityPlacer` puts a fragment on a live node that hosts one of its input
-streams (data locality) and otherwise on the least-loaded live node, always with a
-free slot. The geo-aware planner will implement the same :class:`Placer` protocol.
+"""Where fragments run: the interface the coordinator calls (:class:`Placer`) and the
+view of the cluster it decides on (:class:`ClusterView`). The geo-aware planner
+(:class:`spanflow.plan.planner.GeoPlacer`) implements it.
 """
 
 from __future__ import annotations
@@ -108,64 +106,3 @@ class Placer(Protocol):
 
         ``view.used_slots`` is updated for the slots the returned placement takes."""
         ...
-
-
-class LocalityPlacer:
-    """Data locality first, then least load (ties: fewest used slots, then name)."""
-
-    def place(
-        self,
-        pipeline: PipelineRecord,
-        fragments: list[Fragment],
-        view: ClusterView,
-        *,
-        exclude: Iterable[str] = (),
-    ) -> dict[str, str]:
-        out: dict[str, str] = {}
-        excluded = set(exclude)
-        for fragment in fragments:
-            candidates = view.schedulable(excluded | view.partners(fragment))
-            if not candidates:
-                raise PlacementError(
-                    f"fragment {fragment.id}: no live node"
-                    + (f" (excluded: {', '.join(sorted(excluded))})" if excluded else "")
-                )
-            free = [n for n in candidates if view.fits(fragment, n.name)]
-            if not free:
-                usage = ", ".join(
-                    f"{n.name} {view.used_slots.get(n.name, 0)}/{view.slots(n.name)}"
-                    + (
-                        f" ({view.need(fragment, n.name)} needed)"
-                        if view.need(fragment, n.name) > 1
-                        else ""
-                    )
-                    + (
-                        f" ({view.free_realtime(n.name)} real-time task slots free, "
-                        f"{realtime_need(fragment)} needed)"
-                        if realtime_need(fragment)
-                        else ""
-                    )
-                    for n in candidates
-                )
-                raise PlacementError(
-                    f"fragment {fragment.id}: every live node is full (slots used: {usage})"
-                )
-            expected = [
-                n.name
-                for n in view.nodes.values()
-                if n.state == NodeState.DECLARED
-                and any(n.spec.hosts(s) for s in fragment.input_streams)
-            ]
-            if expected:
-                raise PlacementError(
-                    f"fragment {fragment.id}: waiting for {', '.join(sorted(expected))} "
-                    "(hosts its input) to register"
-                )
-            local = [n for n in free if any(n.spec.hosts(s) for s in fragment.input_streams)]
-            pool = local or free
-            best = min(
-                pool, key=lambda n: (view.load(n.name), view.used_slots.get(n.name, 0), n.name)
-            )
-            out[fragment.id] = best.name
-            view.take(fragment, best.name)
-        return out

@@ -106,7 +106,6 @@ class GeoPlacer:
 
     def __init__(self, exact_limit: int = EXACT_LIMIT) -> None:
         self.exact_limit = exact_limit
-        self.last_plan: dict[str, Plan] = {}
 
     def place(
         self,
@@ -127,7 +126,6 @@ class GeoPlacer:
             exclude=exclude,
             exact_limit=self.exact_limit,
         )
-        self.last_plan[pipeline.name] = plan
         return plan.placement
 
 

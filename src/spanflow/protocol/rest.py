@@ -11,7 +11,7 @@ and rule sets' manifests are their own packages' models (``spanflow.ml.registry`
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -195,15 +195,22 @@ class NodeStatus(_Answer):
 
 
 # -- pipelines ------------------------------------------------------------------------
+Priority = Annotated[int, Field(ge=0, le=1000)]
+"""A pipeline's priority, 0 (the default) to 1000."""
+LatencyBudget = Annotated[Duration | None, Field(gt=0)]
+Parallelism = Annotated[int, Field(ge=1, le=256)]
+"""Partitions of a pipeline's sources (1 to 256)."""
+
+
 class SubmitBody(BaseModel):
     """A pipeline as YAML text (a pipeline file) or as a spec object (JSON)."""
 
     yaml: str | None = Field(default=None, description="The text of a pipeline file.")
     spec: dict[str, Any] | None = Field(default=None, description="A pipeline spec as JSON.")
     filename: str = Field(default="pipeline.yaml", description="Named in error messages.")
-    priority: int = Field(default=0, ge=0, le=1000)
-    latency_budget: Duration | None = Field(default=None, gt=0)
-    parallelism: int = Field(default=1, ge=1, le=256)
+    priority: Priority = 0
+    latency_budget: LatencyBudget = None
+    parallelism: Parallelism = 1
 
 
 class ResumeBody(BaseModel):

@@ -21,11 +21,12 @@ import uuid
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 from spanflow.clock import Clock, SystemClock
 from spanflow.nats.cluster import ensure_kv
 from spanflow.nats.server import default_data_dir
-from spanflow.nats.streams import SyncNats, ensure_stream
+from spanflow.nats.streams import SyncNats
 from spanflow.protocol.rest import Registered, Registration
 from spanflow.runtime.agent_settings import AgentSettings as AgentSettings
 from spanflow.runtime.agent_settings import AgentTimings as AgentTimings
@@ -39,7 +40,7 @@ from spanflow.runtime.gossip import AgentGossip
 from spanflow.runtime.last_known import LAST_ASSIGNMENTS_BUCKET, RegistrationCache
 from spanflow.runtime.liveness import Liveness
 from spanflow.runtime.reports import Reports
-from spanflow.runtime.scaling.autoscaler import Autoscaler
+from spanflow.runtime.scaling.autoscaler import start_autoscaler
 from spanflow.runtime.shedding.policy import Shedder
 from spanflow.runtime.spark_host import SparkHost, keep_python_workers_warm, rehearse_when_idle
 from spanflow.security.secrets import own_node_token, secrets_from_env
@@ -66,8 +67,7 @@ class NodeAgent:
         self.liveness = Liveness(directory / f"{settings.name}.alive")
         """Renewed each turn of the main loop: a container's health check (docs/deploy.md)."""
         self.watch = AssignmentWatch(settings.name)
-        report = lambda *a, **k: self.reports.report(*a, **k)  # noqa: E731 - reports come next
-        self.fragments = LocalFragments(report, self.clock, settings.timings.progress_every)
+        self.fragments = LocalFragments(self._report, self.clock, settings.timings.progress_every)
         self.shedder = Shedder(settings.shedding)
         offered = settings.capabilities or detect_capabilities()
         self.reports = Reports(
@@ -84,6 +84,10 @@ class NodeAgent:
         self.spark = SparkHost(settings)
         self.gossip = self._gossip() if settings.gossip else None
         self.reports.gossip = self.gossip
+
+    def _report(self, *args: Any, **kwargs: Any) -> None:
+        """The fragments' activity, reported (``self.reports`` is made after them)."""
+        self.reports.report(*args, **kwargs)
 
     def _gossip(self) -> AgentGossip:
         s = self.settings
@@ -190,7 +194,9 @@ class NodeAgent:
             node=self.settings.name,
             proofs=self.watch.proofs,
         )
-        autoscaler = self._autoscaler(spark)
+        autoscaler = start_autoscaler(
+            self.settings.scaling, spark, self.clock, self.link.report_scaled
+        )
         self.ready.set()
         try:
             while not stop.is_set():
@@ -207,18 +213,6 @@ class NodeAgent:
                 self.gossip.close(leave=True)
             client.close()
 
-    def _autoscaler(self, spark: object) -> Autoscaler | None:
-        """The executors of a node on a Spark cluster, scaled with its load (``--executors``),
-        brought to their minimum now."""
-        config = self.settings.scaling
-        if config is None or not config.enabled:
-            return None
-        from spanflow.spark.executors import ExecutorControl  # Spark only once it runs
-
-        scaler = Autoscaler(config, ExecutorControl(spark), self.clock, self.link.report_scaled)  # type: ignore[arg-type]
-        scaler.start()
-        return scaler
-
     def _start_reaching(self, client: SyncNats, node: NodeRecord) -> None:
         """The site's copy of the assignments, the streams born here, then the control
         plane's assignments — or, cut off from them, the last-known ones."""
@@ -228,7 +222,7 @@ class NodeAgent:
             self.watch.last_known.kv = client.run(
                 lambda: ensure_kv(site, LAST_ASSIGNMENTS_BUCKET, replicas=replicas)
             )
-        self._ensure_hosted_streams(client, node)
+        self.reports.ensure_hosted_streams(client, node)
         if self._connect_control():
             return
         if self.watch.last_known.kv is None:
@@ -241,16 +235,6 @@ class NodeAgent:
             self.settings.name,
             self.site_domain,
         )
-
-    def _ensure_hosted_streams(self, client: SyncNats, node: NodeRecord) -> None:
-        """Create the streams this node hosts (data is born here), so devices can publish
-        before any pipeline runs."""
-        for stream in node.spec.streams:
-            name, subjects = stream.name, list(stream.subjects or [])
-            retention = stream.retention or self.retention
-            if subjects:
-                client.run(partial(ensure_stream, client.js, name, subjects, retention=retention))
-                self.reports.hosted[name] = retention.warn_at
 
     def _connect_control(self) -> bool:
         """Watch this node's assignments; False while the control plane is out of reach.

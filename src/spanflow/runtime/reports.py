@@ -16,6 +16,7 @@ import contextlib
 import logging
 import threading
 from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING
 
 import psutil
@@ -24,7 +25,7 @@ from nats.js import JetStreamContext
 from spanflow.clock import Clock
 from spanflow.nats.cluster import ACTIVITY_STREAM, HEARTBEAT_PREFIX, activity_subject
 from spanflow.nats.sourcing import SourcingWatch
-from spanflow.nats.streams import SyncNats, stream_usage
+from spanflow.nats.streams import SyncNats, ensure_stream, stream_usage
 from spanflow.protocol.client import CoordinatorUnreachable
 from spanflow.protocol.messages import Activity, ActivityEvent, Heartbeat, PeerView, ShedRequest
 from spanflow.protocol.metrics import FragmentRuntime, StreamUsage
@@ -34,6 +35,7 @@ from spanflow.runtime.load import LoadReport, load_score
 from spanflow.runtime.node_cpu import NodeCpu
 from spanflow.runtime.shedding.policy import PeerLoad, ShedDecision, Shedder
 from spanflow.security.node_seal import seal_headers
+from spanflow.spec.cluster import NodeRecord
 from spanflow.spec.retention import DEFAULT_RETENTION
 from spanflow.spec.topology import Capabilities
 
@@ -227,6 +229,16 @@ class Reports:
             if self.client is not None:
                 self._usage = await self._stream_usage(self.client.js)
             await asyncio.sleep(self.timings.usage_every)
+
+    def ensure_hosted_streams(self, client: SyncNats, node: NodeRecord) -> None:
+        """Create the streams this node hosts (data is born here), so devices can publish
+        before any pipeline runs; their fill is reported with the rest."""
+        for stream in node.spec.streams:
+            name, subjects = stream.name, list(stream.subjects or [])
+            retention = stream.retention or self.retention
+            if subjects:
+                client.run(partial(ensure_stream, client.js, name, subjects, retention=retention))
+                self.hosted[name] = retention.warn_at
 
     async def _stream_usage(self, js: JetStreamContext) -> list[StreamUsage]:
         """Each stream asked concurrently, with its own time-out; one that does not

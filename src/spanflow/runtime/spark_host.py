@@ -20,9 +20,9 @@ from spanflow.spec.topology import Capabilities
 log = logging.getLogger(__name__)
 
 KEEP_WARM_EVERY = 45.0
+"""Seconds between two warm-ups of the Python workers: under Spark's one minute."""
 REHEARSE_AFTER = 5.0
 """Seconds after its session starts that an idle node rehearses a streaming query."""
-"""Seconds between two warm-ups of the Python workers: under Spark's one minute."""
 
 
 def spark_master(settings: AgentSettings, caps: Capabilities) -> str:

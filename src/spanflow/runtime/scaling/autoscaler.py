@@ -97,3 +97,20 @@ class Autoscaler:
             return
         if answer.status_code >= 300:
             log.warning("executor allocation %d refused: %s", report.executors, answer.text[:300])
+
+
+def start_autoscaler(
+    config: ScalingConfig | None,
+    spark: object,
+    clock: Clock,
+    report: Callable[[ScaleReport], httpx.Response],
+) -> Autoscaler | None:
+    """The executors of a node on a Spark cluster, scaled with its load
+    (``--executors``), brought to their minimum now; None when the node does not scale."""
+    if config is None or not config.enabled:
+        return None
+    from spanflow.spark.executors import ExecutorControl  # Spark only once it runs
+
+    scaler = Autoscaler(config, ExecutorControl(spark), clock, report)  # type: ignore[arg-type]
+    scaler.start()
+    return scaler

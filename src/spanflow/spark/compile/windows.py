@@ -33,7 +33,6 @@ from spanflow.spec.steps.windows import MergeStep, WindowStep
 
 WINDOW_TIME = "_window_time"
 """The event time of a window's result (its end, less a microsecond)."""
-"""The one key of an unkeyed stream folded with reduce."""
 
 
 def aggregate_column(name: str, text: str) -> Column:

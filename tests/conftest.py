@@ -132,9 +132,100 @@ def _is_slow_module(path: str) -> bool:
     return file.suffix == ".py" and SLOW_MARK in file.read_text(encoding="utf-8")
 
 
+HEAVY_FIXTURES = frozenset(
+    {"nats_server", "nats_url", "spark", "kafka", "postgres", "s3", "ceph_s3", "mongodb"}
+)
+"""Fixtures that start a server or a Spark session: ``--fast`` leaves their tests out."""
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--fast",
+        action="store_true",
+        help="The fast tier: unit and pure tests only (no NATS, Spark, broker, cluster or "
+        "child process). A test that starts one anyway is skipped, and says so.",
+    )
+
+
+def _fast_tier(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Keep only the tests that need no server: not slow, no heavy fixture."""
+    kept, left = [], []
+    for item in items:
+        heavy = item.get_closest_marker("slow") or HEAVY_FIXTURES & set(
+            getattr(item, "fixturenames", ())
+        )
+        (left if heavy else kept).append(item)
+    if left:
+        config.hook.pytest_deselected(items=left)
+        items[:] = kept
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _fast_tier_starts_no_server(request: pytest.FixtureRequest) -> Iterator[None]:
+    """In the fast tier, starting NATS, a cluster, Spark or a child process skips the
+    test (it belongs to the full suite): a test the fixture scan missed costs its set-up,
+    never a server. (A fixture, so it patches the process that runs the tests, never
+    xdist's controller, which starts its workers as child processes.)"""
+    if not request.config.getoption("--fast", default=False):
+        yield
+        return
+    import subprocess
+
+    from pyspark.sql import SparkSession
+
+    from spanflow.local.cluster import LocalCluster
+    from spanflow.nats.server import EmbeddedNats, NatsCluster
+
+    def refuse(what: str) -> Any:
+        def refused(*_: Any, **__: Any) -> Any:
+            pytest.skip(f"the fast tier starts no {what}: run the full suite")
+
+        return refused
+
+    patches = [
+        (EmbeddedNats, "start", "NATS server"),
+        (NatsCluster, "start", "NATS cluster"),
+        (LocalCluster, "start", "cluster"),
+        (SparkSession.Builder, "getOrCreate", "Spark session"),
+        (subprocess.Popen, "__init__", "child process"),
+    ]
+    with pytest.MonkeyPatch.context() as mp:
+        for owner, name, what in patches:
+            mp.setattr(owner, name, refuse(what))
+        yield
+
+
+FULL_BUDGET, FAST_BUDGET = 30 * 60.0, 3 * 60.0
+"""Seconds the whole suite (2 cores, a fresh clone) and the fast tier may take."""
+
+
+_started: list[float] = []
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    _started.append(time.monotonic())
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    """The run's duration against its budget, so a suite that outgrows it says so."""
+    if not _started or hasattr(config, "workerinput"):  # the controller reports
+        return
+    took = time.monotonic() - _started[0]
+    fast = config.getoption("--fast", default=False)
+    budget = FAST_BUDGET if fast else FULL_BUDGET
+    tier = "fast tier" if fast else "suite"
+    verdict = "within" if took <= budget else "OVER"
+    terminalreporter.write_line(
+        f"{tier}: {took / 60:.1f} min, {verdict} its {budget / 60:.0f}-minute budget"
+    )
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Run the modules holding slow (multi-process, SIGKILL) tests first, those that
-    start clusters before the others (the worker that takes them is busy the longest)."""
+    start clusters before the others (the worker that takes them is busy the longest).
+    With ``--fast``, only the tests that need no server."""
+    if config.getoption("--fast", default=False):
+        _fast_tier(config, items)
 
     def module(item: pytest.Item) -> str:
         return item.nodeid.split("::")[0]

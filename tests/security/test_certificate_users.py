@@ -21,7 +21,7 @@ from nats.js.api import StreamConfig
 
 from spanflow.nats.cluster import ensure_kv
 from spanflow.nats.server import EmbeddedNats
-from spanflow.nats.streams import connect
+from spanflow.nats.streams import connect, ensure_stream
 from spanflow.protocol.names import ASSIGNMENTS_BUCKET, NODES_BUCKET
 from spanflow.security import pki
 from spanflow.security.secrets import Secrets, cert_user
@@ -175,6 +175,8 @@ def test_an_agent_cannot_write_the_projected_control_state(
         nodes = await ensure_kv(cjs, NODES_BUCKET)
         await assignments.put("n2.p-f1", b"signed by the coordinators")
         await nodes.put("n2", b"{}")
+        await ensure_stream(cjs, "SENSORS", ["sensors.>"])  # devices' readings
+        await cjs.publish("sensors.press-7", b"21.5")
         agent = await connect(server.url, identity=secrets.identity("agent"))
         ajs = agent.jetstream(timeout=1.0)
         theirs = await ajs.key_value(ASSIGNMENTS_BUCKET)  # it may read them ...
@@ -186,12 +188,15 @@ def test_an_agent_cannot_write_the_projected_control_state(
             ajs.purge_stream(f"KV_{ASSIGNMENTS_BUCKET}"),
             ajs.delete_stream(f"KV_{NODES_BUCKET}"),
             (await ajs.key_value(NODES_BUCKET)).put("n2", b"forged"),
+            ajs.delete_stream("SENSORS"),  # no agent deletes any stream,
+            ajs.delete_msg("SENSORS", 1),  # nor a message of one
         ]
         for attempt in attempts:  # ... and write none of them
             with pytest.raises((nats.errors.TimeoutError, nats.errors.Error)):
                 await attempt
         assert (await assignments.get("n2.p-f1")).value == b"signed by the coordinators"
         assert (await nodes.get("n2")).value == b"{}"
+        assert (await cjs.stream_info("SENSORS")).state.messages == 1
         for nc in (agent, coordinator):
             await nc.close()
 

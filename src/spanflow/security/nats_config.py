@@ -50,6 +50,9 @@ CONTROL_ACCOUNT = "SPANFLOW_CONTROL"
 """The control log, its snapshots and the leader lease: the ``control`` user only."""
 
 STREAM_ADMIN = ("DELETE", "PURGE", "UPDATE", "MSG.DELETE", "CREATE")
+AGENTS_NEVER = ("DELETE", "MSG.DELETE")
+"""Stream administration no agent does on any stream (it creates and updates the
+streams its fragments use, and purges its checkpoint and model stores' old files)."""
 SYSTEM_SUBJECTS = ("$SYS.>",)
 READER_PUBLISH = (
     "$JS.API.INFO",
@@ -126,6 +129,8 @@ def _agent_deny() -> list[str]:
         for action in STREAM_ADMIN:
             deny.append(f"$JS.API.STREAM.{action}.{stream}")
             deny.append(f"$JS.*.API.STREAM.{action}.{stream}")
+    for action in AGENTS_NEVER:  # any stream: devices' readings, other pipelines' output
+        deny += [f"$JS.API.STREAM.{action}.>", f"$JS.*.API.STREAM.{action}.>"]
     return deny
 
 

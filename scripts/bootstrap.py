@@ -111,35 +111,66 @@ def ensure_java() -> None:
     say(f"using the bundled JVM through {shim}")
 
 
+TESTS, IMAGE, CONNECTORS = "test", "image", "connectors"
 SYSTEM_PACKAGES = {
-    # what the connector tests run against: (a file the package installs, the package)
-    "PostgreSQL server (connector tests)": ("/usr/lib/postgresql/*/bin/initdb", "postgresql-15"),
+    # what the connector tests run against: (a file the package installs, the package,
+    # the ./dev commands that need it)
+    "PostgreSQL server (connector tests)": (
+        "/usr/lib/postgresql/*/bin/initdb",
+        "postgresql-15",
+        {TESTS},
+    ),
     # The dashboard's browser tests (Playwright cannot download its own browser here).
-    "Chromium (dashboard tests)": ("/usr/lib/chromium/chromium", "chromium"),
+    "Chromium (dashboard tests)": ("/usr/lib/chromium/chromium", "chromium", {TESTS}),
     # The metrics tests scrape a running cluster and run the Grafana dashboards' queries.
-    "Prometheus (metrics tests)": ("/usr/bin/prometheus", "prometheus"),
+    "Prometheus (metrics tests)": ("/usr/bin/prometheus", "prometheus", {TESTS}),
     # A full S3 server (Ceph's RADOS Gateway) for the s3a:// checkpoint tests.
-    "Ceph RGW (s3a:// checkpoint tests)": ("/usr/bin/radosgw", "ceph-mon ceph-osd radosgw"),
-    # Fetches the Kafka broker's and Spark's extra jars from Maven Central.
-    "Maven (jars from Maven Central)": ("/usr/bin/mvn", "maven"),
+    "Ceph RGW (s3a:// checkpoint tests)": (
+        "/usr/bin/radosgw",
+        "ceph-mon ceph-osd radosgw",
+        {TESTS},
+    ),
+    # Fetches the Kafka broker's and Spark's extra jars from Maven Central (Kafka's
+    # reader, S3A): the tests, and a pipeline that uses those connectors.
+    "Maven (jars from Maven Central)": ("/usr/bin/mvn", "maven", {TESTS, CONNECTORS}),
     # The container image and its Compose test (docs/deploy.md): podman with runc, the
     # Debian base made by debootstrap.
     "podman (image and Compose tests)": (
         "/usr/bin/podman-compose",
         "podman runc debootstrap podman-compose uidmap slirp4netns fuse-overlayfs",
+        {TESTS, IMAGE},
     ),
 }
 
 
-def ensure_test_servers() -> None:
-    """Real servers and programs the tests start (Debian packages; PyPI has no
-    PostgreSQL, Prometheus or a Chromium Playwright may use here).
+def needs(command: str) -> set[str]:
+    """What a ``./dev`` command needs beyond the virtual environment and a JVM: the
+    demo nothing more (no test-only server on a first ``./dev demo``), the tests
+    everything, the image podman, any other command (``run``, ``node``...) the
+    connectors' jars."""
+    if command == "demo":
+        return set()
+    if command == TESTS:
+        return {TESTS, CONNECTORS}
+    if command == IMAGE:
+        return {IMAGE}
+    return {CONNECTORS}
+
+
+def ensure_system_packages(wanted: set[str]) -> None:
+    """Real servers and programs the tests start, and Maven for the connectors' jars
+    (Debian packages; PyPI has no PostgreSQL, Prometheus or a Chromium Playwright may
+    use here) — those ``wanted`` needs.
 
     Installed with apt-get when missing and this runs as root; otherwise the set-up
     says what to install (the tests that need one then fail with the same message)."""
     import glob
 
-    missing = {name: pkg for name, (path, pkg) in SYSTEM_PACKAGES.items() if not glob.glob(path)}
+    missing = {
+        name: pkg
+        for name, (path, pkg, used_by) in SYSTEM_PACKAGES.items()
+        if used_by & wanted and not glob.glob(path)
+    }
     if not missing:
         return
     packages = sorted({p for names in missing.values() for p in names.split()})
@@ -176,11 +207,13 @@ def ensure_jars() -> None:
 def main() -> None:
     if sys.version_info < (3, 11):
         sys.exit("spanflow needs Python 3.11 or newer")
+    wanted = needs(sys.argv[1] if len(sys.argv) > 1 else "demo")
     ensure_venv()
     ensure_java()
-    ensure_test_servers()
+    ensure_system_packages(wanted)
     ensure_class_archive()
-    ensure_jars()
+    if CONNECTORS in wanted:
+        ensure_jars()
 
 
 if __name__ == "__main__":

@@ -139,7 +139,7 @@ def browser() -> Iterator[Any]:
     from playwright.sync_api import sync_playwright
 
     if not Path(CHROMIUM).exists():
-        pytest.fail(f"{CHROMIUM} is missing: run `python3 scripts/bootstrap.py` (apt chromium)")
+        pytest.fail(f"{CHROMIUM} is missing: run `./dev test` once (apt chromium)")
 
     shutil.rmtree(ARTIFACTS, ignore_errors=True)
     ARTIFACTS.mkdir(parents=True)

@@ -34,7 +34,7 @@ def dashboard_queries() -> list[tuple[str, str]]:
 @pytest.fixture
 def prometheus(cluster: LocalCluster, tmp_path: Path) -> Iterator[str]:
     if not Path(PROMETHEUS).exists():
-        pytest.fail(f"{PROMETHEUS} is missing: run `python3 scripts/bootstrap.py` (apt prometheus)")
+        pytest.fail(f"{PROMETHEUS} is missing: run `./dev test` once (apt prometheus)")
     config = yaml.safe_load((ROOT / "deploy" / "prometheus" / "prometheus.yml").read_text())
     config["global"]["scrape_interval"] = "1s"
     job = config["scrape_configs"][0]

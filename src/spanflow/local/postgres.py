@@ -31,7 +31,7 @@ def postgres_bin() -> Path:
     found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
     if not found:
         raise PostgresError(
-            "no PostgreSQL server here: apt-get install postgresql-15 (scripts/bootstrap.py "
+            "no PostgreSQL server here: apt-get install postgresql-15 (`./dev test`'s set-up "
             "does it when run as root)"
         )
     return Path(found[-1]).parent

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from nats.aio.client import Client
 from nats.errors import Error as NatsError
 from nats.js.errors import BucketNotFoundError, KeyNotFoundError
+from nats.js.kv import KeyValue
 
 from spanflow.errors import SecurityError
 from spanflow.nats.cluster import ensure_kv
@@ -92,6 +93,8 @@ class RevocationWatch:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="revocation-watch", daemon=True)
         self._complained = float("-inf")
+        self._kv: KeyValue | None = None
+        """The hub's bucket, once found (looked up once, not at every poll)."""
 
     def start(self) -> RevocationWatch:
         self._thread.start()
@@ -123,10 +126,11 @@ class RevocationWatch:
 
     async def poll_once(self, nc: Client) -> bool:
         """Read the hub's list once; whether a newer one was stored."""
-        js = nc.jetstream(domain=self.hub_domain)
         try:
-            kv = await js.key_value(REVOCATIONS_BUCKET)
-            entry = await kv.get(REVOCATIONS_KEY)
+            if self._kv is None:
+                js = nc.jetstream(domain=self.hub_domain)
+                self._kv = await js.key_value(REVOCATIONS_BUCKET)
+            entry = await self._kv.get(REVOCATIONS_KEY)
         except (BucketNotFoundError, KeyNotFoundError):
             return False  # nothing revoked since the deployment began
         if not entry.value or not self.secrets.store_revocations(entry.value):

@@ -25,7 +25,7 @@ def spark_cluster() -> Iterator[LocalSparkCluster]:
 
 
 def test_a_node_on_the_cluster_offers_the_clusters_capacity(spark_cluster):
-    from spanflow.cli.cluster import _spark_cluster_offer
+    from spanflow.cli.node import _spark_cluster_offer
     from spanflow.local.server import free_port
 
     assert _spark_cluster_offer(spark_cluster.master_url, spark_cluster.ui_url, None) == (

@@ -7,6 +7,7 @@ from spanflow.cli import (  # noqa: F401  (registers the commands)
     detectors,
     local,
     models,
+    node,
     plan,
     probe,
     rules,

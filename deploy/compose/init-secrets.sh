@@ -24,10 +24,14 @@ bundle() {  # bundle VOLUME-DIR export-options...: made once, owned by the image
 }
 set --
 for h in $hosts; do set -- "$@" --host "$h"; done
+# Nodes first: each gets a NATS user of its own, which the hub's and its site's
+# bundles (made after) admit.
+bundle /bundles/cloud-1 --role agent --node cloud-1 --site cloud
+for site in edge-a edge-b; do
+  bundle "/bundles/$site-1" --role agent --node "$site-1" --site "$site"
+done
 bundle /bundles/hub --role coordinator "$@"
-bundle /bundles/cloud-1 --role agent --node cloud-1
 for site in edge-a edge-b; do
   bundle "/bundles/$site-nats" --role site --site "$site" --host "$site-nats"
-  bundle "/bundles/$site-1" --role agent --node "$site-1"
 done
 echo "secrets ready"

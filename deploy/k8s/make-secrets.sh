@@ -27,11 +27,15 @@ secret() {  # secret NAME export-options...: one role's bundle as a Secret
   spanflow secrets export --secrets-dir "$full" --kube-secret "$name" \
     --namespace "$namespace" --out "$parts/$name.yaml" "$@" >/dev/null
 }
+# Nodes first: each gets a NATS user of its own, which the hub's and its site's
+# bundles (made after) admit.
+secret spanflow-cloud-1 --role agent --node cloud-1 --site cloud
+for site in edge-a edge-b; do
+  secret "spanflow-$site-1" --role agent --node "$site-1" --site "$site"
+done
 secret spanflow-hub --role coordinator "$@"
-secret spanflow-cloud-1 --role agent --node cloud-1
 for site in edge-a edge-b; do
   secret "spanflow-$site-nats" --role site --site "$site" --host "$site-nats"
-  secret "spanflow-$site-1" --role agent --node "$site-1"
 done
 : >"$out"
 for f in "$parts"/*.yaml; do

@@ -2,7 +2,8 @@
 namespace with its own address, everything locked (TLS, role users, device logins).
 A device in the factory publishes over MQTT to its site server; the hub, on the cloud
 host, sources the factory's stream over an authenticated leaf link; a coordinator and
-a node agent (Spark) on the cloud host count the readings in 10 s windows. A 30 s cut
+a node agent (Spark, from its own bundle: NATS user ``agent.n1``) on the cloud host
+count the readings in 10 s windows. A 30 s cut
 of the factory's link is survived: the device is acknowledged throughout (its readings
 are stored at the edge), and after the cut the cloud has every reading exactly once and
 its windows count each once."""
@@ -112,6 +113,8 @@ def test_a_locked_factory_survives_a_cut_across_namespaced_hosts(tmp_path: Path)
         secrets = Secrets(tmp_path / "secrets")
         secrets.init(hosts=(cloud.address, factory.address))
         password = secrets.add_device("press-7", ("plant.press-7.>",))
+        n1 = tmp_path / "n1-secrets"  # the node's own bundle: NATS user agent.n1
+        secrets.export(n1, "agent", node="n1", site="cloud")
         env = {SECRETS_ENV: str(secrets.root), "PYTHONUNBUFFERED": "1"}
         cli = [sys.executable, "-m", "spanflow.cli", "site-server"]
         hub_log, site_log = tmp_path / "hub.log", tmp_path / "site.log"
@@ -167,7 +170,7 @@ def test_a_locked_factory_survives_a_cut_across_namespaced_hosts(tmp_path: Path)
                 str(tmp_path / "n1"),
             ],
             log=tmp_path / "node.log",
-            env={**env, "SPARK_LOCAL_IP": "127.0.0.1"},
+            env={**env, SECRETS_ENV: str(n1), "SPARK_LOCAL_IP": "127.0.0.1"},
         )
         wait_for(lambda: api.node_state("n1") == "alive", timeout=240)
         api.submit(WINDOWS)

@@ -81,8 +81,9 @@ def test_bundles_work_against_real_servers_and_let_nothing_else_in(
     full: Secrets, tmp_path: Path
 ) -> None:
     full.init(("hub.example",), renew=True)  # the hub's servers are dialled at hub.example
+    full.export(tmp_path / "early", "site", site="factory")  # made before its node's
+    full.export(tmp_path / "agent", "agent", node="edge-1", site="factory")
     full.export(tmp_path / "site", "site", site="factory", hosts=("factory-a.example",))
-    full.export(tmp_path / "agent", "agent", node="edge-1")
     site_secrets, agent_secrets = Secrets(tmp_path / "site"), Secrets(tmp_path / "agent")
     # the site's server has a certificate of its own: its key cannot pass for the hub
     own, shared = pki.describe(site_secrets.server_cert), pki.describe(full.server_cert)
@@ -127,6 +128,11 @@ def test_bundles_work_against_real_servers_and_let_nothing_else_in(
                     agent_secrets.identity("coordinator")
 
             asyncio.run(scenario())
+        early = EmbeddedNats(
+            tmp_path / "nats-early", name="early", secrets=Secrets(tmp_path / "early")
+        )
+        with early, pytest.raises(SecurityError, match="export the hub's and its site's"):
+            asyncio.run(connect(early.url, identity=agent_secrets.identity("agent")))
 
 
 def test_a_site_bundle_carries_its_own_devices_logins_only(full: Secrets, tmp_path: Path) -> None:

@@ -1,6 +1,7 @@
 """Real-Time Mode against a locked NATS server: the JVM source and sink connect over
-TLS with the agent's certificate and password, and give the same results as on an
-open server; with another deployment's secrets they fail with the door and the cause."""
+TLS with a node's own bundle (its certificate and password, user ``agent.rt``, replies
+on its own inbox), and give the same results as on an open server; with another
+deployment's secrets they fail with the door and the cause."""
 
 from __future__ import annotations
 
@@ -20,11 +21,13 @@ from tests.spark.test_realtime import _payloads, _pipeline, _records, _runner
 
 @pytest.fixture
 def locked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[str, Secrets]]:
+    full = Secrets(tmp_path / "full")
+    full.init()
+    full.export(tmp_path / "secrets", "agent", node="rt")  # before the server: it admits rt
     secrets = Secrets(tmp_path / "secrets")
-    secrets.init()
     monkeypatch.setenv(SECRETS_ENV, str(secrets.root))
     monkeypatch.setenv(ROLE_ENV, "agent")
-    with EmbeddedNats(tmp_path / "nats", secrets=secrets) as server:
+    with EmbeddedNats(tmp_path / "nats", secrets=full) as server:
         yield server.url, secrets
 
 
@@ -58,11 +61,22 @@ def _jvm_connect(spark, url: str) -> str:
     return "connected"
 
 
+def _jvm_inbox(spark, url: str) -> str:
+    """A fresh inbox of the JVM client's connection."""
+    realtime.share_identity(spark)
+    client = spark._jvm.dev.spanflow.realtime.NatsClient.connect(url, "probe")
+    try:
+        return str(client.newInbox())
+    finally:
+        client.close()
+
+
 def test_the_jvm_client_refuses_foreign_or_wrong_secrets_naming_the_door(
     spark, locked, tmp_path, monkeypatch
 ):
     url, secrets = locked
     assert _jvm_connect(spark, url) == "connected"
+    assert _jvm_inbox(spark, url).startswith("_INBOX_NODE.rt.")
     foreign = Secrets(tmp_path / "foreign")
     foreign.init()
     monkeypatch.setenv(SECRETS_ENV, str(foreign.root))  # trusts another CA
@@ -75,7 +89,7 @@ def test_the_jvm_client_refuses_foreign_or_wrong_secrets_naming_the_door(
     wrong.credentials_file.write_text(json.dumps(creds))
     monkeypatch.setenv(SECRETS_ENV, str(wrong.root))
     message = _jvm_connect(spark, url)
-    assert "refused user agent" in message and "Authorization Violation" in message, message
+    assert "refused user agent.rt" in message and "Authorization Violation" in message, message
     assert "guess" not in message
     monkeypatch.delenv(SECRETS_ENV)
     assert "requires TLS" in _jvm_connect(spark, url)

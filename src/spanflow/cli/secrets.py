@@ -239,7 +239,10 @@ def export(
         typer.Option(help="A new directory for the bundle (with --kube-secret: a YAML file)."),
     ],
     node: Annotated[str | None, typer.Option(help="The node (role agent).")] = None,
-    site: Annotated[str | None, typer.Option(help="The site (role site).")] = None,
+    site: Annotated[
+        str | None,
+        typer.Option(help="The site (role site; role agent: the site whose server admits it)."),
+    ] = None,
     device_name: Annotated[
         str | None, typer.Option("--device", help="The device (role device).")
     ] = None,
@@ -288,6 +291,12 @@ def export(
         )
     if role == "site":
         _tell_site_devices(secrets, site or "")
+    if role == "agent":
+        console.print(
+            f"node {node} logs in as NATS user agent.{node}: servers admit it once their "
+            "secrets list it (this directory now does; export coordinator and site bundles "
+            "after this one, or again) and they reload (SIGHUP)"
+        )
     console.print(f"copy {out} to the host as its secrets directory (owner-only)")
 
 

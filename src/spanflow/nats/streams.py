@@ -22,6 +22,7 @@ import nats
 from spanflow.errors import NatsError, SecurityError
 from spanflow.nats.cluster import resolve_replicas
 from spanflow.protocol.metrics import StreamUsage
+from spanflow.security.credentials import NODE_USER_PREFIX
 from spanflow.security.nats_config import redact_url
 from spanflow.security.secrets import NatsIdentity, identity_from_env
 from spanflow.spec.pipeline import PipelineSpec
@@ -146,7 +147,14 @@ async def connect(url: str, *, identity: NatsIdentity | None = None, **options: 
     with contextlib.suppress(BaseException):
         await connecting
     who = f"user {identity.user!r}" if identity else "a client without credentials"
-    raise SecurityError(f"NATS at {redact_url(url)} refused {who}: {refused.result()}")
+    hint = ""
+    node = identity is not None and identity.user.startswith(NODE_USER_PREFIX)
+    if node and "Authorization" in str(refused.result()):
+        hint = (
+            " (a node's own user is admitted by servers whose secrets were exported after "
+            "the node's bundle: export the hub's and its site's bundles again, then reload)"
+        )
+    raise SecurityError(f"NATS at {redact_url(url)} refused {who}: {refused.result()}{hint}")
 
 
 def subject_covers(pattern: str, subject: str) -> bool:

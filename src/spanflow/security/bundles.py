@@ -8,10 +8,13 @@ localhost): a site's key then cannot pass for another server. Without, it shares
 deployment's.
 
 - ``coordinator``: everything but the CA key;
-- ``agent`` (``node``): the agent's password and certificate, its node's REST token,
-  the gossip keyring, the coordinators' public key;
+- ``agent`` (``node``, optionally ``site``): the node's own NATS password and
+  certificate (user ``agent.<node>``; the node is recorded in the full directory, so
+  servers configured from it afterwards admit it), its node's REST token, the gossip
+  keyring, the coordinators' public key;
 - ``site`` (``site``): a site server's certificate, the leaf link's, the passwords of
-  the users it admits (agents, its devices), its ingest token, the password of routes
+  the users it admits (its nodes, the shared agent role, its devices), its ingest token,
+  the password of routes
   between that site's servers (a clustered site), the coordinators' public key (it
   checks revocation lists);
 - ``device`` (``device``): that device's password and the device certificate;
@@ -29,9 +32,12 @@ from spanflow.security.credentials import (
     Credentials,
     Device,
     ingest_token,
+    node_password,
     node_token,
+    node_user,
     site_devices,
     site_leaf_password,
+    site_nodes,
     site_route_password,
 )
 from spanflow.security.secrets import (
@@ -55,10 +61,15 @@ def export(
     out = Secrets(dest)
     _check(full, out, role, named, hosts)
     node, site, device = (named.get(k) or "" for k in ("node", "site", "device"))
+    if role == "agent":
+        full.record_node(node, site or None)
+        creds = full.credentials()
     files, bundle = _contents(full, creds, role, node, site, device)
     out.root.mkdir(parents=True, exist_ok=True, mode=0o700)
     os.chmod(out.root, 0o700)
     written = []
+    if role == "agent":
+        written += _node_certificate(full, out, node)
     own = _host_certificate(full, hosts) if hosts else None
     for path in [full.ca_cert, *files]:
         target = out.root / path.relative_to(full.root)
@@ -103,10 +114,10 @@ def _contents(
         files += [p for r in ROLES for p in (full.client_cert(r), full.client_key(r))]
         return files + _device_files(full, creds.devices), creds
     if role == "agent":
-        files = [full.client_cert("agent"), full.client_key("agent"), full.keyring_file]
         tokens = {node: node_token(creds.agent_key, node)}
-        bundle = Credentials({"agent": creds.passwords["agent"]}, None, node_tokens=tokens)
-        return [*files, full.control_pub], bundle
+        password = node_password(creds.agent_key, node)
+        bundle = Credentials({"agent": password}, None, node_tokens=tokens, node=node)
+        return [full.keyring_file, full.control_pub], bundle
     if role == "site":
         files = [full.server_cert, full.server_key]
         files += [full.client_cert("leaf"), full.client_key("leaf")]
@@ -121,6 +132,10 @@ def _contents(
             ingest_token=ingest_token(creds.agent_key, site),
             site_route=site_route_password(creds.agent_key, site),
             site_leaf=site_leaf_password(creds.agent_key, site),
+            nodes=creds.nodes,
+            node_passwords={
+                n: node_password(creds.agent_key, n) for n in site_nodes(creds.nodes, site)
+            },
         )
         return files, bundle
     if role == "device":
@@ -130,6 +145,16 @@ def _contents(
         return _device_files(full, one), Credentials({}, None, one)
     files = [full.client_cert("reader"), full.client_key("reader")]
     return files, Credentials({"reader": creds.passwords["reader"]}, None)
+
+
+def _node_certificate(full: Secrets, out: Secrets, node: str) -> list[Path]:
+    """The node's own client certificate (its user ``agent.<node>``), as the bundle's
+    agent certificate: issued at each export, kept nowhere else (a server maps it to the
+    user by its subject alone)."""
+    cert = pki.issue(full.ca(), node_user(node), client=True)
+    write_private(out.client_key("agent"), cert.key_pem)
+    write_private(out.client_cert("agent"), cert.cert_pem)
+    return [out.client_cert("agent"), out.client_key("agent")]
 
 
 def _host_certificate(full: Secrets, hosts: tuple[str, ...]) -> pki.Issued:

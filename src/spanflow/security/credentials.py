@@ -22,6 +22,11 @@ READER_INBOX = "_INBOX_READER"
 COORDINATOR_INBOX = "_INBOX_COORD"
 SITE_INBOX = "_INBOX_SITE"
 """Replies to a site server's own client (its revocation watch)."""
+NODE_INBOXES = "_INBOX_NODE"
+"""Replies to a node's agent (and its Spark workers) with an identity of its own:
+``_INBOX_NODE.<node>``."""
+NODE_USER_PREFIX = "agent."
+"""A node's own NATS user (and its certificate's common name): ``agent.<node>``."""
 CERT_ORGANIZATION = "spanflow"
 """The organisation every client certificate spanflow issues names (spanflow.security.pki)."""
 
@@ -38,6 +43,15 @@ def cert_user(common_name: str) -> str:
     return f"CN={common_name},O={CERT_ORGANIZATION}"
 
 
+def node_user(node: str) -> str:
+    """A node's own NATS user, the common name of its certificate.
+
+    >>> node_user("edge-1")
+    'agent.edge-1'
+    """
+    return f"{NODE_USER_PREFIX}{node}"
+
+
 def inbox_prefix(user: str, role: str) -> str | None:
     """Where a client's replies come back (``nats.connect(inbox_prefix=...)``): devices,
     readers and coordinators get inboxes of their own, so NATS can let each read its
@@ -49,7 +63,11 @@ def inbox_prefix(user: str, role: str) -> str | None:
     ('_INBOX_DEV.press-7', '_INBOX_READER')
     >>> inbox_prefix("coordinator", "coordinator")
     '_INBOX_COORD'
+    >>> inbox_prefix("edge-1", "node")
+    '_INBOX_NODE.edge-1'
     """
+    if role == "node":
+        return f"{NODE_INBOXES}.{user}"
     if role == "device":
         return f"{DEVICE_INBOXES}.{user}"
     if role == "reader":
@@ -94,6 +112,14 @@ class Credentials:
     site_leaf: str | None = None
     """A site bundle: its leaf link's password at the hub (as user ``leaf-<site>``:
     that site's alone, so a stolen site host cannot leaf in as another site)."""
+    nodes: dict[str, str | None] = field(default_factory=dict)
+    """Every node given an identity of its own (``export --role agent``), and its site
+    (None: any): the full directory's record, and a site bundle's copy (names are no
+    secret: each node's user is denied every other node's inbox)."""
+    node_passwords: dict[str, str] = field(default_factory=dict)
+    """A site bundle: the NATS passwords of the nodes its server admits."""
+    node: str | None = None
+    """An agent bundle: the node it is (its NATS user is ``agent.<node>``)."""
 
     def to_json(self) -> str:
         raw: dict[str, Any] = {
@@ -119,6 +145,12 @@ class Credentials:
             raw["site_route"] = self.site_route
         if self.site_leaf:
             raw["site_leaf"] = self.site_leaf
+        if self.nodes:
+            raw["nodes"] = dict(sorted(self.nodes.items()))
+        if self.node_passwords:
+            raw["node_passwords"] = dict(sorted(self.node_passwords.items()))
+        if self.node:
+            raw["node"] = self.node
         return json.dumps(raw, indent=2)
 
     @classmethod
@@ -144,6 +176,11 @@ class Credentials:
                 ingest_token=raw.get("ingest_token"),
                 site_route=raw.get("site_route"),
                 site_leaf=raw.get("site_leaf"),
+                nodes={str(k): v and str(v) for k, v in (raw.get("nodes") or {}).items()},
+                node_passwords={
+                    str(k): str(v) for k, v in (raw.get("node_passwords") or {}).items()
+                },
+                node=raw.get("node"),
             )
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise SecurityError(f"{source} is not a spanflow credentials file: {exc!r}") from exc
@@ -162,6 +199,14 @@ class Credentials:
         found = self.node_tokens.get(node)
         if found is None and self.agent_key:
             found = node_token(self.agent_key, node)
+        return found
+
+    def node_password_for(self, node: str) -> str | None:
+        """A node's own NATS password: a site bundle's copy, or derived on a full
+        directory (None: neither, a node another site's server admits)."""
+        found = self.node_passwords.get(node)
+        if found is None and self.agent_key:
+            found = node_password(self.agent_key, node)
         return found
 
     def route_password_for(self, site: str | None) -> str:
@@ -245,16 +290,39 @@ def node_of_token(agent_key: str, token: str) -> str | None:
     return node
 
 
+def derived(agent_key: str, purpose: str, name: str) -> str:
+    """A secret for one purpose and name, derived from the node-token key.
+
+    >>> derived("k", "leaf", "edge-a").startswith("leaf.edge-a.")
+    True
+    """
+    return f"{purpose}.{name}.{mac_of(agent_key, f'{purpose}:{name}')}"
+
+
+def node_password(agent_key: str, node: str) -> str:
+    """A node's own NATS password (user ``agent.<node>``)."""
+    return derived(agent_key, "nats", node)
+
+
+def site_nodes(nodes: dict[str, str | None], site: str) -> list[str]:
+    """The nodes a site's server admits: its own and those of no site.
+
+    >>> site_nodes({"a": "s1", "b": None, "c": "s2"}, "s1")
+    ['a', 'b']
+    """
+    return sorted(name for name, at in nodes.items() if at in (None, site))
+
+
 def ingest_token(agent_key: str, site: str) -> str:
-    return f"ingest.{site}.{mac_of(agent_key, 'ingest:' + site)}"
+    return derived(agent_key, "ingest", site)
 
 
 def site_route_password(agent_key: str, site: str) -> str:
-    return f"route.{site}.{mac_of(agent_key, 'route:' + site)}"
+    return derived(agent_key, "route", site)
 
 
 def site_leaf_password(agent_key: str, site: str) -> str:
-    return f"leaf.{site}.{mac_of(agent_key, 'leaf:' + site)}"
+    return derived(agent_key, "leaf", site)
 
 
 def leaf_user_of(site: str) -> str:

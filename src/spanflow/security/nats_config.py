@@ -24,11 +24,14 @@ from typing import Any
 from urllib.parse import quote, urlsplit, urlunsplit
 
 from spanflow.protocol.names import (
+    ACTIVITY_PREFIX,
     CONTROL_STREAMS,
     CONTROL_SUBJECTS,
+    HEARTBEAT_PREFIX,
     LEADER_BUCKET,
     PROJECTION_BUCKETS,
 )
+from spanflow.security.credentials import NODE_INBOXES, node_user
 from spanflow.security.revocations import REVOCATIONS_BUCKET
 from spanflow.security.secrets import (
     CONTROL_ROLE,
@@ -42,6 +45,7 @@ from spanflow.security.secrets import (
     Secrets,
     cert_user,
     inbox_prefix,
+    leaf_user_of,
 )
 
 APP_ACCOUNT = "SPANFLOW"
@@ -77,6 +81,7 @@ OTHERS_INBOXES = (
     f"{DEVICE_INBOXES}.>",
     f"{COORDINATOR_INBOX}.>",
     f"{SITE_INBOX}.>",
+    f"{NODE_INBOXES}.>",
 )
 """Replies to other clients: a reader reads its own (``_INBOX_READER``) only."""
 NOT_AGENTS_INBOXES = (
@@ -86,8 +91,9 @@ NOT_AGENTS_INBOXES = (
     f"{SITE_INBOX}.>",
 )
 """Replies to coordinators, readers, devices and site servers: an agent may neither
-read nor answer them (agents share ``_INBOX`` among themselves: they share one NATS
-user)."""
+read nor answer them. The shared ``agent`` user (full directories, bundles made before
+nodes had users of their own) replies on ``_INBOX``, and is denied every node's own;
+a node's user is denied ``_INBOX`` and every other node's (:func:`node_permissions`)."""
 REVOCATIONS_STREAM = f"KV_{REVOCATIONS_BUCKET}"
 SITE_WATCH_PUBLISH = (
     f"$JS.*.API.STREAM.INFO.{REVOCATIONS_STREAM}",
@@ -139,9 +145,10 @@ def role_permissions(role: str) -> dict[str, Any] | None:
     if role in ("coordinator", CONTROL_ROLE):
         return None
     if role == "agent":
+        inboxes = [*NOT_AGENTS_INBOXES, f"{NODE_INBOXES}.>"]
         return {
-            "publish": {"deny": [*_agent_deny(), *NOT_AGENTS_INBOXES]},
-            "subscribe": {"deny": [*NOT_AGENTS_INBOXES, *SYSTEM_SUBJECTS]},
+            "publish": {"deny": [*_agent_deny(), *inboxes]},
+            "subscribe": {"deny": [*inboxes, *SYSTEM_SUBJECTS]},
         }
     if role == "reader":
         return {
@@ -190,16 +197,32 @@ LEAF_LINK = ["LEAFNODE"]
 """The leaf user logs in on the leaf listener only (never as a client)."""
 
 
-def leaf_user(user: str, password: str) -> dict[str, Any]:
+def leaf_user(
+    user: str, password: str, foreign_inboxes: tuple[str, ...] | list[str] = ()
+) -> dict[str, Any]:
     """A user a site's leaf link logs in as at the hub, with :data:`LEAF_DENY`: the hub
     applies a leaf connection's user permissions to everything the link carries into it
-    (what it may publish)."""
+    (what it may publish) and to what it asks for (what it may subscribe to):
+    ``foreign_inboxes``, other sites' nodes' replies, never cross it."""
+    permissions: dict[str, Any] = {"publish": {"deny": list(LEAF_DENY)}}
+    if foreign_inboxes:
+        permissions["subscribe"] = {"deny": list(foreign_inboxes)}
     return {
         "user": user,
         "password": password,
         "allowed_connection_types": LEAF_LINK,
-        "permissions": {"publish": {"deny": list(LEAF_DENY)}},
+        "permissions": permissions,
     }
+
+
+def other_sites_inboxes(nodes: dict[str, str | None], site: str) -> list[str]:
+    """The inboxes of nodes recorded at another site than ``site`` (a node of no site
+    may be anywhere: its replies may cross any link).
+
+    >>> other_sites_inboxes({"a": "s1", "b": None, "c": "s2"}, "s1")
+    ['_INBOX_NODE.c.>']
+    """
+    return [f"{NODE_INBOXES}.{n}.>" for n, at in sorted(nodes.items()) if at not in (None, site)]
 
 
 def certificate_user(name: str, password: str) -> dict[str, Any]:
@@ -218,6 +241,35 @@ def site_watch_user(password: str) -> dict[str, Any]:
     return {**certificate_user("leaf", password), "permissions": permissions}
 
 
+def node_permissions(node: str, nodes: list[str]) -> dict[str, Any]:
+    """A node's own user: what an agent may do, less the shared ``_INBOX`` and every
+    other node's inbox (read or answered), heartbeats and activity reports (which the
+    coordinators would refuse anyway: they are sealed per node). ``nodes``: every node
+    the server knows, so each is denied the others' by name (NATS denies win over
+    allows, so "all but mine" is written as "each of theirs")."""
+    others = [n for n in nodes if n != node]
+    inboxes = [*NOT_AGENTS_INBOXES, "_INBOX.>", *(f"{NODE_INBOXES}.{n}.>" for n in others)]
+    reports = [f"{HEARTBEAT_PREFIX}.{n}" for n in others]
+    reports += [f"{ACTIVITY_PREFIX}.{n}.>" for n in others]
+    return {
+        "publish": {"deny": [*_agent_deny(), *inboxes, *reports]},
+        "subscribe": {"deny": [*inboxes, *SYSTEM_SUBJECTS]},
+    }
+
+
+def node_users(creds: Credentials) -> list[dict[str, Any]]:
+    """A user per node these secrets can admit (its password known or derivable), each
+    named by its certificate (``agent.<node>``)."""
+    known = sorted(creds.nodes)
+    out = []
+    for node in known:
+        password = creds.node_password_for(node)
+        if password is not None:
+            user = certificate_user(node_user(node), password)
+            out.append({**user, "permissions": node_permissions(node, known)})
+    return out
+
+
 def device_permissions(name: str, device: Device) -> dict[str, Any]:
     return {
         "publish": {"allow": list(device.publish)},
@@ -226,13 +278,18 @@ def device_permissions(name: str, device: Device) -> dict[str, Any]:
 
 
 def users(creds: Credentials, leaf_sites: tuple[str, ...] = ()) -> list[dict[str, Any]]:
-    """Every user of the application account: one per client role and one per device,
-    each named by its certificate; and per device a password user for the server's
+    """Every user of the application account: one per client role, one per node and one
+    per device, each named by its certificate; and per device a password user for the server's
     MQTT listener (MQTT clients present no certificate); and the leaf links' users, on
     the leaf listener only: one per site in ``leaf_sites`` (none given: the shared
     ``leaf`` login). Routes authenticate in their own block; the control user is
     in the control account alone."""
-    out = [leaf_user(user, pw) for user, pw in creds.leaf_logins(leaf_sites).items()]
+    logins = creds.leaf_logins(leaf_sites)
+    sites = dict(zip([leaf_user_of(site) for site in leaf_sites], leaf_sites, strict=True))
+    out = [
+        leaf_user(user, pw, other_sites_inboxes(creds.nodes, sites[user]) if user in sites else [])
+        for user, pw in logins.items()
+    ]
     if creds.site_leaf and not leaf_sites:  # an edge site's server: its revocation watch
         out.append(site_watch_user(creds.site_leaf))
     for role, password in creds.passwords.items():
@@ -243,6 +300,7 @@ def users(creds: Credentials, leaf_sites: tuple[str, ...] = ()) -> list[dict[str
         if permissions is not None:
             user["permissions"] = permissions
         out.append(user)
+    out += node_users(creds)
     for name, device in sorted(creds.devices.items()):
         permissions = device_permissions(name, device)
         out.append({**certificate_user(name, device.password), "permissions": permissions})

@@ -68,6 +68,9 @@ from spanflow.security.credentials import (
     node_token as node_token,
 )
 from spanflow.security.credentials import (
+    node_user as node_user,
+)
+from spanflow.security.credentials import (
     site_devices as site_devices,
 )
 from spanflow.security.credentials import (
@@ -91,6 +94,12 @@ LINK_ROLES = ("leaf", "route")
 SECRETS_ENV = "SPANFLOW_SECRETS"
 ROLE_ENV = "SPANFLOW_ROLE"
 DEFAULT_HOSTS = ("localhost", "127.0.0.1")
+
+
+def check_name(name: str, what: str) -> None:
+    """A device's or node's name is one NATS subject token (it names subjects and users)."""
+    if not name or any(c in name for c in " .*>\t\n\r"):
+        raise SecurityError(f"a {what} name is one token without spaces or dots: {name!r}")
 
 
 def _password() -> str:
@@ -233,11 +242,21 @@ class Secrets:
     def identity(self, role: str) -> NatsIdentity:
         if role not in ROLES:
             raise SecurityError(f"unknown role {role!r}: one of {', '.join(ROLES)}")
-        password = self.credentials().passwords.get(role)
+        creds = self.credentials()
+        password = creds.passwords.get(role)
         if password is None:
             raise SecurityError(
                 f"{self.credentials_file} has no password for role {role!r} (a bundle for "
                 "another role, or made by an older version: run `spanflow secrets init`)"
+            )
+        if role == "agent" and creds.node:  # a node's bundle: that node's own user
+            return NatsIdentity(
+                user=node_user(creds.node),
+                password=password,
+                ca_file=self.ca_cert,
+                cert_file=self.client_cert(role),
+                key_file=self.client_key(role),
+                inbox_prefix=inbox_prefix(creds.node, "node"),
             )
         return NatsIdentity(
             user=role,
@@ -401,8 +420,7 @@ class Secrets:
         subscribe to ``subscribe``: commands for it) with a certificate of its own,
         admitted by ``site``'s server (None: every site's); returns its password (shown
         once to the operator, never logged)."""
-        if not name or any(c in name for c in " .*>\t\n"):
-            raise SecurityError(f"a device name is one token without spaces or dots: {name!r}")
+        check_name(name, "device")
         if name in ROLES:
             raise SecurityError(f"{name!r} is a role, not a device name")
         if not publish:
@@ -414,6 +432,17 @@ class Secrets:
         updated = replace(creds, devices=devices)
         write_private(self.credentials_file, updated.to_json())
         return password
+
+    def record_node(self, name: str, site: str | None) -> None:
+        """Give a node an identity of its own (its NATS user ``agent.<name>``, admitted by
+        ``site``'s server, None: every site's): servers whose configuration is written
+        from these secrets from now on admit it, and deny every other node its inbox."""
+        check_name(name, "node")
+        creds = self.credentials()
+        if creds.nodes.get(name, "") == site:
+            return
+        updated = replace(creds, nodes={**creds.nodes, name: site})
+        write_private(self.credentials_file, updated.to_json())
 
     def revoke_device(self, name: str) -> None:
         """Remove a device's user (servers that reload close its connections) and add its

@@ -180,6 +180,9 @@ public final class NatsClient implements AutoCloseable {
       // check the password against it: an empty user name keeps their log quiet.
       options.sslContext(NatsTls.checkingServerName(identity.context()));
       options.userInfo("", identity.password);
+      if (identity.inboxPrefix != null) {
+        options.inboxPrefix(identity.inboxPrefix);
+      }
     } else if (tlsScheme) {
       throw new IOException("NATS at " + String.join(",", hosts(urls)) + NO_SECRETS);
     }

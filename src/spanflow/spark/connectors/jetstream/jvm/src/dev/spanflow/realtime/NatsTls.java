@@ -38,19 +38,25 @@ import javax.net.ssl.TrustManagerFactory;
  * {@code SPANFLOW_SECRETS} names the secrets directory, and {@code spanflow.role} /
  * {@code SPANFLOW_ROLE} the role (default agent). The password comes from
  * {@code credentials.json}, the TLS files from {@code ca.crt} and
- * {@code clients/<role>.crt|.key} (PEM, PKCS#8 EC key). Nothing here is logged.
+ * {@code clients/<role>.crt|.key} (PEM, PKCS#8 EC key). A node's bundle names its
+ * node ({@code "node"}): its user is {@code agent.<node>} and its replies come back on
+ * {@code _INBOX_NODE.<node>}, the only inbox its user may read. Nothing here is logged.
  */
 final class NatsTls {
   final String user;
   final String password;
+  /** Where replies come back; null: jnats' default {@code _INBOX}. */
+  final String inboxPrefix;
   private final Path root;
   private final String role;
 
-  private NatsTls(Path root, String role, String password) {
+  private NatsTls(Path root, String role, String password, String node) {
     this.root = root;
     this.role = role;
-    this.user = role;
     this.password = password;
+    boolean own = node != null && role.equals("agent");
+    this.user = own ? "agent." + node : role;
+    this.inboxPrefix = own ? "_INBOX_NODE." + node : null;
   }
 
   /** The identity of this process, or null in open mode. */
@@ -69,7 +75,8 @@ final class NatsTls {
     if (!password.isTextual()) {
       throw new IOException(root.resolve("credentials.json") + " has no password for role " + role);
     }
-    return new NatsTls(root, role, password.asText());
+    JsonNode node = creds.path("node");
+    return new NatsTls(root, role, password.asText(), node.isTextual() ? node.asText() : null);
   }
 
   /** A system property (set by the Python driver at run time), else the environment. */

@@ -62,7 +62,8 @@ from spanflow.nats import EmbeddedNats
 from spanflow.nats.ranges import read_range
 from spanflow.nats.streams import connect, ensure_stream
 from spanflow.protocol.raw import RawRecord
-from spanflow.security.secrets import SECRETS_ENV, Secrets, adopt
+from spanflow.security.environment import adopt
+from spanflow.security.secrets import SECRETS_ENV, Secrets
 from spanflow.spark.runner import PipelineRunner
 from spanflow.spark.session import build_session
 

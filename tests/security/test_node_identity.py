@@ -4,7 +4,9 @@ logs in as ``agent.<node>`` with a certificate naming that user, gets its replie
 role's. Run from the real bundles against a real server, with nats-py driven by hand:
 node a1's host can neither read nor answer a2's replies (not even through ``>``), nor
 publish a2's heartbeats or activity reports; its own requests are answered; the
-shared ``agent`` role can read no node's replies; another node's bundle is refused."""
+shared ``agent`` role can read no node's replies; another node's bundle is refused;
+a revoked node is cut off at the servers' reload, at sites holding an older bundle once
+the list reaches them, and at the REST API at once."""
 
 from __future__ import annotations
 
@@ -19,7 +21,9 @@ from nats.aio.msg import Msg
 from spanflow.errors import SecurityError
 from spanflow.nats.server import EmbeddedNats
 from spanflow.nats.streams import connect
-from spanflow.security.secrets import Secrets
+from spanflow.security.environment import revoked_nodes_from_env
+from spanflow.security.secrets import SECRETS_ENV, Secrets, node_token
+from spanflow.server.principals import authenticator
 
 MINE = "_INBOX_NODE.a1."
 SPY_ON = (">", "_INBOX_NODE.>", "_INBOX_NODE.a2.>", "_INBOX.>", "spanflow.>")
@@ -186,3 +190,38 @@ async def _across(hub_url: str, site_url: str, full: Secrets, e1: Secrets, c1: S
     assert [s for s in stolen if s.startswith("_INBOX_NODE.c1.")] == []
     for nc in (thief, coordinator, victim):
         await nc.close()
+
+
+def test_a_revoked_node_is_cut_off_everywhere_and_its_name_not_reused(
+    full: Secrets, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    a1 = Secrets(tmp_path / "a1")
+    full.export(a1.root, "agent", node="a1", site="factory")
+    a2 = _bundle(full, tmp_path, "a2")
+    full.export(tmp_path / "site", "site", site="factory")  # made before the revocation
+    site = Secrets(tmp_path / "site")
+    with EmbeddedNats(tmp_path / "nats", secrets=full) as server:
+        asyncio.run(_revoked_at_reload(server, full, a1, a2))
+    assert set(site.credentials().node_passwords) == {"a1", "a2"}
+    assert site.store_revocations(full.revocations_file.read_bytes())  # pushed to the site
+    assert set(site.credentials().node_passwords) == {"a2"}
+    monkeypatch.setenv(SECRETS_ENV, str(full.root))
+    key = full.credentials().agent_key or ""
+    authenticate = authenticator("operator-token", key, revoked_nodes_from_env())
+    assert authenticate(node_token(key, "a1")) is None
+    assert authenticate(node_token(key, "a2")) == "node:a2"
+    with pytest.raises(SecurityError, match="was revoked"):
+        full.export(tmp_path / "again", "agent", node="a1")
+
+
+async def _revoked_at_reload(server: EmbeddedNats, full: Secrets, a1: Secrets, a2: Secrets) -> None:
+    gone = await connect(server.url, identity=a1.identity("agent"))
+    kept = await connect(server.url, identity=a2.identity("agent"))
+    full.revoke_node("a1")
+    await asyncio.to_thread(server.reload)
+    await _until(lambda: not gone.is_connected, "the revoked node's session stayed open")
+    with pytest.raises(SecurityError):
+        await connect(server.url, identity=a1.identity("agent"))
+    assert kept.is_connected
+    await kept.close()
+    await gone.close()

@@ -162,7 +162,8 @@ def use_secrets(data_dir: Path | None, role: str) -> Any:
     ``<data dir>/secrets``): this process and its children then connect as ``role``.
     Returns the :class:`~spanflow.security.secrets.Secrets`, or None in open mode.
     A role adopted earlier in this process (``spanflow node`` → agent) is kept."""
-    from spanflow.security.secrets import ROLE_ENV, adopt
+    from spanflow.security.environment import adopt
+    from spanflow.security.secrets import ROLE_ENV
 
     found = find_secrets(data_dir)
     if found is not None:

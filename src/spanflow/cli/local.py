@@ -364,8 +364,8 @@ def ingest(url: str, listen: str | None, token: str | None) -> Iterator[None]:
         return
     from spanflow.doors.ingest import IngestServer
     from spanflow.nats.server import split_listen
+    from spanflow.security.environment import secrets_from_env
     from spanflow.security.https import server_files, wants_tls
-    from spanflow.security.secrets import secrets_from_env
 
     try:
         host, port = split_listen(listen)

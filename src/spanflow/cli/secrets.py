@@ -164,6 +164,34 @@ def device(
     console.print("(shown once: give it to the device; it is not logged anywhere)")
 
 
+@secrets_app.command("node")
+def node_command(
+    name: Annotated[str, typer.Argument(help="The node's name.")],
+    revoke: Annotated[
+        bool,
+        typer.Option(
+            "--revoke", help="Take its own NATS login and REST token away (required for now)."
+        ),
+    ] = False,
+    secrets_dir: SecretsDirOption = None,
+    data_dir: DataDir = None,
+) -> None:
+    """Revoke a node given a login of its own (``export --role agent``): servers drop
+    its NATS user on reload, sites once the revocation list is pushed, coordinators
+    refuse its token at once. Its name cannot be given to another node."""
+    secrets = secrets_at(secrets_dir, data_dir)
+    try:
+        if not revoke:
+            raise SecurityError("give --revoke (nodes get their login from `secrets export`)")
+        secrets.revoke_node(name)
+    except SecurityError as exc:
+        raise fail(exc) from None
+    console.print(
+        f"node {name}: revoked; reload the hub's servers (SIGHUP) and push the revocation "
+        "list to the sites: spanflow secrets revocations --push URL"
+    )
+
+
 @secrets_app.command("revocations")
 def revocations_command(
     push: Annotated[

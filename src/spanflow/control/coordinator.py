@@ -73,8 +73,8 @@ from spanflow.protocol.rest import (
     PipelineStatus,
     ShedAnswer,
 )
+from spanflow.security.environment import assignment_signer, control_identity_from_env
 from spanflow.security.node_seal import SEAL_HEADER, ReportGate
-from spanflow.security.secrets import assignment_signer, control_identity_from_env
 from spanflow.spec import locations
 from spanflow.spec.cluster import Assignment, NodeRecord, PipelineRecord, PipelineState
 from spanflow.spec.pipeline import PipelineSpec

@@ -40,10 +40,11 @@ from fastapi.responses import JSONResponse
 
 from spanflow.nats.streams import NoStreamCaptures, connect, publish_patiently, subject_covers
 from spanflow.security import ingest_tokens
+from spanflow.security.environment import secrets_from_env
 from spanflow.security.https import require_tls
 from spanflow.security.limits import RequestLimits
 from spanflow.security.policy import require_token
-from spanflow.security.secrets import NatsIdentity, secrets_from_env
+from spanflow.security.secrets import NatsIdentity
 
 MAX_BODY = 4 * 1024 * 1024
 INGEST_TIMEOUT = 10.0

@@ -16,8 +16,9 @@ from typing import Any, TypeVar
 from spanflow.errors import SecurityError, SpanflowError
 from spanflow.nats.server import default_data_dir
 from spanflow.protocol.client import ApiError, CoordinatorClient, CoordinatorUnreachable
+from spanflow.security.environment import secrets_from_env
 from spanflow.security.https import client_context
-from spanflow.security.secrets import Secrets, secrets_from_env
+from spanflow.security.secrets import Secrets
 
 T = TypeVar("T")
 

@@ -23,8 +23,9 @@ from spanflow.errors import NatsError, SecurityError
 from spanflow.nats.cluster import resolve_replicas
 from spanflow.protocol.metrics import StreamUsage
 from spanflow.security.credentials import NODE_USER_PREFIX
+from spanflow.security.environment import identity_from_env
 from spanflow.security.nats_config import redact_url
-from spanflow.security.secrets import NatsIdentity, identity_from_env
+from spanflow.security.secrets import NatsIdentity
 from spanflow.spec.pipeline import PipelineSpec
 from spanflow.spec.retention import DEFAULT_RETENTION, Retention
 

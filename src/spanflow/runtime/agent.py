@@ -43,7 +43,7 @@ from spanflow.runtime.reports import Reports
 from spanflow.runtime.scaling.autoscaler import start_autoscaler
 from spanflow.runtime.shedding.policy import Shedder
 from spanflow.runtime.spark_host import SparkHost, keep_python_workers_warm, rehearse_when_idle
-from spanflow.security.secrets import own_node_token, secrets_from_env
+from spanflow.security.environment import own_node_token, secrets_from_env
 from spanflow.spec.cluster import NodeRecord
 from spanflow.spec.retention import Retention
 

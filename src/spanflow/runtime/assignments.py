@@ -19,7 +19,7 @@ from nats.js.kv import KeyValue
 from spanflow.nats.cluster import ASSIGNMENTS_BUCKET, ensure_kv
 from spanflow.nats.streams import SyncNats
 from spanflow.runtime.last_known import LastKnownAssignments
-from spanflow.security.secrets import assignment_verifier
+from spanflow.security.environment import assignment_verifier
 from spanflow.security.signing import Unsigned, read_signed
 from spanflow.spec.cluster import Assignment
 

@@ -15,8 +15,9 @@ from __future__ import annotations
 import ssl
 
 from spanflow.errors import SecurityError
+from spanflow.security.environment import secrets_from_env
 from spanflow.security.policy import is_loopback
-from spanflow.security.secrets import Secrets, secrets_from_env
+from spanflow.security.secrets import Secrets
 
 
 def wants_tls(host: str, secrets: Secrets | None, forced: bool | None = None) -> bool:

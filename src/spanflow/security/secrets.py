@@ -65,6 +65,9 @@ from spanflow.security.credentials import (
     node_of_token as node_of_token,
 )
 from spanflow.security.credentials import (
+    node_password as node_password,
+)
+from spanflow.security.credentials import (
     node_token as node_token,
 )
 from spanflow.security.credentials import (
@@ -229,12 +232,26 @@ class Secrets:
         return self._without_revoked(creds)
 
     def _without_revoked(self, creds: Credentials) -> Credentials:
-        """``creds`` less the devices whose credential the revocation list names."""
-        if not creds.devices or not self.revocations_file.exists():
+        """``creds`` less the devices and nodes whose credential the revocation list
+        names (a site bundle made before the revocation still carries their logins)."""
+        if not (creds.devices or creds.node_passwords) or not self.revocations_file.exists():
             return creds
         listed = self.revocations()
         kept = {n: d for n, d in creds.devices.items() if not listed.revokes(n, d.password)}
-        return creds if len(kept) == len(creds.devices) else replace(creds, devices=kept)
+        nodes = {
+            n: pw for n, pw in creds.node_passwords.items() if not listed.revokes(node_user(n), pw)
+        }
+        if len(kept) == len(creds.devices) and len(nodes) == len(creds.node_passwords):
+            return creds
+        return replace(creds, devices=kept, node_passwords=nodes)
+
+    def node_revoked(self, node: str) -> bool:
+        """Whether the revocation list names this node's credential (a full or
+        coordinator directory: the key its password derives from is here)."""
+        creds = Credentials.from_json(self.credentials_file.read_text(), "credentials")
+        if not creds.agent_key or not self.revocations_file.exists():
+            return False
+        return self.revocations().revokes(node_user(node), node_password(creds.agent_key, node))
 
     def keyring(self) -> Keyring:
         return Keyring.load(self.keyring_file)
@@ -438,11 +455,36 @@ class Secrets:
         ``site``'s server, None: every site's): servers whose configuration is written
         from these secrets from now on admit it, and deny every other node its inbox."""
         check_name(name, "node")
+        if self.node_revoked(name):
+            raise SecurityError(
+                f"node {name} was revoked (its login is on the revocation list): give the "
+                "node that replaces it another name"
+            )
         creds = self.credentials()
         if creds.nodes.get(name, "") == site:
             return
         updated = replace(creds, nodes={**creds.nodes, name: site})
         write_private(self.credentials_file, updated.to_json())
+
+    def revoke_node(self, name: str) -> None:
+        """Take a node's own identity away: its NATS user is no longer written into
+        servers' configuration (they close its connections on reload), site servers
+        whose bundle still carries its login drop it once the signed revocation list
+        reaches them, and coordinators refuse its REST token from the next request."""
+        creds = self.credentials()
+        if name not in creds.nodes or not creds.agent_key:
+            raise SecurityError(f"no node {name!r} with a login of its own to revoke")
+        password = node_password(creds.agent_key, name)
+        self._add_revocation(credential_id(node_user(name), password))
+        nodes = {k: v for k, v in creds.nodes.items() if k != name}
+        write_private(self.credentials_file, replace(creds, nodes=nodes).to_json())
+
+    def _add_revocation(self, credential: str) -> None:
+        signer = self.signer()
+        if signer is None:
+            raise SecurityError(f"{self.root} has no control.key to sign the revocation with")
+        listed = self.revocations().adding(credential)
+        write_private(self.revocations_file, revocations.sign(listed, signer))
 
     def revoke_device(self, name: str) -> None:
         """Remove a device's user (servers that reload close its connections) and add its
@@ -451,11 +493,7 @@ class Secrets:
         creds = self.credentials()
         if name not in creds.devices:
             raise SecurityError(f"no device {name!r} to revoke")
-        signer = self.signer()
-        if signer is None:
-            raise SecurityError(f"{self.root} has no control.key to sign the revocation with")
-        listed = self.revocations().adding(credential_id(name, creds.devices[name].password))
-        write_private(self.revocations_file, revocations.sign(listed, signer))
+        self._add_revocation(credential_id(name, creds.devices[name].password))
         devices = {k: v for k, v in creds.devices.items() if k != name}
         write_private(self.credentials_file, replace(creds, devices=devices).to_json())
         self.device_cert(name).unlink(missing_ok=True)  # mapped to no user from now on
@@ -512,65 +550,3 @@ class NatsIdentity:
         if ctx is not None:
             options["tls"] = ctx
         return options
-
-
-def secrets_from_env() -> Secrets | None:
-    root = os.environ.get(SECRETS_ENV)
-    return Secrets(root) if root else None
-
-
-def identity_from_env() -> NatsIdentity | None:
-    """This process's NATS identity (``SPANFLOW_SECRETS`` + ``SPANFLOW_ROLE``), or None
-    in open mode."""
-    found = secrets_from_env()
-    if found is None:
-        return None
-    return found.identity(os.environ.get(ROLE_ENV, "agent"))
-
-
-def control_identity_from_env() -> NatsIdentity | None:
-    """The control account's identity for this coordinator, or None in open mode (one
-    account for everything: the control plane connects as the data plane does)."""
-    found = secrets_from_env()
-    return None if found is None else found.identity(CONTROL_ROLE)
-
-
-def adopt(secrets: Secrets, role: str) -> None:
-    """Make this process (and every child it starts, Spark's workers included) use
-    ``secrets`` as ``role``."""
-    os.environ[SECRETS_ENV] = str(secrets.root.resolve())
-    os.environ[ROLE_ENV] = role
-
-
-def assignment_signer() -> Signer | None:
-    """This coordinator's signer for assignments (locked), or None (open mode)."""
-    found = secrets_from_env()
-    if found is None:
-        return None
-    signer = found.signer()
-    if signer is None:
-        raise SecurityError(
-            f"{found.control_key} is missing: coordinators sign assignments with it "
-            "(run `spanflow secrets init` on the issuing host; export --role coordinator)"
-        )
-    return signer
-
-
-def assignment_verifier() -> Verifier | None:
-    """This agent's check of assignments' signatures (locked), or None (open mode)."""
-    found = secrets_from_env()
-    if found is None:
-        return None
-    verifier = found.verifier()
-    if verifier is None:
-        raise SecurityError(
-            f"{found.control_pub} is missing: agents check assignments with it "
-            "(export the node's bundle again)"
-        )
-    return verifier
-
-
-def own_node_token(node: str) -> str | None:
-    """This agent's node token (locked), or None (open mode)."""
-    found = secrets_from_env()
-    return None if found is None else found.credentials().node_token_for(node)

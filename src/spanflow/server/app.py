@@ -24,6 +24,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from spanflow.control.coordinator import Coordinator
 from spanflow.control.errors import Unauthorized
 from spanflow.ml.model_store import MAX_FILE
+from spanflow.security.environment import revoked_nodes_from_env
 from spanflow.security.limits import RequestLimits
 from spanflow.server import errors
 from spanflow.server.principals import authenticator, permits
@@ -107,7 +108,9 @@ def create_app(coordinator: Coordinator) -> FastAPI:
 
     app.add_middleware(
         RequestLimits,
-        authenticate=authenticator(token, coordinator.settings.node_token_key),
+        authenticate=authenticator(
+            token, coordinator.settings.node_token_key, revoked_nodes_from_env()
+        ),
         guarded=needs_token,
         permits=permits,
         limit_for=_limit_for,

@@ -27,9 +27,11 @@ def node_of(request: Request) -> str | None:
     return principal.removeprefix(NODE_PREFIX) if principal.startswith(NODE_PREFIX) else None
 
 
-def authenticator(token: str | None, node_key: str | None) -> Callable[[str], str | None]:
+def authenticator(
+    token: str | None, node_key: str | None, revoked: Callable[[str], bool] = lambda _: False
+) -> Callable[[str], str | None]:
     """The operator's token may do everything; a node's token (its agent's bundle) is
-    that node's."""
+    that node's, unless the node was revoked (``revoked``)."""
 
     def authenticate(given: str) -> str | None:
         if token is None:
@@ -37,7 +39,7 @@ def authenticator(token: str | None, node_key: str | None) -> Callable[[str], st
         if token_matches(given, token):
             return OPERATOR
         node = node_of_token(node_key, given) if node_key else None
-        return None if node is None else NODE_PREFIX + node
+        return None if node is None or revoked(node) else NODE_PREFIX + node
 
     return authenticate
 

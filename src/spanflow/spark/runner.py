@@ -27,7 +27,7 @@ from spanflow.nats.batch_plan import plan_key
 from spanflow.nats.fences import Fence, Fenced, check, claim, fences
 from spanflow.nats.streams import SyncNats, ensure_source_streams, ensure_stream, stream_usage
 from spanflow.protocol.metrics import StreamUsage
-from spanflow.security.secrets import assignment_verifier
+from spanflow.security.environment import assignment_verifier
 from spanflow.spark import (
     checkpoint_store,
     connectors,

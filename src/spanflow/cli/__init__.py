@@ -15,6 +15,9 @@ from spanflow.cli import (  # noqa: F401  (registers the commands)
     servers,
 )
 from spanflow.cli.common import SpanflowError, _error, app
+from spanflow.cli.help_text import reflow_commands
+
+reflow_commands(app)
 
 
 def main() -> None:

@@ -104,6 +104,12 @@ def show(secrets_dir: SecretsDirOption = None, data_dir: DataDir = None) -> None
     console.print(f"NATS users: {', '.join(sorted(creds.passwords))}; REST token: {token}")
     for node in sorted(creds.node_tokens):
         console.print(f"node token for {node}: set")
+    if creds.node:
+        console.print(f"this bundle is node {creds.node}'s: NATS user agent.{creds.node}")
+    for node, site in sorted(creds.nodes.items()):
+        where = f"site {site}" if site else "every site"
+        admitted = "" if creds.node_password_for(node) else ", admitted by another site's server"
+        console.print(f"node {node} ({where}): NATS user agent.{node}{admitted}")
     for name, device in sorted(creds.devices.items()):
         where = f" (site {device.site})" if device.site else " (every site)"
         console.print(f"device {name}{where}: may publish {', '.join(device.publish)}")

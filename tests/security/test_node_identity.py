@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -199,12 +200,16 @@ def test_a_revoked_node_is_cut_off_everywhere_and_its_name_not_reused(
     full.export(a1.root, "agent", node="a1", site="factory")
     a2 = _bundle(full, tmp_path, "a2")
     full.export(tmp_path / "site", "site", site="factory")  # made before the revocation
-    site = Secrets(tmp_path / "site")
+    full.export(tmp_path / "hub", "coordinator")
+    site, hub = Secrets(tmp_path / "site"), Secrets(tmp_path / "hub")
     with EmbeddedNats(tmp_path / "nats", secrets=full) as server:
         asyncio.run(_revoked_at_reload(server, full, a1, a2))
     assert set(site.credentials().node_passwords) == {"a1", "a2"}
     assert site.store_revocations(full.revocations_file.read_bytes())  # pushed to the site
     assert set(site.credentials().node_passwords) == {"a2"}
+    assert set(hub.credentials().nodes) == {"a1", "a2"}  # a hub's bundle from before
+    shutil.copy(full.revocations_file, hub.revocations_file)  # the list copied there
+    assert set(hub.credentials().nodes) == {"a2"}
     monkeypatch.setenv(SECRETS_ENV, str(full.root))
     key = full.credentials().agent_key or ""
     authenticate = authenticator("operator-token", key, revoked_nodes_from_env())

@@ -233,17 +233,22 @@ class Secrets:
 
     def _without_revoked(self, creds: Credentials) -> Credentials:
         """``creds`` less the devices and nodes whose credential the revocation list
-        names (a site bundle made before the revocation still carries their logins)."""
-        if not (creds.devices or creds.node_passwords) or not self.revocations_file.exists():
+        names (a site or coordinator bundle made before the revocation still carries
+        their logins)."""
+        if not (creds.devices or creds.nodes) or not self.revocations_file.exists():
             return creds
         listed = self.revocations()
         kept = {n: d for n, d in creds.devices.items() if not listed.revokes(n, d.password)}
-        nodes = {
-            n: pw for n, pw in creds.node_passwords.items() if not listed.revokes(node_user(n), pw)
-        }
-        if len(kept) == len(creds.devices) and len(nodes) == len(creds.node_passwords):
+        passwords = {n: creds.node_password_for(n) for n in creds.nodes}
+        gone = {n for n, pw in passwords.items() if pw and listed.revokes(node_user(n), pw)}
+        if len(kept) == len(creds.devices) and not gone:
             return creds
-        return replace(creds, devices=kept, node_passwords=nodes)
+        return replace(
+            creds,
+            devices=kept,
+            nodes={n: at for n, at in creds.nodes.items() if n not in gone},
+            node_passwords={n: pw for n, pw in creds.node_passwords.items() if n not in gone},
+        )
 
     def node_revoked(self, node: str) -> bool:
         """Whether the revocation list names this node's credential (a full or

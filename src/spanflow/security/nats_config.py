@@ -45,7 +45,6 @@ from spanflow.security.secrets import (
     Secrets,
     cert_user,
     inbox_prefix,
-    leaf_user_of,
 )
 
 APP_ACCOUNT = "SPANFLOW"
@@ -197,32 +196,18 @@ LEAF_LINK = ["LEAFNODE"]
 """The leaf user logs in on the leaf listener only (never as a client)."""
 
 
-def leaf_user(
-    user: str, password: str, foreign_inboxes: tuple[str, ...] | list[str] = ()
-) -> dict[str, Any]:
+def leaf_user(user: str, password: str) -> dict[str, Any]:
     """A user a site's leaf link logs in as at the hub, with :data:`LEAF_DENY`: the hub
     applies a leaf connection's user permissions to everything the link carries into it
-    (what it may publish) and to what it asks for (what it may subscribe to):
-    ``foreign_inboxes``, other sites' nodes' replies, never cross it."""
-    permissions: dict[str, Any] = {"publish": {"deny": list(LEAF_DENY)}}
-    if foreign_inboxes:
-        permissions["subscribe"] = {"deny": list(foreign_inboxes)}
+    (what it may publish). No subscribe permission: the hub would also stop telling
+    the site of its own clients' interest, and replies from the site's JetStream
+    domain to a hub node would have nowhere to go."""
     return {
         "user": user,
         "password": password,
         "allowed_connection_types": LEAF_LINK,
-        "permissions": permissions,
+        "permissions": {"publish": {"deny": list(LEAF_DENY)}},
     }
-
-
-def other_sites_inboxes(nodes: dict[str, str | None], site: str) -> list[str]:
-    """The inboxes of nodes recorded at another site than ``site`` (a node of no site
-    may be anywhere: its replies may cross any link).
-
-    >>> other_sites_inboxes({"a": "s1", "b": None, "c": "s2"}, "s1")
-    ['_INBOX_NODE.c.>']
-    """
-    return [f"{NODE_INBOXES}.{n}.>" for n, at in sorted(nodes.items()) if at not in (None, site)]
 
 
 def certificate_user(name: str, password: str) -> dict[str, Any]:
@@ -284,12 +269,7 @@ def users(creds: Credentials, leaf_sites: tuple[str, ...] = ()) -> list[dict[str
     the leaf listener only: one per site in ``leaf_sites`` (none given: the shared
     ``leaf`` login). Routes authenticate in their own block; the control user is
     in the control account alone."""
-    logins = creds.leaf_logins(leaf_sites)
-    sites = dict(zip([leaf_user_of(site) for site in leaf_sites], leaf_sites, strict=True))
-    out = [
-        leaf_user(user, pw, other_sites_inboxes(creds.nodes, sites[user]) if user in sites else [])
-        for user, pw in logins.items()
-    ]
+    out = [leaf_user(user, pw) for user, pw in creds.leaf_logins(leaf_sites).items()]
     if creds.site_leaf and not leaf_sites:  # an edge site's server: its revocation watch
         out.append(site_watch_user(creds.site_leaf))
     for role, password in creds.passwords.items():

@@ -220,7 +220,7 @@ def test_a_plant_joins_a_running_pipeline_and_leaves_it_drained_every_window_onc
     wait_for(lambda: sum(windows_written(url).values()) >= sum(expected.values()), timeout=300)
     assert windows_written(url) == expected  # every plant's windows once
     wanted = Counter((r["plant"], r["seq"]) for r in everything)
-    wait_for(lambda: sum(seen(url).values()) >= len(everything), timeout=120)
+    wait_for(lambda: sum(seen(url).values()) >= len(everything), timeout=240)
     assert seen(url) == wanted  # every plant's edge output complete, nothing twice
 
 

@@ -271,22 +271,16 @@ class Secrets:
                 f"{self.credentials_file} has no password for role {role!r} (a bundle for "
                 "another role, or made by an older version: run `spanflow secrets init`)"
             )
+        user, inbox = role, inbox_prefix(role, role)
         if role == "agent" and creds.node:  # a node's bundle: that node's own user
-            return NatsIdentity(
-                user=node_user(creds.node),
-                password=password,
-                ca_file=self.ca_cert,
-                cert_file=self.client_cert(role),
-                key_file=self.client_key(role),
-                inbox_prefix=inbox_prefix(creds.node, "node"),
-            )
+            user, inbox = node_user(creds.node), inbox_prefix(creds.node, "node")
         return NatsIdentity(
-            user=role,
+            user=user,
             password=password,
             ca_file=self.ca_cert,
             cert_file=self.client_cert(role),
             key_file=self.client_key(role),
-            inbox_prefix=inbox_prefix(role, role),
+            inbox_prefix=inbox,
         )
 
     def site_identity(self) -> NatsIdentity:

@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+from nats.js.errors import NotFoundError
 
 from spanflow.nats import EmbeddedNats
 from spanflow.nats.streams import connect, ensure_stream
@@ -117,11 +118,13 @@ async def _first_stored(url: str, stream: str) -> float | None:
 
 
 async def _purge(url: str) -> None:
+    """Empty the sinks between runs: delete them (spanflow's streams refuse a purge);
+    the next run's sinks make them again."""
     nc = await connect(url)
     js = nc.jetstream()
     for sink in ("ST_ALERTS", "ST_EVENTS", "ST_MEANS"):
-        with contextlib.suppress(Exception):  # not created yet
-            await js.purge_stream(sink)
+        with contextlib.suppress(NotFoundError):  # not created yet
+            await js.delete_stream(sink)
     await nc.close()
 
 

@@ -5,10 +5,11 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from nats.js.api import StreamConfig
 
 from spanflow.nats.fastread import read_range_fast
 from spanflow.nats.ranges import read_range
-from spanflow.nats.streams import connect, ensure_stream
+from spanflow.nats.streams import connect
 
 
 @pytest.fixture(scope="module")
@@ -18,7 +19,8 @@ def loaded(nats_url):
     async def go() -> None:
         nc = await connect(nats_url)
         js = nc.jetstream()
-        await ensure_stream(js, "RANGES", ["ranges.>"])
+        # not ensure_stream: spanflow's own streams refuse single-message deletes
+        await js.add_stream(StreamConfig(name="RANGES", subjects=["ranges.>"]))
         for i in range(1, 501):
             headers = {"Nats-Msg-Id": f"m{i}", "X-Extra": "v"} if i % 7 == 0 else None
             await js.publish(f"ranges.k{i % 3}", f"payload {i}".encode(), headers=headers)

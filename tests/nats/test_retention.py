@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from typing import Any
 
 import pytest
 from nats.js.api import StreamConfig
 from nats.js.errors import APIError
 
-from spanflow.nats.streams import connect, ensure_stream, stream_usage
+from spanflow.nats.streams import connect, ensure_sourced, ensure_stream, stream_usage
 from spanflow.spec.retention import DEFAULT_RETENTION, Retention
 from spanflow.spec.topology import Topology
 
@@ -99,6 +100,39 @@ def test_an_unbounded_stream_made_before_gets_limits_and_a_bounded_one_keeps_its
     assert bounded.max_age == DEFAULT_RETENTION.max_age
     assert kept.max_bytes == 1 << 20 and not kept.max_age  # the operator's limits stay
     assert sorted(kept.subjects or []) == [f"ret.{uid}.b", f"ret.{uid}.c"]
+
+
+def test_streams_spanflow_makes_refuse_purges_and_deletes_even_from_an_administrator(
+    nats_url: str, uid: str
+) -> None:
+    """A stolen agent host may create and extend streams, so the streams themselves
+    refuse a purge or a message delete (for anyone: this client has every right), and
+    a stream made before (plain) becomes so at its next ensure; retention still works."""
+    new, old, sourced = f"AO_NEW_{uid}", f"AO_OLD_{uid}", f"AO_SRC_{uid}"
+
+    async def body(js: Any) -> list[str]:
+        await ensure_stream(js, new, [f"ao.{uid}.new"])
+        await js.add_stream(StreamConfig(name=old, subjects=[f"ao.{uid}.old"]))
+        await ensure_stream(js, old, [f"ao.{uid}.old"])
+        await ensure_sourced(js, sourced, "nowhere")
+        refusals = []
+        for name in (new, old):
+            await js.publish(f"ao.{uid}.{name.split('_')[1].lower()}", b"reading")
+            for attempt in (js.purge_stream(name), js.delete_msg(name, 1)):
+                with pytest.raises(APIError) as refused:
+                    await attempt
+                refusals.append(str(refused.value.description))
+            assert (await js.stream_info(name)).state.messages == 1
+            with pytest.raises(APIError, match="can not cancel deny purge"):
+                await js.update_stream(
+                    replace((await js.stream_info(name)).config, deny_purge=False)
+                )
+        with pytest.raises(APIError, match="purge not permitted"):
+            await js.purge_stream(sourced)
+        return refusals
+
+    refusals = run(nats_url, body)
+    assert refusals == ["stream purge not permitted", "message delete not permitted"] * 2
 
 
 def test_many_streams_with_default_limits_fit_on_one_server(nats_url: str, uid: str) -> None:

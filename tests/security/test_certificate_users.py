@@ -189,7 +189,8 @@ def test_an_agent_cannot_write_the_projected_control_state(
             ajs.delete_stream(f"KV_{NODES_BUCKET}"),
             (await ajs.key_value(NODES_BUCKET)).put("n2", b"forged"),
             ajs.delete_stream("SENSORS"),  # no agent deletes any stream,
-            ajs.delete_msg("SENSORS", 1),  # nor a message of one
+            ajs.delete_msg("SENSORS", 1),  # nor a message of one,
+            ajs.purge_stream("SENSORS"),  # nor purges the devices' readings
         ]
         for attempt in attempts:  # ... and write none of them
             with pytest.raises((nats.errors.TimeoutError, nats.errors.Error)):

@@ -184,6 +184,19 @@ async def _limits(js: JetStreamContext, retention: Retention) -> dict[str, Any]:
     }
 
 
+APPEND_ONLY: dict[str, Any] = {"deny_purge": True, "deny_delete": True}
+"""Every stream spanflow makes for data (sources, sinks, cuts, dead letters): no purge
+and no single-message delete through the JetStream API, for anyone. The server refuses
+to lift either once set, so a stolen agent host (which may create and extend the
+streams its fragments use) cannot empty devices' readings or another pipeline's output
+that way; retention limits still age messages out. To start a stream over, delete it
+(coordinators and administrators may)."""
+
+
+def _append_only(config: StreamConfig) -> bool:
+    return bool(config.deny_purge and config.deny_delete)
+
+
 def _unbounded(config: StreamConfig) -> bool:
     return config.max_bytes in (None, -1) and not config.max_age and config.max_msgs in (None, -1)
 
@@ -201,7 +214,8 @@ async def ensure_stream(
     Several pipelines may write one stream under different subjects (every site's
     windows into one stream); each adds its own. A new stream gets ``retention``'s
     limits; an existing one keeps its own, unless it has none at all (made before
-    streams were bounded), which then get ``retention``'s.
+    streams were bounded), which then get ``retention``'s. Every stream is made, or
+    made again, :data:`APPEND_ONLY`.
     """
     for attempt in range(3):
         try:
@@ -214,6 +228,7 @@ async def ensure_stream(
                         subjects=subjects,
                         duplicate_window=duplicate_window,
                         **await _limits(js, retention),
+                        **APPEND_ONLY,
                     )
                 )
                 return
@@ -226,11 +241,11 @@ async def ensure_stream(
         have = list(info.config.subjects or [])
         missing = [x for x in subjects or [] if not any(subject_covers(h, x) for h in have)]
         bound = _unbounded(info.config)
-        if not missing and not bound:
+        if not missing and not bound and _append_only(info.config):
             return
         # A wider subject replaces the ones it covers (the server refuses overlaps).
         kept = [h for h in have if not any(subject_covers(m, h) for m in missing)]
-        config = replace(info.config, subjects=[*kept, *missing])
+        config = replace(info.config, subjects=[*kept, *missing], **APPEND_ONLY)
         if bound:
             config = replace(config, **await _limits(js, retention))
         try:
@@ -303,7 +318,8 @@ async def ensure_sourced(
         except NotFoundError:
             try:
                 limits = await _limits(js, retention)
-                await js.add_stream(StreamConfig(name=name, sources=[source], **limits))
+                config = StreamConfig(name=name, sources=[source], **limits, **APPEND_ONLY)
+                await js.add_stream(config)
                 return
             except APIError as exc:
                 if attempt == 2:
@@ -312,10 +328,13 @@ async def ensure_sourced(
                     ) from None
                 continue
         sources = list(info.config.sources or [])
-        if any(s.external is not None and s.external.api == api for s in sources):
+        sourced = any(s.external is not None and s.external.api == api for s in sources)
+        if sourced and _append_only(info.config):
             return
+        if not sourced:
+            sources.append(source)
         try:
-            await js.update_stream(replace(info.config, sources=[*sources, source]))
+            await js.update_stream(replace(info.config, sources=sources, **APPEND_ONLY))
             return
         except APIError as exc:
             if attempt == 2:

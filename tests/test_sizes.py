@@ -20,13 +20,12 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "spanflow"
 FUNCTION_LIMIT = 80
 MODULE_LIMIT = 600
 CLASS_METHOD_LIMIT = 40
-MODULE_LIMITS = {"runtime/agent.py": 250}
+MODULE_LIMITS = {"runtime/agent.py": 250, "control/coordinator.py": 550}
 """Modules with a limit of their own, below :data:`MODULE_LIMIT` (reached once)."""
 MODULE_ALLOWANCES = {
     "api/pipeline.py": 906,
     "cli/cluster.py": 620,
     "spark/connectors/kafka.py": 858,
-    "control/coordinator.py": 825,
     "cep/nfa.py": 749,
     "spark/keyed_state.py": 694,
     "runtime/membership/protocol.py": 684,
@@ -35,7 +34,6 @@ MODULE_ALLOWANCES = {
 }
 """Modules over their limit today, and by how much they may be: only ever lowered."""
 CLASS_ALLOWANCES = {
-    "control/coordinator.py:Coordinator": 67,
     "runtime/membership/protocol.py:Membership": 47,
     "api/pipeline.py:Stream": 41,
 }

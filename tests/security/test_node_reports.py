@@ -182,4 +182,4 @@ def test_activity_sealed_by_another_node_is_not_taken(full: Secrets, tmp_path: P
         (node_token(key, "a1"), False),
         (node_token(key, "a2"), True),
     ):
-        assert coordinator._sealed_by_node(Msg(token), "a2", act.at) is counts  # type: ignore[arg-type]
+        assert coordinator.node_reports._sealed_by_node(Msg(token), "a2", act.at) is counts  # type: ignore[arg-type]

@@ -22,12 +22,8 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from nats.aio.client import Client
-from nats.aio.msg import Msg
 from nats.errors import Error as NatsError
 from nats.js.client import JetStreamContext
-from nats.js.errors import BadRequestError, KeyNotFoundError, NotFoundError
-from nats.js.kv import KeyValue
-from pydantic import ValidationError
 
 from spanflow.clock import Clock, SystemClock
 from spanflow.control import (
@@ -39,44 +35,34 @@ from spanflow.control import (
     registry,
     scheduler,
     topology_manager,
-    views,
 )
 from spanflow.control.errors import NotLeader, Unavailable
-from spanflow.control.leadership import LEASE_KEY, Lease
+from spanflow.control.leadership import Lease
+from spanflow.control.lease_bucket import LeaseBucket
 from spanflow.control.log import ControlLog
 from spanflow.control.models import with_model_needs
+from spanflow.control.node_reports import NodeReports
+from spanflow.control.observation import ClusterView
 from spanflow.control.requests import Registration, Submission
 from spanflow.control.settings import CoordinatorSettings
 from spanflow.control.state import ClusterState, Draft, Observed
 from spanflow.nats.cluster import (
     ACTIVITY_PREFIX,
-    ACTIVITY_STREAM,
     HEARTBEAT_PREFIX,
-    LEADER_BUCKET,
-    activity_subject,
     cluster_servers,
-    ensure_kv,
 )
 from spanflow.nats.streams import connect
 from spanflow.plan import Placer
 from spanflow.plan.planner import GeoPlacer
-from spanflow.protocol.messages import Activity, Heartbeat, ScaleReport, ShedRequest
+from spanflow.protocol.messages import ScaleReport, ShedRequest
 from spanflow.protocol.metrics import FragmentRuntime
 from spanflow.protocol.rest import (
-    ClusterInfo,
-    ClusterMetrics,
-    Connection,
-    FragmentPlan,
-    Health,
-    NodeStatus,
-    PipelineMetrics,
-    PipelineStatus,
     ShedAnswer,
 )
 from spanflow.security.environment import assignment_signer, control_identity_from_env
-from spanflow.security.node_seal import SEAL_HEADER, ReportGate
+from spanflow.security.node_seal import ReportGate
 from spanflow.spec import locations
-from spanflow.spec.cluster import Assignment, NodeRecord, PipelineRecord, PipelineState
+from spanflow.spec.cluster import Assignment, NodeRecord, PipelineRecord
 from spanflow.spec.pipeline import PipelineSpec
 from spanflow.spec.topology import Capabilities, Link, NodeSpec, Site, Topology
 from spanflow.spec.upgrade import UpgradeReport
@@ -119,7 +105,7 @@ class Coordinator:
         self._followed: dict[str, str] = {}
         """Pipeline → what following the sites last did (logged when it changes)."""
         self.recovered_records = 0
-        self._leases: KeyValue | None = None
+        self._leases: LeaseBucket | None = None
         self.reports = ReportGate(settings.node_token_key)
         """Which node reports count (locked: those sealed by their own node)."""
         self.lease_seconds = settings.lease_seconds or leadership.SINGLE_SERVER_LEASE
@@ -130,7 +116,10 @@ class Coordinator:
         self._merged_topology = False
         self._lock = asyncio.Lock()
         self._tasks: list[asyncio.Task[None]] = []
-        self._pending: set[asyncio.Task[None]] = set()
+        self.node_reports = NodeReports(self)
+        """Heartbeats and activity reports: sealed by their node, then decided on."""
+        self.view = ClusterView(self)
+        """Every read the REST API answers (control/observation.py)."""
 
     # -- start-up -------------------------------------------------------------------------
     async def start(self) -> None:
@@ -145,8 +134,8 @@ class Coordinator:
                 s.nats_url, identity=control, name=f"spanflow-{s.name}-control"
             )
         await self._open_control_plane()
-        await self.nc.subscribe(f"{HEARTBEAT_PREFIX}.*", cb=self._on_heartbeat)
-        await self.nc.subscribe(f"{ACTIVITY_PREFIX}.>", cb=self._on_activity)
+        await self.nc.subscribe(f"{HEARTBEAT_PREFIX}.*", cb=self.node_reports.on_heartbeat)
+        await self.nc.subscribe(f"{ACTIVITY_PREFIX}.>", cb=self.node_reports.on_activity)
         with contextlib.suppress(*_NO_ANSWER):
             await self._campaign()  # a lone replica leads from here on
         self._tasks.append(asyncio.create_task(self._leadership(), name="spanflow-lease"))
@@ -175,8 +164,9 @@ class Coordinator:
                     self.control_nc, s.replicas, data_nc=self.nc, signer=assignment_signer()
                 )
                 wanted = s.lease_seconds or leadership.lease_for(cluster_servers(self.nc))
-                self._leases = await ensure_kv(js, LEADER_BUCKET, ttl=wanted, replicas=s.replicas)
-                self.lease_seconds = await self._bucket_lease(wanted)
+                mine = Lease(holder=s.name, url=s.url)
+                self._leases = await LeaseBucket.open(js, mine, wanted, s.replicas)
+                self.lease_seconds = self._leases.seconds
                 self.state, self.recovered_records = await self.control_log.recover()
                 return
             except _NO_ANSWER as exc:
@@ -189,18 +179,6 @@ class Coordinator:
                 log.info("control plane not ready (%r); again in %.1f s", exc, wait)
                 await asyncio.sleep(wait)
                 wait = min(wait * 2, 5.0)
-
-    async def _bucket_lease(self, wanted: float) -> float:
-        """The lease every replica times itself by: the lease bucket's own TTL (set by
-        whoever created it), so replicas configured differently never disagree."""
-        assert self.control_nc is not None
-        info = await self.control_nc.jetstream().stream_info(f"KV_{LEADER_BUCKET}")
-        actual = float(info.config.max_age or 0) or wanted
-        if actual != wanted:
-            log.warning(
-                "lease bucket times leases at %.1f s (not %.1f s): using it", actual, wanted
-            )
-        return actual
 
     @property
     def role(self) -> Literal["leader", "standby"]:
@@ -220,28 +198,6 @@ class Coordinator:
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(nc.close(), STOP_PATIENCE)
 
-    async def _savepoint_reports(self) -> list[Activity]:
-        """The last 'savepointed' report of every assignment taking a savepoint: it may
-        have completed while no coordinator was listening."""
-        assert self.nc is not None
-        js = self.nc.jetstream()
-        out = []
-        for a in list(self.state.assignments.values()):
-            if a.action != "savepoint":
-                continue
-            subject = activity_subject(a.node, a.fragment.id, "savepointed")
-            try:
-                msg = await js.get_last_msg(ACTIVITY_STREAM, subject)
-                act = Activity.model_validate_json(msg.data or b"")
-            except (NotFoundError, ValidationError):
-                continue
-            sealed = (msg.headers or {}).get(SEAL_HEADER)
-            # A stored report: its age is no sign of a replay (now = its own time).
-            if self.reports.refusal(a.node, subject, msg.data or b"", sealed, act.at, act.at):
-                continue
-            out.append(act)
-        return out
-
     # -- leadership -----------------------------------------------------------------------
     async def _leadership(self) -> None:
         """Renew the lease (leader) or watch for it to lapse and tail the log (standby)."""
@@ -255,33 +211,16 @@ class Coordinator:
                 log.exception("leadership pass failed")
                 answered = True
 
-    @property
-    def leases(self) -> KeyValue:
-        assert self._leases is not None, "start() first"
-        return self._leases
-
-    async def _read_lease(self) -> Lease | None:
-        try:
-            entry = await asyncio.wait_for(
-                self.leases.get(LEASE_KEY), leadership.LEASE_CALL_TIMEOUT
-            )
-        except KeyNotFoundError:
-            return None
-        if not entry.value:
-            return None
-        return Lease.model_validate_json(entry.value).model_copy(
-            update={"revision": entry.revision or 0}
-        )
-
     async def _campaign(self) -> bool:
         """One round: hold or get the lease if we can; take office or step down. False
         when the lease bucket did not answer and a leader keeps office meanwhile (the
         caller retries soon: the lease is running out)."""
-        s = self.settings
+        s, leases = self.settings, self._leases
+        assert leases is not None, "start() first"
         asked_at = self.clock.monotonic()
         try:
-            lease = await self._read_lease()
-            held = await self._hold(leadership.next_step(s.name, lease), lease)
+            lease = await leases.read()
+            held = await leases.hold(leadership.next_step(s.name, lease), lease)
         except _NO_ANSWER as exc:  # NATS electing: the lease is neither ours nor lost
             if self.leading and leadership.keeps_office(
                 self._renewed_at, self.clock.monotonic(), self.lease_seconds
@@ -304,44 +243,6 @@ class Coordinator:
             assert self.control_log is not None
             async with self._lock:
                 await self.control_log.repair_if_needed(self.state)
-        return True
-
-    async def _hold(self, step: leadership.Step, lease: Lease | None) -> bool:
-        """Create or renew the lease as ``step`` says; False when another replica
-        holds it (the create or compare-and-set is refused)."""
-        mine = Lease(holder=self.settings.name, url=self.settings.url)
-        try:
-            if step == leadership.Step.CAMPAIGN:
-                await asyncio.wait_for(
-                    self.leases.create(LEASE_KEY, mine.value()), leadership.LEASE_CALL_TIMEOUT
-                )
-                return True
-            if step == leadership.Step.RENEW:
-                assert lease is not None
-                await asyncio.wait_for(
-                    self.leases.update(LEASE_KEY, mine.value(), last=lease.revision),
-                    leadership.LEASE_CALL_TIMEOUT,
-                )
-                return True
-        except BadRequestError:  # KeyWrongLastSequenceError: someone wrote it since
-            return await self._renew_if_ours(mine)
-        return False
-
-    async def _renew_if_ours(self, mine: Lease) -> bool:
-        """After a refused create or renewal: an earlier call of ours that timed out
-        may have been stored after all (the lease is ours, at a newer revision). Then
-        renew it at that revision — a leader must not step down over its own write,
-        and its lease is counted from this renewal."""
-        current = await self._read_lease()
-        if current is None or current.holder != self.settings.name:
-            return False
-        try:
-            await asyncio.wait_for(
-                self.leases.update(LEASE_KEY, mine.value(), last=current.revision),
-                leadership.LEASE_CALL_TIMEOUT,
-            )
-        except BadRequestError:
-            return False
         return True
 
     async def _follow(self) -> None:
@@ -368,13 +269,13 @@ class Coordinator:
             self.leader_url = s.url
             topology_manager.grace(self.state, self.observed, self.clock.monotonic())
         log.info("%s leads (epoch %d)", s.name, self.state.leader_epoch)
-        reports = await self._savepoint_reports()
+        reports = await self.node_reports.savepointed()
 
         def catch_up(tx: Draft) -> None:
             reconciler.catch_up_savepoints(tx, self.observed, reports, self.settings)
-            self._schedule(tx)
+            self.schedule(tx)
 
-        await self._decide(catch_up)
+        await self.decide(catch_up)
 
     def _step_down(self, why: str) -> None:
         log.warning("%s steps down: %s", self.settings.name, why)
@@ -383,7 +284,7 @@ class Coordinator:
             self.control_log.guard(leading=False)
 
     # -- the one way state changes --------------------------------------------------------
-    async def _decide(self, decide: Callable[[Draft], T]) -> T:
+    async def decide(self, decide: Callable[[Draft], T]) -> T:
         """Run a room's decision on a draft and commit its records (all or none)."""
         assert self.control_log is not None
         async with self._lock:
@@ -435,7 +336,7 @@ class Coordinator:
                 log.info("pipeline %s: %s", name, outcome)
         self._followed = dict(followed)
 
-    def _schedule(self, tx: Draft, exclude: list[str] | None = None) -> None:
+    def schedule(self, tx: Draft, exclude: list[str] | None = None) -> None:
         scheduler.schedule(tx, self.placer, self.settings, self.observed, exclude or ())
 
     def _move_off(self, tx: Draft, node: str, reason: str) -> None:
@@ -452,25 +353,15 @@ class Coordinator:
         scheduler.rebalance(tx, self.observed, self.settings, self.clock.monotonic(), reason)
 
     # -- nodes and topology ---------------------------------------------------------------
-    def topology(self) -> Topology:
-        return self.state.full_topology()
-
-    def connection_for(self, node: str) -> Connection:
-        s = self.settings
-        return registry.connection_for(self.state, node, s.nats_url, s.hub_domain, s.replicas)
-
-    def node(self, name: str) -> NodeRecord:
-        return registry.node(self.state, name)
-
     async def register_node(self, reg: Registration) -> NodeRecord:
         def decide(tx: Draft) -> NodeRecord:
             record = registry.register(tx, reg)
-            self._schedule(tx)
+            self.schedule(tx)
             return record
 
         before = self.state.nodes.get(reg.name)
         replaced = before is not None and before.agent_id not in (None, reg.agent_id)
-        record = await self._decide(decide)
+        record = await self.decide(decide)
         self.observed.heartbeats.pop(reg.name, None)  # its predecessor's, if it restarted
         if replaced:  # what its predecessor reported is no longer what runs there
             self.observed.forget_runtimes(self.state, reg.name)
@@ -484,8 +375,8 @@ class Coordinator:
             if registry.drain(tx, name):
                 self._move_off(tx, name, f"node {name} drained")
 
-        await self._decide(decide)
-        return self.node(name)
+        await self.decide(decide)
+        return self.view.node(name)
 
     async def remove_node(self, name: str) -> None:
         def decide(tx: Draft) -> None:
@@ -493,7 +384,7 @@ class Coordinator:
             self._move_off(tx, name, f"node {name} left")
             registry.remove(tx, name)
 
-        await self._decide(decide)
+        await self.decide(decide)
         self.observed.forget(name)
 
     async def shed(self, node: str, request: ShedRequest) -> ShedAnswer:
@@ -502,7 +393,7 @@ class Coordinator:
         def decide(tx: Draft) -> Assignment:
             return rebalancer.shed(tx, node, request, self.observed, self.settings)
 
-        a = await self._decide(decide)
+        a = await self.decide(decide)
         moving = self.state.assignments[a.fragment.id]
         return ShedAnswer.model_validate(
             {"fragment": a.fragment.id, "from": node, "to": moving.move_to, "epoch": a.epoch}
@@ -511,17 +402,17 @@ class Coordinator:
     async def node_scaled(self, name: str, report: ScaleReport) -> NodeRecord:
         """A node on a Spark cluster changed its executor allocation: the control log
         (and the dashboard's control events) say so, with the pressure that made it."""
-        await self._decide(lambda tx: registry.scaled(tx, name, report))
-        return self.node(name)
+        await self.decide(lambda tx: registry.scaled(tx, name, report))
+        return self.view.node(name)
 
     async def update_capabilities(self, name: str, caps: Capabilities) -> NodeRecord:
         def decide(tx: Draft) -> None:
             registry.update_capabilities(tx, name, caps)
-            self._schedule(tx)
+            self.schedule(tx)
             self._rebalance(tx, f"capabilities of {name} changed")
 
-        await self._decide(decide)
-        return self.node(name)
+        await self.decide(decide)
+        return self.view.node(name)
 
     async def put_site(self, site: Site) -> Topology:
         return await self._change_topology(
@@ -545,33 +436,30 @@ class Coordinator:
             change(tx)
             self._rebalance(tx, reason)
 
-        await self._decide(decide)
-        return self.topology()
+        await self.decide(decide)
+        return self.view.topology()
 
     # -- pipelines ------------------------------------------------------------------------
-    def pipeline(self, name: str) -> PipelineRecord:
-        return pipelines.pipeline(self.state, name)
-
     async def submit(self, sub: Submission) -> PipelineRecord:
         pinned = sub.model_copy(update={"spec": await with_model_needs(self.nc, sub.spec)})
         run_id = uuid.uuid4().hex[:8]
 
         def decide(tx: Draft) -> None:
             pipelines.submit(tx, pinned, run_id)
-            self._schedule(tx)
+            self.schedule(tx)
 
-        await self._decide(decide)
-        return self.pipeline(sub.spec.name)
+        await self.decide(decide)
+        return self.view.pipeline(sub.spec.name)
 
     async def cancel(self, name: str) -> PipelineRecord:
-        await self._decide(lambda tx: pipelines.cancel(tx, name))
-        return self.pipeline(name)
+        await self.decide(lambda tx: pipelines.cancel(tx, name))
+        return self.view.pipeline(name)
 
     async def savepoint(self, name: str) -> PipelineRecord:
         """Stop every fragment at a consistent checkpoint and keep a copy of it."""
         root = self.settings.savepoint_root
-        await self._decide(lambda tx: pipelines.savepoint(tx, name, root))
-        return self.pipeline(name)
+        await self.decide(lambda tx: pipelines.savepoint(tx, name, root))
+        return self.view.pipeline(name)
 
     async def upgrade(self, spec: PipelineSpec) -> UpgradeReport:
         """Replace a running pipeline by a new version that keeps its state
@@ -580,19 +468,19 @@ class Coordinator:
         pinned = await with_model_needs(self.nc, spec)
         root = self.settings.savepoint_root
         reports: list[UpgradeReport] = []
-        await self._decide(lambda tx: reports.append(pipelines.upgrade(tx, pinned, root)))
+        await self.decide(lambda tx: reports.append(pipelines.upgrade(tx, pinned, root)))
         return reports[-1]
 
     async def resume(self, name: str, savepoint: str | None = None) -> PipelineRecord:
-        source = savepoint or self.pipeline(name).savepoint
+        source = savepoint or self.view.pipeline(name).savepoint
         exists = source is not None and (locations.is_url(source) or Path(source).is_dir())
 
         def decide(tx: Draft) -> None:
             pipelines.resume(tx, name, source, exists)
-            self._schedule(tx)
+            self.schedule(tx)
 
-        await self._decide(decide)
-        return self.pipeline(name)
+        await self.decide(decide)
+        return self.view.pipeline(name)
 
     async def rebaseline(
         self,
@@ -603,75 +491,14 @@ class Coordinator:
         by: str = "",
     ) -> records.DetectorRebaselined:
         """Accept a key's behaviour as normal in a detector (spanflow.ml.rebaseline)."""
-        return await self._decide(lambda tx: pipelines.rebaseline(tx, name, step, key, record, by))
+        return await self.decide(lambda tx: pipelines.rebaseline(tx, name, step, key, record, by))
 
-    # -- what nodes tell us ---------------------------------------------------------------
-    async def _on_heartbeat(self, msg: Msg) -> None:
-        hb = _parsed(msg, Heartbeat, "heartbeat")
-        if hb is None or not self._sealed_by_node(msg, hb.node, (hb.agent_id, hb.seq, hb.at)):
-            return
-        now = self.clock.monotonic()
-        heard = topology_manager.heard(self.state, self.observed, hb, now, self.settings.overload)
-        if not heard or not self.leading:
-            return  # the common case: progress only, no decision to take
-
-        # Decide in a task of its own: a commit waiting for the log (an election after
-        # a NATS server died) must not hold up the heartbeats behind this one, or
-        # every node would look silent when it ends.
-        task = asyncio.create_task(self._heartbeat_decision(hb.node, now))
-        self._pending.add(task)
-        task.add_done_callback(self._pending.discard)
-
-    async def _heartbeat_decision(self, node: str, now: float) -> None:
-        def decide(tx: Draft) -> bool:
-            recovered = topology_manager.recover(tx, node)
-            if recovered:
-                self._schedule(tx)
-            reconciler.refresh_states(tx, self.observed)
-            return recovered
-
-        try:
-            if await self._decide(decide):
-                self.observed.joined(node, now)
-        except Exception as exc:  # logged: the next heartbeat decides again
-            log.warning("decision on %s's heartbeat not taken: %s", node, exc)
-
+    # -- what nodes tell us (control/node_reports.py) -------------------------------------
     async def _reconnected(self) -> None:
         """Back on NATS after a disconnection: we, not the nodes, were silent; give
         every live node a full period to be heard again."""
         log.warning("reconnected to NATS at %s", self.nc.connected_url if self.nc else "?")
         topology_manager.grace(self.state, self.observed, self.clock.monotonic(), reset=True)
-
-    async def _on_activity(self, msg: Msg) -> None:
-        act = _parsed(msg, Activity, "activity report")
-        if act is None or not self._sealed_by_node(msg, act.node, act.at):
-            return
-        if not self.leading:
-            if reconciler.current_assignment(self.state, act) is not None:
-                self.observed.runtime[act.runtime.fragment_id] = act.runtime
-            return
-
-        def decide(tx: Draft) -> None:
-            if reconciler.current_assignment(tx.state, act) is None:
-                return  # about a placement that is no longer current
-            self.observed.runtime[act.runtime.fragment_id] = act.runtime
-            reconciler.on_activity(tx, self.observed, act, self.settings)
-
-        await self._decide(decide)
-
-    def _sealed_by_node(self, msg: Msg, node: str, when: tuple[str, int, float] | float) -> bool:
-        """Whether a heartbeat (``when`` = agent id, sequence, time) or an activity
-        report (its time) was sent by ``node`` itself (security/node_seal.py); a
-        refusal is logged once a minute per node."""
-        gate, now = self.reports, self.clock.time()
-        sealed = (msg.headers or {}).get(SEAL_HEADER)
-        if isinstance(when, tuple):
-            why = gate.heartbeat_refusal(node, msg.subject, msg.data, sealed, when, now)
-        else:
-            why = gate.refusal(node, msg.subject, msg.data, sealed, when, now)
-        if why is not None and gate.worth_logging(node, now):
-            log.warning("report on %s refused: %s", msg.subject, why)
-        return why is None
 
     async def _monitor(self) -> None:
         """Mark silent nodes failed and re-place their fragments; retry waiting
@@ -681,22 +508,22 @@ class Coordinator:
             if not self.leading:
                 continue
             try:
-                settled = await self._decide(self._check)
+                settled = await self.decide(self._check)
                 self.observed.unsettled -= set(settled)
             except Exception:
                 log.exception("monitor pass failed")
             try:  # a decision of its own: a failure here never stops failure detection
-                self._tell_new(await self._decide(self._follow_sites))
+                self._tell_new(await self.decide(self._follow_sites))
             except Exception:
                 log.exception("following the sites failed")
 
     def _follow_sites(self, tx: Draft) -> dict[str, str]:
-        return pipelines.follow_sites(tx, self.settings.savepoint_root, self._runtime_of)
+        def runtime_of(fragment_id: str) -> FragmentRuntime | None:
+            """The latest report of the fragment's current assignment."""
+            a = self.state.assignments.get(fragment_id)
+            return self.observed.current(a) if a is not None else None
 
-    def _runtime_of(self, fragment_id: str) -> FragmentRuntime | None:
-        """The latest report of the fragment's current assignment."""
-        a = self.state.assignments.get(fragment_id)
-        return self.observed.current(a) if a is not None else None
+        return pipelines.follow_sites(tx, self.settings.savepoint_root, runtime_of)
 
     def _check(self, tx: Draft) -> list[str]:
         now = self.clock.monotonic()
@@ -710,116 +537,8 @@ class Coordinator:
                 observed=self.observed,
             )
             reconciler.refresh_states(tx, self.observed)
-        self._schedule(tx)
+        self.schedule(tx)
         if self.settings.rebalance and now >= self._next_rebalance:
             self._next_rebalance = now + self.settings.rebalance_interval
             rebalancer.rebalance(tx, self.observed, self.settings, now)
         return scheduler.rebalance_settled(tx, self.observed, self.settings, now)
-
-    # -- observation: what the REST API reads ------------------------------------------------
-    def health(self) -> Health:
-        return Health(ok=True, nodes=len(self.state.nodes), **self._who())
-
-    def info(self) -> ClusterInfo:
-        s = self.settings
-        settings = ("nats_url", "hub_domain", "heartbeat_interval", "failure_after", "state_dir")
-        return ClusterInfo(
-            **self._who(),
-            **{name: getattr(s, name) for name in settings},
-            recovered_log_records=self.recovered_records,
-            log_sequence=self.state.applied,
-            leader_epoch=self.state.leader_epoch,
-            leader_url=self.leader_url,
-            lease_seconds=self.lease_seconds,
-            token_required=s.token is not None,
-        )
-
-    def _who(self) -> dict[str, Any]:
-        """This replica, its role and the leader, as every answer about it says."""
-        return {"name": self.settings.name, "role": self.role, "leader": self.state.leader}
-
-    def pipeline_statuses(self) -> list[PipelineStatus]:
-        at = self.reach()
-        return [
-            views.pipeline_status(self.state, self.observed, n, at)
-            for n in sorted(self.state.pipelines)
-        ]
-
-    def node_statuses(self) -> list[NodeStatus]:
-        at = self.reach()
-        return [
-            views.node_status(self.state, self.observed, n, at) for n in sorted(self.state.nodes)
-        ]
-
-    def planned_fragments(self) -> list[tuple[str, str, str | None]]:
-        """(pipeline, fragment, node or None when unplaced) of every fragment an active
-        pipeline should be running."""
-        out = []
-        for name in sorted(self.state.pipelines):
-            record = self.state.pipelines[name]
-            if record.state.terminal or record.state == PipelineState.STOPPED:
-                continue
-            for f in record.fragments:
-                a = self.state.assignments.get(f.id)
-                out.append((name, f.id, a.node if a else None))
-        return out
-
-    def plan(self, pipeline: str) -> list[FragmentPlan]:
-        """The fragments ``pipeline`` was cut into, each with where it runs and its own
-        steps — those the planner added included (a site's partial aggregate, the read
-        of another fragment's output) — secrets masked (NotFound)."""
-        record = pipelines.pipeline(self.state, pipeline)
-        out = []
-        for f in pipelines.shown_fragments(self.state, record):
-            a = self.state.assignments.get(f.id)
-            out.append(
-                FragmentPlan(
-                    id=f.id,
-                    kind=f.kind,
-                    site=f.site,
-                    node=a.node if a else None,
-                    steps=f.spec.secret_free()["steps"],
-                )
-            )
-        return out
-
-    def shown_fragments(self, pipeline: str) -> list[str]:
-        """The ids of the fragments the dashboard shows for ``pipeline`` (NotFound)."""
-        record = pipelines.pipeline(self.state, pipeline)
-        return [f.id for f in pipelines.shown_fragments(self.state, record)]
-
-    def reach(self) -> views.Reach:
-        """Which nodes can be believed now (every view takes it)."""
-        return views.reach(
-            self.state, self.observed, self.clock.monotonic(), self.settings.heartbeat_interval
-        )
-
-    def live_runtimes(self) -> dict[str, FragmentRuntime]:
-        """Figures of the fragments that run where they can be believed now."""
-        return views.live_runtimes(self.state, self.observed, self.reach())
-
-    def pipeline_status(self, name: str) -> PipelineStatus:
-        return views.pipeline_status(self.state, self.observed, name, self.reach())
-
-    def pipeline_metrics(self, name: str) -> PipelineMetrics:
-        return views.pipeline_metrics(self.state, self.observed, name, self.reach())
-
-    def node_status(self, name: str) -> NodeStatus:
-        return views.node_status(self.state, self.observed, name, self.reach())
-
-    def cluster_metrics(self) -> ClusterMetrics:
-        uptime = self.clock.monotonic() - self.started_at
-        return views.cluster_metrics(self.state, self.observed, uptime, self.reach())
-
-
-M = TypeVar("M", Heartbeat, Activity)
-
-
-def _parsed(msg: Msg, model: type[M], what: str) -> M | None:
-    """A node's report, or None (logged) when it is not one: a bad message is dropped,
-    never the subscription."""
-    try:
-        return model.model_validate_json(msg.data)
-    except ValidationError as exc:
-        log.warning("bad %s on %s: %s", what, msg.subject, exc)
-        return None

@@ -47,7 +47,7 @@ class FitJobs:
     async def start(self, pipeline: str, step_id: str, body: FitBody, by: str) -> FitJob:
         from spanflow.ml.fitted import detector_step
 
-        spec = self.coordinator.pipeline(pipeline).spec
+        spec = self.coordinator.view.pipeline(pipeline).spec
         step = detector_step(spec, step_id)
         running = self.jobs.get((pipeline, step.id))
         if running is not None and running.state == "running":

@@ -123,7 +123,7 @@ async def sample_forever(
     """Sample fragments into ``history`` and keep ``feed`` subscribed to the running
     pipelines' event sinks, every ``interval`` seconds."""
     while True:
-        history.record(coordinator.live_runtimes(), time.time(), coordinator.observed.runtime)
+        history.record(coordinator.view.live_runtimes(), time.time(), coordinator.observed.runtime)
         if coordinator.nc is not None and coordinator.nc.is_connected:
             try:
                 await feed.sync(coordinator.nc, list(coordinator.state.pipelines.values()))
@@ -134,10 +134,10 @@ async def sample_forever(
 
 def snapshot(coordinator: Coordinator, history: History) -> Snapshot:
     now = time.time()
-    nodes, pipelines = coordinator.node_statuses(), coordinator.pipeline_statuses()
+    nodes, pipelines = coordinator.view.node_statuses(), coordinator.view.pipeline_statuses()
     return Snapshot(
         at=now,
-        cluster=coordinator.cluster_metrics(),
+        cluster=coordinator.view.cluster_metrics(),
         nodes=nodes,
         pipelines=pipelines,
         samples=history.latest(),

@@ -44,7 +44,7 @@ class _ClusterCollector(Collector):
         self._live: dict[str, FragmentRuntime] = {}
 
     def collect(self) -> Iterator[Metric]:
-        self._live = self.coordinator.live_runtimes()
+        self._live = self.coordinator.view.live_runtimes()
         yield from self._cluster()
         yield from self._control_plane()
         yield from self._nodes()
@@ -58,7 +58,7 @@ class _ClusterCollector(Collector):
 
     # -- the cluster as a whole -----------------------------------------------------------
     def _cluster(self) -> Iterator[Metric]:
-        summary = self.coordinator.cluster_metrics()
+        summary = self.coordinator.view.cluster_metrics()
         nodes = GaugeMetricFamily("spanflow_nodes", "Nodes by state", labels=["state"])
         for state, n in summary.nodes.items():
             nodes.add_metric([state], n)
@@ -135,7 +135,7 @@ class _ClusterCollector(Collector):
             "Gossip packets a node's keyring did not open (forged or wrong key)",
             labels=["node"],
         )
-        for status in c.node_statuses():  # one reach for every node, not one each
+        for status in c.view.node_statuses():  # one reach for every node, not one each
             name = status.name
             values = [name, status.spec.site]
             up.add_metric(values, 1.0 if status.health in ("alive", "last-known") else 0.0)
@@ -188,7 +188,7 @@ class _ClusterCollector(Collector):
             "spanflow_pipeline_latency_budget_seconds", "The pipeline's latency budget",
             labels=["pipeline"],
         )  # fmt: skip
-        for status in c.pipeline_statuses():
+        for status in c.view.pipeline_statuses():
             name = status.name
             state.add_metric([name, status.state.value], 1.0)
             if status.latency_estimate_s is not None:
@@ -240,7 +240,7 @@ class _ClusterCollector(Collector):
             "spanflow_fragment_watermark_lag_seconds", "Now minus its event-time watermark"
         )
         now = time.time()
-        for pipeline, fragment, node in self.coordinator.planned_fragments():
+        for pipeline, fragment, node in self.coordinator.view.planned_fragments():
             live = self._live.get(fragment)
             running = live is not None and live.status == "running"
             up.add_metric([pipeline, fragment, node or ""], 1.0 if running else 0.0)

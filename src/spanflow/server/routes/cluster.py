@@ -20,7 +20,7 @@ def add_cluster_routes(app: FastAPI, coordinator: Coordinator, guarded: list[Any
     @app.get("/healthz", tags=["cluster"])
     async def health() -> Health:
         """Never needs the token (load balancers and ``up`` poll it)."""
-        return coordinator.health()
+        return coordinator.view.health()
 
     @app.get("/metrics", tags=["cluster"], dependencies=guarded)
     async def metrics(request: Request) -> Response:
@@ -30,11 +30,11 @@ def add_cluster_routes(app: FastAPI, coordinator: Coordinator, guarded: list[Any
 
     @app.get(API, tags=["cluster"], dependencies=guarded)
     async def cluster_info() -> ClusterInfo:
-        return coordinator.info()
+        return coordinator.view.info()
 
     @app.get(f"{API}/metrics", tags=["cluster"], dependencies=guarded)
     async def cluster_metrics() -> ClusterMetrics:
-        return coordinator.cluster_metrics()
+        return coordinator.view.cluster_metrics()
 
     @app.get(f"{API}/log", tags=["cluster"], dependencies=guarded)
     async def control_log(

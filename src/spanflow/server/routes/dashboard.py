@@ -100,7 +100,7 @@ def add_dashboard_routes(app: FastAPI, coordinator: Coordinator, guarded: list[A
     @app.get("/api/v1/pipelines/{name}/history", tags=["pipelines"], dependencies=guarded)
     async def pipeline_history(name: str) -> PipelineHistory:
         """Recent samples of each of the pipeline's fragments (ten minutes), oldest first."""
-        shown = coordinator.shown_fragments(name)
+        shown = coordinator.view.shown_fragments(name)
         return PipelineHistory(
             name=name, interval_s=live.SAMPLE_INTERVAL, fragments=history.of(shown)
         )

@@ -20,7 +20,7 @@ API = "/api/v1/nodes"
 def add_node_routes(app: FastAPI, coordinator: Coordinator, guarded: list[Any]) -> None:
     @app.get(API, tags=["nodes"], dependencies=guarded)
     async def list_nodes() -> list[NodeStatus]:
-        return coordinator.node_statuses()
+        return coordinator.view.node_statuses()
 
     @app.post(API, tags=["nodes"], dependencies=guarded, status_code=201)
     async def register(reg: Registration, request: Request) -> Registered:
@@ -32,7 +32,7 @@ def add_node_routes(app: FastAPI, coordinator: Coordinator, guarded: list[Any]) 
         s = coordinator.settings
         return Registered(
             node=record,
-            **coordinator.connection_for(record.name).model_dump(),
+            **coordinator.view.connection_for(record.name).model_dump(),
             heartbeat_interval=s.heartbeat_interval,
             gossip_profile=s.gossip_profile,
         )
@@ -48,21 +48,21 @@ def add_node_routes(app: FastAPI, coordinator: Coordinator, guarded: list[Any]) 
         """A node on a Spark cluster asked for more executors or gave some back (its
         agent's scaling policy sends it): recorded in the control log."""
         await coordinator.node_scaled(name, report)
-        return coordinator.node_status(name)
+        return coordinator.view.node_status(name)
 
     @app.get(f"{API}/{{name}}", tags=["nodes"], dependencies=guarded)
     async def get_node(name: str) -> NodeStatus:
-        return coordinator.node_status(name)
+        return coordinator.view.node_status(name)
 
     @app.post(f"{API}/{{name}}/drain", tags=["nodes"], dependencies=guarded)
     async def drain(name: str) -> NodeStatus:
         await coordinator.drain_node(name)
-        return coordinator.node_status(name)
+        return coordinator.view.node_status(name)
 
     @app.put(f"{API}/{{name}}/capabilities", tags=["nodes"], dependencies=guarded)
     async def capabilities(name: str, caps: Capabilities) -> NodeStatus:
         await coordinator.update_capabilities(name, caps)
-        return coordinator.node_status(name)
+        return coordinator.view.node_status(name)
 
     @app.delete(f"{API}/{{name}}", tags=["nodes"], dependencies=guarded, status_code=204)
     async def remove(name: str) -> Response:

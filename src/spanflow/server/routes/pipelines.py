@@ -40,7 +40,7 @@ def add_pipeline_routes(app: FastAPI, coordinator: Coordinator, guarded: list[An
 
     @app.post(API, tags=["pipelines"], dependencies=guarded, status_code=201)
     async def submit(body: SubmitBody) -> PipelineStatus:
-        spec = await parse_submission(body, coordinator.topology())
+        spec = await parse_submission(body, coordinator.view.topology())
         record = await coordinator.submit(
             Submission(
                 spec=spec,
@@ -49,22 +49,22 @@ def add_pipeline_routes(app: FastAPI, coordinator: Coordinator, guarded: list[An
                 parallelism=body.parallelism,
             )
         )
-        return coordinator.pipeline_status(record.name)
+        return coordinator.view.pipeline_status(record.name)
 
     @app.post(f"{API}/{{name}}/cancel", tags=["pipelines"], dependencies=guarded)
     async def cancel(name: str) -> PipelineStatus:
         await coordinator.cancel(name)
-        return coordinator.pipeline_status(name)
+        return coordinator.view.pipeline_status(name)
 
     @app.post(f"{API}/{{name}}/savepoint", tags=["pipelines"], dependencies=guarded)
     async def savepoint(name: str) -> PipelineStatus:
         await coordinator.savepoint(name)
-        return coordinator.pipeline_status(name)
+        return coordinator.view.pipeline_status(name)
 
     @app.post(f"{API}/{{name}}/resume", tags=["pipelines"], dependencies=guarded)
     async def resume(name: str, body: ResumeBody | None = None) -> PipelineStatus:
         await coordinator.resume(name, body.savepoint if body else None)
-        return coordinator.pipeline_status(name)
+        return coordinator.view.pipeline_status(name)
 
     @app.post(f"{API}/{{name}}/upgrade", tags=["pipelines"], dependencies=guarded)
     async def upgrade(name: str, body: SubmitBody) -> Upgrading:
@@ -74,14 +74,14 @@ def add_pipeline_routes(app: FastAPI, coordinator: Coordinator, guarded: list[An
         ``upgrade_refused``, the reason per step) and the old one keeps running.
         Otherwise the old version takes a savepoint and the new one starts from it.
         Priority, latency budget and parallelism stay the pipeline's."""
-        spec = await parse_submission(body, coordinator.topology())
+        spec = await parse_submission(body, coordinator.view.topology())
         if spec.name != name:
             raise RequestError(
                 422, f"the new version is named {spec.name!r}, not {name!r}", "name_mismatch"
             )
         report = await coordinator.upgrade(spec)
         return Upgrading(
-            pipeline=coordinator.pipeline_status(name),
+            pipeline=coordinator.view.pipeline_status(name),
             steps=[StepUpgradeVerdict.model_validate(s) for s in report.to_json()],
         )
 
@@ -100,16 +100,16 @@ def add_pipeline_routes(app: FastAPI, coordinator: Coordinator, guarded: list[An
 def _add_pipeline_reads(app: FastAPI, coordinator: Coordinator, guarded: list[Any]) -> None:
     @app.get(API, tags=["pipelines"], dependencies=guarded)
     async def list_pipelines() -> list[PipelineStatus]:
-        return coordinator.pipeline_statuses()
+        return coordinator.view.pipeline_statuses()
 
     @app.get(f"{API}/{{name}}", tags=["pipelines"], dependencies=guarded)
     async def status(name: str) -> PipelineStatus:
-        return coordinator.pipeline_status(name)
+        return coordinator.view.pipeline_status(name)
 
     @app.get(f"{API}/{{name}}/spec", tags=["pipelines"], dependencies=guarded)
     async def spec(name: str) -> dict[str, Any]:
         """The pipeline as submitted (its spec: sources, steps, sinks), secrets masked."""
-        return coordinator.pipeline(name).spec.secret_free()
+        return coordinator.view.pipeline(name).spec.secret_free()
 
     @app.get(f"{API}/{{name}}/plan", tags=["pipelines"], dependencies=guarded)
     async def plan(name: str) -> list[FragmentPlan]:
@@ -117,11 +117,11 @@ def _add_pipeline_reads(app: FastAPI, coordinator: Coordinator, guarded: list[An
         global), site, node, and the fragment's own steps (type, inputs) — with those the
         planner added (a site's partial aggregate, the read of another fragment's output,
         ``schema_of`` naming the step it reads) — secrets masked."""
-        return coordinator.plan(name)
+        return coordinator.view.plan(name)
 
     @app.get(f"{API}/{{name}}/metrics", tags=["pipelines"], dependencies=guarded)
     async def pipeline_metrics(name: str) -> PipelineMetrics:
-        return coordinator.pipeline_metrics(name)
+        return coordinator.view.pipeline_metrics(name)
 
 
 LARGE_FILE = 64 * 1024

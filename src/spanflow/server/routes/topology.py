@@ -15,7 +15,7 @@ API = "/api/v1/topology"
 def add_topology_routes(app: FastAPI, coordinator: Coordinator, guarded: list[Any]) -> None:
     @app.get(API, tags=["topology"], dependencies=guarded, response_model_by_alias=True)
     async def topology() -> Topology:
-        return coordinator.topology()
+        return coordinator.view.topology()
 
     @app.put(f"{API}/sites", tags=["topology"], dependencies=guarded, response_model_by_alias=True)
     async def put_site(site: Site) -> Topology:

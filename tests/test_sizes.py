@@ -20,7 +20,11 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "spanflow"
 FUNCTION_LIMIT = 80
 MODULE_LIMIT = 600
 CLASS_METHOD_LIMIT = 40
-MODULE_LIMITS = {"runtime/agent.py": 250, "control/coordinator.py": 550}
+MODULE_LIMITS = {
+    "runtime/agent.py": 250,
+    "control/coordinator.py": 550,
+    "spark/runner.py": 400,
+}
 """Modules with a limit of their own, below :data:`MODULE_LIMIT` (reached once)."""
 MODULE_ALLOWANCES = {
     "api/pipeline.py": 906,
@@ -29,7 +33,6 @@ MODULE_ALLOWANCES = {
     "cep/nfa.py": 749,
     "spark/keyed_state.py": 694,
     "runtime/membership/protocol.py": 684,
-    "spark/runner.py": 650,
     "runtime/agent.py": 259,
 }
 """Modules over their limit today, and by how much they may be: only ever lowered."""

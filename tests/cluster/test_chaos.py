@@ -7,13 +7,12 @@ exactly once (lost 0, duplicated 0) and every window count must be exact."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from spanflow.local.cluster import Api, LocalCluster
+from tests.cluster.conftest import StartCluster
 from tests.helpers import Feed, assert_feed_exactly_once, stored, stream_leader, wait_for
 
 pytestmark = pytest.mark.slow
@@ -47,14 +46,8 @@ sinks:
 
 
 @pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
-    topology = tmp_path / "topology.yaml"
-    topology.write_text(TOPOLOGY)
-    c = LocalCluster(topology, tmp_path / "data", port=0, ha=True)
-    try:
-        yield c.start()
-    finally:
-        c.stop()
+def cluster(start_cluster: StartCluster) -> LocalCluster:
+    return start_cluster(TOPOLOGY, ha=True)
 
 
 def fragment(api: Api) -> dict[str, Any]:

@@ -10,8 +10,6 @@ from __future__ import annotations
 import json
 import re
 from collections import Counter
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
@@ -20,6 +18,7 @@ import pytest
 from spanflow.local.cluster import Api, LocalCluster
 from spanflow.nats.fences import EPOCH_HEADER
 from spanflow.nats.relay import WanRelay
+from tests.cluster.conftest import StartCluster
 from tests.helpers import publish, read_all, wait_for
 
 pytestmark = pytest.mark.slow
@@ -44,14 +43,8 @@ sinks:
 
 
 @pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
-    topology = tmp_path / "topology.yaml"
-    topology.write_text(TOPOLOGY)
-    c = LocalCluster(topology, tmp_path / "data", port=0)
-    try:
-        yield c.start()
-    finally:
-        c.stop()
+def cluster(start_cluster: StartCluster) -> LocalCluster:
+    return start_cluster(TOPOLOGY)
 
 
 def fragment(api: Api) -> dict[str, Any]:

@@ -17,13 +17,12 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from spanflow.local.cluster import Api, LocalCluster
+from tests.cluster.conftest import StartCluster
 from tests.helpers import Feed, read_all, stored, wait_for
 
 pytestmark = pytest.mark.slow
@@ -51,21 +50,13 @@ SHEDDING = ["--shed-high", "0.7", "--shed-low", "0.6", "--shed-sustain", "5"]
 
 
 @pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
-    topology = tmp_path / "topology.yaml"
-    topology.write_text(TOPOLOGY)
-    c = LocalCluster(
-        topology,
-        tmp_path / "data",
-        port=0,
+def cluster(start_cluster: StartCluster) -> LocalCluster:
+    return start_cluster(
+        TOPOLOGY,
         node_args=SHEDDING,
         failure_after=60,
         coordinator_args=["--no-rebalance"],  # peers shed here: the rebalancer must not
     )
-    try:
-        yield c.start()
-    finally:
-        c.stop()
 
 
 def submit(api: Api, name: str, stream: str, prefix: str, priority: int, pin: str = "") -> None:

@@ -16,6 +16,7 @@ import pytest
 
 from spanflow.local.cluster import Api, LocalCluster
 from spanflow.local.spark_cluster import LocalSparkCluster
+from tests.cluster.conftest import StartCluster
 from tests.helpers import publish, read_records, stored, wait_for
 
 pytestmark = pytest.mark.slow
@@ -48,20 +49,14 @@ def spark_cluster(tmp_path: Path) -> Iterator[LocalSparkCluster]:
 
 
 @pytest.fixture
-def cluster(tmp_path: Path, spark_cluster: LocalSparkCluster) -> Iterator[LocalCluster]:
-    topology = tmp_path / "topology.yaml"
-    topology.write_text(TOPOLOGY)
+def cluster(start_cluster: StartCluster, spark_cluster: LocalSparkCluster) -> LocalCluster:
     node_args = [
         *("--master", spark_cluster.master_url, "--master-ui", spark_cluster.ui_url),
         *("--cores", "2", "--executors", "1:2", "--executor-memory", "768m"),
         *("--scale-out-after", "4", "--scale-in-after", "8", "--scale-cooldown", "8"),
         "--no-shed",
     ]
-    c = LocalCluster(topology, tmp_path / "data", port=0, node_args=node_args)
-    try:
-        yield c.start()
-    finally:
-        c.stop()
+    return start_cluster(TOPOLOGY, node_args=node_args)
 
 
 def scaled(api: Api) -> list[dict[str, Any]]:

@@ -17,13 +17,13 @@ from __future__ import annotations
 import threading
 from collections import Counter
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from spanflow.api.topology_loader import load_topology_text
 from spanflow.local.cluster import LocalCluster
+from tests.cluster.conftest import StartCluster
 from tests.helpers import publish, read_records, wait_for
 
 pytestmark = pytest.mark.slow
@@ -121,16 +121,8 @@ def seen(url: str) -> Counter[tuple[str, int]]:
 
 
 @pytest.fixture
-def cluster(tmp_path: Path) -> Any:
-    topology = tmp_path / "topology.yaml"
-    topology.write_text(PLANTS)
-    c = LocalCluster(topology, tmp_path / "home", port=0, heartbeat=0.5)
-    try:
-        c.start()
-        c.wait_for_nodes(timeout=240)
-        yield c
-    finally:
-        c.stop()
+def cluster(start_cluster: StartCluster) -> LocalCluster:
+    return start_cluster(PLANTS, home="home", wait_nodes=240, heartbeat=0.5)
 
 
 def test_a_plant_joins_a_running_pipeline_and_leaves_it_drained_every_window_once(

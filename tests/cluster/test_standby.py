@@ -11,7 +11,6 @@ import asyncio
 import itertools
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
@@ -21,6 +20,7 @@ from spanflow.local.cluster import Api, LocalCluster
 from spanflow.nats.relay import WanRelay
 from spanflow.nats.streams import connect
 from tests.cluster import test_chaos as chaos
+from tests.cluster.conftest import StartCluster
 from tests.helpers import Feed, assert_feed_exactly_once, stored, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.solo]  # output-pause and takeover bounds
@@ -44,15 +44,9 @@ nearly what its peer's new one does: docs/cluster.md#hot-standby)."""
 
 
 @pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
+def cluster(start_cluster: StartCluster) -> LocalCluster:
     """The cluster, its agents started by :func:`start_nodes` (through relays)."""
-    topology = tmp_path / "topology.yaml"
-    topology.write_text(chaos.TOPOLOGY.replace("local: true, ", ""))
-    c = LocalCluster(topology, tmp_path / "data", port=0)
-    try:
-        yield c.start()
-    finally:
-        c.stop()
+    return start_cluster(chaos.TOPOLOGY.replace("local: true, ", ""))
 
 
 @pytest.fixture

@@ -11,12 +11,12 @@ from __future__ import annotations
 import time
 from collections import Counter
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from spanflow.local.cluster import LocalCluster
+from tests.cluster.conftest import StartCluster
 from tests.helpers import publish, read_records, wait_for
 
 TOPOLOGY = """\
@@ -90,16 +90,8 @@ def got_windows(url: str) -> Counter[tuple[str, int, int]]:
 
 
 @pytest.fixture
-def cluster(tmp_path: Path) -> Any:
-    topology = tmp_path / "topology.yaml"
-    topology.write_text(TOPOLOGY)
-    c = LocalCluster(topology, tmp_path / "home", port=0, heartbeat=0.5, site_servers=True)
-    try:
-        c.start()
-        c.wait_for_nodes()
-        yield c
-    finally:
-        c.stop()
+def cluster(start_cluster: StartCluster) -> LocalCluster:
+    return start_cluster(TOPOLOGY, home="home", wait_nodes=180, heartbeat=0.5, site_servers=True)
 
 
 @pytest.mark.slow

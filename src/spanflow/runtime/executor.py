@@ -21,9 +21,10 @@ from spanflow.protocol.metrics import FragmentRuntime, QueryMetrics
 from spanflow.spark import checkpoint_store
 from spanflow.spark import progress as spark_progress
 from spanflow.spark.peer_checkpoint import catch_up_from_peer
-from spanflow.spark.runner import PipelineRunner, QueryStatus
+from spanflow.spark.runner import PipelineRunner
 from spanflow.spark.session import SparkSession
 from spanflow.spark.stagger import BatchSlots
+from spanflow.spark.supervised import QueryStatus
 from spanflow.spec import locations
 from spanflow.spec.cluster import Assignment
 from spanflow.spec.pipeline import PipelineSpec

@@ -246,7 +246,7 @@ class Reports:
         wanted = dict(self.hosted)
         executor = self.fragments.executor
         for running in list(executor.fragments.values()) if executor else []:
-            for name in running.runner.streams:
+            for name in running.runner.provisioned.streams:
                 wanted.setdefault(name, self.retention.warn_at)
 
         async def look(name: str, warn_at: float) -> StreamUsage | None:
@@ -276,7 +276,9 @@ class Reports:
                 continue
             if watch is None or watch.nc is not client.nc:
                 watch = SourcingWatch(client.nc)
-            names = {n for r in list(executor.fragments.values()) for n in r.runner.sourced}
+            names = {
+                n for r in list(executor.fragments.values()) for n in r.runner.provisioned.sourced
+            }
             try:
                 await watch.check(sorted(names))
             except Exception:

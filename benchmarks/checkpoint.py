@@ -42,7 +42,7 @@ os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
 from spanflow.local.ceph_s3 import LocalCephS3
 from spanflow.nats import EmbeddedNats
-from spanflow.spark import checkpoint_store
+from spanflow.spark.checkpoints import checkpoint_store
 from spanflow.spark.session import build_session
 
 RESULTS = Path(__file__).resolve().parent / "results"

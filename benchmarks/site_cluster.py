@@ -204,7 +204,7 @@ def worker_loss(work: Path, nats: str, cluster: LocalSparkCluster, rate: float) 
 
 
 def executor_churn(cluster: LocalSparkCluster, rounds: int) -> dict[str, Any]:
-    from spanflow.spark.executors import ExecutorControl
+    from spanflow.spark.jvm.executors import ExecutorControl
     from spanflow.spark.session import build_session
 
     spark = build_session(

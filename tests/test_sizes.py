@@ -31,7 +31,7 @@ MODULE_ALLOWANCES = {
     "cli/cluster.py": 620,
     "spark/connectors/kafka.py": 858,
     "cep/nfa.py": 749,
-    "spark/keyed_state.py": 694,
+    "spark/keyed/state.py": 694,
     "runtime/membership/protocol.py": 684,
     "runtime/agent.py": 259,
 }

@@ -4,7 +4,7 @@ set of artifacts (with their dependencies).
 What spanflow runs on the JVM beyond PySpark's own jars comes from Maven Central:
 Apache Kafka's broker for tests and examples (``spanflow.local.kafka_broker``), the
 NATS Java client (jnats), Spark's Kafka connector and Hadoop's S3A file system
-(``spanflow.spark.jars``). Nothing is
+(``spanflow.spark.jvm.jars``). Nothing is
 downloaded from anywhere else. Maven keeps the jars in its own local repository
 (``~/.m2/repository``); spanflow keeps the resolved classpath of each set in
 ``$SPANFLOW_MAVEN_CACHE`` (default ``~/.cache/spanflow/maven``), so a set whose jars are

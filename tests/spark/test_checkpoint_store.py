@@ -16,8 +16,8 @@ from py4j.protocol import Py4JJavaError
 
 from spanflow.nats import EmbeddedNats
 from spanflow.nats.streams import connect
-from spanflow.spark import checkpoint_store
-from spanflow.spark.source_names import offset_log_version
+from spanflow.spark.checkpoints import checkpoint_store
+from spanflow.spark.checkpoints.source_names import offset_log_version
 
 CHUNK = 64 * 1024
 
@@ -123,7 +123,7 @@ def test_savepoint_copies_between_local_disk_and_the_store(spark, store, uid, tm
 
 
 def test_small_files_and_directories_are_seen_through_every_scheme(spark, store, uid, tmp_path):
-    """What a checkpoint's version file needs (spanflow.spark.versions): a directory's
+    """What a checkpoint's version file needs (spanflow.spark.checkpoints.versions): a directory's
     existence, and a small file written, replaced and read back."""
     for root in (f"jetstream://s{uid}/versions", str(tmp_path / "versions")):
         file = f"{root}/q/spanflow-version.json"

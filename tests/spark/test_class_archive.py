@@ -11,8 +11,8 @@ import sys
 import textwrap
 from pathlib import Path
 
-from spanflow.spark import class_archive
-from spanflow.spark.java import ensure_java_home
+from spanflow.spark.jvm import class_archive
+from spanflow.spark.jvm.java import ensure_java_home
 
 
 def test_only_the_archive_its_note_describes_is_used(tmp_path: Path, monkeypatch):
@@ -33,7 +33,7 @@ def test_only_the_archive_its_note_describes_is_used(tmp_path: Path, monkeypatch
 CHILD = """
 import sys
 from spanflow.spark.session import DEFAULTS, build_session
-from spanflow.spark import class_archive
+from spanflow.spark.jvm import class_archive
 options = class_archive.java_options()
 assert options, "no usable archive"
 log = sys.argv[1]

@@ -10,7 +10,7 @@ import pytest
 
 import spanflow as sf
 from spanflow.errors import SpecError
-from spanflow.spark.builtin_processors import Accumulators, CountWindows
+from spanflow.spark.keyed.builtins import Accumulators, CountWindows
 from spanflow.testing import KeyedProcessorTest
 from tests.helpers import publish, read_all, read_records, run_until, wait_for
 

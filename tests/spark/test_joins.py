@@ -194,7 +194,7 @@ def test_an_interval_join_without_event_time_is_refused_at_validation():
 def test_table_versions_apply_to_the_records_stored_after_them():
     from datetime import UTC, timedelta
 
-    from spanflow.spark.builtin_processors import TableLookup
+    from spanflow.spark.keyed.builtins import TableLookup
     from spanflow.testing import KeyedProcessorTest
 
     t0 = datetime(2027, 1, 1, tzinfo=UTC)

@@ -282,7 +282,7 @@ def test_records_are_ordered_as_the_null_safe_key_orders_them():
     null meets a value: the order (nulls last, stable) is the same either way."""
     import random
 
-    from spanflow.spark.keyed_processor import in_order
+    from spanflow.spark.keyed.processor import in_order
 
     rng = random.Random(7)
     fields = ("ts", "_seq")

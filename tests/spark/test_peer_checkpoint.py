@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from spanflow.spark.peer_checkpoint import BEHIND, catch_up_from_peer
+from spanflow.spark.checkpoints.peer_checkpoint import BEHIND, catch_up_from_peer
 
 
 def _query(root: Path, commits: int, offsets: int, state: str) -> None:

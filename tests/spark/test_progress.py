@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from spanflow.protocol.metrics import Histogram, QueryMetrics
-from spanflow.spark import progress
+from spanflow.spark.query import progress
 
 
 def batch(n: int, rows: int, took_ms: int = 400, state: bool = False) -> dict[str, Any]:

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from spanflow.spark import python_daemon
+from spanflow.spark.jvm import python_daemon
 
 
 def _niceness_of_workers(batches: Iterator[Any]) -> Iterator[Any]:

@@ -3,7 +3,7 @@ again once the query has run a healthy while."""
 
 from __future__ import annotations
 
-from spanflow.spark.supervised import HEALTHY_RUN_S, RESTART_BACKOFF_MAX_S, restart_backoff
+from spanflow.spark.query.supervised import HEALTHY_RUN_S, RESTART_BACKOFF_MAX_S, restart_backoff
 
 
 def _fail(times: int, ran_for_s: float) -> list[float]:

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from spanflow.api.yaml_loader import load_pipeline_text
-from spanflow.spark import source_names
+from spanflow.spark.checkpoints import source_names
+from spanflow.spark.checkpoints.source_names import offset_log_version, source_name
 from spanflow.spark.runner import PipelineRunner
-from spanflow.spark.source_names import offset_log_version, source_name
 from spanflow.spec.pipeline import PipelineSpec
 from spanflow.spec.upgrade import UpgradeRefused
 from tests.helpers import publish, read_records, wait_for

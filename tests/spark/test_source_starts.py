@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from spanflow.spark import source_starts
+from spanflow.spark.query import source_starts
 
 
 class _Clock:

@@ -8,8 +8,7 @@ import spanflow as sf
 import spanflow.spark.connectors.jetstream.source as jetstream
 from spanflow.spark.connectors import SourceContext
 from spanflow.spark.connectors.jetstream.source import JetStreamReader, source_options
-from spanflow.spark.runner import PipelineRunner
-from spanflow.spark.stagger import (
+from spanflow.spark.query.stagger import (
     MAX_SPREAD,
     BatchSlots,
     SlotPacer,
@@ -17,6 +16,7 @@ from spanflow.spark.stagger import (
     van_der_corput,
     wait_for_slot,
 )
+from spanflow.spark.runner import PipelineRunner
 from spanflow.spec.steps.io import SourceStep
 from tests.helpers import publish, read_all, supervising, wait_for
 

@@ -11,7 +11,7 @@ import pytest
 import spanflow as sf
 from spanflow.api.yaml_loader import load_pipeline_text
 from spanflow.errors import PipelineFileError
-from spanflow.spark.builtin_processors import Suppression
+from spanflow.spark.keyed.builtins import Suppression
 from spanflow.spec.steps.alarms import SuppressStep
 from spanflow.testing import KeyedProcessorTest
 from tests.helpers import publish, read_records, wait_for

@@ -12,8 +12,8 @@ import orjson
 import pytest
 
 import spanflow as sf
+from spanflow.spark.checkpoints.versions import VERSION_FILE, record_version
 from spanflow.spark.runner import PipelineRunner
-from spanflow.spark.versions import VERSION_FILE, record_version
 from spanflow.spec.upgrade import UpgradeRefused
 from tests.helpers import publish, read_records, wait_for
 

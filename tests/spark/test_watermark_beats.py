@@ -12,8 +12,14 @@ import pytest
 
 import spanflow as sf
 from spanflow.plan.fragments import compile_fragments
+from spanflow.spark.query.watermark_beats import (
+    BeatPolicy,
+    SiteBeats,
+    beat_body,
+    beat_time,
+    is_beat,
+)
 from spanflow.spark.runner import PipelineRunner
-from spanflow.spark.watermark_beats import BeatPolicy, SiteBeats, beat_body, beat_time, is_beat
 from spanflow.spec.topology import Topology
 from tests.helpers import publish, read_records, wait_for
 

@@ -8,7 +8,7 @@ import sys
 
 WORKER = """
 import logging
-from spanflow.spark import worker_logs
+from spanflow.spark.jvm import worker_logs
 worker_logs.ensure()
 logging.getLogger("spanflow.x").info("answers again after 4.2 s")
 """
@@ -16,7 +16,7 @@ logging.getLogger("spanflow.x").info("answers again after 4.2 s")
 CONFIGURED = """
 import logging
 logging.basicConfig(level=logging.WARNING, format="OWN %(message)s")
-from spanflow.spark import worker_logs
+from spanflow.spark.jvm import worker_logs
 worker_logs.ensure()
 logging.getLogger("spanflow.x").info("not shown")
 logging.getLogger("spanflow.x").warning("shown")

@@ -101,7 +101,7 @@ def _jars(into: Path) -> None:
     """Each set's jars under ``into/jars``, its class path recorded as the image sees it
     (``SPANFLOW_MAVEN_CACHE`` there is :data:`IMAGE_MAVEN`)."""
     from spanflow.maven import classpath
-    from spanflow.spark.jars import HADOOP_AWS, JNATS, KAFKA_CONNECTOR
+    from spanflow.spark.jvm.jars import HADOOP_AWS, JNATS, KAFKA_CONNECTOR
 
     (into / "jars").mkdir(parents=True, exist_ok=True)
     for artifacts in (JNATS, KAFKA_CONNECTOR, HADOOP_AWS):

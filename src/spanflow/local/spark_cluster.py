@@ -28,7 +28,7 @@ from urllib.parse import urlparse
 
 from spanflow.errors import SpanflowError
 from spanflow.local.server import free_port
-from spanflow.spark.java import ensure_java_home
+from spanflow.spark.jvm.java import ensure_java_home
 
 MASTER_CLASS = "org.apache.spark.deploy.master.Master"
 WORKER_CLASS = "org.apache.spark.deploy.worker.Worker"

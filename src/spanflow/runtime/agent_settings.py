@@ -113,7 +113,7 @@ class AgentSettings:
     spark_conf: dict[str, str] = field(default_factory=dict)
     batch_offset: float = 0.0
     """Shift of this node's batch start slots, a fraction of the trigger interval: nodes
-    sharing one machine take different ones (:mod:`spanflow.spark.stagger`)."""
+    sharing one machine take different ones (:mod:`spanflow.spark.query.stagger`)."""
     nats_url: str | None = None
     """Reach NATS here instead of at the URL the coordinator names (a proxy, a NAT, a
     different route to the same server)."""

@@ -18,13 +18,13 @@ from typing import Any
 
 from spanflow.nats.fences import Fence
 from spanflow.protocol.metrics import FragmentRuntime, QueryMetrics
-from spanflow.spark import checkpoint_store
-from spanflow.spark import progress as spark_progress
-from spanflow.spark.peer_checkpoint import catch_up_from_peer
+from spanflow.spark.checkpoints import checkpoint_store
+from spanflow.spark.checkpoints.peer_checkpoint import catch_up_from_peer
+from spanflow.spark.query import progress as spark_progress
+from spanflow.spark.query.stagger import BatchSlots
+from spanflow.spark.query.supervised import QueryStatus
 from spanflow.spark.runner import PipelineRunner
 from spanflow.spark.session import SparkSession
-from spanflow.spark.stagger import BatchSlots
-from spanflow.spark.supervised import QueryStatus
 from spanflow.spec import locations
 from spanflow.spec.cluster import Assignment
 from spanflow.spec.pipeline import PipelineSpec
@@ -74,7 +74,7 @@ class FragmentExecutor:
         self.retention = retention
         self.slots = BatchSlots(batch_offset)
         """One node's queries take their start slots in turn, whatever fragment they
-        belong to (:mod:`spanflow.spark.stagger`)."""
+        belong to (:mod:`spanflow.spark.query.stagger`)."""
         self.fragments: dict[str, RunningFragment] = {}
 
     def start(self, assignment: Assignment) -> RunningFragment:
@@ -133,7 +133,7 @@ class FragmentExecutor:
 
     def _catch_up_from_peers(self, assignment: Assignment) -> None:
         """Hot standby: a replica far behind its peer starts from the peer's checkpoint
-        (:mod:`spanflow.spark.peer_checkpoint`); a failed copy leaves its own."""
+        (:mod:`spanflow.spark.checkpoints.peer_checkpoint`); a failed copy leaves its own."""
         for peer in assignment.peer_checkpoints:
             self._prepare_store(assignment.checkpoint_dir, peer)
             try:
@@ -270,7 +270,7 @@ def _offset(value: Any) -> Any:
 class _CountedOnce:
     """A fragment's figures with each input record counted once: its sinks' queries
     all read their sources, so per-query figures are summed per group of queries that
-    read the same sources (:func:`spanflow.spark.progress.counted_once`), taking the
+    read the same sources (:func:`spanflow.spark.query.progress.counted_once`), taking the
     group's furthest query."""
 
     def __init__(

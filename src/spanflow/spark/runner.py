@@ -25,26 +25,23 @@ from spanflow.nats.batch_plan import plan_key
 from spanflow.nats.fences import Fence
 from spanflow.nats.streams import SyncNats
 from spanflow.protocol.metrics import StreamUsage
-from spanflow.spark import (
-    connectors,
-    source_names,
-    source_starts,
-    versions,
-)
+from spanflow.spark import connectors
+from spanflow.spark.checkpoints import source_names, versions
 from spanflow.spark.compile.pipeline import CompiledSink, compile_pipeline
 from spanflow.spark.compile.udf import UserFunction
 from spanflow.spark.connectors import BatchWriter, Output, RowsCallback, SinkContext, lifecycle
 from spanflow.spark.connectors.lifecycle import Provisioned
 from spanflow.spark.deadletter import EPOCH_PROPERTY, LATE, dlq_subject
-from spanflow.spark.fencing import RunnerFence
-from spanflow.spark.stagger import BatchSlots, phase_ms
-from spanflow.spark.supervised import (
+from spanflow.spark.query import source_starts
+from spanflow.spark.query.fencing import RunnerFence
+from spanflow.spark.query.stagger import BatchSlots, phase_ms
+from spanflow.spark.query.supervised import (
     QueryStatus,
     Supervised,
     no_data_batches,
     status_of,
 )
-from spanflow.spark.watermark_beats import SiteBeats
+from spanflow.spark.query.watermark_beats import SiteBeats
 from spanflow.spec import locations
 from spanflow.spec.durations import spark_interval
 from spanflow.spec.pipeline import PipelineSpec
@@ -97,7 +94,7 @@ class PipelineRunner:
         self.provisioned = Provisioned()
         """The streams it reads and writes and the mirrors it runs, once started."""
         self.slots = slots or BatchSlots()
-        """Start slots, shared by every runner of a node (:mod:`spanflow.spark.stagger`)."""
+        """Start slots, shared by every runner of a node (:mod:`spanflow.spark.query.stagger`)."""
         self.spec = spec
         self.plan = plan
         self.domain = domain
@@ -333,7 +330,7 @@ class PipelineRunner:
 
     def _beat(self) -> None:
         """Tell global fragments how far this one's event time has gone
-        (:mod:`spanflow.spark.watermark_beats`)."""
+        (:mod:`spanflow.spark.query.watermark_beats`)."""
         if self._client is None or self._stopped or self.fenced:
             return
         queries = [

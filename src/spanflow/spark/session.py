@@ -12,10 +12,10 @@ from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 
-from spanflow.spark import class_archive
 from spanflow.spark.connectors.jetstream import realtime
-from spanflow.spark.jars import class_path, s3a_conf, session_jars
-from spanflow.spark.java import ensure_java_home
+from spanflow.spark.jvm import class_archive
+from spanflow.spark.jvm.jars import class_path, s3a_conf, session_jars
+from spanflow.spark.jvm.java import ensure_java_home
 
 ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 
@@ -34,8 +34,8 @@ DEFAULTS: dict[str, str] = {
     "spark.scheduler.mode": "FAIR",
     # Python task workers forked from a daemon that runs them niced, so a query's
     # source reader process starting on a busy node connects back within Spark's 10 s
-    # (spanflow.spark.python_daemon).
-    "spark.python.daemon.module": "spanflow.spark.python_daemon",
+    # (spanflow.spark.jvm.python_daemon).
+    "spark.python.daemon.module": "spanflow.spark.jvm.python_daemon",
     "spark.driver.memory": "1g",
     "spark.sql.streaming.minBatchesToRetain": "20",
     # C1 only: the C2 JIT kept compiling the classes each micro-batch generates, and a
@@ -63,7 +63,7 @@ DEFAULTS: dict[str, str] = {
         "FileSystemBasedCheckpointFileManager"
     ),
     "spark.hadoop.fs.AbstractFileSystem.file.impl": "org.apache.hadoop.fs.local.RawLocalFs",
-    # jetstream:// checkpoints (spanflow.spark.checkpoint_store), known to executors too
+    # jetstream:// checkpoints (spanflow.spark.checkpoints.checkpoint_store), known to executors too
     "spark.hadoop.fs.jetstream.impl": "dev.spanflow.state.JetStreamFileSystem",
 }
 
@@ -176,7 +176,7 @@ def rehearse_streaming(spark: SparkSession) -> None:
     4.4 → 1.8 s). The class archive's warm-up (``class_archive``) runs it too."""
     from pyspark.sql import functions as F
 
-    from spanflow.spark.source_names import evolution
+    from spanflow.spark.checkpoints.source_names import evolution
 
     with tempfile.TemporaryDirectory(prefix="spanflow-rehearsal-") as work:
         data = Path(work) / "in"

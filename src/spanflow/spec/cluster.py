@@ -306,7 +306,7 @@ class Assignment(BaseModel):
         default=(),
         description="Hot standby: the checkpoints of the fragment's other replicas. A "
         "replica whose own checkpoint lags starts from a copy of a peer's "
-        "(spanflow.spark.peer_checkpoint).",
+        "(spanflow.spark.checkpoints.peer_checkpoint).",
     )
     priority: int = Field(default=0, description="Its pipeline's priority (higher first).")
     latency_budget: float | None = Field(

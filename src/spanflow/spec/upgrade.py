@@ -14,7 +14,7 @@ keeps one offset per source of the query. So, per sink:
   stateful steps. Anything else is ``refused``, with the reason per step: Spark would
   either fail at restart or restore one step's state into another.
 * a query whose checkpoint keeps its offsets by source name (``named``: see
-  :mod:`spanflow.spark.source_names`) may also read sources more or fewer: a source
+  :mod:`spanflow.spark.checkpoints.source_names`) may also read sources more or fewer: a source
   added reads from its own start (``added``), a source removed is forgotten
   (``dropped``) — what a global fragment needs when a site joins or leaves. A query
   keeps offsets by name only when it reads each source by one path

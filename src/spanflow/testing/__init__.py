@@ -10,9 +10,9 @@ from typing import TYPE_CHECKING
 from spanflow.plugins import lazy_exports
 
 if TYPE_CHECKING:
-    from spanflow.spark.processor_harness import KeyedProcessorTest
+    from spanflow.spark.keyed.harness import KeyedProcessorTest
 
-_EXPORTS = {"KeyedProcessorTest": "spanflow.spark.processor_harness"}
+_EXPORTS = {"KeyedProcessorTest": "spanflow.spark.keyed.harness"}
 
 
 __getattr__ = lazy_exports(__name__, _EXPORTS)

@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 
 
 class Executors(Protocol):
-    """What the autoscaler asks of a Spark cluster (:class:`spanflow.spark.executors.
+    """What the autoscaler asks of a Spark cluster (:class:`spanflow.spark.jvm.executors.
     ExecutorControl`)."""
 
     def executor_ids(self) -> list[str]: ...
@@ -109,7 +109,7 @@ def start_autoscaler(
     (``--executors``), brought to their minimum now; None when the node does not scale."""
     if config is None or not config.enabled:
         return None
-    from spanflow.spark.executors import ExecutorControl  # Spark only once it runs
+    from spanflow.spark.jvm.executors import ExecutorControl  # Spark only once it runs
 
     scaler = Autoscaler(config, ExecutorControl(spark), clock, report)  # type: ignore[arg-type]
     scaler.start()

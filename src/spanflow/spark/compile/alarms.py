@@ -1,14 +1,14 @@
 """``suppress``: one record per key per period or incident, on keyed state (a built-in
-processor, :class:`~spanflow.spark.builtin_processors.Suppression`)."""
+processor, :class:`~spanflow.spark.keyed.builtins.Suppression`)."""
 
 from __future__ import annotations
 
 import functools
 
-from spanflow.spark.builtin_processors import Suppression
 from spanflow.spark.compile.frame import CompileContext, Frame, keyed_input
 from spanflow.spark.compile.process import transform_keyed
 from spanflow.spark.compile.registry import compiles
+from spanflow.spark.keyed.builtins import Suppression
 from spanflow.spec.pipeline import PipelineSpec
 from spanflow.spec.steps.alarms import SUPPRESSED, SuppressStep
 

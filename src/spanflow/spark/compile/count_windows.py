@@ -1,16 +1,16 @@
 """Count windows: windows of N records per key, on keyed state (a built-in processor,
-:class:`~spanflow.spark.builtin_processors.CountWindows`)."""
+:class:`~spanflow.spark.keyed.builtins.CountWindows`)."""
 
 from __future__ import annotations
 
 import functools
 
 from spanflow.errors import CompileError
-from spanflow.spark.builtin_processors import CountWindows
 from spanflow.spark.compile.frame import CompileContext, Frame, keyed, spanflow_schema
 from spanflow.spark.compile.process import transform_keyed
 from spanflow.spark.compile.registry import compiles
 from spanflow.spark.compile.udf import resolve
+from spanflow.spark.keyed.builtins import CountWindows
 from spanflow.spec.aggregates import parse_aggregate
 from spanflow.spec.pipeline import PipelineSpec
 from spanflow.spec.steps.windows import CountWindowStep

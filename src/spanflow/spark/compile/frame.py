@@ -44,7 +44,7 @@ class CompileContext:
     the schema of that step in it."""
     slot: tuple[int, int] = (0, 0)
     """(phase, interval) in ms: when in each interval the query's sources start a batch
-    (:mod:`spanflow.spark.stagger`)."""
+    (:mod:`spanflow.spark.query.stagger`)."""
     realtime: bool = False
     """Compiling for Spark's Real-Time Mode (JetStream's, in
     :mod:`spanflow.spark.connectors.jetstream.realtime`): rows keep what the JVM sink
@@ -59,7 +59,7 @@ class CompileContext:
     """Source id → the windows its records reach (:func:`spanflow.spec.lateness.late_rules`)."""
     named_sources: bool = False
     """Whether sources are named after their steps (offsets kept by name in the
-    checkpoint: :mod:`spanflow.spark.source_names`)."""
+    checkpoint: :mod:`spanflow.spark.checkpoints.source_names`)."""
     passive: bool = False
     """Sources only look (:attr:`spanflow.spark.connectors.SourceContext.passive`)."""
 

@@ -9,11 +9,11 @@ from pyspark.sql import functions as F
 
 from spanflow.errors import CompileError
 from spanflow.spark import connectors
+from spanflow.spark.checkpoints.source_names import source_name
 from spanflow.spark.compile.frame import CompileContext, Frame, with_watermark
 from spanflow.spark.compile.registry import compiles
 from spanflow.spark.connectors import SourceContext
 from spanflow.spark.formats import ProtobufReader, spark_ddl
-from spanflow.spark.source_names import source_name
 from spanflow.spec.pipeline import PipelineSpec
 from spanflow.spec.steps.io import SourceStep
 

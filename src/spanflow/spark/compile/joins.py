@@ -12,7 +12,7 @@ from pyspark.sql.types import StructType
 
 from spanflow.errors import CompileError
 from spanflow.nats.streams import SyncNats
-from spanflow.spark.builtin_processors import TableLookup
+from spanflow.spark.checkpoints.source_names import source_name
 from spanflow.spark.compile.frame import (
     CompileContext,
     Frame,
@@ -26,7 +26,7 @@ from spanflow.spark.compile.registry import compiles
 from spanflow.spark.connectors import SourceContext
 from spanflow.spark.connectors.jetstream.source import source_options
 from spanflow.spark.formats import spark_ddl
-from spanflow.spark.source_names import source_name
+from spanflow.spark.keyed.builtins import TableLookup
 from spanflow.spec.pipeline import PipelineSpec
 from spanflow.spec.schema import StreamFormat
 from spanflow.spec.steps.io import SourceStep

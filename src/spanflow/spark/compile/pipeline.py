@@ -59,7 +59,7 @@ def compile_pipeline(
     replicas (:mod:`spanflow.nats.batch_plan`). ``checkpoint``: the query's, where its
     sources read the watermark that makes a record late (one sink's query only).
     ``named_sources``: each source is named after its step, so the query's checkpoint
-    keeps offsets by name (:mod:`spanflow.spark.source_names`).
+    keeps offsets by name (:mod:`spanflow.spark.checkpoints.source_names`).
     """
     core = spec.expanded()
     steps = list(core.topological())

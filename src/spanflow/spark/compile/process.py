@@ -24,7 +24,7 @@ from spanflow.spark.compile.frame import (
 )
 from spanflow.spark.compile.registry import compiles
 from spanflow.spark.compile.udf import resolve
-from spanflow.spark.keyed_processor import OutputField, ProcessorAdapter, ProcessorSettings
+from spanflow.spark.keyed.processor import OutputField, ProcessorAdapter, ProcessorSettings
 from spanflow.spec.pipeline import PipelineSpec
 from spanflow.spec.schema import field_type
 from spanflow.spec.steps.keyed import ProcessStep
@@ -141,7 +141,7 @@ BUCKET = "spanflow_bucket"
 def bucketed(df: DataFrame, key: list[str]) -> DataFrame:
     """``df`` with the bucket of each row's key as its last column (see
     :data:`BUCKET_IDS`): Spark calls a keyed processor once per bucket and batch, and
-    the processor splits the bucket's records by key (:mod:`spanflow.spark.keyed_processor`)."""
+    the processor splits the bucket's records by key (:mod:`spanflow.spark.keyed.processor`)."""
     ids = F.array(*(F.lit(i) for i in BUCKET_IDS))
     slot = F.pmod(F.xxhash64(*key), F.lit(len(BUCKET_IDS))).cast("int") + 1
     return df.withColumn(BUCKET, F.element_at(ids, slot).cast("int"))

@@ -5,11 +5,11 @@ from __future__ import annotations
 import functools
 
 from spanflow.errors import CompileError
-from spanflow.spark.builtin_processors import RunningAggregate
 from spanflow.spark.compile.count_windows import aggregate_types
 from spanflow.spark.compile.frame import CompileContext, Frame, keyed_or_whole, spanflow_schema
 from spanflow.spark.compile.process import transform_keyed
 from spanflow.spark.compile.registry import compiles
+from spanflow.spark.keyed.builtins import RunningAggregate
 from spanflow.spec.pipeline import PipelineSpec
 from spanflow.spec.steps.keyed import RunningStep
 

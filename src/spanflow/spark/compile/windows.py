@@ -11,7 +11,6 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StructType
 
 from spanflow.errors import CompileError
-from spanflow.spark.builtin_processors import TimeWindowReduce
 from spanflow.spark.compile.frame import (
     ALL,
     CompileContext,
@@ -25,6 +24,7 @@ from spanflow.spark.compile.frame import (
 from spanflow.spark.compile.process import transform_keyed
 from spanflow.spark.compile.registry import compiles
 from spanflow.spark.compile.udf import UserFunction, reduce_udf, resolve
+from spanflow.spark.keyed.builtins import TimeWindowReduce
 from spanflow.spec.aggregates import parse_aggregate, partial_columns
 from spanflow.spec.durations import spark_interval
 from spanflow.spec.pipeline import PipelineSpec

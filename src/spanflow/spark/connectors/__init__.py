@@ -49,7 +49,7 @@ class SourceContext:
     data_source: str = ""
     """The JetStream data source registered for this query (spanflow's own streams)."""
     slot: tuple[int, int] = (0, 0)
-    """(phase, interval) in ms: when this query's batches start (spark/stagger.py)."""
+    """(phase, interval) in ms: when this query's batches start (spark/query/stagger.py)."""
     batch_plan: str | None = None
     """Where this query's batch ends are agreed with its replicas (hot standby; see
     :mod:`spanflow.nats.batch_plan`), None when it plans alone."""
@@ -60,7 +60,7 @@ class SourceContext:
     dead-lettered (:mod:`spanflow.spec.lateness`); empty: Spark drops late records."""
     source_name: str | None = None
     """The name the query's checkpoint keeps this source's offsets under
-    (:mod:`spanflow.spark.source_names`); None: by position, as before."""
+    (:mod:`spanflow.spark.checkpoints.source_names`); None: by position, as before."""
     passive: bool = False
     """A reader that only looks (``spanflow detector fit`` reading history): it moves no
     consumer or group the pipeline's own query reports its progress by, and sends no

@@ -1,7 +1,7 @@
 """Kafka on Spark: two source readers and a transactional batch writer.
 
 Source, ``reader: spark``
-    Spark's own Kafka connector (``format("kafka")``, jars from ``spanflow.spark.jars``):
+    Spark's own Kafka connector (``format("kafka")``, jars from ``spanflow.spark.jvm.jars``):
     offsets in Spark's checkpoint, ``read_committed``, at most ``max_rows_per_batch``
     records a batch; its rows go through :class:`RecordDecoder` in a ``mapInArrow``,
     which decodes values exactly as the Python reader does.
@@ -185,7 +185,7 @@ def _read_with_spark_connector(
     Kafka partition, read_committed), its records decoded like the Python reader's by a
     ``mapInArrow`` that keeps each partition's order and sends bad records to the
     dead-letter stream."""
-    from spanflow.spark.jars import KAFKA_CONNECTOR, why_missing
+    from spanflow.spark.jvm.jars import KAFKA_CONNECTOR, why_missing
 
     reason = why_missing(KAFKA_CONNECTOR.name)
     if reason:

@@ -15,7 +15,7 @@ from pyspark.sql import SparkSession
 
 from spanflow.nats.streams import SyncNats, ensure_source_streams, ensure_stream, stream_usage
 from spanflow.protocol.metrics import StreamUsage
-from spanflow.spark import checkpoint_store
+from spanflow.spark.checkpoints import checkpoint_store
 from spanflow.spark.connectors.jetstream import realtime
 from spanflow.spark.connectors.jetstream.source import register_isolated
 from spanflow.spark.deadletter import DLQ_SUBJECT_PREFIX

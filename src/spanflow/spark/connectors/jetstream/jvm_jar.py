@@ -78,10 +78,10 @@ def find_javac() -> str | None:
 
 
 def spark_classpath() -> str:
-    """PySpark's jars and jnats (from Maven Central, see :mod:`spanflow.spark.jars`)."""
+    """PySpark's jars and jnats (from Maven Central, see :mod:`spanflow.spark.jvm.jars`)."""
     import pyspark
 
-    from spanflow.spark.jars import jnats_classpath
+    from spanflow.spark.jvm.jars import jnats_classpath
 
     spark = str(Path(pyspark.__file__).parent / "jars" / "*")
     return os.pathsep.join([spark, *jnats_classpath()])

@@ -57,7 +57,7 @@ def share_identity(spark: SparkSession) -> None:
     docs/security.md): system properties, since the JVM's environment was fixed when it
     started. Only the directory and the role cross over; the client reads the files."""
     from spanflow.security.secrets import ROLE_ENV, SECRETS_ENV
-    from spanflow.spark.jars import JNATS, why_missing
+    from spanflow.spark.jvm.jars import JNATS, why_missing
 
     missing = why_missing(JNATS.name)
     if missing:  # every JVM part that talks to NATS needs it: say so before a NoClassDefFound

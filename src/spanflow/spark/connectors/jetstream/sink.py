@@ -32,7 +32,7 @@ from pyspark.sql.streaming import StreamingQuery
 from spanflow.errors import CheckpointLost
 from spanflow.nats.ledger import SinkLedger, lost_checkpoint
 from spanflow.nats.streams import ensure_stream
-from spanflow.spark import checkpoint_store
+from spanflow.spark.checkpoints import checkpoint_store
 from spanflow.spark.connectors import BatchWriter, SinkContext, starts_realtime, writes
 from spanflow.spark.connectors.jetstream.realtime import (
     MAX_IN_FLIGHT,

@@ -54,13 +54,13 @@ from spanflow.nats.fastread import read_range_fast
 from spanflow.nats.ranges import last_before
 from spanflow.nats.streams import SyncNats, connect, through_elections, unanswered
 from spanflow.protocol.raw import RawRecord
-from spanflow.spark import worker_logs
 from spanflow.spark.connectors import reads
 from spanflow.spark.deadletter import LATE, DeadLetter, publish_dead_letters
 from spanflow.spark.formats import AvroReader, Decoder, ProtobufReader
+from spanflow.spark.jvm import worker_logs
 from spanflow.spark.late_records import late_reason, late_rows, late_watermark_us
-from spanflow.spark.stagger import SlotPacer, wait_for_slot
-from spanflow.spark.watermark_beats import beat_time, is_beat
+from spanflow.spark.query.stagger import SlotPacer, wait_for_slot
+from spanflow.spark.query.watermark_beats import beat_time, is_beat
 from spanflow.spec.lateness import LateRule
 from spanflow.spec.schema import StreamFormat
 
@@ -367,7 +367,7 @@ class JetStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 self._silence.tolerate(exc)
                 return dict(start)
         if self.target is None and not self._catching_up and self._planned_before:
-            wait_for_slot(self.phase_ms, self.interval_ms)  # see spanflow.spark.stagger
+            wait_for_slot(self.phase_ms, self.interval_ms)  # see spanflow.spark.query.stagger
         self._planned_before = True
         first, _, end = self._available_end(start, limit)
         if not self.heartbeat:
@@ -565,7 +565,7 @@ class JetStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def _watermark_beat(self, decoder: Decoder, beats: list[RawRecord]) -> list[Any]:
         """The latest of a site's watermark beats as one heartbeat row with that event
-        time (:mod:`spanflow.spark.watermark_beats`); nothing for a source without event
+        time (:mod:`spanflow.spark.query.watermark_beats`); nothing for a source without event
         time, which has no use for them."""
         times = [t for t in (beat_time(m.data) for m in beats) if t]
         if not self.heartbeat or not times:

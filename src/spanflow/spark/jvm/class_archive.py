@@ -7,7 +7,7 @@ took 1.0 s instead of 2.0 s (docs/benchmarks.md). That is most of the gap betwee
 restarted node and its first alert.
 
 The archive is made once per machine, JVM and Spark version (``./dev`` makes it after
-installing; ``python -m spanflow.spark.class_archive`` makes it by hand): a child
+installing; ``python -m spanflow.spark.jvm.class_archive`` makes it by hand): a child
 process starts a session with ``-XX:ArchiveClassesAtExit``, runs a small batch job, a
 stateful streaming query and a pandas function, and stops; a second child starts a
 session on the new archive to prove it works; only then does it take its final name,
@@ -57,10 +57,10 @@ def _java() -> Path | None:
 
 def archive_key() -> str | None:
     """What the archive depends on: the JVM binary, Spark's jars and the extra class
-    path (spanflow.spark.jars) (None: no JVM)."""
+    path (spanflow.spark.jvm.jars) (None: no JVM)."""
     import pyspark
 
-    from spanflow.spark.jars import class_path
+    from spanflow.spark.jvm.jars import class_path
 
     java = _java()
     if java is None:
@@ -159,7 +159,7 @@ def create(path: Path, *, timeout: float = 300.0) -> Path | None:
 
 
 def _child(args: list[str], timeout: float) -> bool:
-    cmd = [sys.executable, "-m", "spanflow.spark.class_archive", *args]
+    cmd = [sys.executable, "-m", "spanflow.spark.jvm.class_archive", *args]
     try:
         done = subprocess.run(cmd, timeout=timeout, capture_output=True, text=True, check=False)
     except subprocess.TimeoutExpired:
@@ -221,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     if not enabled():
         print(f"{ENV}=0: no class archive")
         return 0
-    from spanflow.spark.java import ensure_java_home
+    from spanflow.spark.jvm.java import ensure_java_home
 
     ensure_java_home()
     path = archive_path()

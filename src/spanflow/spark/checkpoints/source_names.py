@@ -28,7 +28,7 @@ from collections.abc import Iterator
 
 from pyspark.sql import SparkSession
 
-from spanflow.spark import checkpoint_store
+from spanflow.spark.checkpoints import checkpoint_store
 from spanflow.spec import locations
 
 EVOLUTION_CONF = "spark.sql.streaming.queryEvolution.enableSourceEvolution"

@@ -625,7 +625,7 @@ class BufferedTimers(_Buffered):
 
     After a commit, :attr:`registered` and :attr:`removed` say which times the key
     gained and lost, for the adapter's timer index (Spark's timers belong to a
-    bucket of keys, see :mod:`spanflow.spark.keyed_processor`)."""
+    bucket of keys, see :mod:`spanflow.spark.keyed.processor`)."""
 
     def __init__(self, txn: Transaction, clock: str) -> None:
         self._txn, self._clock = txn, clock

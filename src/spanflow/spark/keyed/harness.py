@@ -12,8 +12,8 @@ import pandas as pd
 from pyspark.sql.streaming.tws_tester import TwsTester
 
 from spanflow.api.processor import KeyedProcessor, When
-from spanflow.spark.keyed_processor import ProcessorAdapter, ProcessorSettings, frames_to_records
-from spanflow.spark.keyed_state import json_loads, to_millis
+from spanflow.spark.keyed.processor import ProcessorAdapter, ProcessorSettings, frames_to_records
+from spanflow.spark.keyed.state import json_loads, to_millis
 
 BUCKET = 0
 """The harness's one bucket (Spark spreads keys over several, see compile.process)."""

@@ -23,7 +23,7 @@ from typing import Any
 
 from pyspark.sql import SparkSession
 
-from spanflow.spark import checkpoint_store as store
+from spanflow.spark.checkpoints import checkpoint_store as store
 from spanflow.spec import locations
 
 log = logging.getLogger(__name__)

@@ -17,7 +17,7 @@ from nats.js.kv import KeyValue
 from spanflow.nats.fences import Fence, Fenced, check, claim, fences
 from spanflow.nats.streams import SyncNats
 from spanflow.security.environment import assignment_verifier
-from spanflow.spark.supervised import Supervised
+from spanflow.spark.query.supervised import Supervised
 
 log = logging.getLogger(__name__)
 

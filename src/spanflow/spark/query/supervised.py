@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
-from spanflow.spark import progress
 from spanflow.spark.connectors import Output
 from spanflow.spark.connectors.jetstream import realtime
+from spanflow.spark.query import progress
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +63,7 @@ class Supervised:
     live_rates: tuple[float, float] = (0.0, 0.0)
     named: bool = False
     """Whether the query names its sources (its checkpoint keeps offsets by name, so a
-    new version may add or drop sources: :mod:`spanflow.spark.source_names`)."""
+    new version may add or drop sources: :mod:`spanflow.spark.checkpoints.source_names`)."""
 
     def failed(self, exc: BaseException, now: float, *, restarting: bool = False) -> None:
         """The query failed (``restarting``: it could not even start again): note why

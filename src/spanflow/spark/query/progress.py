@@ -24,7 +24,7 @@ def _ms(took: Mapping[str, Any], *names: str) -> float:
 
 def batch_seconds(progress: Mapping[str, Any]) -> float:
     """How long the batch ran, without the wait for the query's start slot (spent in
-    ``latestOffset``, see spanflow.spark.stagger)."""
+    ``latestOffset``, see spanflow.spark.query.stagger)."""
     took = progress.get("durationMs") or {}
     return max(0.0, _ms(took, "triggerExecution") - _ms(took, "latestOffset"))
 

@@ -15,7 +15,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from spanflow.api.processor import Context, KeyedProcessor, Record, StateDeclarations
-from spanflow.spark.keyed_state import EPOCH, to_micros
+from spanflow.spark.keyed.state import EPOCH, to_micros
 from spanflow.spec.aggregates import parse_aggregate
 from spanflow.spec.steps.alarms import SUPPRESSED
 

@@ -16,7 +16,7 @@ import logging
 import orjson
 from pyspark.sql import SparkSession
 
-from spanflow.spark import checkpoint_store, source_names
+from spanflow.spark.checkpoints import checkpoint_store, source_names
 from spanflow.spec import locations
 from spanflow.spec.pipeline import PipelineSpec
 from spanflow.spec.upgrade import StepUpgrade, UpgradeReport, check_upgrade

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from spanflow.protocol.names import CUT_SUBJECT_PREFIX
-from spanflow.spark import progress
+from spanflow.spark.query import progress
 from spanflow.spec.steps.io import SinkStep
 
 if TYPE_CHECKING:

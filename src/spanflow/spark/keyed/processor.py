@@ -3,7 +3,7 @@
 Runs in Spark's Python workers. Spark groups a micro-batch's records by bucket (a
 hash of the key, see :func:`spanflow.spark.compile.process.bucketed`) and calls
 ``handleInputRows`` per bucket; here that becomes one all-or-nothing call of the
-user's ``process`` per key (:mod:`spanflow.spark.keyed_state`): records as dicts in
+user's ``process`` per key (:mod:`spanflow.spark.keyed.state`): records as dicts in
 event-time (or arrival) order, output checked against the declared schema, and on an exception the
 state left as it was and the key's records dead-lettered with the reason. Timers
 fire through ``handleExpiredTimer`` the same way. Dead letters are published when
@@ -37,7 +37,7 @@ from pyspark.sql.streaming.stateful_processor import (
 
 from spanflow.api.processor import KeyedProcessor
 from spanflow.spark.deadletter import DeadLetter, send_dead_letters
-from spanflow.spark.keyed_state import (
+from spanflow.spark.keyed.state import (
     BufferedMap,
     BufferedTimers,
     Declarations,

@@ -49,7 +49,9 @@ def spark_cluster(tmp_path: Path) -> Iterator[LocalSparkCluster]:
 
 
 @pytest.fixture
-def cluster(start_cluster: StartCluster, spark_cluster: LocalSparkCluster) -> LocalCluster:
+def cluster(spark_cluster: LocalSparkCluster, start_cluster: StartCluster) -> LocalCluster:
+    """Started after the Spark cluster (fixtures set up in argument order), so it is
+    stopped before the Spark cluster is."""
     node_args = [
         *("--master", spark_cluster.master_url, "--master-ui", spark_cluster.ui_url),
         *("--cores", "2", "--executors", "1:2", "--executor-memory", "768m"),

@@ -45,8 +45,13 @@ def java_binary() -> str:
 
 
 def new_cluster_id() -> str:
-    """A KRaft cluster id: 16 random bytes, URL-safe base64 without padding."""
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    """A KRaft cluster id: 16 random bytes, URL-safe base64 without padding, never
+    starting with '-' (Kafka's own ``Uuid.randomUuid`` draws again then: the storage
+    tool would read ``-t -x…`` as a missing id and refuse to format, 1 start in 64)."""
+    while True:
+        found = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not found.startswith("-"):
+            return found
 
 
 class KafkaNode(ProcessServer):
